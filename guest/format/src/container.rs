@@ -1,0 +1,221 @@
+//! The `.policy` container: fixed header, JSON manifest, safetensors weights, SHA-256 checksums.
+//!
+//! ```text
+//! offset size  field
+//!      0    8  magic b"POLICYPT"
+//!      8    2  format major (u16 LE) — readers refuse a major or minor newer than their own
+//!     10    2  format minor (u16 LE)
+//!     12    4  header length (u32 LE), 96 in v1.0; readers skip bytes they do not know up to it
+//!     16    8  manifest length M (u64 LE)
+//!     24    8  weights length W (u64 LE)
+//!     32   32  SHA-256 of the manifest bytes
+//!     64   32  SHA-256 of the weights bytes
+//!     96    M  manifest, UTF-8 JSON (see manifest.rs)
+//!      …       zero padding up to the next multiple of 64
+//!      …    W  weights, a safetensors blob (F32, F16 or BF16 tensors)
+//! ```
+//! The file ends exactly after the weights; trailing bytes are an error.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::FormatError;
+use crate::manifest::Manifest;
+
+pub const MAGIC: &[u8; 8] = b"POLICYPT";
+pub const FORMAT_MAJOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 0;
+const HEADER_LEN: usize = 96;
+const ALIGN: usize = 64;
+
+/// How a tensor is stored in the file. Readers always hand out f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageDType {
+    F32,
+    F16,
+    BF16,
+}
+
+/// A weight tensor as the runtimes see it: f32, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "tensor data does not match its shape");
+        Tensor { shape, data }
+    }
+}
+
+/// A decoded artifact: the manifest and every weight tensor (converted to f32).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Artifact {
+    pub manifest: Manifest,
+    pub tensors: BTreeMap<String, Tensor>,
+    /// (major, minor) the file was written with.
+    pub version: (u16, u16),
+}
+
+fn read_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+fn align_up(x: u64) -> u64 {
+    x.div_ceil(ALIGN as u64) * ALIGN as u64
+}
+
+/// Decode and checksum an artifact. This checks the container only; call [`crate::validate`] on the result
+/// before executing it (the runtimes do both in `Policy::load`).
+pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
+    let have = bytes.len() as u64;
+    if bytes.len() < 16 {
+        if bytes.len() >= 8 && &bytes[..8] != MAGIC {
+            return Err(FormatError::BadMagic { found: bytes[..8].to_vec(), expected: MAGIC.to_vec() });
+        }
+        return Err(FormatError::Truncated { what: "the header", needed: HEADER_LEN as u64, have });
+    }
+    if &bytes[..8] != MAGIC {
+        return Err(FormatError::BadMagic { found: bytes[..8].to_vec(), expected: MAGIC.to_vec() });
+    }
+    let (major, minor) = (read_u16(bytes, 8), read_u16(bytes, 10));
+    if major != FORMAT_MAJOR || minor > FORMAT_MINOR {
+        return Err(FormatError::UnsupportedVersion {
+            found_major: major,
+            found_minor: minor,
+            reader_major: FORMAT_MAJOR,
+            reader_minor: FORMAT_MINOR,
+        });
+    }
+    let header_len = read_u32(bytes, 12) as u64;
+    if header_len < HEADER_LEN as u64 {
+        return Err(FormatError::BadHeader(format!("header length {header_len} < {HEADER_LEN}")));
+    }
+    if have < header_len {
+        return Err(FormatError::Truncated { what: "the header", needed: header_len, have });
+    }
+    let manifest_len = read_u64(bytes, 16);
+    let weights_len = read_u64(bytes, 24);
+    let manifest_end = header_len
+        .checked_add(manifest_len)
+        .ok_or_else(|| FormatError::BadHeader("manifest length overflows".into()))?;
+    let weights_start = align_up(manifest_end);
+    let end = weights_start
+        .checked_add(weights_len)
+        .ok_or_else(|| FormatError::BadHeader("weights length overflows".into()))?;
+    if have < end {
+        return Err(FormatError::Truncated { what: "the manifest and weights", needed: end, have });
+    }
+    if have > end {
+        return Err(FormatError::BadHeader(format!("{} trailing bytes after the weights", have - end)));
+    }
+    let manifest_bytes = &bytes[header_len as usize..manifest_end as usize];
+    let weights_bytes = &bytes[weights_start as usize..end as usize];
+    if Sha256::digest(manifest_bytes).as_slice() != &bytes[32..64] {
+        return Err(FormatError::ChecksumMismatch { section: "manifest" });
+    }
+    if Sha256::digest(weights_bytes).as_slice() != &bytes[64..96] {
+        return Err(FormatError::ChecksumMismatch { section: "weights" });
+    }
+    let manifest: Manifest =
+        serde_json::from_slice(manifest_bytes).map_err(|e| FormatError::BadManifest(e.to_string()))?;
+    let tensors = decode_weights(weights_bytes)?;
+    Ok(Artifact { manifest, tensors, version: (major, minor) })
+}
+
+fn decode_weights(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, FormatError> {
+    use safetensors::{Dtype, SafeTensors};
+    let st = SafeTensors::deserialize(bytes).map_err(|e| FormatError::BadWeights(e.to_string()))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let raw = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            other => return Err(FormatError::BadTensorDtype { name, dtype: format!("{other:?}") }),
+        };
+        if data.len() != shape.iter().product::<usize>() {
+            return Err(FormatError::BadWeights(format!("tensor '{name}' data does not match shape {shape:?}")));
+        }
+        out.insert(name, Tensor { shape, data });
+    }
+    Ok(out)
+}
+
+/// Encode an artifact. `storage` picks the on-disk dtype per tensor (default F32). The manifest is validated
+/// first: the writer never produces a file a reader would refuse.
+pub fn write_artifact(
+    manifest: &Manifest,
+    tensors: &BTreeMap<String, Tensor>,
+    storage: &dyn Fn(&str) -> StorageDType,
+) -> Result<Vec<u8>, FormatError> {
+    let artifact = Artifact { manifest: manifest.clone(), tensors: tensors.clone(), version: (FORMAT_MAJOR, FORMAT_MINOR) };
+    // Validate against what a reader will see (after f16/bf16 rounding).
+    let mut stored = artifact;
+    for (name, t) in stored.tensors.iter_mut() {
+        match storage(name) {
+            StorageDType::F32 => {}
+            StorageDType::F16 => t.data.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+            StorageDType::BF16 => t.data.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+        }
+    }
+    crate::validate::validate(&stored, &crate::validate::Limits::default())?;
+
+    let manifest_bytes = serde_json::to_vec(manifest).map_err(|e| FormatError::BadManifest(e.to_string()))?;
+    let encoded: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let (dtype, bytes) = match storage(name) {
+                StorageDType::F32 => (safetensors::Dtype::F32, t.data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                StorageDType::F16 => (
+                    safetensors::Dtype::F16,
+                    t.data.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+                ),
+                StorageDType::BF16 => (
+                    safetensors::Dtype::BF16,
+                    t.data.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+                ),
+            };
+            (name.clone(), dtype, t.shape.clone(), bytes)
+        })
+        .collect();
+    let views = encoded
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| FormatError::BadWeights(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let weights_bytes = safetensors::serialize(views, None).map_err(|e| FormatError::BadWeights(e.to_string()))?;
+
+    let mut out = Vec::with_capacity(HEADER_LEN + manifest_bytes.len() + ALIGN + weights_bytes.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    out.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
+    out.extend_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    out.extend_from_slice(&(manifest_bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(weights_bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(&manifest_bytes));
+    out.extend_from_slice(&Sha256::digest(&weights_bytes));
+    out.extend_from_slice(&manifest_bytes);
+    out.resize(align_up(out.len() as u64) as usize, 0);
+    out.extend_from_slice(&weights_bytes);
+    Ok(out)
+}

@@ -1,0 +1,273 @@
+//! The manifest: everything about a policy except the weight bytes. Serialized as JSON inside the artifact.
+//!
+//! A policy is: an observation space, preprocessing applied to raw observations, an ordered list of named
+//! submodules (typed op graphs over a shared namespace of values), an action distribution reading some of those
+//! values, an optional value estimate, optional recurrent state, and golden vectors. Every value has an implied
+//! leading batch dimension; shapes in the manifest are the per-env feature shapes.
+
+use serde::{Deserialize, Serialize};
+
+/// The name of the preprocessed observation in the value namespace.
+pub const OBS_VALUE: &str = "obs";
+/// Recurrent state `s` is visible to modules as the value `state/<s>`.
+pub const STATE_PREFIX: &str = "state/";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Human-readable policy name.
+    pub name: String,
+    /// Who produced the artifact and from what.
+    pub producer: Producer,
+    pub observation: ObservationSpace,
+    pub action: ActionSpace,
+    /// Applied in order to the raw observation; the result is the value `obs`.
+    #[serde(default)]
+    pub preprocess: Vec<Preprocess>,
+    /// Executed in order; each module reads values defined before it and defines its outputs.
+    pub modules: Vec<Module>,
+    pub distribution: Distribution,
+    /// Name of the value-estimate value (feature shape `[1]`), if the policy has a critic.
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub recurrent: Option<RecurrentSpec>,
+    /// Inputs with expected outputs, checked by `policyport verify` and the conformance suite.
+    #[serde(default)]
+    pub golden: Vec<GoldenCase>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Producer {
+    pub tool: String,
+    pub version: String,
+    /// The file or route it came from, e.g. "onnx:policy.onnx".
+    pub source: String,
+    #[serde(default)]
+    pub notes: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObsDType {
+    F32,
+    /// Raw bytes (image frames); usually followed by a `scale` preprocess step.
+    U8,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ObservationSpace {
+    Box { shape: Vec<usize>, dtype: ObsDType },
+    /// One integer per env in `0..n`, given to the runtime as an f32 holding that integer; one-hot encoded.
+    Discrete { n: usize },
+}
+
+impl ObservationSpace {
+    /// Number of raw input numbers per env.
+    pub fn raw_len(&self) -> usize {
+        match self {
+            ObservationSpace::Box { shape, .. } => shape.iter().product(),
+            ObservationSpace::Discrete { .. } => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ActionSpace {
+    Discrete { n: usize },
+    MultiDiscrete { nvec: Vec<usize> },
+    /// Continuous actions with bounds (one per element; +-inf allowed, encoded as JSON null).
+    Box { shape: Vec<usize>, low: Vec<Bound>, high: Vec<Bound> },
+}
+
+/// A float bound that may be infinite (JSON has no infinity: `null` means unbounded on that side).
+pub type Bound = Option<f32>;
+
+impl ActionSpace {
+    /// Numbers per env in the action output: 1 for Discrete, one per component or element otherwise.
+    pub fn action_len(&self) -> usize {
+        match self {
+            ActionSpace::Discrete { .. } => 1,
+            ActionSpace::MultiDiscrete { nvec } => nvec.len(),
+            ActionSpace::Box { shape, .. } => shape.iter().product(),
+        }
+    }
+    pub fn is_discrete(&self) -> bool {
+        !matches!(self, ActionSpace::Box { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Preprocess {
+    /// `x * factor` elementwise (e.g. 1/255 for uint8 frames).
+    Scale { factor: f32 },
+    /// `clamp((x - mean) / std, -clip, clip)`; `mean` and `std` are weight tensors of the observation's shape
+    /// (SB3 VecNormalize stores var: std = sqrt(var + eps) is precomputed by the importer).
+    Normalize { mean: String, std: String, clip: Option<f32> },
+    /// Discrete observation -> one-hot vector of length n.
+    OneHot { n: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModuleRole {
+    Encoder,
+    PolicyHead,
+    ValueHead,
+    RecurrentCore,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Module {
+    pub name: String,
+    pub role: ModuleRole,
+    /// Values from the namespace this module reads.
+    pub inputs: Vec<String>,
+    /// Values this module exports to the namespace (must be node outputs or inputs).
+    pub outputs: Vec<String>,
+    pub nodes: Vec<Node>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<String>,
+    pub output: String,
+}
+
+/// Typed ops. All act on the feature dimensions; "last axis" means the last feature axis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
+    /// `y = x W^T + b`, x of shape `[in]`, weight `[out, in]` (PyTorch's layout), bias `[out]`.
+    Dense { weight: String, bias: Option<String> },
+    Relu,
+    Tanh,
+    Sigmoid,
+    Silu,
+    Elu { alpha: f32 },
+    LeakyRelu { alpha: f32 },
+    /// `approximate`: the tanh form.
+    Gelu { approximate: bool },
+    Softmax,
+    LogSoftmax,
+    /// Concatenation of all inputs along the last axis.
+    Concat,
+    /// Elementwise sum / product of two inputs of the same shape.
+    Add,
+    Mul,
+    /// `y = x * scale + shift` with constant tensors broadcast over the last axis (either may be absent).
+    Affine { scale: Option<String>, shift: Option<String> },
+    /// `y = x[..., start .. start + len]` along the last axis.
+    Slice { start: usize, len: usize },
+    /// Collapse the feature shape to one axis.
+    Flatten,
+}
+
+impl Op {
+    pub const KNOWN: &'static str =
+        "dense relu tanh sigmoid silu elu leaky_relu gelu softmax log_softmax concat add mul affine slice flatten";
+
+    /// Names of the weight tensors the op reads.
+    pub fn tensors(&self) -> Vec<&str> {
+        match self {
+            Op::Dense { weight, bias } => std::iter::once(weight.as_str()).chain(bias.as_deref()).collect(),
+            Op::Affine { scale, shift } => scale.as_deref().into_iter().chain(shift.as_deref()).collect(),
+            _ => vec![],
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LogStd {
+    /// State-independent log-std: a weight tensor of the action's shape.
+    Parameter { tensor: String },
+    /// State-dependent log-std: a value produced by a module.
+    Value { value: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Distribution {
+    /// Categorical over `logits` (feature shape `[n]`).
+    Categorical { logits: String },
+    /// One categorical per component; `logits` holds them concatenated (feature shape `[sum(nvec)]`).
+    MultiCategorical { logits: String },
+    /// Normal(mean, exp(log_std)) per element; if `clip`, actions are clipped to the action-space bounds.
+    DiagGaussian {
+        mean: String,
+        log_std: LogStd,
+        #[serde(default)]
+        log_std_range: Option<(f32, f32)>,
+        #[serde(default)]
+        clip: bool,
+    },
+    /// tanh(Normal(mean, exp(log_std))), rescaled from [-1, 1] to the (finite) action bounds (SAC).
+    SquashedGaussian {
+        mean: String,
+        log_std: LogStd,
+        #[serde(default)]
+        log_std_range: Option<(f32, f32)>,
+    },
+}
+
+impl Distribution {
+    /// The values the distribution reads, in the order their parameters are laid out in `dist_params` outputs.
+    pub fn param_values(&self) -> Vec<&str> {
+        match self {
+            Distribution::Categorical { logits } | Distribution::MultiCategorical { logits } => vec![logits],
+            Distribution::DiagGaussian { mean, log_std, .. } | Distribution::SquashedGaussian { mean, log_std, .. } => {
+                match log_std {
+                    LogStd::Value { value } => vec![mean, value],
+                    LogStd::Parameter { .. } => vec![mean],
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecurrentSpec {
+    pub states: Vec<StateSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    /// Visible to modules as `state/<name>`; zeros at reset.
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// The value holding the next state after a step.
+    pub next: String,
+}
+
+/// One golden vector: observations, sampling counters, and expected outputs (float64 from the oracle).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GoldenCase {
+    pub name: String,
+    pub batch: usize,
+    /// Raw observations, `batch * observation.raw_len()` numbers.
+    pub obs: Vec<f32>,
+    pub seed: u64,
+    pub step: u64,
+    /// Env index of row 0; row r is env `env_offset + r`.
+    pub env_offset: u32,
+    /// Max tolerated relative error of float outputs (see SPEC.md: relative to the tensor's max magnitude).
+    pub tolerance: f64,
+    /// Expected values keyed by value name (e.g. the logits, the value estimate), row-major `batch x width`.
+    pub values: std::collections::BTreeMap<String, Vec<f64>>,
+    /// Actions drawn with `(seed, env, step)`; discrete actions as integers stored in f64.
+    pub sampled_actions: Vec<f64>,
+    pub deterministic_actions: Vec<f64>,
+}

@@ -1,0 +1,447 @@
+//! Checks every reader runs before executing an artifact: references resolve, shapes agree (full shape
+//! inference over the op graphs), tensors are finite, sizes are sane, golden vectors are well-formed. The result
+//! ([`ValidatedPlan`]) carries the inferred shape of every value so runtimes never re-derive it.
+
+use std::collections::BTreeMap;
+
+use crate::container::Artifact;
+use crate::error::FormatError;
+use crate::manifest::*;
+
+/// Size limits that keep a hostile artifact from making a reader allocate absurd amounts.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Elements in one weight tensor.
+    pub max_tensor_elems: u64,
+    /// Elements per env in one value (activation).
+    pub max_value_elems: u64,
+    /// Nodes across all modules.
+    pub max_nodes: usize,
+    /// Rows in one golden case.
+    pub max_golden_batch: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_tensor_elems: 1 << 28, max_value_elems: 1 << 24, max_nodes: 100_000, max_golden_batch: 1 << 16 }
+    }
+}
+
+/// What validation learned about an artifact.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidatedPlan {
+    /// Feature shape of every value in the namespace (`obs`, `state/..`, module outputs and node outputs).
+    pub shapes: BTreeMap<String, Vec<usize>>,
+    /// Feature shape of the preprocessed observation.
+    pub obs_shape: Vec<usize>,
+    /// Numbers per env in an action.
+    pub action_len: usize,
+    /// Numbers per env in `dist_params` (the distribution's parameter values concatenated).
+    pub dist_params_len: usize,
+}
+
+fn numel(shape: &[usize]) -> u64 {
+    shape.iter().fold(1u64, |acc, &d| acc.saturating_mul(d as u64))
+}
+
+struct Checker<'a> {
+    art: &'a Artifact,
+    limits: &'a Limits,
+}
+
+impl Checker<'_> {
+    fn tensor(&self, name: &str, user: &str) -> Result<&crate::container::Tensor, FormatError> {
+        self.art
+            .tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor { name: name.into(), user: user.into() })
+    }
+
+    fn tensor_with_numel(&self, name: &str, user: &str, want: &[usize]) -> Result<(), FormatError> {
+        let t = self.tensor(name, user)?;
+        if numel(&t.shape) != numel(want) {
+            return Err(FormatError::TensorShape {
+                name: name.into(),
+                user: user.into(),
+                expected: want.to_vec(),
+                found: t.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_value_size(&self, what: &str, shape: &[usize]) -> Result<(), FormatError> {
+        if shape.is_empty() || shape.contains(&0) {
+            return Err(FormatError::shape(what, format!("shape {shape:?} must have at least one axis, none empty")));
+        }
+        let n = numel(shape);
+        if n > self.limits.max_value_elems {
+            return Err(FormatError::TooLarge { what: what.into(), found: n, limit: self.limits.max_value_elems });
+        }
+        Ok(())
+    }
+
+    fn node_shape(&self, module: &str, node: &Node, ins: &[&Vec<usize>]) -> Result<Vec<usize>, FormatError> {
+        let user = format!("node '{}' ({:?}) of module '{}'", node.name, node.op, module);
+        let arity = |n: usize| -> Result<(), FormatError> {
+            if ins.len() != n {
+                return Err(FormatError::shape(&user, format!("expects {n} input(s), has {}", ins.len())));
+            }
+            Ok(())
+        };
+        let last = |s: &Vec<usize>| *s.last().unwrap();
+        Ok(match &node.op {
+            Op::Dense { weight, bias } => {
+                arity(1)?;
+                if ins[0].len() != 1 {
+                    return Err(FormatError::shape(&user, format!("input must be flat, is {:?} (add a flatten)", ins[0])));
+                }
+                let w = self.tensor(weight, &user)?;
+                if w.shape.len() != 2 || w.shape[1] != ins[0][0] || w.shape[0] == 0 {
+                    return Err(FormatError::TensorShape {
+                        name: weight.clone(),
+                        user,
+                        expected: vec![w.shape.first().copied().unwrap_or(0), ins[0][0]],
+                        found: w.shape.clone(),
+                    });
+                }
+                if let Some(b) = bias {
+                    self.tensor_with_numel(b, &user, &[w.shape[0]])?;
+                }
+                vec![w.shape[0]]
+            }
+            Op::Relu
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::Silu
+            | Op::Elu { .. }
+            | Op::LeakyRelu { .. }
+            | Op::Gelu { .. }
+            | Op::Softmax
+            | Op::LogSoftmax
+            | Op::Flatten => {
+                arity(1)?;
+                if let Op::Elu { alpha } | Op::LeakyRelu { alpha } = &node.op {
+                    if !alpha.is_finite() {
+                        return Err(FormatError::invalid(user, "alpha must be finite"));
+                    }
+                }
+                if node.op == Op::Flatten { vec![numel(ins[0]) as usize] } else { ins[0].clone() }
+            }
+            Op::Add | Op::Mul => {
+                arity(2)?;
+                if ins[0] != ins[1] {
+                    return Err(FormatError::shape(user, format!("input shapes differ: {:?} vs {:?}", ins[0], ins[1])));
+                }
+                ins[0].clone()
+            }
+            Op::Concat => {
+                if ins.is_empty() {
+                    return Err(FormatError::shape(user, "needs at least one input"));
+                }
+                let head = &ins[0][..ins[0].len() - 1];
+                let mut total = 0usize;
+                for s in ins {
+                    if s.len() != ins[0].len() || &s[..s.len() - 1] != head {
+                        return Err(FormatError::shape(&user, format!("inputs {ins:?} differ beyond the last axis")));
+                    }
+                    total = total.saturating_add(last(s));
+                }
+                let mut out = head.to_vec();
+                out.push(total);
+                out
+            }
+            Op::Affine { scale, shift } => {
+                arity(1)?;
+                for t in scale.iter().chain(shift.iter()) {
+                    let tn = numel(&self.tensor(t, &user)?.shape);
+                    if tn != last(ins[0]) as u64 && tn != numel(ins[0]) && tn != 1 {
+                        return Err(FormatError::TensorShape {
+                            name: t.clone(),
+                            user: user.clone(),
+                            expected: vec![last(ins[0])],
+                            found: self.art.tensors[t].shape.clone(),
+                        });
+                    }
+                }
+                ins[0].clone()
+            }
+            Op::Slice { start, len } => {
+                arity(1)?;
+                if *len == 0 || start.checked_add(*len).is_none_or(|e| e > last(ins[0])) {
+                    return Err(FormatError::shape(user, format!("slice {start}+{len} outside last axis of {:?}", ins[0])));
+                }
+                let mut out = ins[0].clone();
+                *out.last_mut().unwrap() = *len;
+                out
+            }
+        })
+    }
+
+    fn run(&self) -> Result<ValidatedPlan, FormatError> {
+        let m = &self.art.manifest;
+        let mut shapes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+
+        // Weights: finite and bounded.
+        for (name, t) in &self.art.tensors {
+            let n = numel(&t.shape);
+            if n > self.limits.max_tensor_elems {
+                return Err(FormatError::TooLarge { what: format!("tensor '{name}'"), found: n, limit: self.limits.max_tensor_elems });
+            }
+            if let Some(index) = t.data.iter().position(|x| !x.is_finite()) {
+                return Err(FormatError::NonFiniteWeight { name: name.clone(), index });
+            }
+        }
+
+        // Observation and preprocessing.
+        let mut cur: Vec<usize> = match &m.observation {
+            ObservationSpace::Box { shape, .. } => {
+                self.check_value_size("observation space", shape)?;
+                shape.clone()
+            }
+            ObservationSpace::Discrete { n } => {
+                if *n == 0 || *n as u64 > self.limits.max_value_elems {
+                    return Err(FormatError::invalid("observation.n", format!("{n} is not a usable number of states")));
+                }
+                vec![1]
+            }
+        };
+        let mut one_hot_done = false;
+        for (i, p) in m.preprocess.iter().enumerate() {
+            let user = format!("preprocess step {i}");
+            match p {
+                Preprocess::Scale { factor } => {
+                    if !factor.is_finite() {
+                        return Err(FormatError::invalid(user, "scale factor must be finite"));
+                    }
+                }
+                Preprocess::Normalize { mean, std, clip } => {
+                    self.tensor_with_numel(mean, &user, &cur)?;
+                    self.tensor_with_numel(std, &user, &cur)?;
+                    if self.art.tensors[std].data.iter().any(|s| *s <= 0.0) {
+                        return Err(FormatError::invalid(user, format!("std tensor '{std}' must be > 0")));
+                    }
+                    if clip.is_some_and(|c| c.is_nan() || c <= 0.0) {
+                        return Err(FormatError::invalid(user, "clip must be > 0"));
+                    }
+                }
+                Preprocess::OneHot { n } => match &m.observation {
+                    ObservationSpace::Discrete { n: space_n } if space_n == n && !one_hot_done => {
+                        cur = vec![*n];
+                        one_hot_done = true;
+                    }
+                    _ => return Err(FormatError::invalid(user, "one_hot needs a Discrete observation space of the same n")),
+                },
+            }
+        }
+        if matches!(m.observation, ObservationSpace::Discrete { .. }) && !one_hot_done {
+            return Err(FormatError::invalid("preprocess", "a Discrete observation space needs a one_hot step"));
+        }
+        shapes.insert(OBS_VALUE.into(), cur.clone());
+        let obs_shape = cur;
+
+        if let Some(rec) = &m.recurrent {
+            for s in &rec.states {
+                self.check_value_size(&format!("recurrent state '{}'", s.name), &s.shape)?;
+                let key = format!("{STATE_PREFIX}{}", s.name);
+                if shapes.insert(key.clone(), s.shape.clone()).is_some() {
+                    return Err(FormatError::DuplicateValue { name: key });
+                }
+            }
+        }
+
+        // Modules, in order, with shape inference.
+        let mut total_nodes = 0usize;
+        for module in &m.modules {
+            total_nodes = total_nodes.saturating_add(module.nodes.len());
+            if total_nodes > self.limits.max_nodes {
+                return Err(FormatError::TooLarge { what: "node count".into(), found: total_nodes as u64, limit: self.limits.max_nodes as u64 });
+            }
+            let mut local: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+            for input in &module.inputs {
+                let s = shapes.get(input).ok_or_else(|| FormatError::UndefinedValue {
+                    name: input.clone(),
+                    user: format!("module '{}'", module.name),
+                })?;
+                local.insert(input, s.clone());
+            }
+            for node in &module.nodes {
+                let mut ins = Vec::with_capacity(node.inputs.len());
+                for i in &node.inputs {
+                    ins.push(local.get(i.as_str()).ok_or_else(|| FormatError::UndefinedValue {
+                        name: i.clone(),
+                        user: format!("node '{}' of module '{}'", node.name, module.name),
+                    })?);
+                }
+                let out = self.node_shape(&module.name, node, &ins)?;
+                self.check_value_size(&format!("output of node '{}'", node.name), &out)?;
+                if local.contains_key(node.output.as_str()) || shapes.contains_key(&node.output) {
+                    return Err(FormatError::DuplicateValue { name: node.output.clone() });
+                }
+                local.insert(&node.output, out);
+            }
+            for o in &module.outputs {
+                let s = local.get(o.as_str()).ok_or_else(|| FormatError::UndefinedValue {
+                    name: o.clone(),
+                    user: format!("outputs of module '{}'", module.name),
+                })?;
+                if module.inputs.contains(o) {
+                    continue; // pass-through: already in the namespace
+                }
+                if shapes.insert(o.clone(), s.clone()).is_some() {
+                    return Err(FormatError::DuplicateValue { name: o.clone() });
+                }
+            }
+        }
+
+        let value_shape = |name: &str, user: &str| -> Result<Vec<usize>, FormatError> {
+            shapes
+                .get(name)
+                .cloned()
+                .ok_or_else(|| FormatError::UndefinedValue { name: name.into(), user: user.into() })
+        };
+
+        // Distribution against the action space.
+        let action_len = m.action.action_len();
+        match &m.action {
+            ActionSpace::Discrete { n } if *n == 0 => return Err(FormatError::invalid("action.n", "must be >= 1")),
+            ActionSpace::MultiDiscrete { nvec } if nvec.is_empty() || nvec.contains(&0) => {
+                return Err(FormatError::invalid("action.nvec", "needs >= 1 component, each >= 1"));
+            }
+            ActionSpace::Box { shape, low, high } => {
+                self.check_value_size("action space", shape)?;
+                if low.len() != action_len || high.len() != action_len {
+                    return Err(FormatError::invalid("action bounds", format!("need {action_len} low and high values")));
+                }
+                for (l, h) in low.iter().zip(high) {
+                    if let (Some(l), Some(h)) = (l, h) {
+                        if l.is_nan() || h.is_nan() || l > h {
+                            return Err(FormatError::invalid("action bounds", format!("low {l} > high {h}")));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        let dist_params_len: usize;
+        let dist_user = "the distribution";
+        match (&m.distribution, &m.action) {
+            (Distribution::Categorical { logits }, ActionSpace::Discrete { n }) => {
+                let s = value_shape(logits, dist_user)?;
+                if s != vec![*n] {
+                    return Err(FormatError::shape(dist_user, format!("logits '{logits}' are {s:?}, action space needs [{n}]")));
+                }
+                dist_params_len = *n;
+            }
+            (Distribution::MultiCategorical { logits }, ActionSpace::MultiDiscrete { nvec }) => {
+                let s = value_shape(logits, dist_user)?;
+                let total: usize = nvec.iter().sum();
+                if s != vec![total] {
+                    return Err(FormatError::shape(dist_user, format!("logits '{logits}' are {s:?}, nvec needs [{total}]")));
+                }
+                dist_params_len = total;
+            }
+            (
+                Distribution::DiagGaussian { mean, log_std, log_std_range, .. }
+                | Distribution::SquashedGaussian { mean, log_std, log_std_range },
+                ActionSpace::Box { shape, low, high },
+            ) => {
+                let s = value_shape(mean, dist_user)?;
+                if numel(&s) != numel(shape) {
+                    return Err(FormatError::shape(dist_user, format!("mean '{mean}' is {s:?}, action space is {shape:?}")));
+                }
+                match log_std {
+                    LogStd::Parameter { tensor } => self.tensor_with_numel(tensor, dist_user, shape)?,
+                    LogStd::Value { value } => {
+                        let ls = value_shape(value, dist_user)?;
+                        if numel(&ls) != numel(shape) {
+                            return Err(FormatError::shape(dist_user, format!("log_std '{value}' is {ls:?}, action space is {shape:?}")));
+                        }
+                    }
+                }
+                if let Some((lo, hi)) = log_std_range {
+                    if lo.is_nan() || hi.is_nan() || lo > hi {
+                        return Err(FormatError::invalid("log_std_range", format!("({lo}, {hi})")));
+                    }
+                }
+                if matches!(m.distribution, Distribution::SquashedGaussian { .. })
+                    && low.iter().chain(high).any(|b| b.is_none_or(|v| !v.is_finite()))
+                {
+                    return Err(FormatError::invalid("action bounds", "a squashed Gaussian needs finite bounds"));
+                }
+                dist_params_len = 2 * action_len; // mean, then log-std (after clamping), per row
+            }
+            (d, a) => {
+                return Err(FormatError::invalid(
+                    "distribution",
+                    format!("{} does not fit the action space {}", variant_name(d), action_name(a)),
+                ));
+            }
+        }
+
+        if let Some(v) = &m.value {
+            let s = value_shape(v, "the value estimate")?;
+            if numel(&s) != 1 {
+                return Err(FormatError::shape("the value estimate", format!("'{v}' is {s:?}, must hold 1 number")));
+            }
+        }
+        if let Some(rec) = &m.recurrent {
+            for s in &rec.states {
+                let next = value_shape(&s.next, &format!("recurrent state '{}'", s.name))?;
+                if next != s.shape {
+                    return Err(FormatError::shape(format!("recurrent state '{}'", s.name), format!("next '{}' is {next:?}, state is {:?}", s.next, s.shape)));
+                }
+            }
+        }
+
+        // Golden vectors.
+        let raw_len = m.observation.raw_len();
+        for g in &m.golden {
+            let user = format!("golden case '{}'", g.name);
+            if g.batch == 0 || g.batch > self.limits.max_golden_batch {
+                return Err(FormatError::invalid(user, format!("batch {} out of range", g.batch)));
+            }
+            if g.obs.len() != g.batch * raw_len {
+                return Err(FormatError::invalid(user, format!("{} obs numbers, need {}", g.obs.len(), g.batch * raw_len)));
+            }
+            for (name, vals) in &g.values {
+                let s = value_shape(name, &user)?;
+                if vals.len() as u64 != numel(&s) * g.batch as u64 {
+                    return Err(FormatError::invalid(user, format!("value '{name}' has {} numbers", vals.len())));
+                }
+            }
+            for (what, acts) in [("sampled", &g.sampled_actions), ("deterministic", &g.deterministic_actions)] {
+                if !acts.is_empty() && acts.len() != g.batch * action_len {
+                    return Err(FormatError::invalid(user, format!("{what} actions: {} numbers, need {}", acts.len(), g.batch * action_len)));
+                }
+            }
+            if !(g.tolerance >= 0.0) {
+                return Err(FormatError::invalid(user, "tolerance must be >= 0"));
+            }
+        }
+
+        Ok(ValidatedPlan { shapes, obs_shape, action_len, dist_params_len })
+    }
+}
+
+fn variant_name(d: &Distribution) -> &'static str {
+    match d {
+        Distribution::Categorical { .. } => "categorical",
+        Distribution::MultiCategorical { .. } => "multi_categorical",
+        Distribution::DiagGaussian { .. } => "diag_gaussian",
+        Distribution::SquashedGaussian { .. } => "squashed_gaussian",
+    }
+}
+
+fn action_name(a: &ActionSpace) -> &'static str {
+    match a {
+        ActionSpace::Discrete { .. } => "discrete",
+        ActionSpace::MultiDiscrete { .. } => "multi_discrete",
+        ActionSpace::Box { .. } => "box",
+    }
+}
+
+/// Check an artifact completely. Runtimes call this in `load`; the writer calls it before writing.
+pub fn validate(art: &Artifact, limits: &Limits) -> Result<ValidatedPlan, FormatError> {
+    Checker { art, limits }.run()
+}
