@@ -1,1 +1,28 @@
+//! policyport runtime: load a `.policy` artifact, check it, and act() on a burn [`Device`].
+//!
+//! ```no_run
+//! use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+//! let bytes = std::fs::read("cartpole.policy").unwrap();
+//! let mut policy = Policy::load_on(&bytes, Backend::Flex).unwrap();
+//! let mut out = ActOutputs::default();
+//! let obs = [0.01f32, 0.0, -0.02, 0.0];
+//! policy.act(Observations::F32(&obs), 1, ActMode::Sample { seed: 7, step: 0 }, EnvIds::Range(0), None, &mut out).unwrap();
+//! println!("action {}", out.discrete[0]);
+//! ```
+//! Importers never live here: this crate only reads artifacts (through `policyport-format`).
 
+mod backend;
+mod error;
+mod exec;
+mod observations;
+mod policy;
+mod state;
+
+pub use backend::Backend;
+pub use burn::tensor::Device;
+pub use error::{ObservationError, PolicyError};
+pub use observations::Observations;
+pub use policy::{ActOutputs, EnvIds, GoldenReport, MAX_BATCH, Policy, PolicyInfo, rel_err};
+pub use policyport_format as format;
+pub use policyport_format::sampling::ActMode;
+pub use state::RecurrentState;

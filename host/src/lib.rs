@@ -1,1 +1,85 @@
+//! policyport toolchain: importers, compile passes, the artifact writer, inspection, and the pieces of the
+//! `policyport` CLI that are worth testing as a library (demo episodes, benchmarks).
 
+pub mod demo;
+pub mod envs;
+pub mod import;
+pub mod inspect;
+pub mod npy;
+pub mod reference;
+
+use policyport_format::container::StorageDType;
+use policyport_format::philox::{Stream, u01};
+use policyport_format::{ObsDType, ObservationSpace, write_artifact};
+
+use import::{FixtureIo, ImportError, ImportSpec, golden_from_fixture, import_onnx};
+
+/// On-disk weight precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    F32,
+    F16,
+    BF16,
+}
+
+impl std::str::FromStr for Storage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Storage::F32),
+            "f16" => Ok(Storage::F16),
+            "bf16" => Ok(Storage::BF16),
+            _ => Err(format!("unknown storage '{s}' (f32, f16, bf16)")),
+        }
+    }
+}
+
+/// ONNX bytes + what the outputs mean → `.policy` bytes. Golden vectors come from `golden` (oracle outputs, e.g.
+/// PyTorch float64) when given, else from the float64 reference interpreter on seeded random observations.
+pub fn compile_onnx(onnx: &[u8], spec: &ImportSpec, source: &str, golden: Option<&FixtureIo>, storage: Storage) -> Result<Vec<u8>, ImportError> {
+    let imported = import_onnx(onnx, spec, source)?;
+    let mut manifest = imported.manifest;
+    manifest.golden = match golden {
+        Some(io) => golden_from_fixture(&manifest, io)?,
+        None => {
+            let cases: Vec<(String, Vec<f32>, usize, u64, u64, u32)> = [(1usize, 7u64, 0u64, 0u32), (4, 42, 100, 3)]
+                .iter()
+                .map(|&(batch, seed, step, env_offset)| {
+                    (format!("reference_batch{batch}"), random_obs(&manifest.observation, batch, seed), batch, seed, step, env_offset)
+                })
+                .collect();
+            reference::make_golden(&manifest, &imported.tensors, &cases).map_err(ImportError::Golden)?
+        }
+    };
+    let st = match storage {
+        Storage::F32 => StorageDType::F32,
+        Storage::F16 => StorageDType::F16,
+        Storage::BF16 => StorageDType::BF16,
+    };
+    // Golden tolerances assume f32 weights; reduced storage widens them to its rounding.
+    if storage != Storage::F32 {
+        let tol = if storage == Storage::F16 { 1e-2 } else { 5e-2 };
+        manifest.golden.iter_mut().for_each(|g| {
+            g.tolerance = g.tolerance.max(tol);
+            g.sampled_actions.clear();
+            g.deterministic_actions.clear();
+        });
+    }
+    Ok(write_artifact(&manifest, &imported.tensors, &|_| st)?)
+}
+
+/// Seeded observations that fit a space (standard normal-ish floats, bytes, or valid discrete ids).
+pub fn random_obs(space: &ObservationSpace, batch: usize, seed: u64) -> Vec<f32> {
+    let n = space.raw_len() * batch;
+    (0..n)
+        .map(|i| {
+            let mut s = Stream::new(seed, i as u32, 0xFFFF_FFFF);
+            let (a, b) = (u01(s.word(0)).max(1e-7), u01(s.word(1)));
+            match space {
+                ObservationSpace::Box { dtype: ObsDType::U8, .. } => (a * 256.0).floor().min(255.0),
+                ObservationSpace::Box { .. } => (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos(),
+                ObservationSpace::Discrete { n } => ((a * *n as f32).floor()).min(*n as f32 - 1.0),
+            }
+        })
+        .collect()
+}

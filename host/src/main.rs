@@ -1,1 +1,312 @@
-fn main(){}
+//! The `policyport` command line: compile, inspect, run, verify, demo, bench.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+use policyport_format::{Limits, read_artifact, validate};
+use policyport_host::demo::run_episodes;
+use policyport_host::envs::{CartPole, Pendulum};
+use policyport_host::import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec};
+use policyport_host::{Storage, compile_onnx, inspect, npy};
+
+#[derive(Parser)]
+#[command(name = "policyport", version, about = "Compile trained RL policies into portable artifacts and run them fast")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Import an ONNX policy and write a .policy artifact.
+    Compile {
+        model: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+        /// Import spec (JSON): distribution, outputs, spaces, normalisation. Flags below override it.
+        #[arg(long)]
+        spec: Option<PathBuf>,
+        /// categorical | diag-gaussian | squashed-gaussian
+        #[arg(long)]
+        dist: Option<String>,
+        #[arg(long)]
+        logits: Option<String>,
+        #[arg(long)]
+        mean: Option<String>,
+        /// A graph output or initializer holding the log-std.
+        #[arg(long)]
+        log_std: Option<String>,
+        #[arg(long)]
+        value: Option<String>,
+        /// Oracle outputs to embed as golden vectors (io.json from the fixture scripts).
+        #[arg(long)]
+        golden: Option<PathBuf>,
+        /// Weight storage: f32, f16, bf16.
+        #[arg(long, default_value = "f32")]
+        storage: Storage,
+    },
+    /// Print what an artifact holds.
+    Inspect {
+        artifact: PathBuf,
+        /// Print the manifest as JSON instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Act on observations from a .npy or .json file ([batch, obs...]); prints JSON.
+    Run {
+        artifact: PathBuf,
+        #[arg(long)]
+        obs: PathBuf,
+        #[arg(long, default_value = "flex")]
+        backend: Backend,
+        /// Sample with this seed (default: deterministic actions).
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, default_value_t = 0)]
+        step: u64,
+        #[arg(long, default_value_t = 0)]
+        env_offset: u32,
+    },
+    /// Check the artifact's golden vectors on a backend.
+    Verify {
+        artifact: PathBuf,
+        #[arg(long, default_value = "flex")]
+        backend: Backend,
+    },
+    /// Compile the bundled trained policies and run them in the Rust environments.
+    Demo {
+        #[arg(long, default_value_t = 32)]
+        episodes: u32,
+        #[arg(long, default_value = "flex")]
+        backend: Backend,
+        /// Where to write the compiled artifacts.
+        #[arg(long, default_value = "target/policyport-demo")]
+        out_dir: PathBuf,
+    },
+    /// Time act() at given batch sizes; prints one JSON line per batch.
+    Bench {
+        artifact: PathBuf,
+        #[arg(long, default_value = "1,64,1024")]
+        batches: String,
+        #[arg(long, default_value = "flex")]
+        backend: Backend,
+        /// Minimum seconds per batch size.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+    },
+}
+
+fn read(p: &Path) -> Result<Vec<u8>> {
+    std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Compile { model, out, spec, dist, logits, mean, log_std, value, golden, storage } => {
+            let mut s: Option<ImportSpec> = match &spec {
+                Some(p) => Some(serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))?),
+                None => None,
+            };
+            if let Some(d) = dist.as_deref() {
+                let need = |o: &Option<String>, flag: &str| o.clone().with_context(|| format!("--dist {d} needs --{flag}"));
+                let ls = || -> Result<LogStdSpec> { Ok(LogStdSpec::Output(need(&log_std, "log-std")?)) };
+                let ds = match d {
+                    "categorical" => DistSpec::Categorical { logits: need(&logits, "logits")? },
+                    "diag-gaussian" => DistSpec::DiagGaussian { mean: need(&mean, "mean")?, log_std: ls()?, clip: false, log_std_range: None },
+                    "squashed-gaussian" => DistSpec::SquashedGaussian { mean: need(&mean, "mean")?, log_std: ls()?, log_std_range: None },
+                    other => bail!("unknown --dist '{other}' (categorical, diag-gaussian, squashed-gaussian)"),
+                };
+                let mut base = s.take().unwrap_or(ImportSpec {
+                    name: None,
+                    distribution: ds.clone(),
+                    value: None,
+                    observation: None,
+                    action: None,
+                    normalize: None,
+                    scale: None,
+                    input: None,
+                    source: None,
+                });
+                base.distribution = ds;
+                s = Some(base);
+            }
+            let mut s = s.context("say what the outputs mean: --spec import.json, or --dist with --logits/--mean")?;
+            if value.is_some() {
+                s.value = value;
+            }
+            let io: Option<FixtureIo> = match &golden {
+                Some(p) => Some(serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))?),
+                None => None,
+            };
+            let bytes = compile_onnx(&read(&model)?, &s, &model.display().to_string(), io.as_ref(), storage)?;
+            std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {} ({} bytes)", out.display(), bytes.len());
+        }
+        Cmd::Inspect { artifact, json } => {
+            let bytes = read(&artifact)?;
+            let art = read_artifact(&bytes)?;
+            let plan = validate(&art, &Limits::default())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&art.manifest)?);
+            } else {
+                print!("{}", inspect::summary(&art, &plan, bytes.len()));
+            }
+        }
+        Cmd::Run { artifact, obs, backend, seed, step, env_offset } => {
+            let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
+            let raw = read(&obs)?;
+            let (shape, data) = if obs.extension().is_some_and(|e| e == "npy") {
+                npy::read_npy(&raw)?
+            } else {
+                let v: Vec<Vec<f32>> = serde_json::from_slice(&raw).context("obs JSON must be [[..], [..]]")?;
+                (vec![v.len()], v.concat())
+            };
+            let batch = shape.first().copied().unwrap_or(1).max(1);
+            let mode = seed.map_or(ActMode::Deterministic, |seed| ActMode::Sample { seed, step });
+            let mut out = ActOutputs::default();
+            policy.act(Observations::F32(&data), batch, mode, EnvIds::Range(env_offset), None, &mut out)?;
+            let actions = if out.discrete.is_empty() {
+                serde_json::json!(out.continuous)
+            } else {
+                serde_json::json!(out.discrete)
+            };
+            println!("{}", serde_json::json!({"batch": batch, "actions": actions, "value": out.value, "dist_params": out.dist_params}));
+        }
+        Cmd::Verify { artifact, backend } => {
+            let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
+            let reports = policy.verify()?;
+            let mut ok = true;
+            for r in &reports {
+                let vals: Vec<String> = r.values.iter().map(|(n, e)| format!("{n}: {e:.2e}")).collect();
+                println!(
+                    "{:<4} {:<28} rel err [{}] (tol {:.0e}); sampled mismatches {}, deterministic mismatches {}{}",
+                    if r.passed { "ok" } else { "FAIL" },
+                    r.name,
+                    vals.join(", "),
+                    r.tolerance,
+                    r.sampled_mismatches,
+                    r.deterministic_mismatches,
+                    if r.sampled_action_err > 0.0 { format!(", action err {:.2e}", r.sampled_action_err.max(r.deterministic_action_err)) } else { String::new() }
+                );
+                ok &= r.passed;
+            }
+            if reports.is_empty() {
+                bail!("artifact has no golden vectors");
+            }
+            if !ok {
+                bail!("golden vectors failed on {}", backend.name());
+            }
+        }
+        Cmd::Demo { episodes, backend, out_dir } => demo(episodes, backend, &out_dir)?,
+        Cmd::Bench { artifact, batches, backend, seconds } => {
+            let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
+            let raw_len = policy.info().obs_len;
+            for b in batches.split(',') {
+                let batch: usize = b.trim().parse().context("--batches")?;
+                let obs = policyport_host::random_obs(&policy.manifest().observation, batch, 1);
+                let mut out = ActOutputs::default();
+                let mut step = 0u64;
+                let mut run = |n: u64, policy: &mut Policy| -> Result<f64> {
+                    let t0 = Instant::now();
+                    for _ in 0..n {
+                        policy.act(Observations::F32(&obs), batch, ActMode::Sample { seed: 1, step }, EnvIds::Range(0), None, &mut out)?;
+                        step += 1;
+                    }
+                    Ok(t0.elapsed().as_secs_f64())
+                };
+                run(3, &mut policy)?;
+                // Calibrate, then time repeated blocks and keep the median per-call time.
+                let mut n = 1u64;
+                while run(n, &mut policy)? < 0.05 {
+                    n *= 2;
+                }
+                let blocks = ((seconds / (run(n, &mut policy)?)).ceil() as usize).clamp(3, 50);
+                let mut per_call: Vec<f64> = (0..blocks).map(|_| run(n, &mut policy).map(|s| s / n as f64 * 1e6)).collect::<Result<_>>()?;
+                per_call.sort_by(|a, b| a.total_cmp(b));
+                let median = per_call[per_call.len() / 2];
+                println!("{}", serde_json::json!({"runtime": format!("policyport-{}", backend.name()), "batch": batch, "obs_len": raw_len, "us_per_act": median}));
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Bundled {
+    name: &'static str,
+    onnx: &'static [u8],
+    spec: &'static [u8],
+    io: &'static [u8],
+}
+
+const BUNDLED: [Bundled; 2] = [
+    Bundled {
+        name: "cartpole",
+        onnx: include_bytes!("../../tests/fixtures/cartpole/policy.onnx"),
+        spec: include_bytes!("../../tests/fixtures/cartpole/import.json"),
+        io: include_bytes!("../../tests/fixtures/cartpole/io.json"),
+    },
+    Bundled {
+        name: "pendulum",
+        onnx: include_bytes!("../../tests/fixtures/pendulum/policy.onnx"),
+        spec: include_bytes!("../../tests/fixtures/pendulum/import.json"),
+        io: include_bytes!("../../tests/fixtures/pendulum/io.json"),
+    },
+];
+
+fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(out_dir)?;
+    let mut failures = vec![];
+    for b in &BUNDLED {
+        let spec: ImportSpec = serde_json::from_slice(b.spec)?;
+        let io: FixtureIo = serde_json::from_slice(b.io)?;
+        let eval = io.eval.clone().context("bundled fixture has no eval section")?;
+        let t0 = Instant::now();
+        let bytes = compile_onnx(b.onnx, &spec, &format!("tests/fixtures/{}/policy.onnx", b.name), Some(&io), Storage::F32)?;
+        let path = out_dir.join(format!("{}.policy", b.name));
+        std::fs::write(&path, &bytes)?;
+        let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let mut policy = Policy::load_on(&std::fs::read(&path)?, backend)?;
+        let load_ms = t1.elapsed().as_secs_f64() * 1e3;
+        let env_seed = eval["env_seed"].as_u64().context("env_seed")?;
+        let policy_seed = eval["policy_seed"].as_u64().context("policy_seed")?;
+        let torch_sampled: Vec<f64> = serde_json::from_value(eval["sampled_returns"].clone())?;
+        let torch_det: Vec<f64> = serde_json::from_value(eval["deterministic_returns"].clone())?;
+        let n = episodes.min(torch_sampled.len() as u32);
+        println!("== {} ({}): compiled in {compile_ms:.1} ms -> {} ({} bytes), loaded on {} in {load_ms:.1} ms", b.name, eval["env"].as_str().unwrap_or("?"), path.display(), bytes.len(), backend.name());
+        for (sampled, torch) in [(true, &torch_sampled), (false, &torch_det)] {
+            let stats = match b.name {
+                "cartpole" => run_episodes::<CartPole>(&mut policy, n, env_seed, policy_seed, sampled)?,
+                _ => run_episodes::<Pendulum>(&mut policy, n, env_seed, policy_seed, sampled)?,
+            };
+            let torch_mean = torch[..n as usize].iter().sum::<f64>() / n as f64;
+            let same = stats.returns.iter().zip(torch.iter()).filter(|(a, b)| (*a - *b).abs() <= 1e-6 * b.abs().max(1.0)).count();
+            let rel = (stats.mean_return() - torch_mean).abs() / torch_mean.abs().max(1.0);
+            println!(
+                "   {:<13} mean return {:>8.2} over {n} episodes (PyTorch policy: {:>8.2}; {same}/{n} episodes identical)   act() p50 {:.1} us, p99 {:.1} us over {} steps",
+                if sampled { "sampled" } else { "deterministic" },
+                stats.mean_return(),
+                torch_mean,
+                stats.latency_percentile(0.5),
+                stats.latency_percentile(0.99),
+                stats.steps
+            );
+            // The demo's promise: the same behaviour as the PyTorch policy (episodes replay bit-for-bit up to
+            // float rounding in continuous control), and CartPole solved.
+            if rel > 0.02 {
+                failures.push(format!("{} {}: mean return {:.2} differs from PyTorch's {:.2}", b.name, if sampled { "sampled" } else { "deterministic" }, stats.mean_return(), torch_mean));
+            }
+            if b.name == "cartpole" && stats.mean_return() < 475.0 {
+                failures.push(format!("cartpole mean return {:.1} < 475", stats.mean_return()));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!("demo failed:\n  {}", failures.join("\n  "));
+    }
+    println!("demo ok");
+    Ok(())
+}

@@ -250,7 +250,8 @@ impl Checker<'_> {
             }
         }
 
-        // Modules, in order, with shape inference.
+        // Modules, in order, with shape inference. `visible`: what later modules and the policy may read.
+        let mut visible: std::collections::BTreeSet<String> = shapes.keys().cloned().collect();
         let mut total_nodes = 0usize;
         for module in &m.modules {
             total_nodes = total_nodes.saturating_add(module.nodes.len());
@@ -259,7 +260,7 @@ impl Checker<'_> {
             }
             let mut local: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
             for input in &module.inputs {
-                let s = shapes.get(input).ok_or_else(|| FormatError::UndefinedValue {
+                let s = visible.contains(input.as_str()).then(|| shapes.get(input)).flatten().ok_or_else(|| FormatError::UndefinedValue {
                     name: input.clone(),
                     user: format!("module '{}'", module.name),
                 })?;
@@ -278,26 +279,22 @@ impl Checker<'_> {
                 if local.contains_key(node.output.as_str()) || shapes.contains_key(&node.output) {
                     return Err(FormatError::DuplicateValue { name: node.output.clone() });
                 }
+                shapes.insert(node.output.clone(), out.clone());
                 local.insert(&node.output, out);
             }
             for o in &module.outputs {
-                let s = local.get(o.as_str()).ok_or_else(|| FormatError::UndefinedValue {
-                    name: o.clone(),
-                    user: format!("outputs of module '{}'", module.name),
-                })?;
-                if module.inputs.contains(o) {
-                    continue; // pass-through: already in the namespace
+                if !local.contains_key(o.as_str()) {
+                    return Err(FormatError::UndefinedValue { name: o.clone(), user: format!("outputs of module '{}'", module.name) });
                 }
-                if shapes.insert(o.clone(), s.clone()).is_some() {
-                    return Err(FormatError::DuplicateValue { name: o.clone() });
-                }
+                visible.insert(o.clone());
             }
         }
 
         let value_shape = |name: &str, user: &str| -> Result<Vec<usize>, FormatError> {
-            shapes
-                .get(name)
-                .cloned()
+            visible
+                .contains(name)
+                .then(|| shapes.get(name).cloned())
+                .flatten()
                 .ok_or_else(|| FormatError::UndefinedValue { name: name.into(), user: user.into() })
         };
 
@@ -405,7 +402,7 @@ impl Checker<'_> {
                 return Err(FormatError::invalid(user, format!("{} obs numbers, need {}", g.obs.len(), g.batch * raw_len)));
             }
             for (name, vals) in &g.values {
-                let s = value_shape(name, &user)?;
+                let s = shapes.get(name).cloned().ok_or_else(|| FormatError::UndefinedValue { name: name.clone(), user: user.clone() })?;
                 if vals.len() as u64 != numel(&s) * g.batch as u64 {
                     return Err(FormatError::invalid(user, format!("value '{name}' has {} numbers", vals.len())));
                 }

@@ -1,0 +1,112 @@
+//! Observation checks and preprocessing (scale, normalise + clip, one-hot), done on the host side into a
+//! reused buffer before upload: cheap, exact, and the same on every backend.
+
+use policyport_format::{Artifact, ObsDType, ObservationSpace, Preprocess};
+
+use crate::error::ObservationError;
+
+/// A batch of raw observations, row-major, `batch x observation.raw_len()` numbers.
+#[derive(Debug, Clone, Copy)]
+pub enum Observations<'a> {
+    F32(&'a [f32]),
+    /// Raw bytes, for policies whose observation space is uint8 (image frames).
+    U8(&'a [u8]),
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Scale(f32),
+    Normalize { mean: Vec<f32>, std: Vec<f32>, clip: Option<f32> },
+    OneHot(usize),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Preprocessor {
+    raw_len: usize,
+    out_len: usize,
+    space: ObservationSpace,
+    steps: Vec<Step>,
+}
+
+impl Preprocessor {
+    pub(crate) fn new(art: &Artifact, out_len: usize) -> Self {
+        let m = &art.manifest;
+        let steps = m
+            .preprocess
+            .iter()
+            .map(|p| match p {
+                Preprocess::Scale { factor } => Step::Scale(*factor),
+                Preprocess::Normalize { mean, std, clip } => Step::Normalize {
+                    mean: art.tensors[mean].data.clone(),
+                    std: art.tensors[std].data.clone(),
+                    clip: *clip,
+                },
+                Preprocess::OneHot { n } => Step::OneHot(*n),
+            })
+            .collect();
+        Preprocessor { raw_len: m.observation.raw_len(), out_len, space: m.observation.clone(), steps }
+    }
+
+    pub(crate) fn out_len(&self) -> usize {
+        self.out_len
+    }
+
+    /// Check `obs` and write the preprocessed batch into `out` (resized; no allocation once warm).
+    pub(crate) fn run(&self, obs: Observations<'_>, batch: usize, out: &mut Vec<f32>) -> Result<(), ObservationError> {
+        let found = match obs {
+            Observations::F32(x) => x.len(),
+            Observations::U8(x) => x.len(),
+        };
+        if found != batch * self.raw_len {
+            return Err(ObservationError::Length { expected: batch * self.raw_len, found, batch, per_env: self.raw_len });
+        }
+        out.clear();
+        match (obs, &self.space) {
+            (Observations::F32(x), _) => {
+                if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+                    return Err(ObservationError::NonFinite { env: i / self.raw_len, element: i % self.raw_len, value: x[i] });
+                }
+                out.extend_from_slice(x);
+            }
+            (Observations::U8(x), ObservationSpace::Box { dtype: ObsDType::U8, .. }) => {
+                out.extend(x.iter().map(|&b| b as f32));
+            }
+            (Observations::U8(_), _) => return Err(ObservationError::DType { expected: "f32", found: "u8" }),
+        }
+        for step in &self.steps {
+            match step {
+                Step::Scale(f) => out.iter_mut().for_each(|v| *v *= f),
+                Step::Normalize { mean, std, clip } => {
+                    let n = mean.len();
+                    for row in out.chunks_exact_mut(n) {
+                        for ((v, m), s) in row.iter_mut().zip(mean).zip(std) {
+                            let z = (*v - m) / s;
+                            *v = match clip {
+                                Some(c) => z.clamp(-c, *c),
+                                None => z,
+                            };
+                        }
+                    }
+                }
+                Step::OneHot(n) => {
+                    // Discrete spaces have raw_len 1: expand in place from the back.
+                    let n = *n;
+                    for (env, v) in out.iter().enumerate() {
+                        if v.fract() != 0.0 || *v < 0.0 || *v >= n as f32 {
+                            return Err(ObservationError::Discrete { env, value: *v, n });
+                        }
+                    }
+                    out.resize(batch * n, 0.0);
+                    for env in (0..batch).rev() {
+                        let k = out[env] as usize;
+                        let row = &mut out[env * n..(env + 1) * n];
+                        row.iter_mut().for_each(|x| *x = 0.0);
+                        row[k] = 1.0;
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(out.len(), batch * self.out_len);
+        Ok(())
+    }
+}

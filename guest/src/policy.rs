@@ -1,0 +1,392 @@
+//! [`Policy`]: load + validate an artifact, then act() on batches of envs.
+
+use policyport_format::sampling::{ActMode, Sampler};
+use policyport_format::{
+    ActionSpace, Artifact, Distribution, GoldenCase, Limits, Manifest, ObservationSpace, ValidatedPlan, read_artifact,
+    validate,
+};
+
+use burn::tensor::Device;
+
+use crate::backend::Backend;
+use crate::error::PolicyError;
+use crate::exec::Program;
+use crate::observations::{Observations, Preprocessor};
+use crate::state::RecurrentState;
+
+/// Largest batch act() accepts.
+pub const MAX_BATCH: usize = 1 << 20;
+
+/// Which env each row of a batch is (for sampling streams and recurrent state).
+#[derive(Debug, Clone, Copy)]
+pub enum EnvIds<'a> {
+    /// Rows are envs `start, start + 1, …`.
+    Range(u32),
+    /// One id per row.
+    List(&'a [u32]),
+}
+
+impl EnvIds<'_> {
+    #[inline]
+    fn get(&self, row: usize) -> u32 {
+        match self {
+            EnvIds::Range(start) => start + row as u32,
+            EnvIds::List(ids) => ids[row],
+        }
+    }
+}
+
+/// Results of one act(), reused across calls (buffers keep their capacity: no allocation once warm).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ActOutputs {
+    pub batch: usize,
+    /// Discrete / multi-discrete actions, `batch x action_len` (empty for continuous policies).
+    pub discrete: Vec<i64>,
+    /// Continuous actions, `batch x action_len` (empty for discrete policies).
+    pub continuous: Vec<f32>,
+    /// Value estimate per row (empty without a critic).
+    pub value: Vec<f32>,
+    /// Distribution parameters per row: logits (concatenated for multi-discrete), or mean then log-std.
+    pub dist_params: Vec<f32>,
+}
+
+/// What a loaded policy is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyInfo {
+    pub name: String,
+    pub backend: String,
+    pub format_version: (u16, u16),
+    pub observation: ObservationSpace,
+    pub action: ActionSpace,
+    pub obs_len: usize,
+    pub action_len: usize,
+    pub dist_params_len: usize,
+    pub has_value: bool,
+    pub recurrent_states: usize,
+    pub parameters: usize,
+}
+
+/// A loaded, validated policy bound to one device.
+pub struct Policy {
+    artifact: Artifact,
+    plan: ValidatedPlan,
+    program: Program,
+    sampler: Sampler,
+    pre: Preprocessor,
+    backend_name: String,
+    /// Numbers per readback row that are distribution values (before completing the log-std).
+    raw_params: usize,
+    row_width: usize,
+    has_value: bool,
+    scratch_obs: Vec<f32>,
+    scratch_rows: Vec<f32>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy").field("name", &self.artifact.manifest.name).field("backend", &self.backend_name).finish()
+    }
+}
+
+impl Policy {
+    /// Load on a backend by name; a backend compiled out gives [`PolicyError::NotCompiled`].
+    pub fn load_on(bytes: &[u8], backend: Backend) -> Result<Self, PolicyError> {
+        let device = backend.device()?;
+        let mut p = Self::load(bytes, &device)?;
+        p.backend_name = backend.name().to_string();
+        Ok(p)
+    }
+
+    /// Read, checksum and validate the artifact, upload and pack weights, and warm up (one act at batch 1)
+    /// so the first real call pays no setup.
+    pub fn load(bytes: &[u8], device: &Device) -> Result<Self, PolicyError> {
+        let artifact = read_artifact(bytes)?;
+        Self::from_artifact(artifact, device)
+    }
+
+    pub fn from_artifact(artifact: Artifact, device: &Device) -> Result<Self, PolicyError> {
+        let plan = validate(&artifact, &Limits::default())?;
+        let m = &artifact.manifest;
+        let mut readback: Vec<&str> = m.distribution.param_values();
+        let raw_params: usize = readback.iter().map(|v| plan.shapes[*v].iter().product::<usize>()).sum();
+        if let Some(v) = &m.value {
+            readback.push(v);
+        }
+        let next_states: Vec<&str> = m.recurrent.iter().flat_map(|r| &r.states).map(|s| s.next.as_str()).collect();
+        readback.extend(&next_states);
+        let program = Program::new(&artifact, &plan, &readback, device);
+        let row_width = program.readback.iter().map(|(_, n)| n).sum();
+        let sampler = Sampler::new(&artifact);
+        let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
+        let mut policy = Policy {
+            has_value: m.value.is_some(),
+            artifact,
+            plan,
+            program,
+            sampler,
+            pre,
+            backend_name: format!("{device:?}"),
+            raw_params,
+            row_width,
+            scratch_obs: Vec::new(),
+            scratch_rows: Vec::new(),
+        };
+        policy.warm_up()?;
+        Ok(policy)
+    }
+
+    fn warm_up(&mut self) -> Result<(), PolicyError> {
+        let obs = match &self.artifact.manifest.observation {
+            ObservationSpace::Box { .. } => vec![0.0f32; self.pre_raw_len()],
+            ObservationSpace::Discrete { .. } => vec![0.0],
+        };
+        let mut state = RecurrentState::new(self, 1);
+        let mut out = ActOutputs::default();
+        let st = if state.tensors.is_empty() { None } else { Some(&mut state) };
+        self.act(Observations::F32(&obs), 1, ActMode::Sample { seed: 0, step: 0 }, EnvIds::Range(0), st, &mut out)
+    }
+
+    fn pre_raw_len(&self) -> usize {
+        self.artifact.manifest.observation.raw_len()
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.artifact.manifest
+    }
+
+    pub fn artifact(&self) -> &Artifact {
+        &self.artifact
+    }
+
+    pub fn plan(&self) -> &ValidatedPlan {
+        &self.plan
+    }
+
+    pub(crate) fn state_sizes(&self) -> Vec<usize> {
+        self.program.state_slots.iter().map(|(_, n)| *n).collect()
+    }
+
+    pub fn info(&self) -> PolicyInfo {
+        let m = &self.artifact.manifest;
+        PolicyInfo {
+            name: m.name.clone(),
+            backend: self.backend_name.clone(),
+            format_version: self.artifact.version,
+            observation: m.observation.clone(),
+            action: m.action.clone(),
+            obs_len: m.observation.raw_len(),
+            action_len: self.sampler.action_len(),
+            dist_params_len: self.sampler.dist_params_len(),
+            has_value: self.has_value,
+            recurrent_states: self.program.state_slots.len(),
+            parameters: self.artifact.tensors.values().map(|t| t.data.len()).sum(),
+        }
+    }
+
+    /// One step for `batch` envs: observations in, actions (+ value, distribution parameters, next recurrent
+    /// state) out. Sampling draws from the stream (seed, env id, step) of each row, as SPEC.md defines.
+    pub fn act(
+        &mut self,
+        obs: Observations<'_>,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        state: Option<&mut RecurrentState>,
+        out: &mut ActOutputs,
+    ) -> Result<(), PolicyError> {
+        if batch == 0 || batch > MAX_BATCH {
+            return Err(PolicyError::Batch { batch, max: MAX_BATCH });
+        }
+        match envs {
+            EnvIds::Range(start) if (start as u64 + batch as u64) > u32::MAX as u64 + 1 => {
+                return Err(PolicyError::EnvIds(format!("range {start} + {batch} overflows u32")));
+            }
+            EnvIds::List(ids) if ids.len() != batch => {
+                return Err(PolicyError::EnvIds(format!("{} ids for a batch of {batch}", ids.len())));
+            }
+            _ => {}
+        }
+        let mut obs_buf = std::mem::take(&mut self.scratch_obs);
+        self.pre.run(obs, batch, &mut obs_buf)?;
+
+        // Gather recurrent state rows.
+        let n_states = self.program.state_slots.len();
+        let states: Vec<Vec<f32>> = match (n_states, &state) {
+            (0, _) => vec![],
+            (_, None) => return Err(PolicyError::State("this policy is recurrent: pass a RecurrentState".into())),
+            (_, Some(st)) => {
+                for row in 0..batch {
+                    let e = envs.get(row) as usize;
+                    if e >= st.num_envs {
+                        return Err(PolicyError::State(format!("env {e} out of range (state holds {} envs)", st.num_envs)));
+                    }
+                }
+                st.tensors
+                    .iter()
+                    .map(|(n, data)| {
+                        let mut v = Vec::with_capacity(batch * n);
+                        for row in 0..batch {
+                            let e = envs.get(row) as usize;
+                            v.extend_from_slice(&data[e * n..(e + 1) * n]);
+                        }
+                        v
+                    })
+                    .collect()
+            }
+        };
+
+        let obs_len = self.pre.out_len();
+        let rows = self.program.run(batch, obs_buf.clone(), obs_len, states).map_err(PolicyError::Backend)?;
+        self.scratch_obs = obs_buf;
+        debug_assert_eq!(rows.len(), batch * self.row_width);
+
+        let k = self.sampler.action_len();
+        let p = self.sampler.dist_params_len();
+        out.batch = batch;
+        out.dist_params.resize(batch * p, 0.0);
+        out.value.resize(if self.has_value { batch } else { 0 }, 0.0);
+        if self.sampler.is_discrete() {
+            out.discrete.resize(batch * k, 0);
+            out.continuous.clear();
+        } else {
+            out.continuous.resize(batch * k, 0.0);
+            out.discrete.clear();
+        }
+        for row in 0..batch {
+            let src = &rows[row * self.row_width..(row + 1) * self.row_width];
+            let params = &mut out.dist_params[row * p..(row + 1) * p];
+            params[..self.raw_params].copy_from_slice(&src[..self.raw_params]);
+            self.sampler.finish_params(params);
+            if self.has_value {
+                out.value[row] = src[self.raw_params];
+            }
+            let (d, c) = if self.sampler.is_discrete() {
+                (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+            } else {
+                (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+            };
+            self.sampler.act_row(params, mode, envs.get(row), d, c);
+        }
+
+        // Scatter next states.
+        if let Some(st) = state {
+            let mut off = self.raw_params + self.has_value as usize;
+            for (n, data) in st.tensors.iter_mut() {
+                for row in 0..batch {
+                    let e = envs.get(row) as usize;
+                    let src = &rows[row * self.row_width + off..row * self.row_width + off + *n];
+                    data[e * *n..(e + 1) * *n].copy_from_slice(src);
+                }
+                off += *n;
+            }
+        }
+        self.scratch_rows = rows;
+        Ok(())
+    }
+
+    /// Check every golden vector of the artifact on this policy's backend.
+    pub fn verify(&mut self) -> Result<Vec<GoldenReport>, PolicyError> {
+        let cases = self.artifact.manifest.golden.clone();
+        cases.iter().map(|c| self.verify_case(c)).collect()
+    }
+
+    fn verify_case(&mut self, case: &GoldenCase) -> Result<GoldenReport, PolicyError> {
+        let m = self.artifact.manifest.clone();
+        let mut report = GoldenReport { name: case.name.clone(), tolerance: case.tolerance, ..Default::default() };
+        let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
+        let mut out = ActOutputs::default();
+        let envs = EnvIds::Range(case.env_offset);
+        let obs = Observations::F32(&case.obs);
+        let has_state = !state.tensors.is_empty();
+        self.act(obs, case.batch, ActMode::Deterministic, envs, has_state.then_some(&mut state), &mut out)?;
+        let det = out.clone();
+        let mut state2 = RecurrentState::new(self, case.env_offset as usize + case.batch);
+        let mode = ActMode::Sample { seed: case.seed, step: case.step };
+        self.act(obs, case.batch, mode, envs, has_state.then_some(&mut state2), &mut out)?;
+
+        // Named values: dist params and the value estimate come from act(); others from a probe program.
+        let p = self.sampler.dist_params_len();
+        let k = self.sampler.action_len();
+        for (name, expected) in &case.values {
+            let got: Vec<f32> = if m.value.as_deref() == Some(name.as_str()) {
+                out.value.clone()
+            } else if let Some((col, width)) = dist_column(&m.distribution, name, k, p) {
+                (0..case.batch).flat_map(|r| out.dist_params[r * p + col..r * p + col + width].to_vec()).collect()
+            } else {
+                self.probe(case, name)?
+            };
+            report.values.push((name.clone(), rel_err(&got, expected)));
+        }
+        let (disc, cont) = (self.sampler.is_discrete(), &case.sampled_actions);
+        if disc {
+            report.sampled_mismatches = count_mismatch(&out.discrete, cont);
+            report.deterministic_mismatches = count_mismatch(&det.discrete, &case.deterministic_actions);
+        } else {
+            report.sampled_action_err = rel_err(&out.continuous, cont);
+            report.deterministic_action_err = rel_err(&det.continuous, &case.deterministic_actions);
+        }
+        report.passed = report.values.iter().all(|(_, e)| *e <= case.tolerance)
+            && report.sampled_mismatches == 0
+            && report.deterministic_mismatches == 0
+            && report.sampled_action_err <= case.tolerance
+            && report.deterministic_action_err <= case.tolerance;
+        Ok(report)
+    }
+
+    /// Evaluate an arbitrary named value (debugging, golden checks): lowers a one-off program.
+    fn probe(&mut self, case: &GoldenCase, name: &str) -> Result<Vec<f32>, PolicyError> {
+        if !self.plan.shapes.contains_key(name) {
+            return Err(PolicyError::Artifact(policyport_format::FormatError::UndefinedValue {
+                name: name.into(),
+                user: format!("golden case '{}'", case.name),
+            }));
+        }
+        let program = Program::new(&self.artifact, &self.plan, &[name], self.program.device());
+        let mut obs = Vec::new();
+        self.pre.run(Observations::F32(&case.obs), case.batch, &mut obs)?;
+        let states = self.state_sizes().iter().map(|n| vec![0.0; n * case.batch]).collect();
+        program.run(case.batch, obs, self.pre.out_len(), states).map_err(PolicyError::Backend)
+    }
+}
+
+/// (column offset, width) of a distribution value inside a `dist_params` row of width `p`.
+fn dist_column(d: &Distribution, name: &str, k: usize, p: usize) -> Option<(usize, usize)> {
+    let values = d.param_values();
+    match d {
+        Distribution::Categorical { .. } | Distribution::MultiCategorical { .. } => (values[0] == name).then_some((0, p)),
+        _ => values.iter().position(|v| *v == name).map(|i| (i * k, k)),
+    }
+}
+
+/// Outcome of one golden case.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GoldenReport {
+    pub name: String,
+    pub tolerance: f64,
+    /// (value name, max relative error).
+    pub values: Vec<(String, f64)>,
+    pub sampled_mismatches: usize,
+    pub deterministic_mismatches: usize,
+    pub sampled_action_err: f64,
+    pub deterministic_action_err: f64,
+    pub passed: bool,
+}
+
+/// max |a − b| / max(max |b|, 1e-12): error relative to the reference tensor's largest magnitude (SPEC.md).
+pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
+    got.iter().zip(want).fold(0.0f64, |m, (g, w)| {
+        let e = (*g as f64 - w).abs();
+        if e.is_nan() { f64::INFINITY } else { m.max(e) }
+    }) / scale
+}
+
+fn count_mismatch(got: &[i64], want: &[f64]) -> usize {
+    if got.len() != want.len() {
+        return want.len().max(1);
+    }
+    got.iter().zip(want).filter(|(g, w)| **g as f64 != **w).count()
+}

@@ -1,0 +1,56 @@
+//! Run a policy in the demo environments: seeded episodes, returns, per-step act() latency.
+
+use std::time::Instant;
+
+use policyport::{ActMode, ActOutputs, EnvIds, Observations, Policy, PolicyError};
+
+use crate::envs::Env;
+
+#[derive(Debug, Clone)]
+pub struct EpisodeStats {
+    pub returns: Vec<f64>,
+    pub steps: usize,
+    /// Per act() call, in microseconds, sorted.
+    pub act_us: Vec<f64>,
+}
+
+impl EpisodeStats {
+    pub fn mean_return(&self) -> f64 {
+        self.returns.iter().sum::<f64>() / self.returns.len().max(1) as f64
+    }
+    pub fn latency_percentile(&self, p: f64) -> f64 {
+        if self.act_us.is_empty() {
+            return 0.0;
+        }
+        self.act_us[((self.act_us.len() - 1) as f64 * p).round() as usize]
+    }
+}
+
+/// Episode e starts from reset(env_seed, e); step t of episode e samples with (policy_seed, env e, step t) —
+/// the same streams the fixture script used to evaluate the PyTorch policy.
+pub fn run_episodes<E: Env>(policy: &mut Policy, episodes: u32, env_seed: u64, policy_seed: u64, sampled: bool) -> Result<EpisodeStats, PolicyError> {
+    let mut out = ActOutputs::default();
+    let mut obs = vec![0.0f32; E::OBS_LEN];
+    let mut stats = EpisodeStats { returns: vec![], steps: 0, act_us: vec![] };
+    for e in 0..episodes {
+        let mut env = E::reset(env_seed, e);
+        let mut total = 0.0;
+        for t in 0..E::MAX_STEPS {
+            env.observe(&mut obs);
+            let mode = if sampled { ActMode::Sample { seed: policy_seed, step: t as u64 } } else { ActMode::Deterministic };
+            let t0 = Instant::now();
+            policy.act(Observations::F32(&obs), 1, mode, EnvIds::Range(e), None, &mut out)?;
+            stats.act_us.push(t0.elapsed().as_secs_f64() * 1e6);
+            let d = out.discrete.first().copied().unwrap_or(0);
+            let (r, term) = env.step(d, &out.continuous);
+            total += r;
+            stats.steps += 1;
+            if term {
+                break;
+            }
+        }
+        stats.returns.push(total);
+    }
+    stats.act_us.sort_by(|a, b| a.total_cmp(b));
+    Ok(stats)
+}

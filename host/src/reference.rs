@@ -1,0 +1,207 @@
+//! A float64 interpreter of the artifact's op graphs: the toolchain's oracle when the user brings no golden
+//! vectors (e.g. an ONNX file alone), and an independent second implementation for the runtimes' tests.
+//! Straight loops, no tricks: it is meant to be obviously right, not fast.
+
+use std::collections::{BTreeMap, HashMap};
+
+use policyport_format::container::Tensor;
+use policyport_format::sampling::{ActMode, Sampler};
+use policyport_format::{
+    Artifact, GoldenCase, Limits, Manifest, OBS_VALUE, ObservationSpace, Op, Preprocess, STATE_PREFIX, validate,
+};
+
+/// Every value of the namespace for a batch, row-major `batch x numel`, in float64.
+pub fn eval(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32], batch: usize) -> Result<HashMap<String, Vec<f64>>, String> {
+    let art = Artifact { manifest: manifest.clone(), tensors: tensors.clone(), version: (1, 0) };
+    let plan = validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
+    let raw = manifest.observation.raw_len();
+    if obs.len() != batch * raw {
+        return Err(format!("{} obs numbers for batch {batch} x {raw}", obs.len()));
+    }
+    let t = |n: &str| tensors[n].data.iter().map(|v| *v as f64).collect::<Vec<f64>>();
+    // Preprocessing in f32, exactly as the runtimes do it (it is part of the input contract, not the model).
+    let mut x: Vec<f32> = obs.to_vec();
+    for p in &manifest.preprocess {
+        match p {
+            Preprocess::Scale { factor } => x.iter_mut().for_each(|v| *v *= factor),
+            Preprocess::Normalize { mean, std, clip } => {
+                let (m, s) = (&tensors[mean].data, &tensors[std].data);
+                for (i, v) in x.iter_mut().enumerate() {
+                    let z = (*v - m[i % m.len()]) / s[i % s.len()];
+                    *v = clip.map_or(z, |c| z.clamp(-c, c));
+                }
+            }
+            Preprocess::OneHot { n } => {
+                let ObservationSpace::Discrete { .. } = manifest.observation else { unreachable!() };
+                x = x.iter().flat_map(|k| (0..*n).map(move |j| if j as f32 == *k { 1.0 } else { 0.0 })).collect();
+            }
+        }
+    }
+    let mut vals: HashMap<String, Vec<f64>> = HashMap::new();
+    vals.insert(OBS_VALUE.into(), x.iter().map(|v| *v as f64).collect());
+    for s in manifest.recurrent.iter().flat_map(|r| &r.states) {
+        let n: usize = s.shape.iter().product();
+        vals.insert(format!("{STATE_PREFIX}{}", s.name), vec![0.0; n * batch]);
+    }
+    let numel = |n: &str| -> usize { plan.shapes[n].iter().product() };
+    for module in &manifest.modules {
+        for node in &module.nodes {
+            let a = &vals[&node.inputs[0]];
+            let w_in = numel(&node.inputs[0]) ;
+            let last = *plan.shapes[&node.inputs[0]].last().unwrap();
+            let map = |f: &dyn Fn(f64) -> f64| a.iter().map(|v| f(*v)).collect::<Vec<f64>>();
+            let y: Vec<f64> = match &node.op {
+                Op::Dense { weight, bias } => {
+                    let w = t(weight);
+                    let o = tensors[weight].shape[0];
+                    let b = bias.as_ref().map(|b| t(b));
+                    let mut y = vec![0.0; batch * o];
+                    for r in 0..batch {
+                        for j in 0..o {
+                            let mut acc = b.as_ref().map_or(0.0, |b| b[j]);
+                            for k in 0..w_in {
+                                acc += a[r * w_in + k] * w[j * w_in + k];
+                            }
+                            y[r * o + j] = acc;
+                        }
+                    }
+                    y
+                }
+                Op::Relu => map(&|v| v.max(0.0)),
+                Op::Tanh => map(&|v| v.tanh()),
+                Op::Sigmoid => map(&|v| 1.0 / (1.0 + (-v).exp())),
+                Op::Silu => map(&|v| v / (1.0 + (-v).exp())),
+                Op::Elu { alpha } => map(&|v| if v > 0.0 { v } else { *alpha as f64 * (v.exp() - 1.0) }),
+                Op::LeakyRelu { alpha } => map(&|v| if v > 0.0 { v } else { *alpha as f64 * v }),
+                Op::Gelu { approximate: false } => map(&|v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2))),
+                Op::Gelu { approximate: true } => {
+                    map(&|v| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh()))
+                }
+                Op::Softmax | Op::LogSoftmax => {
+                    let mut y = a.clone();
+                    for g in y.chunks_exact_mut(last) {
+                        let m = g.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = g.iter().map(|v| (v - m).exp()).sum();
+                        for v in g.iter_mut() {
+                            *v = if node.op == Op::Softmax { (*v - m).exp() / z } else { *v - m - z.ln() };
+                        }
+                    }
+                    y
+                }
+                Op::Add => a.iter().zip(&vals[&node.inputs[1]]).map(|(x, y)| x + y).collect(),
+                Op::Mul => a.iter().zip(&vals[&node.inputs[1]]).map(|(x, y)| x * y).collect(),
+                Op::Affine { scale, shift } => {
+                    let (sc, sh) = (scale.as_ref().map(|s| t(s)), shift.as_ref().map(|s| t(s)));
+                    a.iter()
+                        .enumerate()
+                        .map(|(i, v)| {
+                            let col = i % w_in;
+                            let pick = |p: &Vec<f64>| p[if p.len() == 1 { 0 } else if p.len() == w_in { col } else { col % last }];
+                            v * sc.as_ref().map_or(1.0, pick) + sh.as_ref().map_or(0.0, pick)
+                        })
+                        .collect()
+                }
+                Op::Concat => {
+                    let parts: Vec<(&Vec<f64>, usize)> = node.inputs.iter().map(|n| (&vals[n], *plan.shapes[n].last().unwrap())).collect();
+                    let groups = a.len() / last;
+                    let mut y = vec![];
+                    for g in 0..groups {
+                        for (p, l) in &parts {
+                            y.extend_from_slice(&p[g * l..(g + 1) * l]);
+                        }
+                    }
+                    y
+                }
+                Op::Slice { start, len } => a.chunks_exact(last).flat_map(|g| g[*start..start + len].to_vec()).collect(),
+                Op::Flatten => a.clone(),
+            };
+            vals.insert(node.output.clone(), y);
+        }
+    }
+    Ok(vals)
+}
+
+/// erf in float64: Maclaurin series below |x| = 3 (≈1e-15 absolute), continued fraction for erfc above.
+fn erf(x: f64) -> f64 {
+    let ax = x.abs();
+    if ax < 3.0 {
+        let (mut term, mut sum, mut n) = (ax, ax, 0.0f64);
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -ax * ax / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        return x.signum() * sum * 2.0 / std::f64::consts::PI.sqrt();
+    }
+    let mut f = ax;
+    for k in (1..=80).rev() {
+        f = ax + (k as f64 / 2.0) / f;
+    }
+    let erfc = (-ax * ax).exp() / std::f64::consts::PI.sqrt() / f;
+    x.signum() * (1.0 - erfc)
+}
+
+/// Golden vectors from the reference interpreter, for artifacts compiled without oracle outputs.
+pub fn make_golden(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, cases: &[(String, Vec<f32>, usize, u64, u64, u32)]) -> Result<Vec<GoldenCase>, String> {
+    let art = Artifact { manifest: manifest.clone(), tensors: tensors.clone(), version: (1, 0) };
+    validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
+    let sampler = Sampler::new(&art);
+    let dist_values: Vec<&str> = manifest.distribution.param_values();
+    let mut out = vec![];
+    for (name, obs, batch, seed, step, env_offset) in cases {
+        let vals = eval(manifest, tensors, obs, *batch)?;
+        let mut values = BTreeMap::new();
+        for v in dist_values.iter().copied().chain(manifest.value.as_deref()) {
+            values.insert(v.to_string(), vals[v].clone());
+        }
+        let k = sampler.action_len();
+        let p = sampler.dist_params_len();
+        let raw: usize = dist_values.iter().map(|v| vals[*v].len() / batch).sum();
+        let (mut sampled, mut det) = (vec![], vec![]);
+        for r in 0..*batch {
+            let mut params = vec![0.0f32; p];
+            let mut off = 0;
+            for v in &dist_values {
+                let w = vals[*v].len() / batch;
+                for j in 0..w {
+                    params[off + j] = vals[*v][r * w + j] as f32;
+                }
+                off += w;
+            }
+            debug_assert_eq!(off, raw);
+            sampler.finish_params(&mut params);
+            for (mode, dst) in [(ActMode::Sample { seed: *seed, step: *step }, &mut sampled), (ActMode::Deterministic, &mut det)] {
+                let (mut d, mut c) = (vec![0i64; k], vec![0.0f32; k]);
+                sampler.act_row(&params, mode, env_offset + r as u32, &mut d, &mut c);
+                if sampler.is_discrete() {
+                    dst.extend(d.iter().map(|v| *v as f64));
+                } else {
+                    dst.extend(c.iter().map(|v| *v as f64));
+                }
+            }
+        }
+        out.push(GoldenCase {
+            name: name.clone(),
+            batch: *batch,
+            obs: obs.clone(),
+            seed: *seed,
+            step: *step,
+            env_offset: *env_offset,
+            tolerance: 1e-5,
+            values,
+            sampled_actions: sampled,
+            deterministic_actions: det,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn erf_matches_known_values() {
+        for (x, want) in [(0.0, 0.0), (0.1, 0.112_462_916_018_284_9), (0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.0, 0.995_322_265_018_952_7), (-3.0, -0.999_977_909_503_001_4), (5.0, 0.999_999_999_998_462_5)] {
+            assert!((super::erf(x) - want).abs() < 1e-13, "erf({x}) = {} want {want}", super::erf(x));
+        }
+    }
+}
