@@ -1,1 +1,54 @@
+//! Shared helpers of the conformance suite: fixture discovery and compilation, backends under test.
 
+use std::path::{Path, PathBuf};
+
+use policyport::Backend;
+use policyport_host::import::{FixtureIo, ImportSpec};
+use policyport_host::{Storage, compile_onnx};
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// Every fixture directory (one holding a policy.onnx), sorted.
+pub fn fixture_names() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .expect("tests/fixtures")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("policy.onnx").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+pub struct Fixture {
+    pub name: String,
+    pub onnx: Vec<u8>,
+    pub spec: ImportSpec,
+    pub io: FixtureIo,
+}
+
+pub fn load_fixture(name: &str) -> Fixture {
+    let d = fixtures_dir().join(name);
+    let read = |f: &str| std::fs::read(d.join(f)).unwrap_or_else(|e| panic!("{name}/{f}: {e}"));
+    Fixture {
+        name: name.to_string(),
+        onnx: read("policy.onnx"),
+        spec: serde_json::from_slice(&read("import.json")).expect("import.json"),
+        io: serde_json::from_slice(&read("io.json")).expect("io.json"),
+    }
+}
+
+/// Compile a fixture with its PyTorch float64 outputs as golden vectors.
+pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
+    compile_onnx(&f.onnx, &f.spec, &format!("{}/policy.onnx", f.name), Some(&f.io), Storage::F32)
+        .unwrap_or_else(|e| panic!("compiling {}: {e}", f.name))
+}
+
+/// The backends this build runs. Every conformance test runs on each of them.
+pub fn backends() -> Vec<Backend> {
+    let b = Backend::compiled();
+    assert!(b.contains(&Backend::Flex), "the flex backend must always be compiled for the suite");
+    b
+}

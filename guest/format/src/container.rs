@@ -125,10 +125,58 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
     if Sha256::digest(weights_bytes).as_slice() != &bytes[64..96] {
         return Err(FormatError::ChecksumMismatch { section: "weights" });
     }
-    let manifest: Manifest =
-        serde_json::from_slice(manifest_bytes).map_err(|e| FormatError::BadManifest(e.to_string()))?;
+    let manifest: Manifest = serde_json::from_slice(manifest_bytes).map_err(|e| manifest_error(manifest_bytes, e))?;
     let tensors = decode_weights(weights_bytes)?;
     Ok(Artifact { manifest, tensors, version: (major, minor) })
+}
+
+/// Name an unknown op precisely (which node, which module) instead of serde's generic "unknown variant".
+fn manifest_error(bytes: &[u8], e: serde_json::Error) -> FormatError {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
+        let known: Vec<&str> = crate::manifest::Op::KNOWN.split(' ').collect();
+        for m in v["modules"].as_array().into_iter().flatten() {
+            for n in m["nodes"].as_array().into_iter().flatten() {
+                if let Some(kind) = n["op"]["kind"].as_str() {
+                    if !known.contains(&kind) {
+                        return FormatError::UnknownOp {
+                            op: kind.into(),
+                            node: n["name"].as_str().unwrap_or("?").into(),
+                            module: m["name"].as_str().unwrap_or("?").into(),
+                            known: crate::manifest::Op::KNOWN,
+                        };
+                    }
+                }
+            }
+        }
+    }
+    FormatError::BadManifest(e.to_string())
+}
+
+/// Lay out a container around already-encoded sections (checksums computed here). The writer uses it; tests
+/// and fuzzers use it to build files whose container is valid but whose contents are hostile.
+pub fn assemble(manifest_bytes: &[u8], weights_bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + manifest_bytes.len() + ALIGN + weights_bytes.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    out.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
+    out.extend_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    out.extend_from_slice(&(manifest_bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(weights_bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(manifest_bytes));
+    out.extend_from_slice(&Sha256::digest(weights_bytes));
+    out.extend_from_slice(manifest_bytes);
+    out.resize(align_up(out.len() as u64) as usize, 0);
+    out.extend_from_slice(weights_bytes);
+    out
+}
+
+/// Split a container into its (manifest, weights) sections after checking it (tests re-assemble edited files).
+pub fn sections(bytes: &[u8]) -> Result<(&[u8], &[u8]), FormatError> {
+    read_artifact(bytes)?;
+    let m = read_u64(bytes, 16) as usize;
+    let w = read_u64(bytes, 24) as usize;
+    let ws = align_up((HEADER_LEN + m) as u64) as usize;
+    Ok((&bytes[HEADER_LEN..HEADER_LEN + m], &bytes[ws..ws + w]))
 }
 
 fn decode_weights(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, FormatError> {
@@ -205,17 +253,5 @@ pub fn write_artifact(
         .collect::<Result<Vec<_>, _>>()?;
     let weights_bytes = safetensors::serialize(views, None).map_err(|e| FormatError::BadWeights(e.to_string()))?;
 
-    let mut out = Vec::with_capacity(HEADER_LEN + manifest_bytes.len() + ALIGN + weights_bytes.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    out.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
-    out.extend_from_slice(&(HEADER_LEN as u32).to_le_bytes());
-    out.extend_from_slice(&(manifest_bytes.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(weights_bytes.len() as u64).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&manifest_bytes));
-    out.extend_from_slice(&Sha256::digest(&weights_bytes));
-    out.extend_from_slice(&manifest_bytes);
-    out.resize(align_up(out.len() as u64) as usize, 0);
-    out.extend_from_slice(&weights_bytes);
-    Ok(out)
+    Ok(assemble(&manifest_bytes, &weights_bytes))
 }
