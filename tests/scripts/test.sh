@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# README command 2 (and what .ci/run calls): every test. Needs only Rust; installs cargo-fuzz if missing.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+need_cargo
+t0=$(date +%s)
+passed=0
+
+step "build (release, one crate graph for tests, CLI and demo)"
+cargo build --release --workspace --all-targets
+
+step "cargo test: unit tests + the conformance suite on every compiled backend"
+cargo test --release --workspace
+passed=$((passed + 1))
+
+step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
+out="$CARGO_TARGET_DIR/cli-test"
+rm -rf "$out" && mkdir -p "$out"
+for d in tests/fixtures/*/; do
+  name=$(basename "$d")
+  [ -f "$d/policy.onnx" ] || continue
+  "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --golden "$d/io.json" -o "$out/$name.policy"
+  "$PP_BIN" inspect "$out/$name.policy" >/dev/null
+  "$PP_BIN" verify "$out/$name.policy"
+  "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --storage bf16 -o "$out/$name.bf16.policy"
+  "$PP_BIN" verify "$out/$name.bf16.policy" >/dev/null
+done
+echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
+"$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"
+grep -q '"batch":2' "$out/run.json"
+head -c 1000 "$out/cartpole.policy" > "$out/truncated.policy"
+set +e
+"$PP_BIN" verify "$out/truncated.policy" 2> "$out/err.txt"
+rc=$?
+set -e
+grep -q "truncated" "$out/err.txt" && [ "$rc" = 1 ] || { echo "truncated artifact: want a typed error and exit 1, got $rc"; cat "$out/err.txt"; exit 1; }
+passed=$((passed + 1))
+
+step "demo (the README's first command)"
+"$PP_BIN" demo --episodes 20 --out-dir "$out/demo"
+passed=$((passed + 1))
+
+step "fuzz the artifact reader (cargo fuzz, 30 s)"
+if ! command -v cargo-fuzz >/dev/null; then
+  cargo install cargo-fuzz --locked --version 0.13.2
+fi
+mkdir -p "$CARGO_TARGET_DIR/fuzz-corpus"
+cp "$out/cartpole.policy" "$out/pendulum.bf16.policy" "$CARGO_TARGET_DIR/fuzz-corpus/"
+(cd guest/format/fuzz && cargo +nightly fuzz run artifact "$CARGO_TARGET_DIR/fuzz-corpus" -- -max_total_time="${POLICYPORT_FUZZ_SECONDS:-30}" -rss_limit_mb=2048)
+passed=$((passed + 1))
+
+echo
+echo "test.sh finished in $(( $(date +%s) - t0 )) s"
+echo "test.sh: $passed passed, 0 failed"
