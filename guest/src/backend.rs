@@ -7,7 +7,9 @@ use crate::error::PolicyError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// burn-flex: pure-Rust CPU (native and wasm).
+    /// Native CPU kernels (fused dense + activation, runtime ISA dispatch): the fast CPU path.
+    Cpu,
+    /// burn-flex: pure-Rust CPU through burn's tensor ops (native and wasm).
     Flex,
     /// burn-wgpu: Vulkan / Metal / DX12 / WebGPU.
     Wgpu,
@@ -16,6 +18,7 @@ pub enum Backend {
 impl Backend {
     pub fn name(self) -> &'static str {
         match self {
+            Backend::Cpu => "cpu",
             Backend::Flex => "flex",
             Backend::Wgpu => "wgpu",
         }
@@ -23,16 +26,29 @@ impl Backend {
 
     /// Every backend this build can run.
     pub fn compiled() -> Vec<Backend> {
-        [Backend::Flex, Backend::Wgpu].into_iter().filter(|b| b.device().is_ok()).collect()
+        [Backend::Cpu, Backend::Flex, Backend::Wgpu]
+            .into_iter()
+            .filter(|b| *b == Backend::Cpu || b.device().is_ok())
+            .collect()
     }
 
+    /// The burn device of a burn backend (the native CPU backend has none).
     pub fn device(self) -> Result<Device, PolicyError> {
         match self {
+            Backend::Cpu => Err(PolicyError::Backend(
+                "the native cpu backend does not run on a burn device".into(),
+            )),
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Device::flex()),
             #[cfg(not(feature = "flex"))]
-            Backend::Flex => Err(PolicyError::NotCompiled { backend: "flex", feature: "flex" }),
-            Backend::Wgpu => Err(PolicyError::NotCompiled { backend: "wgpu", feature: "wgpu" }),
+            Backend::Flex => Err(PolicyError::NotCompiled {
+                backend: "flex",
+                feature: "flex",
+            }),
+            Backend::Wgpu => Err(PolicyError::NotCompiled {
+                backend: "wgpu",
+                feature: "wgpu",
+            }),
         }
     }
 }
@@ -41,9 +57,10 @@ impl std::str::FromStr for Backend {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "flex" | "cpu" => Ok(Backend::Flex),
-            "wgpu" | "gpu" => Ok(Backend::Wgpu),
-            _ => Err(format!("unknown backend '{s}' (flex, wgpu)")),
+            "cpu" => Ok(Backend::Cpu),
+            "flex" => Ok(Backend::Flex),
+            "wgpu" => Ok(Backend::Wgpu),
+            _ => Err(format!("unknown backend '{s}' (cpu, flex, wgpu)")),
         }
     }
 }

@@ -20,18 +20,35 @@ pub enum PolicyError {
     #[error("backend error: {0}")]
     Backend(String),
     /// Like candle: the API stays the same when a backend is compiled out.
-    #[error("policyport was not compiled with the {backend} backend (enable the cargo feature `{feature}`)")]
-    NotCompiled { backend: &'static str, feature: &'static str },
+    #[error(
+        "policyport was not compiled with the {backend} backend (enable the cargo feature `{feature}`)"
+    )]
+    NotCompiled {
+        backend: &'static str,
+        feature: &'static str,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ObservationError {
     #[error("expected {expected} numbers ({batch} envs x {per_env}), got {found}")]
-    Length { expected: usize, found: usize, batch: usize, per_env: usize },
+    Length {
+        expected: usize,
+        found: usize,
+        batch: usize,
+        per_env: usize,
+    },
     #[error("non-finite value {value} at env {env}, element {element}")]
-    NonFinite { env: usize, element: usize, value: f32 },
+    NonFinite {
+        env: usize,
+        element: usize,
+        value: f32,
+    },
     #[error("discrete observation {value} at env {env} is not an integer in 0..{n}")]
     Discrete { env: usize, value: f32, n: usize },
     #[error("this policy takes {expected} observations, got {found}")]
-    DType { expected: &'static str, found: &'static str },
+    DType {
+        expected: &'static str,
+        found: &'static str,
+    },
 }

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 
 use burn::tensor::activation;
 use burn::tensor::{Device, Tensor, TensorData};
-use policyport_format::{Artifact, OBS_VALUE, Op, STATE_PREFIX, ValidatedPlan};
+use policyport_format::{Artifact, Op, ValidatedPlan};
+
+use crate::lower::lower;
 
 #[derive(Debug, Clone, Copy)]
 enum Unary {
@@ -27,15 +29,51 @@ enum Unary {
 
 #[derive(Debug, Clone)]
 enum Instr {
-    Dense { x: usize, w: Tensor<2>, b: Option<Tensor<2>>, out: usize },
+    Dense {
+        x: usize,
+        w: Tensor<2>,
+        b: Option<Tensor<2>>,
+        out: usize,
+    },
     /// `last`: size of the last feature axis (softmax-like ops work along it).
-    Unary { x: usize, f: Unary, last: usize, out: usize },
-    Add { a: usize, b: usize, out: usize },
-    Mul { a: usize, b: usize, out: usize },
-    Affine { x: usize, scale: Option<Tensor<2>>, shift: Option<Tensor<2>>, last: usize, out: usize },
-    Concat { xs: Vec<(usize, usize)>, out: usize },
-    Slice { x: usize, last: usize, start: usize, len: usize, out: usize },
-    Alias { x: usize, out: usize },
+    Unary {
+        x: usize,
+        f: Unary,
+        last: usize,
+        out: usize,
+    },
+    Add {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    Mul {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    Affine {
+        x: usize,
+        scale: Option<Tensor<2>>,
+        shift: Option<Tensor<2>>,
+        last: usize,
+        out: usize,
+    },
+    Concat {
+        xs: Vec<(usize, usize)>,
+        out: usize,
+    },
+    Slice {
+        x: usize,
+        last: usize,
+        start: usize,
+        len: usize,
+        out: usize,
+    },
+    Alias {
+        x: usize,
+        out: usize,
+    },
 }
 
 /// A lowered artifact ready to run on one device.
@@ -51,91 +89,137 @@ pub(crate) struct Program {
     pub(crate) readback: Vec<(usize, usize)>,
 }
 
+/// Affine tensors broadcast over the whole feature vector (numel == total) or over the last axis.
+pub(crate) fn affine_group(
+    art: &Artifact,
+    scale: &Option<String>,
+    shift: &Option<String>,
+    total: usize,
+    last: usize,
+) -> usize {
+    let cols = |n: &String| {
+        if art.tensors[n].data.len() == total {
+            total
+        } else {
+            last
+        }
+    };
+    scale.as_ref().or(shift.as_ref()).map(cols).unwrap_or(total)
+}
+
+/// A one-element affine tensor repeated over its group.
+pub(crate) fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
+    if d.len() == 1 {
+        vec![d[0]; group]
+    } else {
+        d.to_vec()
+    }
+}
+
 fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
     Tensor::from_data(TensorData::new(data.to_vec(), [1, data.len()]), device)
 }
 
 impl Program {
-    /// Lower a validated artifact. `readback_values`: the values act() needs on the host, in order.
-    pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str], device: &Device) -> Self {
-        let mut slots: HashMap<String, usize> = HashMap::new();
-        let slot_of = |name: &str, slots: &mut HashMap<String, usize>| -> usize {
-            let n = slots.len();
-            *slots.entry(name.to_string()).or_insert(n)
-        };
-        let numel = |name: &str| -> usize { plan.shapes[name].iter().product() };
-        let last = |name: &str| -> usize { *plan.shapes[name].last().unwrap() };
-        let obs_slot = slot_of(OBS_VALUE, &mut slots);
-        let state_slots = art
-            .manifest
-            .recurrent
-            .iter()
-            .flat_map(|r| &r.states)
-            .map(|s| {
-                let name = format!("{STATE_PREFIX}{}", s.name);
-                (slot_of(&name, &mut slots), numel(&name))
-            })
-            .collect();
+    /// Translate the lowered graph into burn instructions; `readback_values`: what act() needs on the host.
+    pub(crate) fn new(
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback_values: &[&str],
+        device: &Device,
+    ) -> Self {
+        let low = lower(art, plan, readback_values);
         let mut weights: HashMap<String, Tensor<2>> = HashMap::new();
+        let mut row = |name: &String| -> Tensor<2> {
+            weights
+                .entry(name.clone())
+                .or_insert_with(|| row_tensor(&art.tensors[name].data, device))
+                .clone()
+        };
         let mut instrs = Vec::new();
-        for module in &art.manifest.modules {
-            for node in &module.nodes {
-                let ins: Vec<usize> = node.inputs.iter().map(|i| slot_of(i, &mut slots)).collect();
-                let out = slot_of(&node.output, &mut slots);
-                let x_last = node.inputs.first().map(|i| last(i)).unwrap_or(0);
-                let unary = |f| Instr::Unary { x: ins[0], f, last: x_last, out };
-                let mut row = |name: &String| -> Tensor<2> {
-                    weights.entry(name.clone()).or_insert_with(|| row_tensor(&art.tensors[name].data, device)).clone()
-                };
-                instrs.push(match &node.op {
-                    Op::Dense { weight, bias } => {
-                        let t = &art.tensors[weight];
-                        let (o, i) = (t.shape[0], t.shape[1]);
-                        // Pre-transpose to [in, out] once, on the host, so act() is a plain matmul.
-                        let mut wt = vec![0.0f32; o * i];
-                        for r in 0..o {
-                            for c in 0..i {
-                                wt[c * o + r] = t.data[r * i + c];
-                            }
+        for n in &low.nodes {
+            let (ins, out, x_last) = (&n.ins, n.out, n.in_last[0]);
+            let unary = |f| Instr::Unary {
+                x: ins[0],
+                f,
+                last: x_last,
+                out,
+            };
+            instrs.push(match n.op {
+                Op::Dense { weight, bias } => {
+                    let t = &art.tensors[weight];
+                    let (o, i) = (t.shape[0], t.shape[1]);
+                    // Pre-transpose to [in, out] once, on the host, so act() is a plain matmul.
+                    let mut wt = vec![0.0f32; o * i];
+                    for r in 0..o {
+                        for c in 0..i {
+                            wt[c * o + r] = t.data[r * i + c];
                         }
-                        let w = Tensor::from_data(TensorData::new(wt, [i, o]), device);
-                        Instr::Dense { x: ins[0], w, b: bias.as_ref().map(&mut row), out }
                     }
-                    Op::Relu => unary(Unary::Relu),
-                    Op::Tanh => unary(Unary::Tanh),
-                    Op::Sigmoid => unary(Unary::Sigmoid),
-                    Op::Silu => unary(Unary::Silu),
-                    Op::Elu { alpha } => unary(Unary::Elu(*alpha as f64)),
-                    Op::LeakyRelu { alpha } => unary(Unary::LeakyRelu(*alpha as f64)),
-                    Op::Gelu { approximate: false } => unary(Unary::Gelu),
-                    Op::Gelu { approximate: true } => unary(Unary::GeluTanh),
-                    Op::Softmax => unary(Unary::Softmax),
-                    Op::LogSoftmax => unary(Unary::LogSoftmax),
-                    Op::Add => Instr::Add { a: ins[0], b: ins[1], out },
-                    Op::Mul => Instr::Mul { a: ins[0], b: ins[1], out },
-                    Op::Affine { scale, shift } => {
-                        let total = numel(&node.inputs[0]);
-                        // Tensors of numel == total broadcast over the batch; of numel == last (or 1) over rows.
-                        let cols = |n: &String| if art.tensors[n].data.len() == total { total } else { x_last };
-                        let group = scale.as_ref().or(shift.as_ref()).map(cols).unwrap_or(total);
-                        let expand = |n: &String| -> Tensor<2> {
-                            let d = &art.tensors[n].data;
-                            let v: Vec<f32> = if d.len() == 1 { vec![d[0]; group] } else { d.clone() };
-                            row_tensor(&v, device)
-                        };
-                        Instr::Affine { x: ins[0], scale: scale.as_ref().map(expand), shift: shift.as_ref().map(expand), last: group, out }
-                    }
-                    Op::Concat => Instr::Concat {
-                        xs: node.inputs.iter().zip(&ins).map(|(n, s)| (*s, last(n))).collect(),
+                    let w = Tensor::from_data(TensorData::new(wt, [i, o]), device);
+                    Instr::Dense {
+                        x: ins[0],
+                        w,
+                        b: bias.as_ref().map(&mut row),
                         out,
-                    },
-                    Op::Slice { start, len } => Instr::Slice { x: ins[0], last: x_last, start: *start, len: *len, out },
-                    Op::Flatten => Instr::Alias { x: ins[0], out },
-                });
-            }
+                    }
+                }
+                Op::Relu => unary(Unary::Relu),
+                Op::Tanh => unary(Unary::Tanh),
+                Op::Sigmoid => unary(Unary::Sigmoid),
+                Op::Silu => unary(Unary::Silu),
+                Op::Elu { alpha } => unary(Unary::Elu(*alpha as f64)),
+                Op::LeakyRelu { alpha } => unary(Unary::LeakyRelu(*alpha as f64)),
+                Op::Gelu { approximate: false } => unary(Unary::Gelu),
+                Op::Gelu { approximate: true } => unary(Unary::GeluTanh),
+                Op::Softmax => unary(Unary::Softmax),
+                Op::LogSoftmax => unary(Unary::LogSoftmax),
+                Op::Add => Instr::Add {
+                    a: ins[0],
+                    b: ins[1],
+                    out,
+                },
+                Op::Mul => Instr::Mul {
+                    a: ins[0],
+                    b: ins[1],
+                    out,
+                },
+                Op::Affine { scale, shift } => {
+                    let total = low.slot_numel[ins[0]];
+                    let group = affine_group(art, scale, shift, total, x_last);
+                    let expand = |name: &String| {
+                        row_tensor(&expand_affine(&art.tensors[name].data, group), device)
+                    };
+                    Instr::Affine {
+                        x: ins[0],
+                        scale: scale.as_ref().map(expand),
+                        shift: shift.as_ref().map(expand),
+                        last: group,
+                        out,
+                    }
+                }
+                Op::Concat => Instr::Concat {
+                    xs: ins.iter().copied().zip(n.in_last.iter().copied()).collect(),
+                    out,
+                },
+                Op::Slice { start, len } => Instr::Slice {
+                    x: ins[0],
+                    last: x_last,
+                    start: *start,
+                    len: *len,
+                    out,
+                },
+                Op::Flatten => Instr::Alias { x: ins[0], out },
+            });
         }
-        let readback = readback_values.iter().map(|v| (slot_of(v, &mut slots), numel(v))).collect();
-        Program { device: device.clone(), instrs, n_slots: slots.len(), obs_slot, state_slots, readback }
+        Program {
+            device: device.clone(),
+            instrs,
+            n_slots: low.slot_numel.len(),
+            obs_slot: low.obs_slot,
+            state_slots: low.state_slots,
+            readback: low.readback,
+        }
     }
 
     pub(crate) fn device(&self) -> &Device {
@@ -144,21 +228,38 @@ impl Program {
 
     /// Run one step. `obs`: preprocessed `[batch, obs_len]`; `states`: per state slot, `[batch, numel]`.
     /// Returns the readback values concatenated per row: `[batch, sum(readback numel)]`, row-major.
-    pub(crate) fn run(&self, batch: usize, obs: Vec<f32>, obs_len: usize, states: Vec<Vec<f32>>) -> Result<Vec<f32>, String> {
+    pub(crate) fn run(
+        &self,
+        batch: usize,
+        obs: Vec<f32>,
+        obs_len: usize,
+        states: Vec<Vec<f32>>,
+    ) -> Result<Vec<f32>, String> {
         let mut slots: Vec<Option<Tensor<2>>> = vec![None; self.n_slots];
-        slots[self.obs_slot] = Some(Tensor::from_data(TensorData::new(obs, [batch, obs_len]), &self.device));
+        slots[self.obs_slot] = Some(Tensor::from_data(
+            TensorData::new(obs, [batch, obs_len]),
+            &self.device,
+        ));
         for ((slot, n), data) in self.state_slots.iter().zip(states) {
-            slots[*slot] = Some(Tensor::from_data(TensorData::new(data, [batch, *n]), &self.device));
+            slots[*slot] = Some(Tensor::from_data(
+                TensorData::new(data, [batch, *n]),
+                &self.device,
+            ));
         }
-        let get = |slots: &Vec<Option<Tensor<2>>>, i: usize| slots[i].clone().expect("validated: defined before use");
+        let get = |slots: &Vec<Option<Tensor<2>>>, i: usize| {
+            slots[i].clone().expect("validated: defined before use")
+        };
         for instr in &self.instrs {
             let (out, t) = match instr {
                 Instr::Dense { x, w, b, out } => {
                     let y = get(&slots, *x).matmul(w.clone());
-                    (*out, match b {
-                        Some(b) => y + b.clone(),
-                        None => y,
-                    })
+                    (
+                        *out,
+                        match b {
+                            Some(b) => y + b.clone(),
+                            None => y,
+                        },
+                    )
                 }
                 Instr::Unary { x, f, last, out } => {
                     let t = get(&slots, *x);
@@ -186,7 +287,13 @@ impl Program {
                 }
                 Instr::Add { a, b, out } => (*out, get(&slots, *a) + get(&slots, *b)),
                 Instr::Mul { a, b, out } => (*out, get(&slots, *a) * get(&slots, *b)),
-                Instr::Affine { x, scale, shift, last, out } => {
+                Instr::Affine {
+                    x,
+                    scale,
+                    shift,
+                    last,
+                    out,
+                } => {
                     let t = get(&slots, *x);
                     let [rows, width] = t.dims();
                     let mut g = t.reshape([rows * width / last, *last]);
@@ -209,10 +316,18 @@ impl Program {
                         .collect();
                     (*out, Tensor::cat(parts, 1).reshape([batch as i64, -1]))
                 }
-                Instr::Slice { x, last, start, len, out } => {
+                Instr::Slice {
+                    x,
+                    last,
+                    start,
+                    len,
+                    out,
+                } => {
                     let t = get(&slots, *x);
                     let [rows, width] = t.dims();
-                    let g = t.reshape([rows * width / last, *last]).narrow(1, *start, *len);
+                    let g = t
+                        .reshape([rows * width / last, *last])
+                        .narrow(1, *start, *len);
                     (*out, g.reshape([batch as i64, -1]))
                 }
                 Instr::Alias { x, out } => (*out, get(&slots, *x)),
@@ -220,11 +335,20 @@ impl Program {
             slots[out] = Some(t);
         }
         let parts: Vec<Tensor<2>> = self.readback.iter().map(|(s, _)| get(&slots, *s)).collect();
-        let all = if parts.len() == 1 { parts.into_iter().next().unwrap() } else { Tensor::cat(parts, 1) };
-        let data = all.try_into_data().map_err(|e| format!("readback: {e:?}"))?;
+        let all = if parts.len() == 1 {
+            parts.into_iter().next().unwrap()
+        } else {
+            Tensor::cat(parts, 1)
+        };
+        let data = all
+            .try_into_data()
+            .map_err(|e| format!("readback: {e:?}"))?;
         match data.as_slice::<f32>() {
             Ok(s) => Ok(s.to_vec()),
-            Err(_) => data.convert::<f32>().try_to_vec::<f32>().map_err(|e| format!("readback: {e:?}")),
+            Err(_) => data
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .map_err(|e| format!("readback: {e:?}")),
         }
     }
 }

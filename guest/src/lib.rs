@@ -3,7 +3,7 @@
 //! ```no_run
 //! use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
 //! let bytes = std::fs::read("cartpole.policy").unwrap();
-//! let mut policy = Policy::load_on(&bytes, Backend::Flex).unwrap();
+//! let mut policy = Policy::load_on(&bytes, Backend::Cpu).unwrap();
 //! let mut out = ActOutputs::default();
 //! let obs = [0.01f32, 0.0, -0.02, 0.0];
 //! policy.act(Observations::F32(&obs), 1, ActMode::Sample { seed: 7, step: 0 }, EnvIds::Range(0), None, &mut out).unwrap();
@@ -12,8 +12,11 @@
 //! Importers never live here: this crate only reads artifacts (through `policyport-format`).
 
 mod backend;
+mod cpu;
 mod error;
 mod exec;
+mod kernels;
+mod lower;
 mod observations;
 mod policy;
 mod state;

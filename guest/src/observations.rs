@@ -16,7 +16,11 @@ pub enum Observations<'a> {
 #[derive(Debug, Clone)]
 enum Step {
     Scale(f32),
-    Normalize { mean: Vec<f32>, std: Vec<f32>, clip: Option<f32> },
+    Normalize {
+        mean: Vec<f32>,
+        std: Vec<f32>,
+        clip: Option<f32>,
+    },
     OneHot(usize),
 }
 
@@ -44,34 +48,60 @@ impl Preprocessor {
                 Preprocess::OneHot { n } => Step::OneHot(*n),
             })
             .collect();
-        Preprocessor { raw_len: m.observation.raw_len(), out_len, space: m.observation.clone(), steps }
-    }
-
-    pub(crate) fn out_len(&self) -> usize {
-        self.out_len
+        Preprocessor {
+            raw_len: m.observation.raw_len(),
+            out_len,
+            space: m.observation.clone(),
+            steps,
+        }
     }
 
     /// Check `obs` and write the preprocessed batch into `out` (resized; no allocation once warm).
-    pub(crate) fn run(&self, obs: Observations<'_>, batch: usize, out: &mut Vec<f32>) -> Result<(), ObservationError> {
+    pub(crate) fn run(
+        &self,
+        obs: Observations<'_>,
+        batch: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ObservationError> {
         let found = match obs {
             Observations::F32(x) => x.len(),
             Observations::U8(x) => x.len(),
         };
         if found != batch * self.raw_len {
-            return Err(ObservationError::Length { expected: batch * self.raw_len, found, batch, per_env: self.raw_len });
+            return Err(ObservationError::Length {
+                expected: batch * self.raw_len,
+                found,
+                batch,
+                per_env: self.raw_len,
+            });
         }
         out.clear();
         match (obs, &self.space) {
             (Observations::F32(x), _) => {
                 if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-                    return Err(ObservationError::NonFinite { env: i / self.raw_len, element: i % self.raw_len, value: x[i] });
+                    return Err(ObservationError::NonFinite {
+                        env: i / self.raw_len,
+                        element: i % self.raw_len,
+                        value: x[i],
+                    });
                 }
                 out.extend_from_slice(x);
             }
-            (Observations::U8(x), ObservationSpace::Box { dtype: ObsDType::U8, .. }) => {
+            (
+                Observations::U8(x),
+                ObservationSpace::Box {
+                    dtype: ObsDType::U8,
+                    ..
+                },
+            ) => {
                 out.extend(x.iter().map(|&b| b as f32));
             }
-            (Observations::U8(_), _) => return Err(ObservationError::DType { expected: "f32", found: "u8" }),
+            (Observations::U8(_), _) => {
+                return Err(ObservationError::DType {
+                    expected: "f32",
+                    found: "u8",
+                });
+            }
         }
         for step in &self.steps {
             match step {

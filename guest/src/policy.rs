@@ -2,13 +2,14 @@
 
 use policyport_format::sampling::{ActMode, Sampler};
 use policyport_format::{
-    ActionSpace, Artifact, Distribution, GoldenCase, Limits, Manifest, ObservationSpace, ValidatedPlan, read_artifact,
-    validate,
+    ActionSpace, Artifact, Distribution, GoldenCase, Limits, Manifest, ObservationSpace,
+    ValidatedPlan, read_artifact, validate,
 };
 
 use burn::tensor::Device;
 
 use crate::backend::Backend;
+use crate::cpu::CpuProgram;
 use crate::error::PolicyError;
 use crate::exec::Program;
 use crate::observations::{Observations, Preprocessor};
@@ -66,11 +67,62 @@ pub struct PolicyInfo {
     pub parameters: usize,
 }
 
-/// A loaded, validated policy bound to one device.
+/// Where the lowered graph runs: native CPU kernels, or burn tensors on a device.
+enum Exec {
+    Cpu(CpuProgram),
+    Burn(Program),
+}
+
+impl Exec {
+    fn new(like: &Exec, art: &Artifact, plan: &ValidatedPlan, readback: &[&str]) -> Exec {
+        match like {
+            Exec::Cpu(_) => Exec::Cpu(CpuProgram::new(art, plan, readback)),
+            Exec::Burn(p) => Exec::Burn(Program::new(art, plan, readback, p.device())),
+        }
+    }
+
+    fn state_slots(&self) -> &[(usize, usize)] {
+        match self {
+            Exec::Cpu(p) => &p.state_slots,
+            Exec::Burn(p) => &p.state_slots,
+        }
+    }
+
+    fn readback(&self) -> &[(usize, usize)] {
+        match self {
+            Exec::Cpu(p) => &p.readback,
+            Exec::Burn(p) => &p.readback,
+        }
+    }
+
+    fn run(
+        &mut self,
+        batch: usize,
+        obs: &[f32],
+        states: Vec<Vec<f32>>,
+        rows: &mut Vec<f32>,
+    ) -> Result<(), PolicyError> {
+        match self {
+            Exec::Cpu(p) => {
+                p.run(batch, obs, &states, rows);
+                Ok(())
+            }
+            Exec::Burn(p) => {
+                let obs_len = obs.len() / batch;
+                *rows = p
+                    .run(batch, obs.to_vec(), obs_len, states)
+                    .map_err(PolicyError::Backend)?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A loaded, validated policy bound to one backend.
 pub struct Policy {
     artifact: Artifact,
     plan: ValidatedPlan,
-    program: Program,
+    exec: Exec,
     sampler: Sampler,
     pre: Preprocessor,
     backend_name: String,
@@ -84,15 +136,22 @@ pub struct Policy {
 
 impl std::fmt::Debug for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Policy").field("name", &self.artifact.manifest.name).field("backend", &self.backend_name).finish()
+        f.debug_struct("Policy")
+            .field("name", &self.artifact.manifest.name)
+            .field("backend", &self.backend_name)
+            .finish()
     }
 }
 
 impl Policy {
     /// Load on a backend by name; a backend compiled out gives [`PolicyError::NotCompiled`].
     pub fn load_on(bytes: &[u8], backend: Backend) -> Result<Self, PolicyError> {
-        let device = backend.device()?;
-        let mut p = Self::load(bytes, &device)?;
+        let artifact = read_artifact(bytes)?;
+        let target = match backend {
+            Backend::Cpu => None,
+            other => Some(other.device()?),
+        };
+        let mut p = Self::build(artifact, target.as_ref())?;
         p.backend_name = backend.name().to_string();
         Ok(p)
     }
@@ -104,28 +163,45 @@ impl Policy {
         Self::from_artifact(artifact, device)
     }
 
+    /// From a decoded artifact, on a burn device.
     pub fn from_artifact(artifact: Artifact, device: &Device) -> Result<Self, PolicyError> {
+        Self::build(artifact, Some(device))
+    }
+
+    /// `device`: None for the native CPU kernels.
+    fn build(artifact: Artifact, device: Option<&Device>) -> Result<Self, PolicyError> {
         let plan = validate(&artifact, &Limits::default())?;
         let m = &artifact.manifest;
         let mut readback: Vec<&str> = m.distribution.param_values();
-        let raw_params: usize = readback.iter().map(|v| plan.shapes[*v].iter().product::<usize>()).sum();
+        let raw_params: usize = readback
+            .iter()
+            .map(|v| plan.shapes[*v].iter().product::<usize>())
+            .sum();
         if let Some(v) = &m.value {
             readback.push(v);
         }
-        let next_states: Vec<&str> = m.recurrent.iter().flat_map(|r| &r.states).map(|s| s.next.as_str()).collect();
+        let next_states: Vec<&str> = m
+            .recurrent
+            .iter()
+            .flat_map(|r| &r.states)
+            .map(|s| s.next.as_str())
+            .collect();
         readback.extend(&next_states);
-        let program = Program::new(&artifact, &plan, &readback, device);
-        let row_width = program.readback.iter().map(|(_, n)| n).sum();
+        let exec = match device {
+            Some(d) => Exec::Burn(Program::new(&artifact, &plan, &readback, d)),
+            None => Exec::Cpu(CpuProgram::new(&artifact, &plan, &readback)),
+        };
+        let row_width = exec.readback().iter().map(|(_, n)| n).sum();
         let sampler = Sampler::new(&artifact);
         let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
         let mut policy = Policy {
             has_value: m.value.is_some(),
             artifact,
             plan,
-            program,
+            exec,
             sampler,
             pre,
-            backend_name: format!("{device:?}"),
+            backend_name: device.map_or("cpu".to_string(), |d| format!("{d:?}")),
             raw_params,
             row_width,
             scratch_obs: Vec::new(),
@@ -142,8 +218,19 @@ impl Policy {
         };
         let mut state = RecurrentState::new(self, 1);
         let mut out = ActOutputs::default();
-        let st = if state.tensors.is_empty() { None } else { Some(&mut state) };
-        self.act(Observations::F32(&obs), 1, ActMode::Sample { seed: 0, step: 0 }, EnvIds::Range(0), st, &mut out)
+        let st = if state.tensors.is_empty() {
+            None
+        } else {
+            Some(&mut state)
+        };
+        self.act(
+            Observations::F32(&obs),
+            1,
+            ActMode::Sample { seed: 0, step: 0 },
+            EnvIds::Range(0),
+            st,
+            &mut out,
+        )
     }
 
     fn pre_raw_len(&self) -> usize {
@@ -163,7 +250,7 @@ impl Policy {
     }
 
     pub(crate) fn state_sizes(&self) -> Vec<usize> {
-        self.program.state_slots.iter().map(|(_, n)| *n).collect()
+        self.exec.state_slots().iter().map(|(_, n)| *n).collect()
     }
 
     pub fn info(&self) -> PolicyInfo {
@@ -178,7 +265,7 @@ impl Policy {
             action_len: self.sampler.action_len(),
             dist_params_len: self.sampler.dist_params_len(),
             has_value: self.has_value,
-            recurrent_states: self.program.state_slots.len(),
+            recurrent_states: self.exec.state_slots().len(),
             parameters: self.artifact.tensors.values().map(|t| t.data.len()).sum(),
         }
     }
@@ -195,14 +282,22 @@ impl Policy {
         out: &mut ActOutputs,
     ) -> Result<(), PolicyError> {
         if batch == 0 || batch > MAX_BATCH {
-            return Err(PolicyError::Batch { batch, max: MAX_BATCH });
+            return Err(PolicyError::Batch {
+                batch,
+                max: MAX_BATCH,
+            });
         }
         match envs {
             EnvIds::Range(start) if (start as u64 + batch as u64) > u32::MAX as u64 + 1 => {
-                return Err(PolicyError::EnvIds(format!("range {start} + {batch} overflows u32")));
+                return Err(PolicyError::EnvIds(format!(
+                    "range {start} + {batch} overflows u32"
+                )));
             }
             EnvIds::List(ids) if ids.len() != batch => {
-                return Err(PolicyError::EnvIds(format!("{} ids for a batch of {batch}", ids.len())));
+                return Err(PolicyError::EnvIds(format!(
+                    "{} ids for a batch of {batch}",
+                    ids.len()
+                )));
             }
             _ => {}
         }
@@ -210,15 +305,22 @@ impl Policy {
         self.pre.run(obs, batch, &mut obs_buf)?;
 
         // Gather recurrent state rows.
-        let n_states = self.program.state_slots.len();
+        let n_states = self.exec.state_slots().len();
         let states: Vec<Vec<f32>> = match (n_states, &state) {
             (0, _) => vec![],
-            (_, None) => return Err(PolicyError::State("this policy is recurrent: pass a RecurrentState".into())),
+            (_, None) => {
+                return Err(PolicyError::State(
+                    "this policy is recurrent: pass a RecurrentState".into(),
+                ));
+            }
             (_, Some(st)) => {
                 for row in 0..batch {
                     let e = envs.get(row) as usize;
                     if e >= st.num_envs {
-                        return Err(PolicyError::State(format!("env {e} out of range (state holds {} envs)", st.num_envs)));
+                        return Err(PolicyError::State(format!(
+                            "env {e} out of range (state holds {} envs)",
+                            st.num_envs
+                        )));
                     }
                 }
                 st.tensors
@@ -235,16 +337,21 @@ impl Policy {
             }
         };
 
-        let obs_len = self.pre.out_len();
-        let rows = self.program.run(batch, obs_buf.clone(), obs_len, states).map_err(PolicyError::Backend)?;
+        let mut rows = std::mem::take(&mut self.scratch_rows);
+        let result = self.exec.run(batch, &obs_buf, states, &mut rows);
         self.scratch_obs = obs_buf;
+        if let Err(e) = result {
+            self.scratch_rows = rows;
+            return Err(e);
+        }
         debug_assert_eq!(rows.len(), batch * self.row_width);
 
         let k = self.sampler.action_len();
         let p = self.sampler.dist_params_len();
         out.batch = batch;
         out.dist_params.resize(batch * p, 0.0);
-        out.value.resize(if self.has_value { batch } else { 0 }, 0.0);
+        out.value
+            .resize(if self.has_value { batch } else { 0 }, 0.0);
         if self.sampler.is_discrete() {
             out.discrete.resize(batch * k, 0);
             out.continuous.clear();
@@ -292,17 +399,38 @@ impl Policy {
 
     fn verify_case(&mut self, case: &GoldenCase) -> Result<GoldenReport, PolicyError> {
         let m = self.artifact.manifest.clone();
-        let mut report = GoldenReport { name: case.name.clone(), tolerance: case.tolerance, ..Default::default() };
+        let mut report = GoldenReport {
+            name: case.name.clone(),
+            tolerance: case.tolerance,
+            ..Default::default()
+        };
         let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
         let mut out = ActOutputs::default();
         let envs = EnvIds::Range(case.env_offset);
         let obs = Observations::F32(&case.obs);
         let has_state = !state.tensors.is_empty();
-        self.act(obs, case.batch, ActMode::Deterministic, envs, has_state.then_some(&mut state), &mut out)?;
+        self.act(
+            obs,
+            case.batch,
+            ActMode::Deterministic,
+            envs,
+            has_state.then_some(&mut state),
+            &mut out,
+        )?;
         let det = out.clone();
         let mut state2 = RecurrentState::new(self, case.env_offset as usize + case.batch);
-        let mode = ActMode::Sample { seed: case.seed, step: case.step };
-        self.act(obs, case.batch, mode, envs, has_state.then_some(&mut state2), &mut out)?;
+        let mode = ActMode::Sample {
+            seed: case.seed,
+            step: case.step,
+        };
+        self.act(
+            obs,
+            case.batch,
+            mode,
+            envs,
+            has_state.then_some(&mut state2),
+            &mut out,
+        )?;
 
         // Named values: dist params and the value estimate come from act(); others from a probe program.
         let p = self.sampler.dist_params_len();
@@ -311,7 +439,9 @@ impl Policy {
             let got: Vec<f32> = if m.value.as_deref() == Some(name.as_str()) {
                 out.value.clone()
             } else if let Some((col, width)) = dist_column(&m.distribution, name, k, p) {
-                (0..case.batch).flat_map(|r| out.dist_params[r * p + col..r * p + col + width].to_vec()).collect()
+                (0..case.batch)
+                    .flat_map(|r| out.dist_params[r * p + col..r * p + col + width].to_vec())
+                    .collect()
             } else {
                 self.probe(case, name)?
             };
@@ -320,8 +450,20 @@ impl Policy {
         // Empty expected actions mean "not recorded" (e.g. reduced-precision storage, where argmax may flip).
         let disc = self.sampler.is_discrete();
         for (want, got_d, got_c, mismatches, err) in [
-            (&case.sampled_actions, &out.discrete, &out.continuous, &mut report.sampled_mismatches, &mut report.sampled_action_err),
-            (&case.deterministic_actions, &det.discrete, &det.continuous, &mut report.deterministic_mismatches, &mut report.deterministic_action_err),
+            (
+                &case.sampled_actions,
+                &out.discrete,
+                &out.continuous,
+                &mut report.sampled_mismatches,
+                &mut report.sampled_action_err,
+            ),
+            (
+                &case.deterministic_actions,
+                &det.discrete,
+                &det.continuous,
+                &mut report.deterministic_mismatches,
+                &mut report.deterministic_action_err,
+            ),
         ] {
             if want.is_empty() {
                 continue;
@@ -343,16 +485,25 @@ impl Policy {
     /// Evaluate an arbitrary named value (debugging, golden checks): lowers a one-off program.
     fn probe(&mut self, case: &GoldenCase, name: &str) -> Result<Vec<f32>, PolicyError> {
         if !self.plan.shapes.contains_key(name) {
-            return Err(PolicyError::Artifact(policyport_format::FormatError::UndefinedValue {
-                name: name.into(),
-                user: format!("golden case '{}'", case.name),
-            }));
+            return Err(PolicyError::Artifact(
+                policyport_format::FormatError::UndefinedValue {
+                    name: name.into(),
+                    user: format!("golden case '{}'", case.name),
+                },
+            ));
         }
-        let program = Program::new(&self.artifact, &self.plan, &[name], self.program.device());
+        let mut exec = Exec::new(&self.exec, &self.artifact, &self.plan, &[name]);
         let mut obs = Vec::new();
-        self.pre.run(Observations::F32(&case.obs), case.batch, &mut obs)?;
-        let states = self.state_sizes().iter().map(|n| vec![0.0; n * case.batch]).collect();
-        program.run(case.batch, obs, self.pre.out_len(), states).map_err(PolicyError::Backend)
+        self.pre
+            .run(Observations::F32(&case.obs), case.batch, &mut obs)?;
+        let states = self
+            .state_sizes()
+            .iter()
+            .map(|n| vec![0.0; n * case.batch])
+            .collect();
+        let mut rows = vec![];
+        exec.run(case.batch, &obs, states, &mut rows)?;
+        Ok(rows)
     }
 }
 
@@ -360,7 +511,9 @@ impl Policy {
 fn dist_column(d: &Distribution, name: &str, k: usize, p: usize) -> Option<(usize, usize)> {
     let values = d.param_values();
     match d {
-        Distribution::Categorical { .. } | Distribution::MultiCategorical { .. } => (values[0] == name).then_some((0, p)),
+        Distribution::Categorical { .. } | Distribution::MultiCategorical { .. } => {
+            (values[0] == name).then_some((0, p))
+        }
         _ => values.iter().position(|v| *v == name).map(|i| (i * k, k)),
     }
 }
@@ -395,5 +548,8 @@ fn count_mismatch(got: &[i64], want: &[f64]) -> usize {
     if got.len() != want.len() {
         return want.len().max(1);
     }
-    got.iter().zip(want).filter(|(g, w)| **g as f64 != **w).count()
+    got.iter()
+        .zip(want)
+        .filter(|(g, w)| **g as f64 != **w)
+        .count()
 }

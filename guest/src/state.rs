@@ -14,7 +14,11 @@ pub struct RecurrentState {
 impl RecurrentState {
     /// Zero state for envs `0..num_envs` of this policy.
     pub fn new(policy: &Policy, num_envs: usize) -> Self {
-        let tensors = policy.state_sizes().iter().map(|&n| (n, vec![0.0; n * num_envs])).collect();
+        let tensors = policy
+            .state_sizes()
+            .iter()
+            .map(|&n| (n, vec![0.0; n * num_envs]))
+            .collect();
         RecurrentState { num_envs, tensors }
     }
 
@@ -27,7 +31,10 @@ impl RecurrentState {
         for &e in envs {
             let e = e as usize;
             if e >= self.num_envs {
-                return Err(PolicyError::State(format!("env {e} out of range (state holds {} envs)", self.num_envs)));
+                return Err(PolicyError::State(format!(
+                    "env {e} out of range (state holds {} envs)",
+                    self.num_envs
+                )));
             }
             for (n, data) in &mut self.tensors {
                 data[e * *n..(e + 1) * *n].iter_mut().for_each(|v| *v = 0.0);

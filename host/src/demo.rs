@@ -28,18 +28,42 @@ impl EpisodeStats {
 
 /// Episode e starts from reset(env_seed, e); step t of episode e samples with (policy_seed, env e, step t) —
 /// the same streams the fixture script used to evaluate the PyTorch policy.
-pub fn run_episodes<E: Env>(policy: &mut Policy, episodes: u32, env_seed: u64, policy_seed: u64, sampled: bool) -> Result<EpisodeStats, PolicyError> {
+pub fn run_episodes<E: Env>(
+    policy: &mut Policy,
+    episodes: u32,
+    env_seed: u64,
+    policy_seed: u64,
+    sampled: bool,
+) -> Result<EpisodeStats, PolicyError> {
     let mut out = ActOutputs::default();
     let mut obs = vec![0.0f32; E::OBS_LEN];
-    let mut stats = EpisodeStats { returns: vec![], steps: 0, act_us: vec![] };
+    let mut stats = EpisodeStats {
+        returns: vec![],
+        steps: 0,
+        act_us: vec![],
+    };
     for e in 0..episodes {
         let mut env = E::reset(env_seed, e);
         let mut total = 0.0;
         for t in 0..E::MAX_STEPS {
             env.observe(&mut obs);
-            let mode = if sampled { ActMode::Sample { seed: policy_seed, step: t as u64 } } else { ActMode::Deterministic };
+            let mode = if sampled {
+                ActMode::Sample {
+                    seed: policy_seed,
+                    step: t as u64,
+                }
+            } else {
+                ActMode::Deterministic
+            };
             let t0 = Instant::now();
-            policy.act(Observations::F32(&obs), 1, mode, EnvIds::Range(e), None, &mut out)?;
+            policy.act(
+                Observations::F32(&obs),
+                1,
+                mode,
+                EnvIds::Range(e),
+                None,
+                &mut out,
+            )?;
             stats.act_us.push(t0.elapsed().as_secs_f64() * 1e6);
             let d = out.discrete.first().copied().unwrap_or(0);
             let (r, term) = env.step(d, &out.continuous);

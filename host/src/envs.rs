@@ -57,11 +57,17 @@ impl Env for CartPole {
 
     fn step(&mut self, action: i64, _: &[f32]) -> (f64, bool) {
         let [x, x_dot, theta, theta_dot] = self.state;
-        let force = if action == 1 { Self::FORCE_MAG } else { -Self::FORCE_MAG };
+        let force = if action == 1 {
+            Self::FORCE_MAG
+        } else {
+            -Self::FORCE_MAG
+        };
         let (costheta, sintheta) = (theta.cos(), theta.sin());
-        let temp = (force + Self::POLEMASS_LENGTH * theta_dot * theta_dot * sintheta) / Self::TOTAL_MASS;
+        let temp =
+            (force + Self::POLEMASS_LENGTH * theta_dot * theta_dot * sintheta) / Self::TOTAL_MASS;
         let thetaacc = (Self::GRAVITY * sintheta - costheta * temp)
-            / (Self::LENGTH * (4.0 / 3.0 - Self::MASSPOLE * costheta * costheta / Self::TOTAL_MASS));
+            / (Self::LENGTH
+                * (4.0 / 3.0 - Self::MASSPOLE * costheta * costheta / Self::TOTAL_MASS));
         let xacc = temp - Self::POLEMASS_LENGTH * thetaacc * costheta / Self::TOTAL_MASS;
         let x = x + Self::TAU * x_dot;
         let x_dot = x_dot + Self::TAU * xacc;
@@ -115,7 +121,9 @@ impl Env for Pendulum {
         let ang = (th + PI).rem_euclid(2.0 * PI) - PI;
         let cost = ang * ang + 0.1 * thdot * thdot + 0.001 * u * u;
         let newthdot = thdot
-            + (3.0 * Self::G / (2.0 * Self::L) * th.sin() + 3.0 / (Self::M * Self::L * Self::L) * u) * Self::DT;
+            + (3.0 * Self::G / (2.0 * Self::L) * th.sin()
+                + 3.0 / (Self::M * Self::L * Self::L) * u)
+                * Self::DT;
         let newthdot = newthdot.clamp(-Self::MAX_SPEED, Self::MAX_SPEED);
         self.th = th + newthdot * Self::DT;
         self.thdot = newthdot;

@@ -27,23 +27,51 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
     let m = &art.manifest;
     let mut s = String::new();
     let params: usize = art.tensors.values().map(|t| t.data.len()).sum();
-    let _ = writeln!(s, "policy      {}  (format v{}.{}, {} bytes)", m.name, art.version.0, art.version.1, file_len);
-    let _ = writeln!(s, "producer    {} {} from {}", m.producer.tool, m.producer.version, m.producer.source);
+    let _ = writeln!(
+        s,
+        "policy      {}  (format v{}.{}, {} bytes)",
+        m.name, art.version.0, art.version.1, file_len
+    );
+    let _ = writeln!(
+        s,
+        "producer    {} {} from {}",
+        m.producer.tool, m.producer.version, m.producer.source
+    );
     if !m.producer.notes.is_empty() {
         let _ = writeln!(s, "            {}", m.producer.notes);
     }
-    let _ = writeln!(s, "observation {}", serde_json::to_string(&m.observation).unwrap_or_default());
+    let _ = writeln!(
+        s,
+        "observation {}",
+        serde_json::to_string(&m.observation).unwrap_or_default()
+    );
     for p in &m.preprocess {
-        let _ = writeln!(s, "  then      {}", serde_json::to_string(p).unwrap_or_default());
+        let _ = writeln!(
+            s,
+            "  then      {}",
+            serde_json::to_string(p).unwrap_or_default()
+        );
     }
-    let _ = writeln!(s, "action      {}", serde_json::to_string(&m.action).unwrap_or_default());
-    let _ = writeln!(s, "distribution {}", serde_json::to_string(&m.distribution).unwrap_or_default());
+    let _ = writeln!(
+        s,
+        "action      {}",
+        serde_json::to_string(&m.action).unwrap_or_default()
+    );
+    let _ = writeln!(
+        s,
+        "distribution {}",
+        serde_json::to_string(&m.distribution).unwrap_or_default()
+    );
     if let Some(v) = &m.value {
         let _ = writeln!(s, "value       '{v}'");
     }
     if let Some(r) = &m.recurrent {
         for st in &r.states {
-            let _ = writeln!(s, "state       '{}' {:?} (next: '{}')", st.name, st.shape, st.next);
+            let _ = writeln!(
+                s,
+                "state       '{}' {:?} (next: '{}')",
+                st.name, st.shape, st.next
+            );
         }
     }
     let _ = writeln!(s, "submodules:");
@@ -59,21 +87,50 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
             "  {:<10} {:<14} {} -> {}  ({} nodes, {} params)",
             module.name,
             format!("{:?}", module.role),
-            module.inputs.iter().map(|i| format!("{i}{:?}", plan.shapes[i])).collect::<Vec<_>>().join(", "),
-            module.outputs.iter().map(|o| format!("{o}{:?}", plan.shapes[o])).collect::<Vec<_>>().join(", "),
+            module
+                .inputs
+                .iter()
+                .map(|i| format!("{i}{:?}", plan.shapes[i]))
+                .collect::<Vec<_>>()
+                .join(", "),
+            module
+                .outputs
+                .iter()
+                .map(|o| format!("{o}{:?}", plan.shapes[o]))
+                .collect::<Vec<_>>()
+                .join(", "),
             module.nodes.len(),
             mp
         );
         for n in &module.nodes {
             let op = match &n.op {
                 Op::Dense { weight, .. } => format!("dense {:?}", art.tensors[weight].shape),
-                other => serde_json::to_value(other).ok().and_then(|v| v["kind"].as_str().map(String::from)).unwrap_or_default(),
+                other => serde_json::to_value(other)
+                    .ok()
+                    .and_then(|v| v["kind"].as_str().map(String::from))
+                    .unwrap_or_default(),
             };
-            let _ = writeln!(s, "      {:<22} {} -> {}{:?}", op, n.inputs.join(", "), n.output, plan.shapes[&n.output]);
+            let _ = writeln!(
+                s,
+                "      {:<22} {} -> {}{:?}",
+                op,
+                n.inputs.join(", "),
+                n.output,
+                plan.shapes[&n.output]
+            );
         }
     }
     let _ = writeln!(s, "parameters  {params} ({} tensors)", art.tensors.len());
     let _ = writeln!(s, "FLOPs/step  {} per env", flops_per_env(art, plan));
-    let _ = writeln!(s, "golden      {} case(s): {}", m.golden.len(), m.golden.iter().map(|g| format!("{} (batch {})", g.name, g.batch)).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(
+        s,
+        "golden      {} case(s): {}",
+        m.golden.len(),
+        m.golden
+            .iter()
+            .map(|g| format!("{} (batch {})", g.name, g.batch))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     s
 }

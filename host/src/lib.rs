@@ -36,19 +36,34 @@ impl std::str::FromStr for Storage {
 
 /// ONNX bytes + what the outputs mean → `.policy` bytes. Golden vectors come from `golden` (oracle outputs, e.g.
 /// PyTorch float64) when given, else from the float64 reference interpreter on seeded random observations.
-pub fn compile_onnx(onnx: &[u8], spec: &ImportSpec, source: &str, golden: Option<&FixtureIo>, storage: Storage) -> Result<Vec<u8>, ImportError> {
+pub fn compile_onnx(
+    onnx: &[u8],
+    spec: &ImportSpec,
+    source: &str,
+    golden: Option<&FixtureIo>,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
     let imported = import_onnx(onnx, spec, source)?;
     let mut manifest = imported.manifest;
     manifest.golden = match golden {
         Some(io) => golden_from_fixture(&manifest, io)?,
         None => {
-            let cases: Vec<(String, Vec<f32>, usize, u64, u64, u32)> = [(1usize, 7u64, 0u64, 0u32), (4, 42, 100, 3)]
-                .iter()
-                .map(|&(batch, seed, step, env_offset)| {
-                    (format!("reference_batch{batch}"), random_obs(&manifest.observation, batch, seed), batch, seed, step, env_offset)
-                })
-                .collect();
-            reference::make_golden(&manifest, &imported.tensors, &cases).map_err(ImportError::Golden)?
+            let cases: Vec<(String, Vec<f32>, usize, u64, u64, u32)> =
+                [(1usize, 7u64, 0u64, 0u32), (4, 42, 100, 3)]
+                    .iter()
+                    .map(|&(batch, seed, step, env_offset)| {
+                        (
+                            format!("reference_batch{batch}"),
+                            random_obs(&manifest.observation, batch, seed),
+                            batch,
+                            seed,
+                            step,
+                            env_offset,
+                        )
+                    })
+                    .collect();
+            reference::make_golden(&manifest, &imported.tensors, &cases)
+                .map_err(ImportError::Golden)?
         }
     };
     let st = match storage {
@@ -76,8 +91,13 @@ pub fn random_obs(space: &ObservationSpace, batch: usize, seed: u64) -> Vec<f32>
             let mut s = Stream::new(seed, i as u32, 0xFFFF_FFFF);
             let (a, b) = (u01(s.word(0)).max(1e-7), u01(s.word(1)));
             match space {
-                ObservationSpace::Box { dtype: ObsDType::U8, .. } => (a * 256.0).floor().min(255.0),
-                ObservationSpace::Box { .. } => (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos(),
+                ObservationSpace::Box {
+                    dtype: ObsDType::U8,
+                    ..
+                } => (a * 256.0).floor().min(255.0),
+                ObservationSpace::Box { .. } => {
+                    (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
+                }
                 ObservationSpace::Discrete { n } => ((a * *n as f32).floor()).min(*n as f32 - 1.0),
             }
         })

@@ -13,7 +13,11 @@ use policyport_host::import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec};
 use policyport_host::{Storage, compile_onnx, inspect, npy};
 
 #[derive(Parser)]
-#[command(name = "policyport", version, about = "Compile trained RL policies into portable artifacts and run them fast")]
+#[command(
+    name = "policyport",
+    version,
+    about = "Compile trained RL policies into portable artifacts and run them fast"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -60,7 +64,7 @@ enum Cmd {
         artifact: PathBuf,
         #[arg(long)]
         obs: PathBuf,
-        #[arg(long, default_value = "flex")]
+        #[arg(long, default_value = "cpu")]
         backend: Backend,
         /// Sample with this seed (default: deterministic actions).
         #[arg(long)]
@@ -73,14 +77,14 @@ enum Cmd {
     /// Check the artifact's golden vectors on a backend.
     Verify {
         artifact: PathBuf,
-        #[arg(long, default_value = "flex")]
+        #[arg(long, default_value = "cpu")]
         backend: Backend,
     },
     /// Compile the bundled trained policies and run them in the Rust environments.
     Demo {
         #[arg(long, default_value_t = 32)]
         episodes: u32,
-        #[arg(long, default_value = "flex")]
+        #[arg(long, default_value = "cpu")]
         backend: Backend,
         /// Where to write the compiled artifacts.
         #[arg(long, default_value = "target/policyport-demo")]
@@ -91,7 +95,7 @@ enum Cmd {
         artifact: PathBuf,
         #[arg(long, default_value = "1,64,1024")]
         batches: String,
-        #[arg(long, default_value = "flex")]
+        #[arg(long, default_value = "cpu")]
         backend: Backend,
         /// Minimum seconds per batch size.
         #[arg(long, default_value_t = 1.0)]
@@ -105,19 +109,50 @@ fn read(p: &Path) -> Result<Vec<u8>> {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Compile { model, out, spec, dist, logits, mean, log_std, value, golden, storage } => {
+        Cmd::Compile {
+            model,
+            out,
+            spec,
+            dist,
+            logits,
+            mean,
+            log_std,
+            value,
+            golden,
+            storage,
+        } => {
             let mut s: Option<ImportSpec> = match &spec {
-                Some(p) => Some(serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))?),
+                Some(p) => Some(
+                    serde_json::from_slice(&read(p)?)
+                        .with_context(|| format!("parsing {}", p.display()))?,
+                ),
                 None => None,
             };
             if let Some(d) = dist.as_deref() {
-                let need = |o: &Option<String>, flag: &str| o.clone().with_context(|| format!("--dist {d} needs --{flag}"));
-                let ls = || -> Result<LogStdSpec> { Ok(LogStdSpec::Output(need(&log_std, "log-std")?)) };
+                let need = |o: &Option<String>, flag: &str| {
+                    o.clone()
+                        .with_context(|| format!("--dist {d} needs --{flag}"))
+                };
+                let ls =
+                    || -> Result<LogStdSpec> { Ok(LogStdSpec::Output(need(&log_std, "log-std")?)) };
                 let ds = match d {
-                    "categorical" => DistSpec::Categorical { logits: need(&logits, "logits")? },
-                    "diag-gaussian" => DistSpec::DiagGaussian { mean: need(&mean, "mean")?, log_std: ls()?, clip: false, log_std_range: None },
-                    "squashed-gaussian" => DistSpec::SquashedGaussian { mean: need(&mean, "mean")?, log_std: ls()?, log_std_range: None },
-                    other => bail!("unknown --dist '{other}' (categorical, diag-gaussian, squashed-gaussian)"),
+                    "categorical" => DistSpec::Categorical {
+                        logits: need(&logits, "logits")?,
+                    },
+                    "diag-gaussian" => DistSpec::DiagGaussian {
+                        mean: need(&mean, "mean")?,
+                        log_std: ls()?,
+                        clip: false,
+                        log_std_range: None,
+                    },
+                    "squashed-gaussian" => DistSpec::SquashedGaussian {
+                        mean: need(&mean, "mean")?,
+                        log_std: ls()?,
+                        log_std_range: None,
+                    },
+                    other => bail!(
+                        "unknown --dist '{other}' (categorical, diag-gaussian, squashed-gaussian)"
+                    ),
                 };
                 let mut base = s.take().unwrap_or(ImportSpec {
                     name: None,
@@ -133,15 +168,26 @@ fn main() -> Result<()> {
                 base.distribution = ds;
                 s = Some(base);
             }
-            let mut s = s.context("say what the outputs mean: --spec import.json, or --dist with --logits/--mean")?;
+            let mut s = s.context(
+                "say what the outputs mean: --spec import.json, or --dist with --logits/--mean",
+            )?;
             if value.is_some() {
                 s.value = value;
             }
             let io: Option<FixtureIo> = match &golden {
-                Some(p) => Some(serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))?),
+                Some(p) => Some(
+                    serde_json::from_slice(&read(p)?)
+                        .with_context(|| format!("parsing {}", p.display()))?,
+                ),
                 None => None,
             };
-            let bytes = compile_onnx(&read(&model)?, &s, &model.display().to_string(), io.as_ref(), storage)?;
+            let bytes = compile_onnx(
+                &read(&model)?,
+                &s,
+                &model.display().to_string(),
+                io.as_ref(),
+                storage,
+            )?;
             std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {} ({} bytes)", out.display(), bytes.len());
         }
@@ -155,32 +201,57 @@ fn main() -> Result<()> {
                 print!("{}", inspect::summary(&art, &plan, bytes.len()));
             }
         }
-        Cmd::Run { artifact, obs, backend, seed, step, env_offset } => {
+        Cmd::Run {
+            artifact,
+            obs,
+            backend,
+            seed,
+            step,
+            env_offset,
+        } => {
             let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
             let raw = read(&obs)?;
             let (shape, data) = if obs.extension().is_some_and(|e| e == "npy") {
                 npy::read_npy(&raw)?
             } else {
-                let v: Vec<Vec<f32>> = serde_json::from_slice(&raw).context("obs JSON must be [[..], [..]]")?;
+                let v: Vec<Vec<f32>> =
+                    serde_json::from_slice(&raw).context("obs JSON must be [[..], [..]]")?;
                 (vec![v.len()], v.concat())
             };
             let batch = shape.first().copied().unwrap_or(1).max(1);
-            let mode = seed.map_or(ActMode::Deterministic, |seed| ActMode::Sample { seed, step });
+            let mode = seed.map_or(ActMode::Deterministic, |seed| ActMode::Sample {
+                seed,
+                step,
+            });
             let mut out = ActOutputs::default();
-            policy.act(Observations::F32(&data), batch, mode, EnvIds::Range(env_offset), None, &mut out)?;
+            policy.act(
+                Observations::F32(&data),
+                batch,
+                mode,
+                EnvIds::Range(env_offset),
+                None,
+                &mut out,
+            )?;
             let actions = if out.discrete.is_empty() {
                 serde_json::json!(out.continuous)
             } else {
                 serde_json::json!(out.discrete)
             };
-            println!("{}", serde_json::json!({"batch": batch, "actions": actions, "value": out.value, "dist_params": out.dist_params}));
+            println!(
+                "{}",
+                serde_json::json!({"batch": batch, "actions": actions, "value": out.value, "dist_params": out.dist_params})
+            );
         }
         Cmd::Verify { artifact, backend } => {
             let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
             let reports = policy.verify()?;
             let mut ok = true;
             for r in &reports {
-                let vals: Vec<String> = r.values.iter().map(|(n, e)| format!("{n}: {e:.2e}")).collect();
+                let vals: Vec<String> = r
+                    .values
+                    .iter()
+                    .map(|(n, e)| format!("{n}: {e:.2e}"))
+                    .collect();
                 println!(
                     "{:<4} {:<28} rel err [{}] (tol {:.0e}); sampled mismatches {}, deterministic mismatches {}{}",
                     if r.passed { "ok" } else { "FAIL" },
@@ -189,7 +260,14 @@ fn main() -> Result<()> {
                     r.tolerance,
                     r.sampled_mismatches,
                     r.deterministic_mismatches,
-                    if r.sampled_action_err > 0.0 { format!(", action err {:.2e}", r.sampled_action_err.max(r.deterministic_action_err)) } else { String::new() }
+                    if r.sampled_action_err > 0.0 {
+                        format!(
+                            ", action err {:.2e}",
+                            r.sampled_action_err.max(r.deterministic_action_err)
+                        )
+                    } else {
+                        String::new()
+                    }
                 );
                 ok &= r.passed;
             }
@@ -200,8 +278,17 @@ fn main() -> Result<()> {
                 bail!("golden vectors failed on {}", backend.name());
             }
         }
-        Cmd::Demo { episodes, backend, out_dir } => demo(episodes, backend, &out_dir)?,
-        Cmd::Bench { artifact, batches, backend, seconds } => {
+        Cmd::Demo {
+            episodes,
+            backend,
+            out_dir,
+        } => demo(episodes, backend, &out_dir)?,
+        Cmd::Bench {
+            artifact,
+            batches,
+            backend,
+            seconds,
+        } => {
             let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
             let raw_len = policy.info().obs_len;
             for b in batches.split(',') {
@@ -212,7 +299,14 @@ fn main() -> Result<()> {
                 let mut run = |n: u64, policy: &mut Policy| -> Result<f64> {
                     let t0 = Instant::now();
                     for _ in 0..n {
-                        policy.act(Observations::F32(&obs), batch, ActMode::Sample { seed: 1, step }, EnvIds::Range(0), None, &mut out)?;
+                        policy.act(
+                            Observations::F32(&obs),
+                            batch,
+                            ActMode::Sample { seed: 1, step },
+                            EnvIds::Range(0),
+                            None,
+                            &mut out,
+                        )?;
                         step += 1;
                     }
                     Ok(t0.elapsed().as_secs_f64())
@@ -224,10 +318,15 @@ fn main() -> Result<()> {
                     n *= 2;
                 }
                 let blocks = ((seconds / (run(n, &mut policy)?)).ceil() as usize).clamp(3, 50);
-                let mut per_call: Vec<f64> = (0..blocks).map(|_| run(n, &mut policy).map(|s| s / n as f64 * 1e6)).collect::<Result<_>>()?;
+                let mut per_call: Vec<f64> = (0..blocks)
+                    .map(|_| run(n, &mut policy).map(|s| s / n as f64 * 1e6))
+                    .collect::<Result<_>>()?;
                 per_call.sort_by(|a, b| a.total_cmp(b));
                 let median = per_call[per_call.len() / 2];
-                println!("{}", serde_json::json!({"runtime": format!("policyport-{}", backend.name()), "batch": batch, "obs_len": raw_len, "us_per_act": median}));
+                println!(
+                    "{}",
+                    serde_json::json!({"runtime": format!("policyport-{}", backend.name()), "batch": batch, "obs_len": raw_len, "us_per_act": median})
+                );
             }
         }
     }
@@ -262,9 +361,18 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
     for b in &BUNDLED {
         let spec: ImportSpec = serde_json::from_slice(b.spec)?;
         let io: FixtureIo = serde_json::from_slice(b.io)?;
-        let eval = io.eval.clone().context("bundled fixture has no eval section")?;
+        let eval = io
+            .eval
+            .clone()
+            .context("bundled fixture has no eval section")?;
         let t0 = Instant::now();
-        let bytes = compile_onnx(b.onnx, &spec, &format!("tests/fixtures/{}/policy.onnx", b.name), Some(&io), Storage::F32)?;
+        let bytes = compile_onnx(
+            b.onnx,
+            &spec,
+            &format!("tests/fixtures/{}/policy.onnx", b.name),
+            Some(&io),
+            Storage::F32,
+        )?;
         let path = out_dir.join(format!("{}.policy", b.name));
         std::fs::write(&path, &bytes)?;
         let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -276,14 +384,28 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
         let torch_sampled: Vec<f64> = serde_json::from_value(eval["sampled_returns"].clone())?;
         let torch_det: Vec<f64> = serde_json::from_value(eval["deterministic_returns"].clone())?;
         let n = episodes.min(torch_sampled.len() as u32);
-        println!("== {} ({}): compiled in {compile_ms:.1} ms -> {} ({} bytes), loaded on {} in {load_ms:.1} ms", b.name, eval["env"].as_str().unwrap_or("?"), path.display(), bytes.len(), backend.name());
+        println!(
+            "== {} ({}): compiled in {compile_ms:.1} ms -> {} ({} bytes), loaded on {} in {load_ms:.1} ms",
+            b.name,
+            eval["env"].as_str().unwrap_or("?"),
+            path.display(),
+            bytes.len(),
+            backend.name()
+        );
         for (sampled, torch) in [(true, &torch_sampled), (false, &torch_det)] {
             let stats = match b.name {
-                "cartpole" => run_episodes::<CartPole>(&mut policy, n, env_seed, policy_seed, sampled)?,
+                "cartpole" => {
+                    run_episodes::<CartPole>(&mut policy, n, env_seed, policy_seed, sampled)?
+                }
                 _ => run_episodes::<Pendulum>(&mut policy, n, env_seed, policy_seed, sampled)?,
             };
             let torch_mean = torch[..n as usize].iter().sum::<f64>() / n as f64;
-            let same = stats.returns.iter().zip(torch.iter()).filter(|(a, b)| (*a - *b).abs() <= 1e-6 * b.abs().max(1.0)).count();
+            let same = stats
+                .returns
+                .iter()
+                .zip(torch.iter())
+                .filter(|(a, b)| (*a - *b).abs() <= 1e-6 * b.abs().max(1.0))
+                .count();
             let rel = (stats.mean_return() - torch_mean).abs() / torch_mean.abs().max(1.0);
             println!(
                 "   {:<13} mean return {:>8.2} over {n} episodes (PyTorch policy: {:>8.2}; {same}/{n} episodes identical)   act() p50 {:.1} us, p99 {:.1} us over {} steps",
@@ -297,10 +419,19 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
             // The demo's promise: the same behaviour as the PyTorch policy (episodes replay bit-for-bit up to
             // float rounding in continuous control), and CartPole solved.
             if rel > 0.02 {
-                failures.push(format!("{} {}: mean return {:.2} differs from PyTorch's {:.2}", b.name, if sampled { "sampled" } else { "deterministic" }, stats.mean_return(), torch_mean));
+                failures.push(format!(
+                    "{} {}: mean return {:.2} differs from PyTorch's {:.2}",
+                    b.name,
+                    if sampled { "sampled" } else { "deterministic" },
+                    stats.mean_return(),
+                    torch_mean
+                ));
             }
             if b.name == "cartpole" && stats.mean_return() < 475.0 {
-                failures.push(format!("cartpole mean return {:.1} < 475", stats.mean_return()));
+                failures.push(format!(
+                    "cartpole mean return {:.1} < 475",
+                    stats.mean_return()
+                ));
             }
         }
     }

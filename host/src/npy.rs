@@ -14,11 +14,18 @@ pub fn read_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
     }
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize,
+            12,
+        ),
         v => return Err(NpyError(format!("version {v}"))),
     };
-    let header = std::str::from_utf8(bytes.get(start..start + hlen).ok_or_else(|| err("truncated header"))?)
-        .map_err(|_| err("header is not text"))?;
+    let header = std::str::from_utf8(
+        bytes
+            .get(start..start + hlen)
+            .ok_or_else(|| err("truncated header"))?,
+    )
+    .map_err(|_| err("header is not text"))?;
     let field = |k: &str| -> Option<&str> {
         let i = header.find(&format!("'{k}'"))? + k.len() + 2;
         Some(header[i..].trim_start_matches([':', ' ']))
@@ -39,13 +46,26 @@ pub fn read_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
     let n: usize = shape.iter().product();
     let data = &bytes[start + hlen..];
     let vals: Vec<f32> = match descr {
-        "<f4" => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-        "<f8" => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+        "<f4" => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        "<f8" => data
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
         "|u1" => data.iter().map(|b| *b as f32).collect(),
-        d => return Err(NpyError(format!("dtype {d} (use float32, float64 or uint8)"))),
+        d => {
+            return Err(NpyError(format!(
+                "dtype {d} (use float32, float64 or uint8)"
+            )));
+        }
     };
     if vals.len() != n {
-        return Err(NpyError(format!("{} values for shape {shape:?}", vals.len())));
+        return Err(NpyError(format!(
+            "{} values for shape {shape:?}",
+            vals.len()
+        )));
     }
     Ok((shape, vals))
 }

@@ -7,18 +7,37 @@ use std::collections::{BTreeMap, HashMap};
 use policyport_format::container::Tensor;
 use policyport_format::sampling::{ActMode, Sampler};
 use policyport_format::{
-    Artifact, GoldenCase, Limits, Manifest, OBS_VALUE, ObservationSpace, Op, Preprocess, STATE_PREFIX, validate,
+    Artifact, GoldenCase, Limits, Manifest, OBS_VALUE, ObservationSpace, Op, Preprocess,
+    STATE_PREFIX, validate,
 };
 
 /// Every value of the namespace for a batch, row-major `batch x numel`, in float64.
-pub fn eval(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32], batch: usize) -> Result<HashMap<String, Vec<f64>>, String> {
-    let art = Artifact { manifest: manifest.clone(), tensors: tensors.clone(), version: (1, 0) };
+pub fn eval(
+    manifest: &Manifest,
+    tensors: &BTreeMap<String, Tensor>,
+    obs: &[f32],
+    batch: usize,
+) -> Result<HashMap<String, Vec<f64>>, String> {
+    let art = Artifact {
+        manifest: manifest.clone(),
+        tensors: tensors.clone(),
+        version: (1, 0),
+    };
     let plan = validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
     let raw = manifest.observation.raw_len();
     if obs.len() != batch * raw {
-        return Err(format!("{} obs numbers for batch {batch} x {raw}", obs.len()));
+        return Err(format!(
+            "{} obs numbers for batch {batch} x {raw}",
+            obs.len()
+        ));
     }
-    let t = |n: &str| tensors[n].data.iter().map(|v| *v as f64).collect::<Vec<f64>>();
+    let t = |n: &str| {
+        tensors[n]
+            .data
+            .iter()
+            .map(|v| *v as f64)
+            .collect::<Vec<f64>>()
+    };
     // Preprocessing in f32, exactly as the runtimes do it (it is part of the input contract, not the model).
     let mut x: Vec<f32> = obs.to_vec();
     for p in &manifest.preprocess {
@@ -32,8 +51,13 @@ pub fn eval(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32]
                 }
             }
             Preprocess::OneHot { n } => {
-                let ObservationSpace::Discrete { .. } = manifest.observation else { unreachable!() };
-                x = x.iter().flat_map(|k| (0..*n).map(move |j| if j as f32 == *k { 1.0 } else { 0.0 })).collect();
+                let ObservationSpace::Discrete { .. } = manifest.observation else {
+                    unreachable!()
+                };
+                x = x
+                    .iter()
+                    .flat_map(|k| (0..*n).map(move |j| if j as f32 == *k { 1.0 } else { 0.0 }))
+                    .collect();
             }
         }
     }
@@ -47,7 +71,7 @@ pub fn eval(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32]
     for module in &manifest.modules {
         for node in &module.nodes {
             let a = &vals[&node.inputs[0]];
-            let w_in = numel(&node.inputs[0]) ;
+            let w_in = numel(&node.inputs[0]);
             let last = *plan.shapes[&node.inputs[0]].last().unwrap();
             let map = |f: &dyn Fn(f64) -> f64| a.iter().map(|v| f(*v)).collect::<Vec<f64>>();
             let y: Vec<f64> = match &node.op {
@@ -71,38 +95,73 @@ pub fn eval(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32]
                 Op::Tanh => map(&|v| v.tanh()),
                 Op::Sigmoid => map(&|v| 1.0 / (1.0 + (-v).exp())),
                 Op::Silu => map(&|v| v / (1.0 + (-v).exp())),
-                Op::Elu { alpha } => map(&|v| if v > 0.0 { v } else { *alpha as f64 * (v.exp() - 1.0) }),
+                Op::Elu { alpha } => map(&|v| {
+                    if v > 0.0 {
+                        v
+                    } else {
+                        *alpha as f64 * (v.exp() - 1.0)
+                    }
+                }),
                 Op::LeakyRelu { alpha } => map(&|v| if v > 0.0 { v } else { *alpha as f64 * v }),
-                Op::Gelu { approximate: false } => map(&|v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2))),
-                Op::Gelu { approximate: true } => {
-                    map(&|v| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh()))
+                Op::Gelu { approximate: false } => {
+                    map(&|v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)))
                 }
+                Op::Gelu { approximate: true } => map(&|v| {
+                    0.5 * v
+                        * (1.0
+                            + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v))
+                                .tanh())
+                }),
                 Op::Softmax | Op::LogSoftmax => {
                     let mut y = a.clone();
                     for g in y.chunks_exact_mut(last) {
                         let m = g.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                         let z: f64 = g.iter().map(|v| (v - m).exp()).sum();
                         for v in g.iter_mut() {
-                            *v = if node.op == Op::Softmax { (*v - m).exp() / z } else { *v - m - z.ln() };
+                            *v = if node.op == Op::Softmax {
+                                (*v - m).exp() / z
+                            } else {
+                                *v - m - z.ln()
+                            };
                         }
                     }
                     y
                 }
-                Op::Add => a.iter().zip(&vals[&node.inputs[1]]).map(|(x, y)| x + y).collect(),
-                Op::Mul => a.iter().zip(&vals[&node.inputs[1]]).map(|(x, y)| x * y).collect(),
+                Op::Add => a
+                    .iter()
+                    .zip(&vals[&node.inputs[1]])
+                    .map(|(x, y)| x + y)
+                    .collect(),
+                Op::Mul => a
+                    .iter()
+                    .zip(&vals[&node.inputs[1]])
+                    .map(|(x, y)| x * y)
+                    .collect(),
                 Op::Affine { scale, shift } => {
                     let (sc, sh) = (scale.as_ref().map(|s| t(s)), shift.as_ref().map(|s| t(s)));
                     a.iter()
                         .enumerate()
                         .map(|(i, v)| {
                             let col = i % w_in;
-                            let pick = |p: &Vec<f64>| p[if p.len() == 1 { 0 } else if p.len() == w_in { col } else { col % last }];
+                            let pick = |p: &Vec<f64>| {
+                                p[if p.len() == 1 {
+                                    0
+                                } else if p.len() == w_in {
+                                    col
+                                } else {
+                                    col % last
+                                }]
+                            };
                             v * sc.as_ref().map_or(1.0, pick) + sh.as_ref().map_or(0.0, pick)
                         })
                         .collect()
                 }
                 Op::Concat => {
-                    let parts: Vec<(&Vec<f64>, usize)> = node.inputs.iter().map(|n| (&vals[n], *plan.shapes[n].last().unwrap())).collect();
+                    let parts: Vec<(&Vec<f64>, usize)> = node
+                        .inputs
+                        .iter()
+                        .map(|n| (&vals[n], *plan.shapes[n].last().unwrap()))
+                        .collect();
                     let groups = a.len() / last;
                     let mut y = vec![];
                     for g in 0..groups {
@@ -112,7 +171,10 @@ pub fn eval(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32]
                     }
                     y
                 }
-                Op::Slice { start, len } => a.chunks_exact(last).flat_map(|g| g[*start..start + len].to_vec()).collect(),
+                Op::Slice { start, len } => a
+                    .chunks_exact(last)
+                    .flat_map(|g| g[*start..start + len].to_vec())
+                    .collect(),
                 Op::Flatten => a.clone(),
             };
             vals.insert(node.output.clone(), y);
@@ -142,8 +204,16 @@ fn erf(x: f64) -> f64 {
 }
 
 /// Golden vectors from the reference interpreter, for artifacts compiled without oracle outputs.
-pub fn make_golden(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, cases: &[(String, Vec<f32>, usize, u64, u64, u32)]) -> Result<Vec<GoldenCase>, String> {
-    let art = Artifact { manifest: manifest.clone(), tensors: tensors.clone(), version: (1, 0) };
+pub fn make_golden(
+    manifest: &Manifest,
+    tensors: &BTreeMap<String, Tensor>,
+    cases: &[(String, Vec<f32>, usize, u64, u64, u32)],
+) -> Result<Vec<GoldenCase>, String> {
+    let art = Artifact {
+        manifest: manifest.clone(),
+        tensors: tensors.clone(),
+        version: (1, 0),
+    };
     validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
     let sampler = Sampler::new(&art);
     let dist_values: Vec<&str> = manifest.distribution.param_values();
@@ -170,7 +240,16 @@ pub fn make_golden(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, case
             }
             debug_assert_eq!(off, raw);
             sampler.finish_params(&mut params);
-            for (mode, dst) in [(ActMode::Sample { seed: *seed, step: *step }, &mut sampled), (ActMode::Deterministic, &mut det)] {
+            for (mode, dst) in [
+                (
+                    ActMode::Sample {
+                        seed: *seed,
+                        step: *step,
+                    },
+                    &mut sampled,
+                ),
+                (ActMode::Deterministic, &mut det),
+            ] {
                 let (mut d, mut c) = (vec![0i64; k], vec![0.0f32; k]);
                 sampler.act_row(&params, mode, env_offset + r as u32, &mut d, &mut c);
                 if sampler.is_discrete() {
@@ -200,8 +279,20 @@ pub fn make_golden(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, case
 mod tests {
     #[test]
     fn erf_matches_known_values() {
-        for (x, want) in [(0.0, 0.0), (0.1, 0.112_462_916_018_284_9), (0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.0, 0.995_322_265_018_952_7), (-3.0, -0.999_977_909_503_001_4), (5.0, 0.999_999_999_998_462_5)] {
-            assert!((super::erf(x) - want).abs() < 1e-13, "erf({x}) = {} want {want}", super::erf(x));
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.1, 0.112_462_916_018_284_9),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (-3.0, -0.999_977_909_503_001_4),
+            (5.0, 0.999_999_999_998_462_5),
+        ] {
+            assert!(
+                (super::erf(x) - want).abs() < 1e-13,
+                "erf({x}) = {} want {want}",
+                super::erf(x)
+            );
         }
     }
 }

@@ -1,6 +1,6 @@
 use policyport::{Backend, Policy, PolicyError};
 use policyport_conformance::{compile_fixture, fixture_names, fixtures_dir, load_fixture};
-use policyport_format::{read_artifact, validate, write_artifact, Limits};
+use policyport_format::{Limits, read_artifact, validate, write_artifact};
 use policyport_host::{Storage, compile_onnx, inspect, reference};
 
 #[test]
@@ -8,7 +8,10 @@ fn write_read_write_is_byte_identical() {
     for name in fixture_names() {
         let bytes = compile_fixture(&load_fixture(&name));
         let art = read_artifact(&bytes).unwrap();
-        let again = write_artifact(&art.manifest, &art.tensors, &|_| policyport_format::container::StorageDType::F32).unwrap();
+        let again = write_artifact(&art.manifest, &art.tensors, &|_| {
+            policyport_format::container::StorageDType::F32
+        })
+        .unwrap();
         assert_eq!(bytes, again, "{name}");
         assert_eq!(art.version, (1, 0));
     }
@@ -38,7 +41,12 @@ fn compile_without_golden_uses_the_reference_interpreter() {
     let f = load_fixture("pendulum");
     let bytes = compile_onnx(&f.onnx, &f.spec, "pendulum", None, Storage::F32).unwrap();
     let art = read_artifact(&bytes).unwrap();
-    assert!(art.manifest.golden.iter().all(|g| g.name.starts_with("reference_")));
+    assert!(
+        art.manifest
+            .golden
+            .iter()
+            .all(|g| g.name.starts_with("reference_"))
+    );
     for b in policyport_conformance::backends() {
         let reports = Policy::load_on(&bytes, b).unwrap().verify().unwrap();
         assert!(reports.iter().all(|r| r.passed), "{reports:?}");
@@ -51,8 +59,15 @@ fn half_precision_storage_round_trips_within_its_tolerance() {
     for storage in [Storage::F16, Storage::BF16] {
         let bytes = compile_onnx(&f.onnx, &f.spec, "mlp64", Some(&f.io), storage).unwrap();
         let f32_len = compile_fixture(&f).len();
-        assert!(bytes.len() < f32_len * 6 / 10, "{storage:?}: {} vs {f32_len}", bytes.len());
-        let reports = Policy::load_on(&bytes, Backend::Flex).unwrap().verify().unwrap();
+        assert!(
+            bytes.len() < f32_len * 6 / 10,
+            "{storage:?}: {} vs {f32_len}",
+            bytes.len()
+        );
+        let reports = Policy::load_on(&bytes, Backend::Flex)
+            .unwrap()
+            .verify()
+            .unwrap();
         assert!(reports.iter().all(|r| r.passed), "{storage:?}: {reports:?}");
     }
 }
@@ -65,17 +80,28 @@ fn inspect_summaries_match_blessed_snapshots() {
         let art = read_artifact(&bytes).unwrap();
         let plan = validate(&art, &Limits::default()).unwrap();
         let got = inspect::summary(&art, &plan, bytes.len());
-        let path = fixtures_dir().parent().unwrap().join("expected").join(format!("{name}.inspect.txt"));
+        let path = fixtures_dir()
+            .parent()
+            .unwrap()
+            .join("expected")
+            .join(format!("{name}.inspect.txt"));
         if std::env::var_os("POLICYPORT_BLESS").is_some() {
             std::fs::write(&path, &got).unwrap();
         }
-        let want = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} missing: run with POLICYPORT_BLESS=1", path.display()));
-        assert_eq!(got, want, "inspect output changed; re-bless with POLICYPORT_BLESS=1 if intended");
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("{} missing: run with POLICYPORT_BLESS=1", path.display()));
+        assert_eq!(
+            got, want,
+            "inspect output changed; re-bless with POLICYPORT_BLESS=1 if intended"
+        );
     }
     // The benchmark model's cost, as inspect reports it: 2 * (64*256 + 256*256 + 256*5) MACs + biases + tanh.
     let art = read_artifact(&compile_fixture(&load_fixture("mlp64"))).unwrap();
     let plan = validate(&art, &Limits::default()).unwrap();
-    assert_eq!(inspect::flops_per_env(&art, &plan), 2 * (64 * 256 + 256 * 256 + 256 * 5) + 256 + 256 + 5 + 512);
+    assert_eq!(
+        inspect::flops_per_env(&art, &plan),
+        2 * (64 * 256 + 256 * 256 + 256 * 5) + 256 + 256 + 5 + 512
+    );
 }
 
 #[test]
@@ -83,7 +109,16 @@ fn a_backend_compiled_out_is_a_typed_error() {
     let bytes = compile_fixture(&load_fixture("cartpole"));
     match Policy::load_on(&bytes, Backend::Wgpu) {
         Ok(_) => assert!(Backend::compiled().contains(&Backend::Wgpu)),
-        Err(e) => assert!(matches!(e, PolicyError::NotCompiled { backend: "wgpu", .. }), "{e}"),
+        Err(e) => assert!(
+            matches!(
+                e,
+                PolicyError::NotCompiled {
+                    backend: "wgpu",
+                    ..
+                }
+            ),
+            "{e}"
+        ),
     }
 }
 
@@ -91,7 +126,16 @@ fn a_backend_compiled_out_is_a_typed_error() {
 fn info_describes_the_policy() {
     let p = Policy::load_on(&compile_fixture(&load_fixture("pendulum")), Backend::Flex).unwrap();
     let i = p.info();
-    assert_eq!((i.obs_len, i.action_len, i.dist_params_len, i.has_value, i.recurrent_states), (3, 1, 2, true, 0));
+    assert_eq!(
+        (
+            i.obs_len,
+            i.action_len,
+            i.dist_params_len,
+            i.has_value,
+            i.recurrent_states
+        ),
+        (3, 1, 2, true, 0)
+    );
     assert_eq!(i.format_version, (1, 0));
     assert!(i.parameters > 8000);
 }

@@ -15,7 +15,14 @@ fn cartpole_replays_the_pytorch_episodes() {
         for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
             let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
             let n = want.len() as u32;
-            let got = run_episodes::<CartPole>(&mut p, n, eval["env_seed"].as_u64().unwrap(), eval["policy_seed"].as_u64().unwrap(), sampled).unwrap();
+            let got = run_episodes::<CartPole>(
+                &mut p,
+                n,
+                eval["env_seed"].as_u64().unwrap(),
+                eval["policy_seed"].as_u64().unwrap(),
+                sampled,
+            )
+            .unwrap();
             assert_eq!(got.returns, want, "{key} on {}", b.name());
             assert!(got.mean_return() >= 475.0);
         }
@@ -33,12 +40,33 @@ fn pendulum_matches_the_pytorch_returns() {
         let mut p = Policy::load_on(&bytes, b).unwrap();
         for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
             let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
-            let got = run_episodes::<Pendulum>(&mut p, want.len() as u32, eval["env_seed"].as_u64().unwrap(), eval["policy_seed"].as_u64().unwrap(), sampled).unwrap();
+            let got = run_episodes::<Pendulum>(
+                &mut p,
+                want.len() as u32,
+                eval["env_seed"].as_u64().unwrap(),
+                eval["policy_seed"].as_u64().unwrap(),
+                sampled,
+            )
+            .unwrap();
             let want_mean = want.iter().sum::<f64>() / want.len() as f64;
             let rel = (got.mean_return() - want_mean).abs() / want_mean.abs();
-            assert!(rel < 0.02, "{key} on {}: {} vs {want_mean}", b.name(), got.mean_return());
-            let close = got.returns.iter().zip(&want).filter(|(a, b)| (*a - *b).abs() <= 1e-3 * b.abs().max(1.0)).count();
-            assert!(close * 10 >= want.len() * 9, "{key}: only {close}/{} episodes agree", want.len());
+            assert!(
+                rel < 0.02,
+                "{key} on {}: {} vs {want_mean}",
+                b.name(),
+                got.mean_return()
+            );
+            let close = got
+                .returns
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| (*a - *b).abs() <= 1e-3 * b.abs().max(1.0))
+                .count();
+            assert!(
+                close * 10 >= want.len() * 9,
+                "{key}: only {close}/{} episodes agree",
+                want.len()
+            );
         }
     }
 }

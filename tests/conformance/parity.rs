@@ -7,7 +7,11 @@ fn every_fixture_matches_pytorch_on_every_backend() {
     let mut table = vec![];
     for name in fixture_names() {
         let f = load_fixture(&name);
-        assert!(f.io.tolerance <= 1e-5, "{name}: tolerance {} looser than the suite's 1e-5", f.io.tolerance);
+        assert!(
+            f.io.tolerance <= 1e-5,
+            "{name}: tolerance {} looser than the suite's 1e-5",
+            f.io.tolerance
+        );
         let bytes = compile_fixture(&f);
         for backend in backends() {
             let mut p = Policy::load_on(&bytes, backend).unwrap();
@@ -32,25 +36,66 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
     let case = &f.io.cases[2];
     for backend in backends() {
         let mut p = Policy::load_on(&bytes, backend).unwrap();
-        let mode = ActMode::Sample { seed: case.seed, step: case.step };
+        let mode = ActMode::Sample {
+            seed: case.seed,
+            step: case.step,
+        };
         let mut all = ActOutputs::default();
-        p.act(Observations::F32(&case.obs), case.batch, mode, EnvIds::Range(0), None, &mut all).unwrap();
+        p.act(
+            Observations::F32(&case.obs),
+            case.batch,
+            mode,
+            EnvIds::Range(0),
+            None,
+            &mut all,
+        )
+        .unwrap();
         let mut one = ActOutputs::default();
         for r in 0..case.batch {
-            p.act(Observations::F32(&case.obs[r * 64..(r + 1) * 64]), 1, mode, EnvIds::Range(r as u32), None, &mut one).unwrap();
+            p.act(
+                Observations::F32(&case.obs[r * 64..(r + 1) * 64]),
+                1,
+                mode,
+                EnvIds::Range(r as u32),
+                None,
+                &mut one,
+            )
+            .unwrap();
             assert_eq!(one.discrete[0], all.discrete[r], "row {r}");
         }
         // Reverse the rows and their ids together: same action per env.
         let ids: Vec<u32> = (0..case.batch as u32).rev().collect();
-        let obs: Vec<f32> = ids.iter().flat_map(|&i| case.obs[i as usize * 64..(i as usize + 1) * 64].to_vec()).collect();
+        let obs: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| case.obs[i as usize * 64..(i as usize + 1) * 64].to_vec())
+            .collect();
         let mut rev = ActOutputs::default();
-        p.act(Observations::F32(&obs), case.batch, mode, EnvIds::List(&ids), None, &mut rev).unwrap();
+        p.act(
+            Observations::F32(&obs),
+            case.batch,
+            mode,
+            EnvIds::List(&ids),
+            None,
+            &mut rev,
+        )
+        .unwrap();
         for (r, &id) in ids.iter().enumerate() {
             assert_eq!(rev.discrete[r], all.discrete[id as usize]);
         }
         // A different step gives different draws somewhere in 64 envs.
         let mut other = ActOutputs::default();
-        p.act(Observations::F32(&case.obs), case.batch, ActMode::Sample { seed: case.seed, step: case.step + 1 }, EnvIds::Range(0), None, &mut other).unwrap();
+        p.act(
+            Observations::F32(&case.obs),
+            case.batch,
+            ActMode::Sample {
+                seed: case.seed,
+                step: case.step + 1,
+            },
+            EnvIds::Range(0),
+            None,
+            &mut other,
+        )
+        .unwrap();
         assert_ne!(other.discrete, all.discrete);
     }
 }
@@ -59,14 +104,46 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
 #[test]
 fn outputs_are_reused_without_reallocation() {
     let f = load_fixture("cartpole");
-    let mut p = Policy::load_on(&compile_fixture(&f), policyport::Backend::Flex).unwrap();
-    let obs = vec![0.01f32; 4 * 8];
-    let mut out = ActOutputs::default();
-    p.act(Observations::F32(&obs), 8, ActMode::Deterministic, EnvIds::Range(0), None, &mut out).unwrap();
-    let ptrs = (out.discrete.as_ptr(), out.value.as_ptr(), out.dist_params.as_ptr());
-    for step in 0..10 {
-        p.act(Observations::F32(&obs), 8, ActMode::Sample { seed: 1, step }, EnvIds::Range(0), None, &mut out).unwrap();
+    for backend in backends() {
+        let mut p = Policy::load_on(&compile_fixture(&f), backend).unwrap();
+        let obs = vec![0.01f32; 4 * 8];
+        let mut out = ActOutputs::default();
+        p.act(
+            Observations::F32(&obs),
+            8,
+            ActMode::Deterministic,
+            EnvIds::Range(0),
+            None,
+            &mut out,
+        )
+        .unwrap();
+        let ptrs = (
+            out.discrete.as_ptr(),
+            out.value.as_ptr(),
+            out.dist_params.as_ptr(),
+        );
+        for step in 0..10 {
+            p.act(
+                Observations::F32(&obs),
+                8,
+                ActMode::Sample { seed: 1, step },
+                EnvIds::Range(0),
+                None,
+                &mut out,
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            ptrs,
+            (
+                out.discrete.as_ptr(),
+                out.value.as_ptr(),
+                out.dist_params.as_ptr()
+            )
+        );
+        assert_eq!(
+            (out.discrete.len(), out.value.len(), out.dist_params.len()),
+            (8, 8, 16)
+        );
     }
-    assert_eq!(ptrs, (out.discrete.as_ptr(), out.value.as_ptr(), out.dist_params.as_ptr()));
-    assert_eq!((out.discrete.len(), out.value.len(), out.dist_params.len()), (8, 8, 16));
 }

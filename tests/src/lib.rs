@@ -42,13 +42,22 @@ pub fn load_fixture(name: &str) -> Fixture {
 
 /// Compile a fixture with its PyTorch float64 outputs as golden vectors.
 pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
-    compile_onnx(&f.onnx, &f.spec, &format!("{}/policy.onnx", f.name), Some(&f.io), Storage::F32)
-        .unwrap_or_else(|e| panic!("compiling {}: {e}", f.name))
+    compile_onnx(
+        &f.onnx,
+        &f.spec,
+        &format!("{}/policy.onnx", f.name),
+        Some(&f.io),
+        Storage::F32,
+    )
+    .unwrap_or_else(|e| panic!("compiling {}: {e}", f.name))
 }
 
 /// The backends this build runs. Every conformance test runs on each of them.
 pub fn backends() -> Vec<Backend> {
     let b = Backend::compiled();
-    assert!(b.contains(&Backend::Flex), "the flex backend must always be compiled for the suite");
+    assert!(
+        b.contains(&Backend::Cpu) && b.contains(&Backend::Flex),
+        "cpu and flex must always run the suite: {b:?}"
+    );
     b
 }

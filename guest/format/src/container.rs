@@ -46,7 +46,11 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "tensor data does not match its shape");
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "tensor data does not match its shape"
+        );
         Tensor { shape, data }
     }
 }
@@ -79,12 +83,22 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
     let have = bytes.len() as u64;
     if bytes.len() < 16 {
         if bytes.len() >= 8 && &bytes[..8] != MAGIC {
-            return Err(FormatError::BadMagic { found: bytes[..8].to_vec(), expected: MAGIC.to_vec() });
+            return Err(FormatError::BadMagic {
+                found: bytes[..8].to_vec(),
+                expected: MAGIC.to_vec(),
+            });
         }
-        return Err(FormatError::Truncated { what: "the header", needed: HEADER_LEN as u64, have });
+        return Err(FormatError::Truncated {
+            what: "the header",
+            needed: HEADER_LEN as u64,
+            have,
+        });
     }
     if &bytes[..8] != MAGIC {
-        return Err(FormatError::BadMagic { found: bytes[..8].to_vec(), expected: MAGIC.to_vec() });
+        return Err(FormatError::BadMagic {
+            found: bytes[..8].to_vec(),
+            expected: MAGIC.to_vec(),
+        });
     }
     let (major, minor) = (read_u16(bytes, 8), read_u16(bytes, 10));
     if major != FORMAT_MAJOR || minor > FORMAT_MINOR {
@@ -97,10 +111,16 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
     }
     let header_len = read_u32(bytes, 12) as u64;
     if header_len < HEADER_LEN as u64 {
-        return Err(FormatError::BadHeader(format!("header length {header_len} < {HEADER_LEN}")));
+        return Err(FormatError::BadHeader(format!(
+            "header length {header_len} < {HEADER_LEN}"
+        )));
     }
     if have < header_len {
-        return Err(FormatError::Truncated { what: "the header", needed: header_len, have });
+        return Err(FormatError::Truncated {
+            what: "the header",
+            needed: header_len,
+            have,
+        });
     }
     let manifest_len = read_u64(bytes, 16);
     let weights_len = read_u64(bytes, 24);
@@ -112,22 +132,36 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
         .checked_add(weights_len)
         .ok_or_else(|| FormatError::BadHeader("weights length overflows".into()))?;
     if have < end {
-        return Err(FormatError::Truncated { what: "the manifest and weights", needed: end, have });
+        return Err(FormatError::Truncated {
+            what: "the manifest and weights",
+            needed: end,
+            have,
+        });
     }
     if have > end {
-        return Err(FormatError::BadHeader(format!("{} trailing bytes after the weights", have - end)));
+        return Err(FormatError::BadHeader(format!(
+            "{} trailing bytes after the weights",
+            have - end
+        )));
     }
     let manifest_bytes = &bytes[header_len as usize..manifest_end as usize];
     let weights_bytes = &bytes[weights_start as usize..end as usize];
     if Sha256::digest(manifest_bytes).as_slice() != &bytes[32..64] {
-        return Err(FormatError::ChecksumMismatch { section: "manifest" });
+        return Err(FormatError::ChecksumMismatch {
+            section: "manifest",
+        });
     }
     if Sha256::digest(weights_bytes).as_slice() != &bytes[64..96] {
         return Err(FormatError::ChecksumMismatch { section: "weights" });
     }
-    let manifest: Manifest = serde_json::from_slice(manifest_bytes).map_err(|e| manifest_error(manifest_bytes, e))?;
+    let manifest: Manifest =
+        serde_json::from_slice(manifest_bytes).map_err(|e| manifest_error(manifest_bytes, e))?;
     let tensors = decode_weights(weights_bytes)?;
-    Ok(Artifact { manifest, tensors, version: (major, minor) })
+    Ok(Artifact {
+        manifest,
+        tensors,
+        version: (major, minor),
+    })
 }
 
 /// Name an unknown op precisely (which node, which module) instead of serde's generic "unknown variant".
@@ -155,7 +189,8 @@ fn manifest_error(bytes: &[u8], e: serde_json::Error) -> FormatError {
 /// Lay out a container around already-encoded sections (checksums computed here). The writer uses it; tests
 /// and fuzzers use it to build files whose container is valid but whose contents are hostile.
 pub fn assemble(manifest_bytes: &[u8], weights_bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + manifest_bytes.len() + ALIGN + weights_bytes.len());
+    let mut out =
+        Vec::with_capacity(HEADER_LEN + manifest_bytes.len() + ALIGN + weights_bytes.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
     out.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
@@ -187,7 +222,10 @@ fn decode_weights(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, FormatError>
         let shape = view.shape().to_vec();
         let raw = view.data();
         let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::F32 => raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
             Dtype::F16 => raw
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
@@ -196,10 +234,17 @@ fn decode_weights(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, FormatError>
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
                 .collect(),
-            other => return Err(FormatError::BadTensorDtype { name, dtype: format!("{other:?}") }),
+            other => {
+                return Err(FormatError::BadTensorDtype {
+                    name,
+                    dtype: format!("{other:?}"),
+                });
+            }
         };
         if data.len() != shape.iter().product::<usize>() {
-            return Err(FormatError::BadWeights(format!("tensor '{name}' data does not match shape {shape:?}")));
+            return Err(FormatError::BadWeights(format!(
+                "tensor '{name}' data does not match shape {shape:?}"
+            )));
         }
         out.insert(name, Tensor { shape, data });
     }
@@ -213,31 +258,51 @@ pub fn write_artifact(
     tensors: &BTreeMap<String, Tensor>,
     storage: &dyn Fn(&str) -> StorageDType,
 ) -> Result<Vec<u8>, FormatError> {
-    let artifact = Artifact { manifest: manifest.clone(), tensors: tensors.clone(), version: (FORMAT_MAJOR, FORMAT_MINOR) };
+    let artifact = Artifact {
+        manifest: manifest.clone(),
+        tensors: tensors.clone(),
+        version: (FORMAT_MAJOR, FORMAT_MINOR),
+    };
     // Validate against what a reader will see (after f16/bf16 rounding).
     let mut stored = artifact;
     for (name, t) in stored.tensors.iter_mut() {
         match storage(name) {
             StorageDType::F32 => {}
-            StorageDType::F16 => t.data.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
-            StorageDType::BF16 => t.data.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+            StorageDType::F16 => t
+                .data
+                .iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+            StorageDType::BF16 => t
+                .data
+                .iter_mut()
+                .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
         }
     }
     crate::validate::validate(&stored, &crate::validate::Limits::default())?;
 
-    let manifest_bytes = serde_json::to_vec(manifest).map_err(|e| FormatError::BadManifest(e.to_string()))?;
+    let manifest_bytes =
+        serde_json::to_vec(manifest).map_err(|e| FormatError::BadManifest(e.to_string()))?;
     let encoded: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(name, t)| {
             let (dtype, bytes) = match storage(name) {
-                StorageDType::F32 => (safetensors::Dtype::F32, t.data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+                StorageDType::F32 => (
+                    safetensors::Dtype::F32,
+                    t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
                 StorageDType::F16 => (
                     safetensors::Dtype::F16,
-                    t.data.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+                    t.data
+                        .iter()
+                        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                        .collect(),
                 ),
                 StorageDType::BF16 => (
                     safetensors::Dtype::BF16,
-                    t.data.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+                    t.data
+                        .iter()
+                        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                        .collect(),
                 ),
             };
             (name.clone(), dtype, t.shape.clone(), bytes)
@@ -251,7 +316,8 @@ pub fn write_artifact(
                 .map_err(|e| FormatError::BadWeights(e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let weights_bytes = safetensors::serialize(views, None).map_err(|e| FormatError::BadWeights(e.to_string()))?;
+    let weights_bytes =
+        safetensors::serialize(views, None).map_err(|e| FormatError::BadWeights(e.to_string()))?;
 
     Ok(assemble(&manifest_bytes, &weights_bytes))
 }

@@ -59,9 +59,14 @@ pub enum ObsDType {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ObservationSpace {
-    Box { shape: Vec<usize>, dtype: ObsDType },
+    Box {
+        shape: Vec<usize>,
+        dtype: ObsDType,
+    },
     /// One integer per env in `0..n`, given to the runtime as an f32 holding that integer; one-hot encoded.
-    Discrete { n: usize },
+    Discrete {
+        n: usize,
+    },
 }
 
 impl ObservationSpace {
@@ -77,10 +82,18 @@ impl ObservationSpace {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ActionSpace {
-    Discrete { n: usize },
-    MultiDiscrete { nvec: Vec<usize> },
+    Discrete {
+        n: usize,
+    },
+    MultiDiscrete {
+        nvec: Vec<usize>,
+    },
     /// Continuous actions with bounds (one per element; +-inf allowed, encoded as JSON null).
-    Box { shape: Vec<usize>, low: Vec<Bound>, high: Vec<Bound> },
+    Box {
+        shape: Vec<usize>,
+        low: Vec<Bound>,
+        high: Vec<Bound>,
+    },
 }
 
 /// A float bound that may be infinite (JSON has no infinity: `null` means unbounded on that side).
@@ -107,7 +120,11 @@ pub enum Preprocess {
     Scale { factor: f32 },
     /// `clamp((x - mean) / std, -clip, clip)`; `mean` and `std` are weight tensors of the observation's shape
     /// (SB3 VecNormalize stores var: std = sqrt(var + eps) is precomputed by the importer).
-    Normalize { mean: String, std: String, clip: Option<f32> },
+    Normalize {
+        mean: String,
+        std: String,
+        clip: Option<f32>,
+    },
     /// Discrete observation -> one-hot vector of length n.
     OneHot { n: usize },
 }
@@ -148,15 +165,24 @@ pub struct Node {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Op {
     /// `y = x W^T + b`, x of shape `[in]`, weight `[out, in]` (PyTorch's layout), bias `[out]`.
-    Dense { weight: String, bias: Option<String> },
+    Dense {
+        weight: String,
+        bias: Option<String>,
+    },
     Relu,
     Tanh,
     Sigmoid,
     Silu,
-    Elu { alpha: f32 },
-    LeakyRelu { alpha: f32 },
+    Elu {
+        alpha: f32,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
     /// `approximate`: the tanh form.
-    Gelu { approximate: bool },
+    Gelu {
+        approximate: bool,
+    },
     Softmax,
     LogSoftmax,
     /// Concatenation of all inputs along the last axis.
@@ -165,22 +191,33 @@ pub enum Op {
     Add,
     Mul,
     /// `y = x * scale + shift` with constant tensors broadcast over the last axis (either may be absent).
-    Affine { scale: Option<String>, shift: Option<String> },
+    Affine {
+        scale: Option<String>,
+        shift: Option<String>,
+    },
     /// `y = x[..., start .. start + len]` along the last axis.
-    Slice { start: usize, len: usize },
+    Slice {
+        start: usize,
+        len: usize,
+    },
     /// Collapse the feature shape to one axis.
     Flatten,
 }
 
 impl Op {
-    pub const KNOWN: &'static str =
-        "dense relu tanh sigmoid silu elu leaky_relu gelu softmax log_softmax concat add mul affine slice flatten";
+    pub const KNOWN: &'static str = "dense relu tanh sigmoid silu elu leaky_relu gelu softmax log_softmax concat add mul affine slice flatten";
 
     /// Names of the weight tensors the op reads.
     pub fn tensors(&self) -> Vec<&str> {
         match self {
-            Op::Dense { weight, bias } => std::iter::once(weight.as_str()).chain(bias.as_deref()).collect(),
-            Op::Affine { scale, shift } => scale.as_deref().into_iter().chain(shift.as_deref()).collect(),
+            Op::Dense { weight, bias } => std::iter::once(weight.as_str())
+                .chain(bias.as_deref())
+                .collect(),
+            Op::Affine { scale, shift } => scale
+                .as_deref()
+                .into_iter()
+                .chain(shift.as_deref())
+                .collect(),
             _ => vec![],
         }
     }
@@ -224,13 +261,14 @@ impl Distribution {
     /// The values the distribution reads, in the order their parameters are laid out in `dist_params` outputs.
     pub fn param_values(&self) -> Vec<&str> {
         match self {
-            Distribution::Categorical { logits } | Distribution::MultiCategorical { logits } => vec![logits],
-            Distribution::DiagGaussian { mean, log_std, .. } | Distribution::SquashedGaussian { mean, log_std, .. } => {
-                match log_std {
-                    LogStd::Value { value } => vec![mean, value],
-                    LogStd::Parameter { .. } => vec![mean],
-                }
+            Distribution::Categorical { logits } | Distribution::MultiCategorical { logits } => {
+                vec![logits]
             }
+            Distribution::DiagGaussian { mean, log_std, .. }
+            | Distribution::SquashedGaussian { mean, log_std, .. } => match log_std {
+                LogStd::Value { value } => vec![mean, value],
+                LogStd::Parameter { .. } => vec![mean],
+            },
         }
     }
 }

@@ -41,7 +41,13 @@ impl Stream {
     pub fn new(seed: u64, env: u32, step: u64) -> Self {
         let key = [seed as u32, (seed >> 32) as u32];
         let block = philox4x32_10([0, env, step as u32, (step >> 32) as u32], key);
-        Stream { key, env, step, block_index: 0, block }
+        Stream {
+            key,
+            env,
+            step,
+            block_index: 0,
+            block,
+        }
     }
 
     /// Word `i` of the stream (blocks are computed on demand and the last one is cached).
@@ -49,7 +55,10 @@ impl Stream {
     pub fn word(&mut self, i: u32) -> u32 {
         let b = i / 4;
         if b != self.block_index {
-            self.block = philox4x32_10([b, self.env, self.step as u32, (self.step >> 32) as u32], self.key);
+            self.block = philox4x32_10(
+                [b, self.env, self.step as u32, (self.step >> 32) as u32],
+                self.key,
+            );
             self.block_index = b;
         }
         self.block[(i % 4) as usize]
@@ -75,10 +84,19 @@ mod tests {
     /// Known-answer vectors from Random123's kat_vectors (philox4x32_10).
     #[test]
     fn random123_known_answers() {
-        assert_eq!(philox4x32_10([0; 4], [0; 2]), [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]);
-        assert_eq!(philox4x32_10([u32::MAX; 4], [u32::MAX; 2]), [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]);
         assert_eq!(
-            philox4x32_10([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0]),
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+        );
+        assert_eq!(
+            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+        );
+        assert_eq!(
+            philox4x32_10(
+                [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344],
+                [0xA4093822, 0x299F31D0]
+            ),
             [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
         );
     }

@@ -85,27 +85,61 @@ impl Sampler {
         };
         let (kind, log_std, range) = match &m.distribution {
             Distribution::Categorical { .. } => {
-                let ActionSpace::Discrete { n } = m.action else { unreachable!("validated") };
+                let ActionSpace::Discrete { n } = m.action else {
+                    unreachable!("validated")
+                };
                 (Kind::Categorical { n }, None, None)
             }
             Distribution::MultiCategorical { .. } => {
-                let ActionSpace::MultiDiscrete { nvec } = &m.action else { unreachable!("validated") };
+                let ActionSpace::MultiDiscrete { nvec } = &m.action else {
+                    unreachable!("validated")
+                };
                 (Kind::MultiCategorical { nvec: nvec.clone() }, None, None)
             }
-            Distribution::DiagGaussian { log_std, log_std_range, clip, .. } => {
-                (Kind::Gaussian { squashed: false, clip: *clip }, Some(log_std), *log_std_range)
-            }
-            Distribution::SquashedGaussian { log_std, log_std_range, .. } => {
-                (Kind::Gaussian { squashed: true, clip: false }, Some(log_std), *log_std_range)
-            }
+            Distribution::DiagGaussian {
+                log_std,
+                log_std_range,
+                clip,
+                ..
+            } => (
+                Kind::Gaussian {
+                    squashed: false,
+                    clip: *clip,
+                },
+                Some(log_std),
+                *log_std_range,
+            ),
+            Distribution::SquashedGaussian {
+                log_std,
+                log_std_range,
+                ..
+            } => (
+                Kind::Gaussian {
+                    squashed: true,
+                    clip: false,
+                },
+                Some(log_std),
+                *log_std_range,
+            ),
         };
         let log_std_param = match log_std {
-            Some(LogStd::Parameter { tensor }) => {
-                Some(art.tensors[tensor].data.iter().map(|v| clamp_range(*v, range)).collect())
-            }
+            Some(LogStd::Parameter { tensor }) => Some(
+                art.tensors[tensor]
+                    .data
+                    .iter()
+                    .map(|v| clamp_range(*v, range))
+                    .collect(),
+            ),
             _ => None,
         };
-        Sampler { kind, action_len, log_std_param, log_std_range: range, low, high }
+        Sampler {
+            kind,
+            action_len,
+            log_std_param,
+            log_std_range: range,
+            low,
+            high,
+        }
     }
 
     pub fn action_len(&self) -> usize {
@@ -133,14 +167,23 @@ impl Sampler {
             let k = self.action_len;
             match &self.log_std_param {
                 Some(p) => row[k..].copy_from_slice(p),
-                None => row[k..].iter_mut().for_each(|v| *v = clamp_range(*v, self.log_std_range)),
+                None => row[k..]
+                    .iter_mut()
+                    .for_each(|v| *v = clamp_range(*v, self.log_std_range)),
             }
         }
     }
 
     /// Choose the actions of one env row from its (finished) parameters. Discrete actions go to `discrete`,
     /// continuous ones to `continuous`; each slice has `action_len` elements (the other may be empty).
-    pub fn act_row(&self, params: &[f32], mode: ActMode, env: u32, discrete: &mut [i64], continuous: &mut [f32]) {
+    pub fn act_row(
+        &self,
+        params: &[f32],
+        mode: ActMode,
+        env: u32,
+        discrete: &mut [i64],
+        continuous: &mut [f32],
+    ) {
         let mut stream = match mode {
             ActMode::Sample { seed, step } => Some(Stream::new(seed, env, step)),
             ActMode::Deterministic => None,
@@ -219,7 +262,11 @@ mod tests {
         }
         for i in 0..3 {
             let freq = counts[i] as f64 / n as f64;
-            assert!((freq - e[i] / z).abs() < 0.005, "class {i}: {freq} vs {}", e[i] / z);
+            assert!(
+                (freq - e[i] / z).abs() < 0.005,
+                "class {i}: {freq} vs {}",
+                e[i] / z
+            );
         }
     }
 
@@ -235,7 +282,10 @@ mod tests {
         }
         let mean = sum / n as f64;
         let var = sq / n as f64 - mean * mean;
-        assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.01, "mean {mean} var {var}");
+        assert!(
+            mean.abs() < 0.01 && (var - 1.0).abs() < 0.01,
+            "mean {mean} var {var}"
+        );
     }
 
     #[test]

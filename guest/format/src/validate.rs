@@ -23,7 +23,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_tensor_elems: 1 << 28, max_value_elems: 1 << 24, max_nodes: 100_000, max_golden_batch: 1 << 16 }
+        Limits {
+            max_tensor_elems: 1 << 28,
+            max_value_elems: 1 << 24,
+            max_nodes: 100_000,
+            max_golden_batch: 1 << 16,
+        }
     }
 }
 
@@ -41,7 +46,9 @@ pub struct ValidatedPlan {
 }
 
 fn numel(shape: &[usize]) -> u64 {
-    shape.iter().fold(1u64, |acc, &d| acc.saturating_mul(d as u64))
+    shape
+        .iter()
+        .fold(1u64, |acc, &d| acc.saturating_mul(d as u64))
 }
 
 struct Checker<'a> {
@@ -54,7 +61,10 @@ impl Checker<'_> {
         self.art
             .tensors
             .get(name)
-            .ok_or_else(|| FormatError::MissingTensor { name: name.into(), user: user.into() })
+            .ok_or_else(|| FormatError::MissingTensor {
+                name: name.into(),
+                user: user.into(),
+            })
     }
 
     fn tensor_with_numel(&self, name: &str, user: &str, want: &[usize]) -> Result<(), FormatError> {
@@ -72,20 +82,38 @@ impl Checker<'_> {
 
     fn check_value_size(&self, what: &str, shape: &[usize]) -> Result<(), FormatError> {
         if shape.is_empty() || shape.contains(&0) {
-            return Err(FormatError::shape(what, format!("shape {shape:?} must have at least one axis, none empty")));
+            return Err(FormatError::shape(
+                what,
+                format!("shape {shape:?} must have at least one axis, none empty"),
+            ));
         }
         let n = numel(shape);
         if n > self.limits.max_value_elems {
-            return Err(FormatError::TooLarge { what: what.into(), found: n, limit: self.limits.max_value_elems });
+            return Err(FormatError::TooLarge {
+                what: what.into(),
+                found: n,
+                limit: self.limits.max_value_elems,
+            });
         }
         Ok(())
     }
 
-    fn node_shape(&self, module: &str, node: &Node, ins: &[&Vec<usize>]) -> Result<Vec<usize>, FormatError> {
-        let user = format!("node '{}' ({:?}) of module '{}'", node.name, node.op, module);
+    fn node_shape(
+        &self,
+        module: &str,
+        node: &Node,
+        ins: &[&Vec<usize>],
+    ) -> Result<Vec<usize>, FormatError> {
+        let user = format!(
+            "node '{}' ({:?}) of module '{}'",
+            node.name, node.op, module
+        );
         let arity = |n: usize| -> Result<(), FormatError> {
             if ins.len() != n {
-                return Err(FormatError::shape(&user, format!("expects {n} input(s), has {}", ins.len())));
+                return Err(FormatError::shape(
+                    &user,
+                    format!("expects {n} input(s), has {}", ins.len()),
+                ));
             }
             Ok(())
         };
@@ -94,7 +122,10 @@ impl Checker<'_> {
             Op::Dense { weight, bias } => {
                 arity(1)?;
                 if ins[0].len() != 1 {
-                    return Err(FormatError::shape(&user, format!("input must be flat, is {:?} (add a flatten)", ins[0])));
+                    return Err(FormatError::shape(
+                        &user,
+                        format!("input must be flat, is {:?} (add a flatten)", ins[0]),
+                    ));
                 }
                 let w = self.tensor(weight, &user)?;
                 if w.shape.len() != 2 || w.shape[1] != ins[0][0] || w.shape[0] == 0 {
@@ -126,12 +157,19 @@ impl Checker<'_> {
                         return Err(FormatError::invalid(user, "alpha must be finite"));
                     }
                 }
-                if node.op == Op::Flatten { vec![numel(ins[0]) as usize] } else { ins[0].clone() }
+                if node.op == Op::Flatten {
+                    vec![numel(ins[0]) as usize]
+                } else {
+                    ins[0].clone()
+                }
             }
             Op::Add | Op::Mul => {
                 arity(2)?;
                 if ins[0] != ins[1] {
-                    return Err(FormatError::shape(user, format!("input shapes differ: {:?} vs {:?}", ins[0], ins[1])));
+                    return Err(FormatError::shape(
+                        user,
+                        format!("input shapes differ: {:?} vs {:?}", ins[0], ins[1]),
+                    ));
                 }
                 ins[0].clone()
             }
@@ -143,7 +181,10 @@ impl Checker<'_> {
                 let mut total = 0usize;
                 for s in ins {
                     if s.len() != ins[0].len() || &s[..s.len() - 1] != head {
-                        return Err(FormatError::shape(&user, format!("inputs {ins:?} differ beyond the last axis")));
+                        return Err(FormatError::shape(
+                            &user,
+                            format!("inputs {ins:?} differ beyond the last axis"),
+                        ));
                     }
                     total = total.saturating_add(last(s));
                 }
@@ -169,7 +210,10 @@ impl Checker<'_> {
             Op::Slice { start, len } => {
                 arity(1)?;
                 if *len == 0 || start.checked_add(*len).is_none_or(|e| e > last(ins[0])) {
-                    return Err(FormatError::shape(user, format!("slice {start}+{len} outside last axis of {:?}", ins[0])));
+                    return Err(FormatError::shape(
+                        user,
+                        format!("slice {start}+{len} outside last axis of {:?}", ins[0]),
+                    ));
                 }
                 let mut out = ins[0].clone();
                 *out.last_mut().unwrap() = *len;
@@ -186,10 +230,17 @@ impl Checker<'_> {
         for (name, t) in &self.art.tensors {
             let n = numel(&t.shape);
             if n > self.limits.max_tensor_elems {
-                return Err(FormatError::TooLarge { what: format!("tensor '{name}'"), found: n, limit: self.limits.max_tensor_elems });
+                return Err(FormatError::TooLarge {
+                    what: format!("tensor '{name}'"),
+                    found: n,
+                    limit: self.limits.max_tensor_elems,
+                });
             }
             if let Some(index) = t.data.iter().position(|x| !x.is_finite()) {
-                return Err(FormatError::NonFiniteWeight { name: name.clone(), index });
+                return Err(FormatError::NonFiniteWeight {
+                    name: name.clone(),
+                    index,
+                });
             }
         }
 
@@ -201,7 +252,10 @@ impl Checker<'_> {
             }
             ObservationSpace::Discrete { n } => {
                 if *n == 0 || *n as u64 > self.limits.max_value_elems {
-                    return Err(FormatError::invalid("observation.n", format!("{n} is not a usable number of states")));
+                    return Err(FormatError::invalid(
+                        "observation.n",
+                        format!("{n} is not a usable number of states"),
+                    ));
                 }
                 vec![1]
             }
@@ -219,7 +273,10 @@ impl Checker<'_> {
                     self.tensor_with_numel(mean, &user, &cur)?;
                     self.tensor_with_numel(std, &user, &cur)?;
                     if self.art.tensors[std].data.iter().any(|s| *s <= 0.0) {
-                        return Err(FormatError::invalid(user, format!("std tensor '{std}' must be > 0")));
+                        return Err(FormatError::invalid(
+                            user,
+                            format!("std tensor '{std}' must be > 0"),
+                        ));
                     }
                     if clip.is_some_and(|c| c.is_nan() || c <= 0.0) {
                         return Err(FormatError::invalid(user, "clip must be > 0"));
@@ -230,12 +287,20 @@ impl Checker<'_> {
                         cur = vec![*n];
                         one_hot_done = true;
                     }
-                    _ => return Err(FormatError::invalid(user, "one_hot needs a Discrete observation space of the same n")),
+                    _ => {
+                        return Err(FormatError::invalid(
+                            user,
+                            "one_hot needs a Discrete observation space of the same n",
+                        ));
+                    }
                 },
             }
         }
         if matches!(m.observation, ObservationSpace::Discrete { .. }) && !one_hot_done {
-            return Err(FormatError::invalid("preprocess", "a Discrete observation space needs a one_hot step"));
+            return Err(FormatError::invalid(
+                "preprocess",
+                "a Discrete observation space needs a one_hot step",
+            ));
         }
         shapes.insert(OBS_VALUE.into(), cur.clone());
         let obs_shape = cur;
@@ -256,35 +321,52 @@ impl Checker<'_> {
         for module in &m.modules {
             total_nodes = total_nodes.saturating_add(module.nodes.len());
             if total_nodes > self.limits.max_nodes {
-                return Err(FormatError::TooLarge { what: "node count".into(), found: total_nodes as u64, limit: self.limits.max_nodes as u64 });
+                return Err(FormatError::TooLarge {
+                    what: "node count".into(),
+                    found: total_nodes as u64,
+                    limit: self.limits.max_nodes as u64,
+                });
             }
             let mut local: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
             for input in &module.inputs {
-                let s = visible.contains(input.as_str()).then(|| shapes.get(input)).flatten().ok_or_else(|| FormatError::UndefinedValue {
-                    name: input.clone(),
-                    user: format!("module '{}'", module.name),
-                })?;
+                let s = visible
+                    .contains(input.as_str())
+                    .then(|| shapes.get(input))
+                    .flatten()
+                    .ok_or_else(|| FormatError::UndefinedValue {
+                        name: input.clone(),
+                        user: format!("module '{}'", module.name),
+                    })?;
                 local.insert(input, s.clone());
             }
             for node in &module.nodes {
                 let mut ins = Vec::with_capacity(node.inputs.len());
                 for i in &node.inputs {
-                    ins.push(local.get(i.as_str()).ok_or_else(|| FormatError::UndefinedValue {
-                        name: i.clone(),
-                        user: format!("node '{}' of module '{}'", node.name, module.name),
-                    })?);
+                    ins.push(
+                        local
+                            .get(i.as_str())
+                            .ok_or_else(|| FormatError::UndefinedValue {
+                                name: i.clone(),
+                                user: format!("node '{}' of module '{}'", node.name, module.name),
+                            })?,
+                    );
                 }
                 let out = self.node_shape(&module.name, node, &ins)?;
                 self.check_value_size(&format!("output of node '{}'", node.name), &out)?;
                 if local.contains_key(node.output.as_str()) || shapes.contains_key(&node.output) {
-                    return Err(FormatError::DuplicateValue { name: node.output.clone() });
+                    return Err(FormatError::DuplicateValue {
+                        name: node.output.clone(),
+                    });
                 }
                 shapes.insert(node.output.clone(), out.clone());
                 local.insert(&node.output, out);
             }
             for o in &module.outputs {
                 if !local.contains_key(o.as_str()) {
-                    return Err(FormatError::UndefinedValue { name: o.clone(), user: format!("outputs of module '{}'", module.name) });
+                    return Err(FormatError::UndefinedValue {
+                        name: o.clone(),
+                        user: format!("outputs of module '{}'", module.name),
+                    });
                 }
                 visible.insert(o.clone());
             }
@@ -295,25 +377,39 @@ impl Checker<'_> {
                 .contains(name)
                 .then(|| shapes.get(name).cloned())
                 .flatten()
-                .ok_or_else(|| FormatError::UndefinedValue { name: name.into(), user: user.into() })
+                .ok_or_else(|| FormatError::UndefinedValue {
+                    name: name.into(),
+                    user: user.into(),
+                })
         };
 
         // Distribution against the action space.
         let action_len = m.action.action_len();
         match &m.action {
-            ActionSpace::Discrete { n } if *n == 0 => return Err(FormatError::invalid("action.n", "must be >= 1")),
+            ActionSpace::Discrete { n } if *n == 0 => {
+                return Err(FormatError::invalid("action.n", "must be >= 1"));
+            }
             ActionSpace::MultiDiscrete { nvec } if nvec.is_empty() || nvec.contains(&0) => {
-                return Err(FormatError::invalid("action.nvec", "needs >= 1 component, each >= 1"));
+                return Err(FormatError::invalid(
+                    "action.nvec",
+                    "needs >= 1 component, each >= 1",
+                ));
             }
             ActionSpace::Box { shape, low, high } => {
                 self.check_value_size("action space", shape)?;
                 if low.len() != action_len || high.len() != action_len {
-                    return Err(FormatError::invalid("action bounds", format!("need {action_len} low and high values")));
+                    return Err(FormatError::invalid(
+                        "action bounds",
+                        format!("need {action_len} low and high values"),
+                    ));
                 }
                 for (l, h) in low.iter().zip(high) {
                     if let (Some(l), Some(h)) = (l, h) {
                         if l.is_nan() || h.is_nan() || l > h {
-                            return Err(FormatError::invalid("action bounds", format!("low {l} > high {h}")));
+                            return Err(FormatError::invalid(
+                                "action bounds",
+                                format!("low {l} > high {h}"),
+                            ));
                         }
                     }
                 }
@@ -326,7 +422,10 @@ impl Checker<'_> {
             (Distribution::Categorical { logits }, ActionSpace::Discrete { n }) => {
                 let s = value_shape(logits, dist_user)?;
                 if s != vec![*n] {
-                    return Err(FormatError::shape(dist_user, format!("logits '{logits}' are {s:?}, action space needs [{n}]")));
+                    return Err(FormatError::shape(
+                        dist_user,
+                        format!("logits '{logits}' are {s:?}, action space needs [{n}]"),
+                    ));
                 }
                 dist_params_len = *n;
             }
@@ -334,44 +433,77 @@ impl Checker<'_> {
                 let s = value_shape(logits, dist_user)?;
                 let total: usize = nvec.iter().sum();
                 if s != vec![total] {
-                    return Err(FormatError::shape(dist_user, format!("logits '{logits}' are {s:?}, nvec needs [{total}]")));
+                    return Err(FormatError::shape(
+                        dist_user,
+                        format!("logits '{logits}' are {s:?}, nvec needs [{total}]"),
+                    ));
                 }
                 dist_params_len = total;
             }
             (
-                Distribution::DiagGaussian { mean, log_std, log_std_range, .. }
-                | Distribution::SquashedGaussian { mean, log_std, log_std_range },
+                Distribution::DiagGaussian {
+                    mean,
+                    log_std,
+                    log_std_range,
+                    ..
+                }
+                | Distribution::SquashedGaussian {
+                    mean,
+                    log_std,
+                    log_std_range,
+                },
                 ActionSpace::Box { shape, low, high },
             ) => {
                 let s = value_shape(mean, dist_user)?;
                 if numel(&s) != numel(shape) {
-                    return Err(FormatError::shape(dist_user, format!("mean '{mean}' is {s:?}, action space is {shape:?}")));
+                    return Err(FormatError::shape(
+                        dist_user,
+                        format!("mean '{mean}' is {s:?}, action space is {shape:?}"),
+                    ));
                 }
                 match log_std {
-                    LogStd::Parameter { tensor } => self.tensor_with_numel(tensor, dist_user, shape)?,
+                    LogStd::Parameter { tensor } => {
+                        self.tensor_with_numel(tensor, dist_user, shape)?
+                    }
                     LogStd::Value { value } => {
                         let ls = value_shape(value, dist_user)?;
                         if numel(&ls) != numel(shape) {
-                            return Err(FormatError::shape(dist_user, format!("log_std '{value}' is {ls:?}, action space is {shape:?}")));
+                            return Err(FormatError::shape(
+                                dist_user,
+                                format!("log_std '{value}' is {ls:?}, action space is {shape:?}"),
+                            ));
                         }
                     }
                 }
                 if let Some((lo, hi)) = log_std_range {
                     if lo.is_nan() || hi.is_nan() || lo > hi {
-                        return Err(FormatError::invalid("log_std_range", format!("({lo}, {hi})")));
+                        return Err(FormatError::invalid(
+                            "log_std_range",
+                            format!("({lo}, {hi})"),
+                        ));
                     }
                 }
                 if matches!(m.distribution, Distribution::SquashedGaussian { .. })
-                    && low.iter().chain(high).any(|b| b.is_none_or(|v| !v.is_finite()))
+                    && low
+                        .iter()
+                        .chain(high)
+                        .any(|b| b.is_none_or(|v| !v.is_finite()))
                 {
-                    return Err(FormatError::invalid("action bounds", "a squashed Gaussian needs finite bounds"));
+                    return Err(FormatError::invalid(
+                        "action bounds",
+                        "a squashed Gaussian needs finite bounds",
+                    ));
                 }
                 dist_params_len = 2 * action_len; // mean, then log-std (after clamping), per row
             }
             (d, a) => {
                 return Err(FormatError::invalid(
                     "distribution",
-                    format!("{} does not fit the action space {}", variant_name(d), action_name(a)),
+                    format!(
+                        "{} does not fit the action space {}",
+                        variant_name(d),
+                        action_name(a)
+                    ),
                 ));
             }
         }
@@ -379,14 +511,20 @@ impl Checker<'_> {
         if let Some(v) = &m.value {
             let s = value_shape(v, "the value estimate")?;
             if numel(&s) != 1 {
-                return Err(FormatError::shape("the value estimate", format!("'{v}' is {s:?}, must hold 1 number")));
+                return Err(FormatError::shape(
+                    "the value estimate",
+                    format!("'{v}' is {s:?}, must hold 1 number"),
+                ));
             }
         }
         if let Some(rec) = &m.recurrent {
             for s in &rec.states {
                 let next = value_shape(&s.next, &format!("recurrent state '{}'", s.name))?;
                 if next != s.shape {
-                    return Err(FormatError::shape(format!("recurrent state '{}'", s.name), format!("next '{}' is {next:?}, state is {:?}", s.next, s.shape)));
+                    return Err(FormatError::shape(
+                        format!("recurrent state '{}'", s.name),
+                        format!("next '{}' is {next:?}, state is {:?}", s.next, s.shape),
+                    ));
                 }
             }
         }
@@ -396,20 +534,45 @@ impl Checker<'_> {
         for g in &m.golden {
             let user = format!("golden case '{}'", g.name);
             if g.batch == 0 || g.batch > self.limits.max_golden_batch {
-                return Err(FormatError::invalid(user, format!("batch {} out of range", g.batch)));
+                return Err(FormatError::invalid(
+                    user,
+                    format!("batch {} out of range", g.batch),
+                ));
             }
             if g.obs.len() != g.batch * raw_len {
-                return Err(FormatError::invalid(user, format!("{} obs numbers, need {}", g.obs.len(), g.batch * raw_len)));
+                return Err(FormatError::invalid(
+                    user,
+                    format!("{} obs numbers, need {}", g.obs.len(), g.batch * raw_len),
+                ));
             }
             for (name, vals) in &g.values {
-                let s = shapes.get(name).cloned().ok_or_else(|| FormatError::UndefinedValue { name: name.clone(), user: user.clone() })?;
+                let s = shapes
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| FormatError::UndefinedValue {
+                        name: name.clone(),
+                        user: user.clone(),
+                    })?;
                 if vals.len() as u64 != numel(&s) * g.batch as u64 {
-                    return Err(FormatError::invalid(user, format!("value '{name}' has {} numbers", vals.len())));
+                    return Err(FormatError::invalid(
+                        user,
+                        format!("value '{name}' has {} numbers", vals.len()),
+                    ));
                 }
             }
-            for (what, acts) in [("sampled", &g.sampled_actions), ("deterministic", &g.deterministic_actions)] {
+            for (what, acts) in [
+                ("sampled", &g.sampled_actions),
+                ("deterministic", &g.deterministic_actions),
+            ] {
                 if !acts.is_empty() && acts.len() != g.batch * action_len {
-                    return Err(FormatError::invalid(user, format!("{what} actions: {} numbers, need {}", acts.len(), g.batch * action_len)));
+                    return Err(FormatError::invalid(
+                        user,
+                        format!(
+                            "{what} actions: {} numbers, need {}",
+                            acts.len(),
+                            g.batch * action_len
+                        ),
+                    ));
                 }
             }
             if !(g.tolerance >= 0.0) {
@@ -417,7 +580,12 @@ impl Checker<'_> {
             }
         }
 
-        Ok(ValidatedPlan { shapes, obs_shape, action_len, dist_params_len })
+        Ok(ValidatedPlan {
+            shapes,
+            obs_shape,
+            action_len,
+            dist_params_len,
+        })
     }
 }
 

@@ -16,7 +16,12 @@ pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};
 #[derive(Debug, Error)]
 pub enum ImportError {
     #[error("unsupported op {op} at node '{node}': {detail}. Fix: {hint}")]
-    UnsupportedOp { op: String, node: String, detail: String, hint: String },
+    UnsupportedOp {
+        op: String,
+        node: String,
+        detail: String,
+        hint: String,
+    },
     #[error("unsupported model: {what}. Fix: {hint}")]
     Unsupported { what: String, hint: String },
     #[error("malformed model: {0}")]
@@ -51,7 +56,10 @@ pub struct FixtureCase {
 
 /// Map fixture cases (keys `logits`, `mean`, `log_std`, `value`, `sampled_actions`, `deterministic_actions`)
 /// onto the manifest's value names.
-pub fn golden_from_fixture(manifest: &Manifest, io: &FixtureIo) -> Result<Vec<GoldenCase>, ImportError> {
+pub fn golden_from_fixture(
+    manifest: &Manifest,
+    io: &FixtureIo,
+) -> Result<Vec<GoldenCase>, ImportError> {
     let mut out = vec![];
     for c in &io.cases {
         let mut values = BTreeMap::new();
@@ -59,9 +67,13 @@ pub fn golden_from_fixture(manifest: &Manifest, io: &FixtureIo) -> Result<Vec<Go
         let missing = |k: &str| ImportError::Golden(format!("case '{}' lacks '{k}'", c.name));
         match &manifest.distribution {
             Distribution::Categorical { logits } | Distribution::MultiCategorical { logits } => {
-                values.insert(logits.clone(), take("logits").ok_or_else(|| missing("logits"))?);
+                values.insert(
+                    logits.clone(),
+                    take("logits").ok_or_else(|| missing("logits"))?,
+                );
             }
-            Distribution::DiagGaussian { mean, log_std, .. } | Distribution::SquashedGaussian { mean, log_std, .. } => {
+            Distribution::DiagGaussian { mean, log_std, .. }
+            | Distribution::SquashedGaussian { mean, log_std, .. } => {
                 values.insert(mean.clone(), take("mean").ok_or_else(|| missing("mean"))?);
                 if let (LogStd::Value { value }, Some(v)) = (log_std, take("log_std")) {
                     values.insert(value.clone(), v);
@@ -81,7 +93,8 @@ pub fn golden_from_fixture(manifest: &Manifest, io: &FixtureIo) -> Result<Vec<Go
             tolerance: io.tolerance,
             values,
             sampled_actions: take("sampled_actions").ok_or_else(|| missing("sampled_actions"))?,
-            deterministic_actions: take("deterministic_actions").ok_or_else(|| missing("deterministic_actions"))?,
+            deterministic_actions: take("deterministic_actions")
+                .ok_or_else(|| missing("deterministic_actions"))?,
         });
     }
     Ok(out)

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, Distribution, LogStd, Manifest, Module, ModuleRole, Node, OBS_VALUE, ObsDType, ObservationSpace, Op,
-    Preprocess, Producer, STATE_PREFIX,
+    ActionSpace, Distribution, LogStd, Manifest, Module, ModuleRole, Node, OBS_VALUE, ObsDType,
+    ObservationSpace, Op, Preprocess, Producer, STATE_PREFIX,
 };
 use prost::Message;
 
@@ -44,26 +44,41 @@ fn tensor_to_const(t: &pb::TensorProto) -> Result<Const, ImportError> {
     let dims: Vec<usize> = t
         .dims
         .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| ImportError::Malformed(format!("tensor '{}' has dim {d}", t.name))))
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| ImportError::Malformed(format!("tensor '{}' has dim {d}", t.name)))
+        })
         .collect::<Result<_, _>>()?;
     let n: usize = dims.iter().product();
     let raw = &t.raw_data;
     let data: Vec<f64> = match t.data_type {
-        data_type::FLOAT if !raw.is_empty() => {
-            raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
-        }
+        data_type::FLOAT if !raw.is_empty() => raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
         data_type::FLOAT => t.float_data.iter().map(|v| *v as f64).collect(),
-        data_type::DOUBLE if !raw.is_empty() => raw.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+        data_type::DOUBLE if !raw.is_empty() => raw
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
         data_type::DOUBLE => t.double_data.clone(),
-        data_type::FLOAT16 if !raw.is_empty() => {
-            raw.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect()
-        }
-        data_type::BFLOAT16 if !raw.is_empty() => {
-            raw.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect()
-        }
-        data_type::INT64 if !raw.is_empty() => raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        data_type::FLOAT16 if !raw.is_empty() => raw
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        data_type::BFLOAT16 if !raw.is_empty() => raw
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        data_type::INT64 if !raw.is_empty() => raw
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
         data_type::INT64 => t.int64_data.iter().map(|v| *v as f64).collect(),
-        data_type::INT32 if !raw.is_empty() => raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        data_type::INT32 if !raw.is_empty() => raw
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
         data_type::INT32 => t.int32_data.iter().map(|v| *v as f64).collect(),
         other => {
             return Err(ImportError::Unsupported {
@@ -73,7 +88,12 @@ fn tensor_to_const(t: &pb::TensorProto) -> Result<Const, ImportError> {
         }
     };
     if data.len() != n {
-        return Err(ImportError::Malformed(format!("tensor '{}': {} values for dims {:?}", t.name, data.len(), dims)));
+        return Err(ImportError::Malformed(format!(
+            "tensor '{}': {} values for dims {:?}",
+            t.name,
+            data.len(),
+            dims
+        )));
     }
     Ok(Const { dims, data })
 }
@@ -94,11 +114,21 @@ fn attr<'n>(node: &'n pb::NodeProto, name: &str) -> Option<&'n pb::AttributeProt
 }
 
 fn node_label(node: &pb::NodeProto, index: usize) -> String {
-    if node.name.is_empty() { format!("#{index} ({})", node.op_type) } else { node.name.clone() }
+    if node.name.is_empty() {
+        format!("#{index} ({})", node.op_type)
+    } else {
+        node.name.clone()
+    }
 }
 
 impl Importer<'_> {
-    fn unsupported(&self, node: &pb::NodeProto, idx: usize, detail: &str, hint: &str) -> ImportError {
+    fn unsupported(
+        &self,
+        node: &pb::NodeProto,
+        idx: usize,
+        detail: &str,
+        hint: &str,
+    ) -> ImportError {
         ImportError::UnsupportedOp {
             op: node.op_type.clone(),
             node: node_label(node, idx),
@@ -109,7 +139,10 @@ impl Importer<'_> {
 
     fn get(&self, name: &str, node: &pb::NodeProto, idx: usize) -> Result<Val, ImportError> {
         self.vals.get(name).cloned().ok_or_else(|| {
-            ImportError::Malformed(format!("node {} reads '{name}', which nothing defines before it", node_label(node, idx)))
+            ImportError::Malformed(format!(
+                "node {} reads '{name}', which nothing defines before it",
+                node_label(node, idx)
+            ))
         })
     }
 
@@ -126,14 +159,24 @@ impl Importer<'_> {
 
     /// IR name of an ONNX value: the same, unless it would shadow a reserved name (`obs`, `state/..`).
     fn ir_name(onnx: &str) -> String {
-        if onnx == OBS_VALUE || onnx.starts_with(STATE_PREFIX) { format!("onnx:{onnx}") } else { onnx.to_string() }
+        if onnx == OBS_VALUE || onnx.starts_with(STATE_PREFIX) {
+            format!("onnx:{onnx}")
+        } else {
+            onnx.to_string()
+        }
     }
 
     fn emit(&mut self, name: &str, op: Op, inputs: Vec<String>, output: &str, shape: Vec<usize>) {
         let ir = Self::ir_name(output);
         self.producer.insert(ir.clone(), self.nodes.len());
-        self.nodes.push(Node { name: name.to_string(), op, inputs, output: ir.clone() });
-        self.vals.insert(output.to_string(), Val::Runtime { name: ir, shape });
+        self.nodes.push(Node {
+            name: name.to_string(),
+            op,
+            inputs,
+            output: ir.clone(),
+        });
+        self.vals
+            .insert(output.to_string(), Val::Runtime { name: ir, shape });
     }
 
     /// Resolve an ONNX axis on a batch-leading tensor of rank 1 + feature rank to a feature axis.
@@ -147,7 +190,12 @@ impl Importer<'_> {
         let label = node_label(node, idx);
         let out = node.output.first().cloned().unwrap_or_default();
         if !node.domain.is_empty() && node.domain != "ai.onnx" {
-            return Err(self.unsupported(node, idx, &format!("custom domain '{}'", node.domain), "export with standard ONNX ops (inline functions, no custom ops)"));
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("custom domain '{}'", node.domain),
+                "export with standard ONNX ops (inline functions, no custom ops)",
+            ));
         }
         let ins: Vec<Val> = node
             .input
@@ -168,11 +216,38 @@ impl Importer<'_> {
                     .and_then(|a| a.t.as_ref())
                     .map(tensor_to_const)
                     .transpose()?
-                    .or_else(|| attr(node, "value_float").map(|a| Const { dims: vec![], data: vec![a.f as f64] }))
-                    .or_else(|| attr(node, "value_floats").map(|a| Const { dims: vec![a.floats.len()], data: a.floats.iter().map(|v| *v as f64).collect() }))
-                    .or_else(|| attr(node, "value_int").map(|a| Const { dims: vec![], data: vec![a.i as f64] }))
-                    .or_else(|| attr(node, "value_ints").map(|a| Const { dims: vec![a.ints.len()], data: a.ints.iter().map(|v| *v as f64).collect() }))
-                    .ok_or_else(|| self.unsupported(node, idx, "no supported value attribute", "use a tensor, float(s) or int(s) constant"))?;
+                    .or_else(|| {
+                        attr(node, "value_float").map(|a| Const {
+                            dims: vec![],
+                            data: vec![a.f as f64],
+                        })
+                    })
+                    .or_else(|| {
+                        attr(node, "value_floats").map(|a| Const {
+                            dims: vec![a.floats.len()],
+                            data: a.floats.iter().map(|v| *v as f64).collect(),
+                        })
+                    })
+                    .or_else(|| {
+                        attr(node, "value_int").map(|a| Const {
+                            dims: vec![],
+                            data: vec![a.i as f64],
+                        })
+                    })
+                    .or_else(|| {
+                        attr(node, "value_ints").map(|a| Const {
+                            dims: vec![a.ints.len()],
+                            data: a.ints.iter().map(|v| *v as f64).collect(),
+                        })
+                    })
+                    .ok_or_else(|| {
+                        self.unsupported(
+                            node,
+                            idx,
+                            "no supported value attribute",
+                            "use a tensor, float(s) or int(s) constant",
+                        )
+                    })?;
                 self.vals.insert(out, Val::Const(t));
             }
             "Identity" | "Dropout" => {
@@ -180,30 +255,69 @@ impl Importer<'_> {
             }
             "Gemm" | "MatMul" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(node, idx, "first input is constant", "constant-fold the graph before export"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "first input is constant",
+                        "constant-fold the graph before export",
+                    ));
                 };
                 let Val::Const(w) = &ins[1] else {
-                    return Err(self.unsupported(node, idx, "weight input is computed at run time", "only constant weights are supported"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "weight input is computed at run time",
+                        "only constant weights are supported",
+                    ));
                 };
                 if xs.len() != 1 || w.dims.len() != 2 {
-                    return Err(self.unsupported(node, idx, &format!("input {xs:?} x weight {:?}", w.dims), "flatten the input first; weights must be 2-D"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        &format!("input {xs:?} x weight {:?}", w.dims),
+                        "flatten the input first; weights must be 2-D",
+                    ));
                 }
                 let geti = |n: &str, d: i64| attr(node, n).map(|a| a.i).unwrap_or(d);
                 let getf = |n: &str| attr(node, n).map(|a| a.f as f64).unwrap_or(1.0);
-                let (trans_a, trans_b) = if op == "Gemm" { (geti("transA", 0), geti("transB", 0)) } else { (0, 0) };
+                let (trans_a, trans_b) = if op == "Gemm" {
+                    (geti("transA", 0), geti("transB", 0))
+                } else {
+                    (0, 0)
+                };
                 if trans_a != 0 {
-                    return Err(self.unsupported(node, idx, "transA=1", "export without transposing the activations"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "transA=1",
+                        "export without transposing the activations",
+                    ));
                 }
-                let (alpha, beta) = if op == "Gemm" { (getf("alpha"), getf("beta")) } else { (1.0, 1.0) };
+                let (alpha, beta) = if op == "Gemm" {
+                    (getf("alpha"), getf("beta"))
+                } else {
+                    (1.0, 1.0)
+                };
                 // PyTorch layout [out, in].
-                let (o, i) = if trans_b != 0 { (w.dims[0], w.dims[1]) } else { (w.dims[1], w.dims[0]) };
+                let (o, i) = if trans_b != 0 {
+                    (w.dims[0], w.dims[1])
+                } else {
+                    (w.dims[1], w.dims[0])
+                };
                 if i != xs[0] {
-                    return Err(ImportError::Malformed(format!("node {label}: input has {} features, weight expects {i}", xs[0])));
+                    return Err(ImportError::Malformed(format!(
+                        "node {label}: input has {} features, weight expects {i}",
+                        xs[0]
+                    )));
                 }
                 let mut wd = vec![0.0f32; o * i];
                 for r in 0..o {
                     for c in 0..i {
-                        let v = if trans_b != 0 { w.data[r * i + c] } else { w.data[c * o + r] };
+                        let v = if trans_b != 0 {
+                            w.data[r * i + c]
+                        } else {
+                            w.data[c * o + r]
+                        };
                         wd[r * i + c] = (alpha * v) as f32;
                     }
                 }
@@ -211,63 +325,132 @@ impl Importer<'_> {
                 let bias = match ins.get(2) {
                     Some(Val::Const(c)) => {
                         if c.numel() != o && c.numel() != 1 {
-                            return Err(self.unsupported(node, idx, &format!("bias of {} values for {o} outputs", c.numel()), "use a per-output bias"));
+                            return Err(self.unsupported(
+                                node,
+                                idx,
+                                &format!("bias of {} values for {o} outputs", c.numel()),
+                                "use a per-output bias",
+                            ));
                         }
-                        let b: Vec<f32> = (0..o).map(|k| (beta * c.data[if c.numel() == 1 { 0 } else { k }]) as f32).collect();
+                        let b: Vec<f32> = (0..o)
+                            .map(|k| (beta * c.data[if c.numel() == 1 { 0 } else { k }]) as f32)
+                            .collect();
                         Some(self.add_tensor(&format!("{}.bias", node.input[2]), vec![o], b))
                     }
                     Some(Val::Runtime { .. }) => {
-                        return Err(self.unsupported(node, idx, "bias computed at run time", "only constant biases are supported"));
+                        return Err(self.unsupported(
+                            node,
+                            idx,
+                            "bias computed at run time",
+                            "only constant biases are supported",
+                        ));
                     }
                     None => None,
                 };
-                self.emit(&label, Op::Dense { weight: wname, bias }, vec![x], &out, vec![o]);
+                self.emit(
+                    &label,
+                    Op::Dense {
+                        weight: wname,
+                        bias,
+                    },
+                    vec![x],
+                    &out,
+                    vec![o],
+                );
             }
             "Add" | "Sub" | "Mul" | "Div" => self.binary(node, idx, &ins, &out)?,
-            "Relu" | "Tanh" | "Sigmoid" | "Elu" | "LeakyRelu" | "Gelu" | "Softmax" | "LogSoftmax" | "Flatten" => {
+            "Relu" | "Tanh" | "Sigmoid" | "Elu" | "LeakyRelu" | "Gelu" | "Softmax"
+            | "LogSoftmax" | "Flatten" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(node, idx, "constant input", "constant-fold the graph before export"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "constant input",
+                        "constant-fold the graph before export",
+                    ));
                 };
                 let ir = match op {
                     "Relu" => Op::Relu,
                     "Tanh" => Op::Tanh,
                     "Sigmoid" => Op::Sigmoid,
-                    "Elu" => Op::Elu { alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(1.0) },
-                    "LeakyRelu" => Op::LeakyRelu { alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(0.01) },
+                    "Elu" => Op::Elu {
+                        alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(1.0),
+                    },
+                    "LeakyRelu" => Op::LeakyRelu {
+                        alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(0.01),
+                    },
                     "Gelu" => {
-                        let approx = attr(node, "approximate").map(|a| a.s.as_slice()).unwrap_or(b"none");
-                        Op::Gelu { approximate: approx == b"tanh" }
+                        let approx = attr(node, "approximate")
+                            .map(|a| a.s.as_slice())
+                            .unwrap_or(b"none");
+                        Op::Gelu {
+                            approximate: approx == b"tanh",
+                        }
                     }
                     "Softmax" | "LogSoftmax" => {
                         let axis = attr(node, "axis").map(|a| a.i).unwrap_or(-1);
                         if Self::feature_axis(axis, xs.len()) != Some(xs.len() - 1) {
-                            return Err(self.unsupported(node, idx, &format!("axis {axis}"), "softmax over the last axis only"));
+                            return Err(self.unsupported(
+                                node,
+                                idx,
+                                &format!("axis {axis}"),
+                                "softmax over the last axis only",
+                            ));
                         }
-                        if op == "Softmax" { Op::Softmax } else { Op::LogSoftmax }
+                        if op == "Softmax" {
+                            Op::Softmax
+                        } else {
+                            Op::LogSoftmax
+                        }
                     }
                     _ => {
                         if attr(node, "axis").map(|a| a.i).unwrap_or(1) != 1 {
-                            return Err(self.unsupported(node, idx, "axis != 1", "flatten everything but the batch axis"));
+                            return Err(self.unsupported(
+                                node,
+                                idx,
+                                "axis != 1",
+                                "flatten everything but the batch axis",
+                            ));
                         }
                         Op::Flatten
                     }
                 };
-                let shape = if ir == Op::Flatten { vec![xs.iter().product()] } else { xs };
+                let shape = if ir == Op::Flatten {
+                    vec![xs.iter().product()]
+                } else {
+                    xs
+                };
                 self.emit(&label, ir, vec![x], &out, shape);
             }
             "Reshape" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(node, idx, "constant input", "constant-fold the graph"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "constant input",
+                        "constant-fold the graph",
+                    ));
                 };
                 let Some(Val::Const(target)) = ins.get(1) else {
-                    return Err(self.unsupported(node, idx, "shape computed at run time", "use a static target shape"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "shape computed at run time",
+                        "use a static target shape",
+                    ));
                 };
                 let n: usize = xs.iter().product();
                 let t: Vec<i64> = target.data.iter().map(|v| *v as i64).collect();
-                let flat = t.len() == 2 && (t[0] == -1 || t[0] == 0) && (t[1] == n as i64 || t[1] == -1)
-                    || t.len() == 2 && t[1] == n as i64;
+                let flat =
+                    t.len() == 2 && (t[0] == -1 || t[0] == 0) && (t[1] == n as i64 || t[1] == -1)
+                        || t.len() == 2 && t[1] == n as i64;
                 if !flat {
-                    return Err(self.unsupported(node, idx, &format!("target shape {t:?} from {xs:?}"), "only [batch, features] reshapes (flatten) are supported"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        &format!("target shape {t:?} from {xs:?}"),
+                        "only [batch, features] reshapes (flatten) are supported",
+                    ));
                 }
                 self.emit(&label, Op::Flatten, vec![x], &out, vec![n]);
             }
@@ -276,7 +459,12 @@ impl Importer<'_> {
                 let mut shapes = vec![];
                 for v in &ins {
                     let Some((x, s)) = runtime(v) else {
-                        return Err(self.unsupported(node, idx, "constant input", "concatenate run-time values only"));
+                        return Err(self.unsupported(
+                            node,
+                            idx,
+                            "constant input",
+                            "concatenate run-time values only",
+                        ));
                     };
                     xs.push(x);
                     shapes.push(s);
@@ -284,7 +472,12 @@ impl Importer<'_> {
                 let axis = attr(node, "axis").map(|a| a.i).unwrap_or(1);
                 let r = shapes[0].len();
                 if Self::feature_axis(axis, r) != Some(r - 1) {
-                    return Err(self.unsupported(node, idx, &format!("axis {axis}"), "concatenate along the last axis"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        &format!("axis {axis}"),
+                        "concatenate along the last axis",
+                    ));
                 }
                 let mut shape = shapes[0].clone();
                 shape[r - 1] = shapes.iter().map(|s| s[r - 1]).sum();
@@ -292,29 +485,69 @@ impl Importer<'_> {
             }
             "Slice" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(node, idx, "constant input", "constant-fold the graph"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "constant input",
+                        "constant-fold the graph",
+                    ));
                 };
                 let c = |i: usize| match ins.get(i) {
-                    Some(Val::Const(c)) => Some(c.data.iter().map(|v| *v as i64).collect::<Vec<_>>()),
+                    Some(Val::Const(c)) => {
+                        Some(c.data.iter().map(|v| *v as i64).collect::<Vec<_>>())
+                    }
                     _ => None,
                 };
                 let (Some(starts), Some(ends)) = (c(1), c(2)) else {
-                    return Err(self.unsupported(node, idx, "dynamic bounds", "use constant slice bounds"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "dynamic bounds",
+                        "use constant slice bounds",
+                    ));
                 };
                 let axes = c(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
                 let steps = c(4).unwrap_or_else(|| vec![1; starts.len()]);
                 let last = *xs.last().unwrap() as i64;
-                if starts.len() != 1 || steps[0] != 1 || Self::feature_axis(axes[0], xs.len()) != Some(xs.len() - 1) {
-                    return Err(self.unsupported(node, idx, "not a unit-step slice of the last axis", "slice the last axis only"));
+                if starts.len() != 1
+                    || steps[0] != 1
+                    || Self::feature_axis(axes[0], xs.len()) != Some(xs.len() - 1)
+                {
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "not a unit-step slice of the last axis",
+                        "slice the last axis only",
+                    ));
                 }
-                let clampi = |v: i64| if v < 0 { (v + last).max(0) } else { v.min(last) };
+                let clampi = |v: i64| {
+                    if v < 0 {
+                        (v + last).max(0)
+                    } else {
+                        v.min(last)
+                    }
+                };
                 let (s, e) = (clampi(starts[0]), clampi(ends[0]));
                 if e <= s {
-                    return Err(self.unsupported(node, idx, "empty slice", "slices must keep at least one element"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "empty slice",
+                        "slices must keep at least one element",
+                    ));
                 }
                 let mut shape = xs.clone();
                 *shape.last_mut().unwrap() = (e - s) as usize;
-                self.emit(&label, Op::Slice { start: s as usize, len: (e - s) as usize }, vec![x], &out, shape);
+                self.emit(
+                    &label,
+                    Op::Slice {
+                        start: s as usize,
+                        len: (e - s) as usize,
+                    },
+                    vec![x],
+                    &out,
+                    shape,
+                );
             }
             _ => {
                 return Err(self.unsupported(
@@ -329,20 +562,38 @@ impl Importer<'_> {
         Ok(())
     }
 
-    fn binary(&mut self, node: &pb::NodeProto, idx: usize, ins: &[Val], out: &str) -> Result<(), ImportError> {
+    fn binary(
+        &mut self,
+        node: &pb::NodeProto,
+        idx: usize,
+        ins: &[Val],
+        out: &str,
+    ) -> Result<(), ImportError> {
         let label = node_label(node, idx);
         let op = node.op_type.as_str();
         match (&ins[0], &ins[1]) {
             (Val::Const(a), Val::Const(b)) => {
                 // Constant folding (scalar broadcast or equal shapes).
                 if a.numel() != b.numel() && a.numel() != 1 && b.numel() != 1 {
-                    return Err(self.unsupported(node, idx, "constant broadcast", "fold constants before export"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "constant broadcast",
+                        "fold constants before export",
+                    ));
                 }
                 let n = a.numel().max(b.numel());
-                let dims = if a.numel() >= b.numel() { a.dims.clone() } else { b.dims.clone() };
+                let dims = if a.numel() >= b.numel() {
+                    a.dims.clone()
+                } else {
+                    b.dims.clone()
+                };
                 let data = (0..n)
                     .map(|i| {
-                        let (x, y) = (a.data[if a.numel() == 1 { 0 } else { i }], b.data[if b.numel() == 1 { 0 } else { i }]);
+                        let (x, y) = (
+                            a.data[if a.numel() == 1 { 0 } else { i }],
+                            b.data[if b.numel() == 1 { 0 } else { i }],
+                        );
                         match op {
                             "Add" => x + y,
                             "Sub" => x - y,
@@ -351,43 +602,83 @@ impl Importer<'_> {
                         }
                     })
                     .collect();
-                self.vals.insert(out.to_string(), Val::Const(Const { dims, data }));
+                self.vals
+                    .insert(out.to_string(), Val::Const(Const { dims, data }));
             }
             (Val::Runtime { name: a, shape: sa }, Val::Runtime { name: b, shape: sb }) => {
                 if sa != sb {
-                    return Err(self.unsupported(node, idx, &format!("shapes {sa:?} and {sb:?}"), "operands must have equal shapes"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        &format!("shapes {sa:?} and {sb:?}"),
+                        "operands must have equal shapes",
+                    ));
                 }
                 match op {
-                    "Add" => self.emit(&label, Op::Add, vec![a.clone(), b.clone()], out, sa.clone()),
-                    "Mul" => self.emit(&label, Op::Mul, vec![a.clone(), b.clone()], out, sa.clone()),
+                    "Add" => {
+                        self.emit(&label, Op::Add, vec![a.clone(), b.clone()], out, sa.clone())
+                    }
+                    "Mul" => {
+                        self.emit(&label, Op::Mul, vec![a.clone(), b.clone()], out, sa.clone())
+                    }
                     "Sub" => {
                         let neg = self.add_tensor(&format!("{label}.neg"), vec![1], vec![-1.0]);
                         let tmp = format!("{out}/neg");
                         let tmp_ir = Self::ir_name(&tmp);
-                        self.emit(&format!("{label}/neg"), Op::Affine { scale: Some(neg), shift: None }, vec![b.clone()], &tmp, sa.clone());
+                        self.emit(
+                            &format!("{label}/neg"),
+                            Op::Affine {
+                                scale: Some(neg),
+                                shift: None,
+                            },
+                            vec![b.clone()],
+                            &tmp,
+                            sa.clone(),
+                        );
                         self.emit(&label, Op::Add, vec![a.clone(), tmp_ir], out, sa.clone());
                     }
-                    _ => return Err(self.unsupported(node, idx, "division of two run-time values", "not supported yet")),
+                    _ => {
+                        return Err(self.unsupported(
+                            node,
+                            idx,
+                            "division of two run-time values",
+                            "not supported yet",
+                        ));
+                    }
                 }
             }
             (x, y) => {
                 let const_first = matches!(x, Val::Const(_));
-                let (Val::Runtime { name: r, shape }, Val::Const(c)) = (if const_first { (y, x) } else { (x, y) }) else { unreachable!() };
+                let (Val::Runtime { name: r, shape }, Val::Const(c)) =
+                    (if const_first { (y, x) } else { (x, y) })
+                else {
+                    unreachable!()
+                };
                 let last = *shape.last().unwrap();
                 let total: usize = shape.iter().product();
                 // A leading batch axis of 1 in the constant broadcasts over the batch.
                 let n = c.numel();
                 if n != 1 && n != last && n != total {
-                    return Err(self.unsupported(node, idx, &format!("constant of dims {:?} against {shape:?}", c.dims), "constants must broadcast over the last axis"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        &format!("constant of dims {:?} against {shape:?}", c.dims),
+                        "constants must broadcast over the last axis",
+                    ));
                 }
                 let v: Vec<f32> = c.data.iter().map(|v| *v as f32).collect();
                 let len = v.len();
                 // Fold `Dense (no bias) + c` into the dense bias when nothing else reads the product.
                 if op == "Add" && len == last && shape.len() == 1 {
                     if let Some(&pi) = self.producer.get(r.as_str()) {
-                        let onnx_in = if const_first { &node.input[1] } else { &node.input[0] };
+                        let onnx_in = if const_first {
+                            &node.input[1]
+                        } else {
+                            &node.input[0]
+                        };
                         let only_use = self.uses.get(onnx_in.as_str()).copied().unwrap_or(0) == 1;
-                        if let (true, Op::Dense { bias: None, .. }) = (only_use, &self.nodes[pi].op) {
+                        if let (true, Op::Dense { bias: None, .. }) = (only_use, &self.nodes[pi].op)
+                        {
                             let b = self.add_tensor(&format!("{label}.bias"), vec![last], v);
                             if let Op::Dense { bias, .. } = &mut self.nodes[pi].op {
                                 *bias = Some(b);
@@ -395,7 +686,13 @@ impl Importer<'_> {
                             let ir = Self::ir_name(out);
                             self.nodes[pi].output = ir.clone();
                             self.producer.insert(ir.clone(), pi);
-                            self.vals.insert(out.to_string(), Val::Runtime { name: ir, shape: shape.clone() });
+                            self.vals.insert(
+                                out.to_string(),
+                                Val::Runtime {
+                                    name: ir,
+                                    shape: shape.clone(),
+                                },
+                            );
                             return Ok(());
                         }
                     }
@@ -406,11 +703,24 @@ impl Importer<'_> {
                     ("Sub", true) => (Some(vec![-1.0; len]), Some(v)),
                     ("Mul", _) => (Some(v), None),
                     ("Div", false) => (Some(v.iter().map(|x| 1.0 / x).collect()), None),
-                    _ => return Err(self.unsupported(node, idx, "constant divided by a run-time value", "not supported")),
+                    _ => {
+                        return Err(self.unsupported(
+                            node,
+                            idx,
+                            "constant divided by a run-time value",
+                            "not supported",
+                        ));
+                    }
                 };
                 let scale = scale.map(|s| self.add_tensor(&format!("{label}.scale"), vec![len], s));
                 let shift = shift.map(|s| self.add_tensor(&format!("{label}.shift"), vec![len], s));
-                self.emit(&label, Op::Affine { scale, shift }, vec![r.clone()], out, shape.clone());
+                self.emit(
+                    &label,
+                    Op::Affine { scale, shift },
+                    vec![r.clone()],
+                    out,
+                    shape.clone(),
+                );
             }
         }
         Ok(())
@@ -426,8 +736,12 @@ pub struct Imported {
 
 /// Import an ONNX model according to `spec`.
 pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Imported, ImportError> {
-    let model = pb::ModelProto::decode(bytes).map_err(|e| ImportError::Malformed(format!("not an ONNX model: {e}")))?;
-    let graph = model.graph.as_ref().ok_or_else(|| ImportError::Malformed("ONNX model has no graph".into()))?;
+    let model = pb::ModelProto::decode(bytes)
+        .map_err(|e| ImportError::Malformed(format!("not an ONNX model: {e}")))?;
+    let graph = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| ImportError::Malformed("ONNX model has no graph".into()))?;
     let mut imp = Importer {
         spec,
         vals: HashMap::new(),
@@ -445,15 +759,27 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         *imp.uses.entry(o.name.clone()).or_default() += 1;
     }
     for init in &graph.initializer {
-        imp.vals.insert(init.name.clone(), Val::Const(tensor_to_const(init)?));
+        imp.vals
+            .insert(init.name.clone(), Val::Const(tensor_to_const(init)?));
     }
 
     // The observation input.
-    let runtime_inputs: Vec<&pb::ValueInfoProto> = graph.input.iter().filter(|i| !imp.vals.contains_key(&i.name)).collect();
+    let runtime_inputs: Vec<&pb::ValueInfoProto> = graph
+        .input
+        .iter()
+        .filter(|i| !imp.vals.contains_key(&i.name))
+        .collect();
     let input = match &spec.input {
-        Some(name) => runtime_inputs.iter().find(|i| &i.name == name).copied().ok_or_else(|| {
-            ImportError::Spec(format!("graph has no input '{name}' (inputs: {:?})", runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>()))
-        })?,
+        Some(name) => runtime_inputs
+            .iter()
+            .find(|i| &i.name == name)
+            .copied()
+            .ok_or_else(|| {
+                ImportError::Spec(format!(
+                    "graph has no input '{name}' (inputs: {:?})",
+                    runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
+                ))
+            })?,
         None if runtime_inputs.len() == 1 => runtime_inputs[0],
         None => {
             return Err(ImportError::Spec(format!(
@@ -464,56 +790,103 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         }
     };
     let tt = input.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
-    let dims: Vec<Option<i64>> = tt.and_then(|t| t.shape.as_ref()).map(|s| s.dim.iter().map(|d| d.dim_value).collect()).unwrap_or_default();
+    let dims: Vec<Option<i64>> = tt
+        .and_then(|t| t.shape.as_ref())
+        .map(|s| s.dim.iter().map(|d| d.dim_value).collect())
+        .unwrap_or_default();
     let elem = tt.map(|t| t.elem_type).unwrap_or(0);
     if dims.len() < 2 {
-        return Err(ImportError::Spec(format!("input '{}' must be [batch, features...], has rank {}", input.name, dims.len())));
+        return Err(ImportError::Spec(format!(
+            "input '{}' must be [batch, features...], has rank {}",
+            input.name,
+            dims.len()
+        )));
     }
     let feat: Vec<usize> = dims[1..]
         .iter()
         .map(|d| d.filter(|v| *v > 0).map(|v| v as usize))
         .collect::<Option<_>>()
-        .ok_or_else(|| ImportError::Spec(format!("input '{}' needs static feature dims, has {dims:?}", input.name)))?;
+        .ok_or_else(|| {
+            ImportError::Spec(format!(
+                "input '{}' needs static feature dims, has {dims:?}",
+                input.name
+            ))
+        })?;
     if elem != data_type::FLOAT && elem != data_type::UINT8 {
-        return Err(ImportError::Spec(format!("input '{}' has element type {elem}; float32 (or uint8) expected", input.name)));
+        return Err(ImportError::Spec(format!(
+            "input '{}' has element type {elem}; float32 (or uint8) expected",
+            input.name
+        )));
     }
-    imp.vals.insert(input.name.clone(), Val::Runtime { name: OBS_VALUE.into(), shape: feat.clone() });
+    imp.vals.insert(
+        input.name.clone(),
+        Val::Runtime {
+            name: OBS_VALUE.into(),
+            shape: feat.clone(),
+        },
+    );
 
     for (i, n) in graph.node.iter().enumerate() {
         imp.node(n, i)?;
     }
 
     // Outputs named by the spec.
-    let runtime_out = |imp: &Importer, name: &str, what: &str| -> Result<(String, Vec<usize>), ImportError> {
-        match imp.vals.get(name) {
-            Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
-            Some(Val::Const(_)) => Err(ImportError::Spec(format!("{what} '{name}' is a constant, not a function of the observation"))),
-            None => Err(ImportError::Spec(format!(
-                "{what} '{name}' is not a value of the graph (outputs: {:?})",
-                graph.output.iter().map(|o| &o.name).collect::<Vec<_>>()
-            ))),
-        }
-    };
+    let runtime_out =
+        |imp: &Importer, name: &str, what: &str| -> Result<(String, Vec<usize>), ImportError> {
+            match imp.vals.get(name) {
+                Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
+                Some(Val::Const(_)) => Err(ImportError::Spec(format!(
+                    "{what} '{name}' is a constant, not a function of the observation"
+                ))),
+                None => Err(ImportError::Spec(format!(
+                    "{what} '{name}' is not a value of the graph (outputs: {:?})",
+                    graph.output.iter().map(|o| &o.name).collect::<Vec<_>>()
+                ))),
+            }
+        };
     let mut tensors_extra: Vec<(String, Tensor)> = vec![];
     let (distribution, default_action, policy_values) = match &spec.distribution {
         DistSpec::Categorical { logits } => {
             let (v, s) = runtime_out(&imp, logits, "logits")?;
             let n = s.iter().product();
-            (Distribution::Categorical { logits: v.clone() }, Some(ActionSpace::Discrete { n }), vec![v])
+            (
+                Distribution::Categorical { logits: v.clone() },
+                Some(ActionSpace::Discrete { n }),
+                vec![v],
+            )
         }
         DistSpec::MultiCategorical { logits, nvec } => {
             let (v, _) = runtime_out(&imp, logits, "logits")?;
-            (Distribution::MultiCategorical { logits: v.clone() }, Some(ActionSpace::MultiDiscrete { nvec: nvec.clone() }), vec![v])
+            (
+                Distribution::MultiCategorical { logits: v.clone() },
+                Some(ActionSpace::MultiDiscrete { nvec: nvec.clone() }),
+                vec![v],
+            )
         }
-        DistSpec::DiagGaussian { mean, log_std, log_std_range, .. } | DistSpec::SquashedGaussian { mean, log_std, log_std_range } => {
+        DistSpec::DiagGaussian {
+            mean,
+            log_std,
+            log_std_range,
+            ..
+        }
+        | DistSpec::SquashedGaussian {
+            mean,
+            log_std,
+            log_std_range,
+        } => {
             let (m, ms) = runtime_out(&imp, mean, "mean")?;
             let k: usize = ms.iter().product();
             let mut values = vec![m.clone()];
             let ls = match log_std {
                 LogStdSpec::Output(o) => match imp.vals.get(o) {
                     Some(Val::Const(c)) => {
-                        tensors_extra.push(("log_std".into(), Tensor::new(vec![k], c.data.iter().map(|v| *v as f32).collect())));
-                        LogStd::Parameter { tensor: "log_std".into() }
+                        tensors_extra.push((
+                            "log_std".into(),
+                            Tensor::new(vec![k], c.data.iter().map(|v| *v as f32).collect()),
+                        ));
+                        LogStd::Parameter {
+                            tensor: "log_std".into(),
+                        }
                     }
                     _ => {
                         let (v, _) = runtime_out(&imp, o, "log_std")?;
@@ -523,26 +896,51 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                 },
                 LogStdSpec::Initializer(name) => match imp.vals.get(name) {
                     Some(Val::Const(c)) => {
-                        tensors_extra.push(("log_std".into(), Tensor::new(vec![c.numel()], c.data.iter().map(|v| *v as f32).collect())));
-                        LogStd::Parameter { tensor: "log_std".into() }
+                        tensors_extra.push((
+                            "log_std".into(),
+                            Tensor::new(
+                                vec![c.numel()],
+                                c.data.iter().map(|v| *v as f32).collect(),
+                            ),
+                        ));
+                        LogStd::Parameter {
+                            tensor: "log_std".into(),
+                        }
                     }
-                    _ => return Err(ImportError::Spec(format!("'{name}' is not an initializer of the graph"))),
+                    _ => {
+                        return Err(ImportError::Spec(format!(
+                            "'{name}' is not an initializer of the graph"
+                        )));
+                    }
                 },
                 LogStdSpec::Values(v) => {
                     tensors_extra.push(("log_std".into(), Tensor::new(vec![v.len()], v.clone())));
-                    LogStd::Parameter { tensor: "log_std".into() }
+                    LogStd::Parameter {
+                        tensor: "log_std".into(),
+                    }
                 }
             };
             let dist = match &spec.distribution {
-                DistSpec::DiagGaussian { clip, .. } => {
-                    Distribution::DiagGaussian { mean: m, log_std: ls, log_std_range: *log_std_range, clip: *clip }
-                }
-                _ => Distribution::SquashedGaussian { mean: m, log_std: ls, log_std_range: *log_std_range },
+                DistSpec::DiagGaussian { clip, .. } => Distribution::DiagGaussian {
+                    mean: m,
+                    log_std: ls,
+                    log_std_range: *log_std_range,
+                    clip: *clip,
+                },
+                _ => Distribution::SquashedGaussian {
+                    mean: m,
+                    log_std: ls,
+                    log_std_range: *log_std_range,
+                },
             };
             (dist, None, values)
         }
     };
-    let value = spec.value.as_ref().map(|v| runtime_out(&imp, v, "value").map(|(n, _)| n)).transpose()?;
+    let value = spec
+        .value
+        .as_ref()
+        .map(|v| runtime_out(&imp, v, "value").map(|(n, _)| n))
+        .transpose()?;
     let action = spec.action.clone().or(default_action).ok_or_else(|| {
         ImportError::Spec("a Gaussian policy needs \"action\": {\"kind\": \"box\", \"shape\": [..], \"low\": [..], \"high\": [..]}".into())
     })?;
@@ -564,8 +962,11 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     };
     let pi = reach(&policy_values);
     let vf = reach(&value.iter().cloned().collect::<Vec<_>>());
-    let mut groups: Vec<(&str, ModuleRole, Vec<Node>)> =
-        vec![("encoder", ModuleRole::Encoder, vec![]), ("pi", ModuleRole::PolicyHead, vec![]), ("vf", ModuleRole::ValueHead, vec![])];
+    let mut groups: Vec<(&str, ModuleRole, Vec<Node>)> = vec![
+        ("encoder", ModuleRole::Encoder, vec![]),
+        ("pi", ModuleRole::PolicyHead, vec![]),
+        ("vf", ModuleRole::ValueHead, vec![]),
+    ];
     for (i, node) in imp.nodes.iter().enumerate() {
         let g = match (pi[i], vf[i]) {
             (true, true) => 0,
@@ -590,13 +991,23 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                 }
             }
         }
-        let later: HashSet<&str> = groups[gi + 1..].iter().flat_map(|g| g.2.iter()).flat_map(|n| n.inputs.iter().map(|s| s.as_str())).collect();
+        let later: HashSet<&str> = groups[gi + 1..]
+            .iter()
+            .flat_map(|g| g.2.iter())
+            .flat_map(|n| n.inputs.iter().map(|s| s.as_str()))
+            .collect();
         let outputs: Vec<String> = nodes
             .iter()
             .map(|n| n.output.clone())
             .filter(|o| later.contains(o.as_str()) || final_reads.contains(o))
             .collect();
-        modules.push(Module { name: name.to_string(), role: *role, inputs, outputs, nodes: nodes.clone() });
+        modules.push(Module {
+            name: name.to_string(),
+            role: *role,
+            inputs,
+            outputs,
+            nodes: nodes.clone(),
+        });
     }
 
     let mut tensors = BTreeMap::new();
@@ -614,7 +1025,11 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     // Observation space and preprocessing.
     let observation = spec.observation.clone().unwrap_or(ObservationSpace::Box {
         shape: feat.clone(),
-        dtype: if elem == data_type::UINT8 { ObsDType::U8 } else { ObsDType::F32 },
+        dtype: if elem == data_type::UINT8 {
+            ObsDType::U8
+        } else {
+            ObsDType::F32
+        },
     });
     let mut preprocess = vec![];
     if let ObservationSpace::Discrete { n } = observation {
@@ -624,12 +1039,28 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         preprocess.push(Preprocess::Scale { factor: f });
     }
     if let Some(norm) = &spec.normalize {
-        tensors.insert("obs_norm.mean".into(), Tensor::new(feat.clone(), norm.mean.clone()));
-        tensors.insert("obs_norm.std".into(), Tensor::new(feat.clone(), norm.std.clone()));
-        preprocess.push(Preprocess::Normalize { mean: "obs_norm.mean".into(), std: "obs_norm.std".into(), clip: norm.clip });
+        tensors.insert(
+            "obs_norm.mean".into(),
+            Tensor::new(feat.clone(), norm.mean.clone()),
+        );
+        tensors.insert(
+            "obs_norm.std".into(),
+            Tensor::new(feat.clone(), norm.std.clone()),
+        );
+        preprocess.push(Preprocess::Normalize {
+            mean: "obs_norm.mean".into(),
+            std: "obs_norm.std".into(),
+            clip: norm.clip,
+        });
     }
-    if tensors.get("obs_norm.mean").is_some_and(|t| t.data.len() != feat.iter().product::<usize>()) {
-        return Err(ImportError::Spec(format!("normalize: mean/std need {} values", feat.iter().product::<usize>())));
+    if tensors
+        .get("obs_norm.mean")
+        .is_some_and(|t| t.data.len() != feat.iter().product::<usize>())
+    {
+        return Err(ImportError::Spec(format!(
+            "normalize: mean/std need {} values",
+            feat.iter().product::<usize>()
+        )));
     }
 
     let manifest = Manifest {
@@ -643,7 +1074,10 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                 model.producer_name,
                 model.producer_version,
                 model.ir_version,
-                spec.source.as_ref().map(|s| format!("; {s}")).unwrap_or_default()
+                spec.source
+                    .as_ref()
+                    .map(|s| format!("; {s}"))
+                    .unwrap_or_default()
             ),
         },
         observation,

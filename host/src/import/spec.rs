@@ -35,8 +35,13 @@ pub struct ImportSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DistSpec {
-    Categorical { logits: String },
-    MultiCategorical { logits: String, nvec: Vec<usize> },
+    Categorical {
+        logits: String,
+    },
+    MultiCategorical {
+        logits: String,
+        nvec: Vec<usize>,
+    },
     DiagGaussian {
         mean: String,
         log_std: LogStdSpec,

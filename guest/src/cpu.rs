@@ -1,0 +1,325 @@
+//! The native CPU executor: the lowered graph run by hand-written kernels ([`crate::kernels`]) over buffers
+//! allocated once per batch size. Dense layers are fused with the bias and the activation that follows them, so
+//! an MLP step is one pass per layer; weights are transposed once at load to `[in, out]`, the layout both the
+//! row GEMV (contiguous over outputs) and `gemm` want. No allocation once warm.
+
+use policyport_format::{Artifact, Op, ValidatedPlan};
+
+use crate::exec::{affine_group, expand_affine};
+use crate::kernels::{self, Act, Isa};
+use crate::lower::lower;
+
+/// Below this many rows a dense layer runs as per-row fused GEMVs; from it, as one GEMM plus a fused epilogue.
+const GEMM_MIN_ROWS: usize = 4;
+
+#[derive(Debug, Clone)]
+enum Instr {
+    Dense {
+        x: usize,
+        w: Vec<f32>,
+        b: Option<Vec<f32>>,
+        act: Act,
+        k: usize,
+        n: usize,
+        out: usize,
+    },
+    Act {
+        x: usize,
+        f: Act,
+        out: usize,
+    },
+    Softmax {
+        x: usize,
+        last: usize,
+        log: bool,
+        out: usize,
+    },
+    Add {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    Mul {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    Affine {
+        x: usize,
+        scale: Option<Vec<f32>>,
+        shift: Option<Vec<f32>>,
+        group: usize,
+        out: usize,
+    },
+    Concat {
+        xs: Vec<(usize, usize)>,
+        out: usize,
+    },
+    Slice {
+        x: usize,
+        last: usize,
+        start: usize,
+        len: usize,
+        out: usize,
+    },
+    Copy {
+        x: usize,
+        out: usize,
+    },
+}
+
+fn act_of(op: &Op) -> Option<Act> {
+    Some(match op {
+        Op::Relu => Act::Relu,
+        Op::Tanh => Act::Tanh,
+        Op::Sigmoid => Act::Sigmoid,
+        Op::Silu => Act::Silu,
+        Op::Elu { alpha } => Act::Elu(*alpha),
+        Op::LeakyRelu { alpha } => Act::LeakyRelu(*alpha),
+        Op::Gelu { approximate: false } => Act::Gelu,
+        Op::Gelu { approximate: true } => Act::GeluTanh,
+        _ => return None,
+    })
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct CpuProgram {
+    isa: Isa,
+    instrs: Vec<Instr>,
+    slot_numel: Vec<usize>,
+    bufs: Vec<Vec<f32>>,
+    obs_slot: usize,
+    pub(crate) state_slots: Vec<(usize, usize)>,
+    pub(crate) readback: Vec<(usize, usize)>,
+}
+
+impl CpuProgram {
+    pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
+        let low = lower(art, plan, readback_values);
+        let read_back: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
+        let mut fused_away = vec![false; low.nodes.len()];
+        let mut instrs = vec![];
+        for (i, n) in low.nodes.iter().enumerate() {
+            if fused_away[i] {
+                continue;
+            }
+            let (ins, out, last) = (&n.ins, n.out, n.in_last[0]);
+            instrs.push(match n.op {
+                Op::Dense { weight, bias } => {
+                    let t = &art.tensors[weight];
+                    let (mut act, mut out) = (Act::Identity, out);
+                    // Fuse the activation that is this product's only reader (and not itself read back).
+                    if low.readers[n.out] == 1 && !read_back.contains(&n.out) {
+                        if let Some((j, next)) = low
+                            .nodes
+                            .iter()
+                            .enumerate()
+                            .skip(i + 1)
+                            .find(|(_, m)| m.ins.contains(&n.out))
+                        {
+                            if let Some(f) = act_of(next.op) {
+                                act = f;
+                                out = next.out;
+                                fused_away[j] = true;
+                            }
+                        }
+                    }
+                    let (o, k) = (t.shape[0], t.shape[1]);
+                    let mut wt = vec![0.0f32; o * k];
+                    for r in 0..o {
+                        for c in 0..k {
+                            wt[c * o + r] = t.data[r * k + c];
+                        }
+                    }
+                    Instr::Dense {
+                        x: ins[0],
+                        w: wt,
+                        b: bias.as_ref().map(|b| art.tensors[b].data.clone()),
+                        act,
+                        k: t.shape[1],
+                        n: t.shape[0],
+                        out,
+                    }
+                }
+                Op::Softmax => Instr::Softmax {
+                    x: ins[0],
+                    last,
+                    log: false,
+                    out,
+                },
+                Op::LogSoftmax => Instr::Softmax {
+                    x: ins[0],
+                    last,
+                    log: true,
+                    out,
+                },
+                Op::Add => Instr::Add {
+                    a: ins[0],
+                    b: ins[1],
+                    out,
+                },
+                Op::Mul => Instr::Mul {
+                    a: ins[0],
+                    b: ins[1],
+                    out,
+                },
+                Op::Affine { scale, shift } => {
+                    let group = affine_group(art, scale, shift, low.slot_numel[ins[0]], last);
+                    let e = |t: &Option<String>| {
+                        t.as_ref()
+                            .map(|t| expand_affine(&art.tensors[t].data, group))
+                    };
+                    Instr::Affine {
+                        x: ins[0],
+                        scale: e(scale),
+                        shift: e(shift),
+                        group,
+                        out,
+                    }
+                }
+                Op::Concat => Instr::Concat {
+                    xs: ins.iter().copied().zip(n.in_last.iter().copied()).collect(),
+                    out,
+                },
+                Op::Slice { start, len } => Instr::Slice {
+                    x: ins[0],
+                    last,
+                    start: *start,
+                    len: *len,
+                    out,
+                },
+                Op::Flatten => Instr::Copy { x: ins[0], out },
+                other => Instr::Act {
+                    x: ins[0],
+                    f: act_of(other).expect("remaining ops are activations"),
+                    out,
+                },
+            });
+        }
+        CpuProgram {
+            isa: kernels::detect(),
+            instrs,
+            bufs: vec![vec![]; low.slot_numel.len()],
+            slot_numel: low.slot_numel,
+            obs_slot: low.obs_slot,
+            state_slots: low.state_slots,
+            readback: low.readback,
+        }
+    }
+
+    /// One step; the readback values concatenated per row go to `rows` (cleared first).
+    pub(crate) fn run(
+        &mut self,
+        batch: usize,
+        obs: &[f32],
+        states: &[Vec<f32>],
+        rows: &mut Vec<f32>,
+    ) {
+        for (buf, n) in self.bufs.iter_mut().zip(&self.slot_numel) {
+            if buf.len() < batch * n {
+                buf.resize(batch * n, 0.0);
+            }
+        }
+        self.bufs[self.obs_slot][..obs.len()].copy_from_slice(obs);
+        for ((slot, _), data) in self.state_slots.iter().zip(states) {
+            self.bufs[*slot][..data.len()].copy_from_slice(data);
+        }
+        let isa = self.isa;
+        for instr in &self.instrs {
+            let out_slot = match instr {
+                Instr::Dense { out, .. }
+                | Instr::Act { out, .. }
+                | Instr::Softmax { out, .. }
+                | Instr::Add { out, .. }
+                | Instr::Mul { out, .. }
+                | Instr::Affine { out, .. }
+                | Instr::Concat { out, .. }
+                | Instr::Slice { out, .. }
+                | Instr::Copy { out, .. } => *out,
+            };
+            // Take the output buffer out so inputs can be borrowed alongside it (values are SSA: never the same).
+            let mut y_buf = std::mem::take(&mut self.bufs[out_slot]);
+            let y = &mut y_buf[..batch * self.slot_numel[out_slot]];
+            let input = |s: usize| &self.bufs[s][..batch * self.slot_numel[s]];
+            match instr {
+                Instr::Dense {
+                    x, w, b, act, k, n, ..
+                } => {
+                    let x = input(*x);
+                    if batch < GEMM_MIN_ROWS {
+                        for (xr, yr) in x.chunks_exact(*k).zip(y.chunks_exact_mut(*n)) {
+                            kernels::gemv(isa, xr, w, b.as_deref(), yr, *act);
+                        }
+                    } else {
+                        kernels::matmul(x, w, y, batch, *k, *n);
+                        kernels::bias_act(isa, *act, y, b.as_deref(), *n);
+                    }
+                }
+                Instr::Act { x, f, .. } => {
+                    y.copy_from_slice(input(*x));
+                    kernels::bias_act(isa, *f, y, None, 1);
+                }
+                Instr::Softmax { x, last, log, .. } => {
+                    y.copy_from_slice(input(*x));
+                    kernels::softmax(y, *last, *log);
+                }
+                Instr::Add { a, b, .. } => {
+                    for ((o, p), q) in y.iter_mut().zip(input(*a)).zip(input(*b)) {
+                        *o = p + q;
+                    }
+                }
+                Instr::Mul { a, b, .. } => {
+                    for ((o, p), q) in y.iter_mut().zip(input(*a)).zip(input(*b)) {
+                        *o = p * q;
+                    }
+                }
+                Instr::Affine {
+                    x,
+                    scale,
+                    shift,
+                    group,
+                    ..
+                } => {
+                    for (yg, xg) in y
+                        .chunks_exact_mut(*group)
+                        .zip(input(*x).chunks_exact(*group))
+                    {
+                        for (i, (o, v)) in yg.iter_mut().zip(xg).enumerate() {
+                            *o = v * scale.as_ref().map_or(1.0, |s| s[i])
+                                + shift.as_ref().map_or(0.0, |s| s[i]);
+                        }
+                    }
+                }
+                Instr::Concat { xs, .. } => {
+                    let groups = y.len() / xs.iter().map(|(_, l)| l).sum::<usize>();
+                    let mut o = 0;
+                    for g in 0..groups {
+                        for (s, l) in xs {
+                            y[o..o + l].copy_from_slice(&input(*s)[g * l..(g + 1) * l]);
+                            o += l;
+                        }
+                    }
+                }
+                Instr::Slice {
+                    x,
+                    last,
+                    start,
+                    len,
+                    ..
+                } => {
+                    for (yg, xg) in y.chunks_exact_mut(*len).zip(input(*x).chunks_exact(*last)) {
+                        yg.copy_from_slice(&xg[*start..start + len]);
+                    }
+                }
+                Instr::Copy { x, .. } => y.copy_from_slice(input(*x)),
+            }
+            self.bufs[out_slot] = y_buf;
+        }
+        rows.clear();
+        for r in 0..batch {
+            for (slot, n) in &self.readback {
+                rows.extend_from_slice(&self.bufs[*slot][r * n..(r + 1) * n]);
+            }
+        }
+    }
+}
