@@ -7,7 +7,7 @@ use policyport_format::{Artifact, Op, ValidatedPlan};
 
 use crate::exec::{affine_group, expand_affine};
 use crate::kernels::{self, Act, Isa};
-use crate::lower::lower;
+use crate::lower::{lower, transpose};
 
 /// Below this many rows a dense layer runs as per-row fused GEMVs; from it, as one GEMM plus a fused epilogue.
 const GEMM_MIN_ROWS: usize = 4;
@@ -124,16 +124,9 @@ impl CpuProgram {
                             }
                         }
                     }
-                    let (o, k) = (t.shape[0], t.shape[1]);
-                    let mut wt = vec![0.0f32; o * k];
-                    for r in 0..o {
-                        for c in 0..k {
-                            wt[c * o + r] = t.data[r * k + c];
-                        }
-                    }
                     Instr::Dense {
                         x: ins[0],
-                        w: wt,
+                        w: transpose(&t.data, t.shape[0], t.shape[1]),
                         b: bias.as_ref().map(|b| art.tensors[b].data.clone()),
                         act,
                         k: t.shape[1],

@@ -11,7 +11,7 @@ use burn::tensor::activation;
 use burn::tensor::{Device, Tensor, TensorData};
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
-use crate::lower::lower;
+use crate::lower::{lower, transpose};
 
 #[derive(Debug, Clone, Copy)]
 enum Unary {
@@ -150,13 +150,10 @@ impl Program {
                     let t = &art.tensors[weight];
                     let (o, i) = (t.shape[0], t.shape[1]);
                     // Pre-transpose to [in, out] once, on the host, so act() is a plain matmul.
-                    let mut wt = vec![0.0f32; o * i];
-                    for r in 0..o {
-                        for c in 0..i {
-                            wt[c * o + r] = t.data[r * i + c];
-                        }
-                    }
-                    let w = Tensor::from_data(TensorData::new(wt, [i, o]), device);
+                    let w = Tensor::from_data(
+                        TensorData::new(transpose(&t.data, o, i), [i, o]),
+                        device,
+                    );
                     Instr::Dense {
                         x: ins[0],
                         w,

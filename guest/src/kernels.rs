@@ -19,8 +19,20 @@ pub(crate) enum Act {
     GeluTanh,
 }
 
+/// `a * b + c`, fused where the instruction set has FMA (`F`), plain otherwise: `mul_add` without hardware FMA is
+/// a slow libm call (baseline x86-64, wasm).
+#[inline(always)]
+fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if F { a.mul_add(b, c) } else { a * b + c }
+}
+
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
+    exp_f::<false>(x)
+}
+
+#[inline(always)]
+fn exp_f<const F: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -31,65 +43,93 @@ pub(crate) fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.3);
     let kf = x * LOG2E + MAGIC;
     let k = kf - MAGIC;
-    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let r = madd::<F>(-k, LN2_LO, madd::<F>(-k, LN2_HI, x));
     // exp(r), |r| <= ln2/2: Taylor to degree 7 in Horner form.
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = madd::<F>(p, r, c);
+    }
     let ki = kf.to_bits().wrapping_sub(MAGIC.to_bits());
     p * f32::from_bits(ki.wrapping_add(127) << 23)
 }
 
-#[inline(always)]
+#[cfg(test)]
 pub(crate) fn tanh(x: f32) -> f32 {
+    tanh_f::<false>(x)
+}
+
+#[inline(always)]
+fn tanh_f<const F: bool>(x: f32) -> f32 {
     let a = x.abs();
     // Small |x|: odd Taylor series to x^15 (truncation < 1e-8 relative at 0.5).
     let z = a * a;
-    let small = a
-        * (1.0
-            + z * (-1.0 / 3.0
-                + z * (2.0 / 15.0
-                    + z * (-17.0 / 315.0
-                        + z * (62.0 / 2835.0
-                            + z * (-1382.0 / 155_925.0
-                                + z * (21844.0 / 6_081_075.0
-                                    + z * (-929_569.0 / 638_512_875.0))))))));
-    let e = exp(2.0 * a.min(10.0));
+    let mut q = -929_569.0 / 638_512_875.0;
+    for c in [
+        21844.0 / 6_081_075.0,
+        -1382.0 / 155_925.0,
+        62.0 / 2835.0,
+        -17.0 / 315.0,
+        2.0 / 15.0,
+        -1.0 / 3.0,
+        1.0,
+    ] {
+        q = madd::<F>(q, z, c);
+    }
+    let small = a * q;
+    let e = exp_f::<F>(2.0 * a.min(10.0));
     let large = 1.0 - 2.0 / (e + 1.0);
     let t = if a < 0.5 { small } else { large };
     t.copysign(x)
 }
 
-#[inline(always)]
+#[cfg(test)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+    sigmoid_f::<false>(x)
 }
 
 #[inline(always)]
+fn sigmoid_f<const F: bool>(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f::<F>(-x))
+}
+
+#[cfg(test)]
 pub(crate) fn erf(x: f32) -> f32 {
+    erf_f::<false>(x)
+}
+
+#[inline(always)]
+fn erf_f<const F: bool>(x: f32) -> f32 {
     let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let y = 1.0
-        - t * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))))
-            * exp(-a * a);
+    let t = 1.0 / madd::<F>(0.327_591_1, a, 1.0);
+    let mut p = 1.061_405_4;
+    for c in [-1.453_152_1, 1.421_413_7, -0.284_496_74, 0.254_829_6] {
+        p = madd::<F>(p, t, c);
+    }
+    let y = 1.0 - t * p * exp_f::<F>(-a * a);
     y.copysign(x)
 }
 
 #[inline(always)]
-fn act1(f: Act, v: f32) -> f32 {
+fn act1<const F: bool>(f: Act, v: f32) -> f32 {
     match f {
         Act::Identity => v,
         Act::Relu => v.max(0.0),
-        Act::Tanh => tanh(v),
-        Act::Sigmoid => sigmoid(v),
-        Act::Silu => v * sigmoid(v),
+        Act::Tanh => tanh_f::<F>(v),
+        Act::Sigmoid => sigmoid_f::<F>(v),
+        Act::Silu => v * sigmoid_f::<F>(v),
         Act::Elu(a) => {
             if v > 0.0 {
                 v
             } else {
-                a * (exp(v) - 1.0)
+                a * (exp_f::<F>(v) - 1.0)
             }
         }
         Act::LeakyRelu(a) => {
@@ -99,14 +139,14 @@ fn act1(f: Act, v: f32) -> f32 {
                 a * v
             }
         }
-        Act::Gelu => 0.5 * v * (1.0 + erf(v * std::f32::consts::FRAC_1_SQRT_2)),
-        Act::GeluTanh => 0.5 * v * (1.0 + tanh(0.797_884_6 * (v + 0.044_715 * v * v * v))),
+        Act::Gelu => 0.5 * v * (1.0 + erf_f::<F>(v * std::f32::consts::FRAC_1_SQRT_2)),
+        Act::GeluTanh => 0.5 * v * (1.0 + tanh_f::<F>(0.797_884_6 * (v + 0.044_715 * v * v * v))),
     }
 }
 
 /// `y[r, :] = act(y[r, :] + bias)` for every row (bias optional).
 #[inline(always)]
-fn bias_act_generic(f: Act, y: &mut [f32], bias: Option<&[f32]>, width: usize) {
+fn bias_act_generic<const F: bool>(f: Act, y: &mut [f32], bias: Option<&[f32]>, width: usize) {
     // One loop per activation so each is a straight vectorisable loop.
     macro_rules! each {
         ($f:expr) => {
@@ -114,13 +154,13 @@ fn bias_act_generic(f: Act, y: &mut [f32], bias: Option<&[f32]>, width: usize) {
                 Some(b) => {
                     for row in y.chunks_exact_mut(width) {
                         for (v, b) in row.iter_mut().zip(b) {
-                            *v = act1($f, *v + *b);
+                            *v = act1::<F>($f, *v + *b);
                         }
                     }
                 }
                 None => {
                     for v in y.iter_mut() {
-                        *v = act1($f, *v);
+                        *v = act1::<F>($f, *v);
                     }
                 }
             }
@@ -143,7 +183,7 @@ fn bias_act_generic(f: Act, y: &mut [f32], bias: Option<&[f32]>, width: usize) {
 /// per pass (5 loads + 1 store per 4 multiply-adds, all contiguous over the outputs, so it vectorises to
 /// whatever width the ISA has), then one activation pass while `y` is still in L1.
 #[inline(always)]
-fn gemv_generic(x: &[f32], wt: &[f32], bias: Option<&[f32]>, y: &mut [f32], f: Act) {
+fn gemv_generic<const F: bool>(x: &[f32], wt: &[f32], bias: Option<&[f32]>, y: &mut [f32], f: Act) {
     let n = y.len();
     match bias {
         Some(b) => y.copy_from_slice(b),
@@ -152,19 +192,28 @@ fn gemv_generic(x: &[f32], wt: &[f32], bias: Option<&[f32]>, y: &mut [f32], f: A
     let mut rows = wt.chunks_exact(n);
     let mut xs = x.chunks_exact(4);
     for xq in &mut xs {
-        let (w0, w1, w2, w3) = (rows.next().unwrap(), rows.next().unwrap(), rows.next().unwrap(), rows.next().unwrap());
+        let (w0, w1, w2, w3) = (
+            rows.next().unwrap(),
+            rows.next().unwrap(),
+            rows.next().unwrap(),
+            rows.next().unwrap(),
+        );
         let (x0, x1, x2, x3) = (xq[0], xq[1], xq[2], xq[3]);
         for ((((yj, a), b), c), d) in y.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
-            *yj += x0 * a + x1 * b + x2 * c + x3 * d;
+            *yj = madd::<F>(
+                x3,
+                *d,
+                madd::<F>(x2, *c, madd::<F>(x1, *b, madd::<F>(x0, *a, *yj))),
+            );
         }
     }
     for (xi, w) in xs.remainder().iter().zip(rows) {
         for (yj, a) in y.iter_mut().zip(w) {
-            *yj += xi * a;
+            *yj = madd::<F>(*xi, *a, *yj);
         }
     }
     if f != Act::Identity {
-        bias_act_generic(f, y, None, n);
+        bias_act_generic::<F>(f, y, None, n);
     }
 }
 
@@ -200,20 +249,20 @@ macro_rules! multiversion {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
-                unsafe fn avx512($($arg: $ty),*) { $generic($($arg),*) }
+                unsafe fn avx512($($arg: $ty),*) { $generic::<true>($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) { $generic($($arg),*) }
+                unsafe fn avx2($($arg: $ty),*) { $generic::<true>($($arg),*) }
                 match isa {
                     // SAFETY: `detect` saw these features on this CPU.
                     Isa::Avx512 => unsafe { avx512($($arg),*) },
                     Isa::Avx2Fma => unsafe { avx2($($arg),*) },
-                    Isa::Baseline => $generic($($arg),*),
+                    Isa::Baseline => $generic::<false>($($arg),*),
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
                 let _ = isa;
-                $generic($($arg),*)
+                $generic::<false>($($arg),*)
             }
         }
     };

@@ -100,3 +100,14 @@ pub(crate) fn lower<'a>(
         readers,
     }
 }
+
+/// `[rows, cols]` row-major → `[cols, rows]` row-major (weights are transposed once, at load).
+pub(crate) fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = data[r * cols + c];
+        }
+    }
+    t
+}
