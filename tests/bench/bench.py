@@ -69,9 +69,11 @@ def main():
         art = os.path.join(tmp, "mlp64.policy")
         subprocess.run([args.policyport, "compile", f"{FIX}/policy.onnx", "--spec", f"{FIX}/import.json",
                         "--golden", f"{FIX}/io.json", "-o", art], check=True, stdout=subprocess.DEVNULL)
-        out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds", str(args.seconds)],
-                             check=True, capture_output=True, text=True).stdout
-    ours = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
+        ours = {}
+        for backend in ("cpu", "flex"):
+            out = subprocess.run([args.policyport, "bench", art, "--backend", backend, "--batches", args.batches,
+                                  "--seconds", str(args.seconds)], check=True, capture_output=True, text=True).stdout
+            ours[backend] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
@@ -90,15 +92,18 @@ def main():
                 logits, value = model(xt)
                 return logits.numpy(), value.numpy()
         t_torch = median_us(eager, args.seconds)
-        rows.append({"batch": b, "policyport_us": ours[b], "onnxruntime_us": t_ort, "torch_eager_us": t_torch})
+        rows.append({"batch": b, "policyport_cpu_us": ours["cpu"][b], "policyport_flex_us": ours["flex"][b],
+                     "onnxruntime_us": t_ort, "torch_eager_us": t_torch})
 
     print(f"act() on obs64-256-256-(4+1) tanh, 1 thread, median us per call ({os.uname().machine}, "
           f"torch {torch.__version__}, onnxruntime {ort.__version__})")
-    print(f"| batch | policyport (flex) | onnxruntime | torch eager | ort / policyport | torch / policyport |")
-    print(f"|---|---|---|---|---|---|")
+    print("| batch | policyport cpu | policyport flex (burn) | onnxruntime | torch eager | ort / cpu | torch / cpu |"
+          " ort / flex |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['policyport_us']:.1f} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
-              f"{r['onnxruntime_us'] / r['policyport_us']:.2f}x | {r['torch_eager_us'] / r['policyport_us']:.2f}x |")
+        c, f = r["policyport_cpu_us"], r["policyport_flex_us"]
+        print(f"| {r['batch']} | {c:.1f} | {f:.1f} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
+              f"{r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x | {r['onnxruntime_us'] / f:.2f}x |")
     print("(ratios > 1: policyport faster)")
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
