@@ -1,26 +1,21 @@
-//! The native CPU executor: the lowered graph run by hand-written kernels ([`crate::kernels`]) over buffers
-//! allocated once per batch size. Dense layers are fused with the bias and the activation that follows them, so
-//! an MLP step is one pass per layer; weights are transposed once at load to `[in, out]`, the layout both the
-//! row GEMV (contiguous over outputs) and `gemm` want. No allocation once warm.
+//! The native CPU executor: the lowered graph run by hand-written kernels ([`crate::dense`],
+//! [`crate::kernels`]) over buffers allocated once per batch size. Dense layers are fused with their bias and the
+//! activation that follows them, with weights packed at load for the CPU's vector width, so an MLP step is one
+//! pass per layer. No allocation once warm.
 
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
+use crate::dense::PackedDense;
 use crate::exec::{affine_group, expand_affine};
 use crate::kernels::{self, Act, Isa};
-use crate::lower::{lower, transpose};
-
-/// Below this many rows a dense layer runs as per-row fused GEMVs; from it, as one GEMM plus a fused epilogue.
-const GEMM_MIN_ROWS: usize = 4;
+use crate::lower::{act_of, lower};
 
 #[derive(Debug, Clone)]
 enum Instr {
     Dense {
         x: usize,
-        w: Vec<f32>,
-        b: Option<Vec<f32>>,
+        dense: PackedDense,
         act: Act,
-        k: usize,
-        n: usize,
         out: usize,
     },
     Act {
@@ -68,20 +63,6 @@ enum Instr {
     },
 }
 
-fn act_of(op: &Op) -> Option<Act> {
-    Some(match op {
-        Op::Relu => Act::Relu,
-        Op::Tanh => Act::Tanh,
-        Op::Sigmoid => Act::Sigmoid,
-        Op::Silu => Act::Silu,
-        Op::Elu { alpha } => Act::Elu(*alpha),
-        Op::LeakyRelu { alpha } => Act::LeakyRelu(*alpha),
-        Op::Gelu { approximate: false } => Act::Gelu,
-        Op::Gelu { approximate: true } => Act::GeluTanh,
-        _ => return None,
-    })
-}
-
 #[derive(Debug, Clone)]
 pub(crate) struct CpuProgram {
     isa: Isa,
@@ -96,6 +77,7 @@ pub(crate) struct CpuProgram {
 impl CpuProgram {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
         let low = lower(art, plan, readback_values);
+        let isa = kernels::detect();
         let read_back: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
         let mut fused_away = vec![false; low.nodes.len()];
         let mut instrs = vec![];
@@ -124,13 +106,11 @@ impl CpuProgram {
                             }
                         }
                     }
+                    let b = bias.as_ref().map(|b| &art.tensors[b].data[..]);
                     Instr::Dense {
                         x: ins[0],
-                        w: transpose(&t.data, t.shape[0], t.shape[1]),
-                        b: bias.as_ref().map(|b| art.tensors[b].data.clone()),
+                        dense: PackedDense::new(isa, &t.data, t.shape[0], t.shape[1], b),
                         act,
-                        k: t.shape[1],
-                        n: t.shape[0],
                         out,
                     }
                 }
@@ -190,7 +170,7 @@ impl CpuProgram {
             });
         }
         CpuProgram {
-            isa: kernels::detect(),
+            isa,
             instrs,
             bufs: vec![vec![]; low.slot_numel.len()],
             slot_numel: low.slot_numel,
@@ -235,19 +215,7 @@ impl CpuProgram {
             let y = &mut y_buf[..batch * self.slot_numel[out_slot]];
             let input = |s: usize| &self.bufs[s][..batch * self.slot_numel[s]];
             match instr {
-                Instr::Dense {
-                    x, w, b, act, k, n, ..
-                } => {
-                    let x = input(*x);
-                    if batch < GEMM_MIN_ROWS {
-                        for (xr, yr) in x.chunks_exact(*k).zip(y.chunks_exact_mut(*n)) {
-                            kernels::gemv(isa, xr, w, b.as_deref(), yr, *act);
-                        }
-                    } else {
-                        kernels::matmul(x, w, y, batch, *k, *n);
-                        kernels::bias_act(isa, *act, y, b.as_deref(), *n);
-                    }
-                }
+                Instr::Dense { x, dense, act, .. } => dense.run(input(*x), y, batch, *act),
                 Instr::Act { x, f, .. } => {
                     y.copy_from_slice(input(*x));
                     kernels::bias_act(isa, *f, y, None, 1);

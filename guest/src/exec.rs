@@ -11,18 +11,12 @@ use burn::tensor::activation;
 use burn::tensor::{Device, Tensor, TensorData};
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
-use crate::lower::{lower, transpose};
+use crate::kernels::Act;
+use crate::lower::{act_of, lower, transpose};
 
 #[derive(Debug, Clone, Copy)]
 enum Unary {
-    Relu,
-    Tanh,
-    Sigmoid,
-    Silu,
-    Elu(f64),
-    LeakyRelu(f64),
-    Gelu,
-    GeluTanh,
+    Act(Act),
     Softmax,
     LogSoftmax,
 }
@@ -161,14 +155,6 @@ impl Program {
                         out,
                     }
                 }
-                Op::Relu => unary(Unary::Relu),
-                Op::Tanh => unary(Unary::Tanh),
-                Op::Sigmoid => unary(Unary::Sigmoid),
-                Op::Silu => unary(Unary::Silu),
-                Op::Elu { alpha } => unary(Unary::Elu(*alpha as f64)),
-                Op::LeakyRelu { alpha } => unary(Unary::LeakyRelu(*alpha as f64)),
-                Op::Gelu { approximate: false } => unary(Unary::Gelu),
-                Op::Gelu { approximate: true } => unary(Unary::GeluTanh),
                 Op::Softmax => unary(Unary::Softmax),
                 Op::LogSoftmax => unary(Unary::LogSoftmax),
                 Op::Add => Instr::Add {
@@ -207,6 +193,9 @@ impl Program {
                     out,
                 },
                 Op::Flatten => Instr::Alias { x: ins[0], out },
+                other => unary(Unary::Act(
+                    act_of(other).expect("remaining ops are activations"),
+                )),
             });
         }
         Program {
@@ -262,14 +251,16 @@ impl Program {
                     let t = get(&slots, *x);
                     let [rows, width] = t.dims();
                     let y = match f {
-                        Unary::Relu => activation::relu(t),
-                        Unary::Tanh => activation::tanh(t),
-                        Unary::Sigmoid => activation::sigmoid(t),
-                        Unary::Silu => activation::silu(t),
-                        Unary::Elu(a) => activation::elu(t, *a),
-                        Unary::LeakyRelu(a) => activation::leaky_relu(t, *a),
-                        Unary::Gelu => activation::gelu(t),
-                        Unary::GeluTanh => activation::gelu_approximate(t),
+                        Unary::Act(Act::Identity) => t,
+                        Unary::Act(Act::Relu) => activation::relu(t),
+                        Unary::Act(Act::Tanh) => activation::tanh(t),
+                        Unary::Act(Act::Sigmoid) => activation::sigmoid(t),
+                        Unary::Act(Act::Silu) => activation::silu(t),
+                        Unary::Act(Act::Elu(a)) => activation::elu(t, *a as f64),
+                        Unary::Act(Act::LeakyRelu(a)) => activation::leaky_relu(t, *a as f64),
+                        Unary::Act(Act::Gelu) => activation::gelu(t),
+                        Unary::Act(Act::GeluTanh) => activation::gelu_approximate(t),
+                        Unary::Act(Act::Erf) => t.erf(),
                         Unary::Softmax | Unary::LogSoftmax => {
                             let grouped = t.reshape([rows * width / last, *last]);
                             let y = if matches!(f, Unary::Softmax) {

@@ -1,4 +1,4 @@
-//! Native CPU kernels: fused dense + bias + activation, vectorisable activations, softmax. Written once as plain
+//! Native CPU kernels: vectorisable activations (fused into dense layers by `dense.rs`), softmax. Written once as plain
 //! loops the compiler vectorises, then compiled per instruction set (AVX-512, AVX2+FMA, baseline) and picked at
 //! run time, so one binary runs near the hardware floor on whatever CPU it lands on.
 //!
@@ -17,10 +17,16 @@ pub(crate) enum Act {
     LeakyRelu(f32),
     Gelu,
     GeluTanh,
+    Erf,
 }
 
 /// `a * b + c`, fused where the instruction set has FMA (`F`), plain otherwise: `mul_add` without hardware FMA is
 /// a slow libm call (baseline x86-64, wasm).
+#[inline(always)]
+pub(crate) fn madd_pub<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+    madd::<F>(a, b, c)
+}
+
 #[inline(always)]
 fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
     if F { a.mul_add(b, c) } else { a * b + c }
@@ -141,6 +147,7 @@ fn act1<const F: bool>(f: Act, v: f32) -> f32 {
         }
         Act::Gelu => 0.5 * v * (1.0 + erf_f::<F>(v * std::f32::consts::FRAC_1_SQRT_2)),
         Act::GeluTanh => 0.5 * v * (1.0 + tanh_f::<F>(0.797_884_6 * (v + 0.044_715 * v * v * v))),
+        Act::Erf => erf_f::<F>(v),
     }
 }
 
@@ -174,46 +181,9 @@ fn bias_act_generic<const F: bool>(f: Act, y: &mut [f32], bias: Option<&[f32]>, 
         Act::Silu => each!(Act::Silu),
         Act::Gelu => each!(Act::Gelu),
         Act::GeluTanh => each!(Act::GeluTanh),
+        Act::Erf => each!(Act::Erf),
         Act::Elu(a) => each!(Act::Elu(a)),
         Act::LeakyRelu(a) => each!(Act::LeakyRelu(a)),
-    }
-}
-
-/// `y = act(b + x Wt)` for one row, `Wt` `[k, n]` row-major (the weight transposed at load). Four input rows
-/// per pass (5 loads + 1 store per 4 multiply-adds, all contiguous over the outputs, so it vectorises to
-/// whatever width the ISA has), then one activation pass while `y` is still in L1.
-#[inline(always)]
-fn gemv_generic<const F: bool>(x: &[f32], wt: &[f32], bias: Option<&[f32]>, y: &mut [f32], f: Act) {
-    let n = y.len();
-    match bias {
-        Some(b) => y.copy_from_slice(b),
-        None => y.fill(0.0),
-    }
-    let mut rows = wt.chunks_exact(n);
-    let mut xs = x.chunks_exact(4);
-    for xq in &mut xs {
-        let (w0, w1, w2, w3) = (
-            rows.next().unwrap(),
-            rows.next().unwrap(),
-            rows.next().unwrap(),
-            rows.next().unwrap(),
-        );
-        let (x0, x1, x2, x3) = (xq[0], xq[1], xq[2], xq[3]);
-        for ((((yj, a), b), c), d) in y.iter_mut().zip(w0).zip(w1).zip(w2).zip(w3) {
-            *yj = madd::<F>(
-                x3,
-                *d,
-                madd::<F>(x2, *c, madd::<F>(x1, *b, madd::<F>(x0, *a, *yj))),
-            );
-        }
-    }
-    for (xi, w) in xs.remainder().iter().zip(rows) {
-        for (yj, a) in y.iter_mut().zip(w) {
-            *yj = madd::<F>(*xi, *a, *yj);
-        }
-    }
-    if f != Act::Identity {
-        bias_act_generic::<F>(f, y, None, n);
     }
 }
 
@@ -249,8 +219,10 @@ macro_rules! multiversion {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
+                #[inline(never)]
                 unsafe fn avx512($($arg: $ty),*) { $generic::<true>($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
+                #[inline(never)]
                 unsafe fn avx2($($arg: $ty),*) { $generic::<true>($($arg),*) }
                 match isa {
                     // SAFETY: `detect` saw these features on this CPU.
@@ -272,10 +244,6 @@ multiversion!(
     /// `y = act(y + bias)` row by row.
     bias_act => bias_act_generic(f: Act, y: &mut [f32], bias: Option<&[f32]>, width: usize)
 );
-multiversion!(
-    /// One fused dense row: `y = act(x Wt + b)`.
-    gemv => gemv_generic(x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32], f: Act)
-);
 
 /// Softmax / log-softmax over each group of `last` values, in place.
 pub(crate) fn softmax(y: &mut [f32], last: usize, log: bool) {
@@ -292,35 +260,6 @@ pub(crate) fn softmax(y: &mut [f32], last: usize, log: bool) {
             let inv = 1.0 / z;
             g.iter_mut().for_each(|v| *v = exp(*v - m) * inv);
         }
-    }
-}
-
-/// `Y[m, n] = X[m, k] · Wt[k, n]` through the `gemm` crate (packing, its own ISA dispatch), single thread.
-pub(crate) fn matmul(x: &[f32], wt: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(x.len() >= m * k && wt.len() >= n * k && y.len() >= m * n);
-    // SAFETY: the slices cover the strided extents asserted above; dst does not alias the inputs.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            wt.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }
 
@@ -372,63 +311,5 @@ mod tests {
             f = ax + (k as f64 / 2.0) / f;
         }
         x.signum() * (1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / f)
-    }
-
-    #[test]
-    fn every_isa_computes_the_same_dense_layer() {
-        let (m, k, n) = (3, 37, 19);
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
-            .collect();
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 104_729) % 97) as f32 / 48.0 - 1.0)
-            .collect();
-        let b: Vec<f32> = (0..n).map(|i| i as f32 / 10.0).collect();
-        let mut want = vec![0.0f64; m * n];
-        for r in 0..m {
-            for j in 0..n {
-                let s: f64 = (0..k)
-                    .map(|i| x[r * k + i] as f64 * w[j * k + i] as f64)
-                    .sum::<f64>()
-                    + b[j] as f64;
-                want[r * n + j] = s.tanh();
-            }
-        }
-        let mut isas = vec![Isa::Baseline];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                isas.push(Isa::Avx2Fma);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                isas.push(Isa::Avx512);
-            }
-        }
-        let mut wt = vec![0.0f32; k * n];
-        for j in 0..n {
-            for i in 0..k {
-                wt[i * n + j] = w[j * k + i];
-            }
-        }
-        for isa in isas {
-            let mut y = vec![0.0f32; m * n];
-            for r in 0..m {
-                gemv(
-                    isa,
-                    &x[r * k..(r + 1) * k],
-                    &wt,
-                    Some(&b),
-                    &mut y[r * n..(r + 1) * n],
-                    Act::Tanh,
-                );
-            }
-            let mut y2 = vec![0.0f32; m * n];
-            matmul(&x, &wt, &mut y2, m, k, n);
-            bias_act(isa, Act::Tanh, &mut y2, Some(&b), n);
-            for i in 0..m * n {
-                assert!((y[i] as f64 - want[i]).abs() < 1e-5, "{isa:?} gemv {i}");
-                assert!((y2[i] as f64 - want[i]).abs() < 1e-5, "{isa:?} gemm {i}");
-            }
-        }
     }
 }

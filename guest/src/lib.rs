@@ -13,6 +13,7 @@
 
 mod backend;
 mod cpu;
+mod dense;
 mod error;
 mod exec;
 mod kernels;

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 
 use policyport_format::{Artifact, OBS_VALUE, Op, STATE_PREFIX, ValidatedPlan};
 
+use crate::kernels::Act;
+
 pub(crate) struct LoweredNode<'a> {
     pub op: &'a Op,
     pub ins: Vec<usize>,
@@ -110,4 +112,20 @@ pub(crate) fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         }
     }
     t
+}
+
+/// The elementwise activation an op is, if it is one (every executor maps these the same way).
+pub(crate) fn act_of(op: &Op) -> Option<Act> {
+    Some(match op {
+        Op::Relu => Act::Relu,
+        Op::Tanh => Act::Tanh,
+        Op::Sigmoid => Act::Sigmoid,
+        Op::Silu => Act::Silu,
+        Op::Elu { alpha } => Act::Elu(*alpha),
+        Op::LeakyRelu { alpha } => Act::LeakyRelu(*alpha),
+        Op::Gelu { approximate: false } => Act::Gelu,
+        Op::Gelu { approximate: true } => Act::GeluTanh,
+        Op::Erf => Act::Erf,
+        _ => return None,
+    })
 }

@@ -103,6 +103,7 @@ pub fn eval(
                     }
                 }),
                 Op::LeakyRelu { alpha } => map(&|v| if v > 0.0 { v } else { *alpha as f64 * v }),
+                Op::Erf => map(&erf),
                 Op::Gelu { approximate: false } => {
                     map(&|v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)))
                 }

@@ -6,9 +6,46 @@
 //! - `artifact`: round trips, storage precisions, inspect snapshots (re-bless with POLICYPORT_BLESS=1).
 //! - `bad_input`: the hostile-input corpus: every case a typed error, never a panic.
 //! - `episodes`: the trained policies replay the PyTorch policy's evaluation episodes.
+//! - `recurrent`: per-env recurrent state on every backend.
 
 mod artifact;
 mod bad_input;
 mod episodes;
 mod fixtures;
 mod parity;
+mod recurrent;
+
+/// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.
+pub mod alloc_count {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub struct Counting;
+
+    // SAFETY: forwards to the system allocator; only adds a thread-local counter.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            COUNT.with(|c| c.set(c.get() + 1));
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            COUNT.with(|c| c.set(c.get() + 1));
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    /// Allocations made by this thread so far.
+    pub fn count() -> usize {
+        COUNT.with(|c| c.get())
+    }
+}

@@ -147,3 +147,44 @@ fn outputs_are_reused_without_reallocation() {
         );
     }
 }
+
+/// The native CPU backend's warm act() allocates nothing: buffers, outputs and scratch are reused.
+#[test]
+fn warm_cpu_act_does_not_allocate() {
+    for name in ["mlp64", "pendulum"] {
+        let f = load_fixture(&name);
+        let mut p = Policy::load_on(&compile_fixture(&f), policyport::Backend::Cpu).unwrap();
+        let raw = p.info().obs_len;
+        for batch in [1usize, 64] {
+            let obs: Vec<f32> = (0..batch * raw).map(|i| (i as f32 * 0.01).sin()).collect();
+            let mut out = ActOutputs::default();
+            let mode = |step| ActMode::Sample { seed: 5, step };
+            p.act(
+                Observations::F32(&obs),
+                batch,
+                mode(0),
+                EnvIds::Range(0),
+                None,
+                &mut out,
+            )
+            .unwrap();
+            let before = crate::alloc_count::count();
+            for step in 1..50 {
+                p.act(
+                    Observations::F32(&obs),
+                    batch,
+                    mode(step),
+                    EnvIds::Range(0),
+                    None,
+                    &mut out,
+                )
+                .unwrap();
+            }
+            let allocs = crate::alloc_count::count() - before;
+            assert_eq!(
+                allocs, 0,
+                "{name} batch {batch}: {allocs} allocations in 49 warm act() calls"
+            );
+        }
+    }
+}

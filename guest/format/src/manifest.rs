@@ -183,6 +183,8 @@ pub enum Op {
     Gelu {
         approximate: bool,
     },
+    /// The error function, elementwise (older ONNX opsets spell GELU with it).
+    Erf,
     Softmax,
     LogSoftmax,
     /// Concatenation of all inputs along the last axis.
@@ -205,7 +207,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const KNOWN: &'static str = "dense relu tanh sigmoid silu elu leaky_relu gelu softmax log_softmax concat add mul affine slice flatten";
+    pub const KNOWN: &'static str = "dense relu tanh sigmoid silu elu leaky_relu gelu erf softmax log_softmax concat add mul affine slice flatten";
 
     /// Names of the weight tensors the op reads.
     pub fn tensors(&self) -> Vec<&str> {

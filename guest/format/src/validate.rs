@@ -148,6 +148,7 @@ impl Checker<'_> {
             | Op::Elu { .. }
             | Op::LeakyRelu { .. }
             | Op::Gelu { .. }
+            | Op::Erf
             | Op::Softmax
             | Op::LogSoftmax
             | Op::Flatten => {

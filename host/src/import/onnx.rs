@@ -359,7 +359,7 @@ impl Importer<'_> {
                 );
             }
             "Add" | "Sub" | "Mul" | "Div" => self.binary(node, idx, &ins, &out)?,
-            "Relu" | "Tanh" | "Sigmoid" | "Elu" | "LeakyRelu" | "Gelu" | "Softmax"
+            "Relu" | "Tanh" | "Sigmoid" | "Erf" | "Elu" | "LeakyRelu" | "Gelu" | "Softmax"
             | "LogSoftmax" | "Flatten" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
                     return Err(self.unsupported(
@@ -373,6 +373,7 @@ impl Importer<'_> {
                     "Relu" => Op::Relu,
                     "Tanh" => Op::Tanh,
                     "Sigmoid" => Op::Sigmoid,
+                    "Erf" => Op::Erf,
                     "Elu" => Op::Elu {
                         alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(1.0),
                     },
@@ -554,7 +555,7 @@ impl Importer<'_> {
                     node,
                     idx,
                     "not supported by the ONNX importer",
-                    "supported: Gemm MatMul Add Sub Mul Div Relu Tanh Sigmoid Elu LeakyRelu Gelu Softmax LogSoftmax \
+                    "supported: Gemm MatMul Add Sub Mul Div Relu Tanh Sigmoid Erf Elu LeakyRelu Gelu Softmax LogSoftmax \
                      Concat Reshape Flatten Slice Constant Identity; re-export without it or open an issue",
                 ));
             }

@@ -1,0 +1,194 @@
+//! Recurrent state plumbing on every backend: per-env state in, next state out, env ids honoured, resets zero.
+//! The model is a hand-built Elman cell (dense + dense + add + tanh) checked against a float64 loop here.
+
+use std::collections::BTreeMap;
+
+use policyport::{ActMode, ActOutputs, EnvIds, Observations, Policy, PolicyError, RecurrentState};
+use policyport_conformance::backends;
+use policyport_format::container::{StorageDType, Tensor};
+use policyport_format::*;
+
+fn node(name: &str, op: Op, inputs: &[&str]) -> Node {
+    Node {
+        name: name.into(),
+        op,
+        inputs: inputs.iter().map(|s| s.to_string()).collect(),
+        output: name.into(),
+    }
+}
+
+fn weights(n: usize, seed: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as f32 * 0.37 + seed).sin()) * 0.8)
+        .collect()
+}
+
+fn elman() -> (Vec<u8>, BTreeMap<String, Tensor>) {
+    let mut t = BTreeMap::new();
+    t.insert("wx".to_string(), Tensor::new(vec![4, 3], weights(12, 0.1)));
+    t.insert("bx".to_string(), Tensor::new(vec![4], weights(4, 0.2)));
+    t.insert("wh".to_string(), Tensor::new(vec![4, 4], weights(16, 0.3)));
+    t.insert("wp".to_string(), Tensor::new(vec![2, 4], weights(8, 0.4)));
+    let manifest = Manifest {
+        name: "elman".into(),
+        producer: Producer {
+            tool: "test".into(),
+            version: "0".into(),
+            source: "hand-built".into(),
+            notes: String::new(),
+        },
+        observation: ObservationSpace::Box {
+            shape: vec![3],
+            dtype: ObsDType::F32,
+        },
+        action: ActionSpace::Discrete { n: 2 },
+        preprocess: vec![],
+        modules: vec![
+            Module {
+                name: "core".into(),
+                role: ModuleRole::RecurrentCore,
+                inputs: vec!["obs".into(), "state/h".into()],
+                outputs: vec!["h1".into()],
+                nodes: vec![
+                    node(
+                        "dx",
+                        Op::Dense {
+                            weight: "wx".into(),
+                            bias: Some("bx".into()),
+                        },
+                        &["obs"],
+                    ),
+                    node(
+                        "dh",
+                        Op::Dense {
+                            weight: "wh".into(),
+                            bias: None,
+                        },
+                        &["state/h"],
+                    ),
+                    node("s", Op::Add, &["dx", "dh"]),
+                    node("h1", Op::Tanh, &["s"]),
+                ],
+            },
+            Module {
+                name: "pi".into(),
+                role: ModuleRole::PolicyHead,
+                inputs: vec!["h1".into()],
+                outputs: vec!["logits".into()],
+                nodes: vec![node(
+                    "logits",
+                    Op::Dense {
+                        weight: "wp".into(),
+                        bias: None,
+                    },
+                    &["h1"],
+                )],
+            },
+        ],
+        distribution: Distribution::Categorical {
+            logits: "logits".into(),
+        },
+        value: None,
+        recurrent: Some(RecurrentSpec {
+            states: vec![StateSpec {
+                name: "h".into(),
+                shape: vec![4],
+                next: "h1".into(),
+            }],
+        }),
+        golden: vec![],
+    };
+    (
+        write_artifact(&manifest, &t, &|_| StorageDType::F32).unwrap(),
+        t,
+    )
+}
+
+/// One float64 step of the cell: (next h, logits).
+fn step64(t: &BTreeMap<String, Tensor>, x: &[f32], h: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let w = |n: &str| t[n].data.iter().map(|v| *v as f64).collect::<Vec<_>>();
+    let (wx, bx, wh, wp) = (w("wx"), w("bx"), w("wh"), w("wp"));
+    let h1: Vec<f64> = (0..4)
+        .map(|j| {
+            let mut s = bx[j];
+            for i in 0..3 {
+                s += wx[j * 3 + i] * x[i] as f64;
+            }
+            for i in 0..4 {
+                s += wh[j * 4 + i] * h[i];
+            }
+            s.tanh()
+        })
+        .collect();
+    let logits = (0..2)
+        .map(|a| (0..4).map(|i| wp[a * 4 + i] * h1[i]).sum())
+        .collect();
+    (h1, logits)
+}
+
+#[test]
+fn recurrent_state_is_per_env_and_carried_between_steps() {
+    let (bytes, t) = elman();
+    for backend in backends() {
+        let mut p = Policy::load_on(&bytes, backend).unwrap();
+        assert_eq!(p.info().recurrent_states, 1);
+        let mut state = RecurrentState::new(&p, 3);
+        let mut out = ActOutputs::default();
+        // Without state: a typed error.
+        let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
+        assert!(matches!(
+            p.act(
+                Observations::F32(&obs),
+                2,
+                ActMode::Deterministic,
+                EnvIds::List(&[0, 2]),
+                None,
+                &mut out
+            ),
+            Err(PolicyError::State(_))
+        ));
+        // Env ids past the state's envs: a typed error.
+        assert!(matches!(
+            p.act(
+                Observations::F32(&obs),
+                2,
+                ActMode::Deterministic,
+                EnvIds::List(&[0, 3]),
+                Some(&mut state),
+                &mut out
+            ),
+            Err(PolicyError::State(_))
+        ));
+        let mut h = [vec![0.0f64; 4], vec![0.0f64; 4], vec![0.0f64; 4]];
+        for step in 0..4u64 {
+            let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+            p.act(
+                Observations::F32(&x),
+                2,
+                ActMode::Sample { seed: 3, step },
+                EnvIds::List(&[2, 0]),
+                Some(&mut state),
+                &mut out,
+            )
+            .unwrap();
+            for (row, env) in [(0usize, 2usize), (1, 0)] {
+                let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
+                h[env] = h1;
+                for a in 0..2 {
+                    assert!(
+                        (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
+                        "{backend:?} step {step}"
+                    );
+                }
+                for i in 0..4 {
+                    assert!((state.get(0, env as u32).unwrap()[i] as f64 - h[env][i]).abs() < 1e-5);
+                }
+            }
+            assert_eq!(state.get(0, 1).unwrap(), &[0.0; 4], "env 1 never stepped");
+        }
+        state.reset(&[2]).unwrap();
+        assert_eq!(state.get(0, 2).unwrap(), &[0.0; 4]);
+        assert_ne!(state.get(0, 0).unwrap(), &[0.0; 4]);
+        assert!(matches!(state.reset(&[7]), Err(PolicyError::State(_))));
+    }
+}
