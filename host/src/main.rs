@@ -33,6 +33,11 @@ enum Cmd {
         /// Import spec (JSON): distribution, outputs, spaces, normalisation. Flags below override it.
         #[arg(long)]
         spec: Option<PathBuf>,
+        /// Output naming conventions: `logits-value` (categorical over "logits", critic "value"),
+        /// `gaussian` (diagonal Gaussian over "mean" and "log_std", critic "value"), `squashed` (SAC actor:
+        /// tanh-squashed Gaussian over "mean" and "log_std"). Other flags override a preset.
+        #[arg(long)]
+        preset: Option<String>,
         /// categorical | diag-gaussian | squashed-gaussian
         #[arg(long)]
         dist: Option<String>,
@@ -45,6 +50,11 @@ enum Cmd {
         log_std: Option<String>,
         #[arg(long)]
         value: Option<String>,
+        /// Continuous action bounds, comma-separated (one per action element).
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+        low: Option<Vec<f32>>,
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+        high: Option<Vec<f32>>,
         /// Oracle outputs to embed as golden vectors (io.json from the fixture scripts).
         #[arg(long)]
         golden: Option<PathBuf>,
@@ -113,14 +123,43 @@ fn main() -> Result<()> {
             model,
             out,
             spec,
+            preset,
             dist,
             logits,
             mean,
             log_std,
             value,
+            low,
+            high,
             golden,
             storage,
         } => {
+            let (mut dist, mut logits, mut mean, mut log_std, mut value) =
+                (dist, logits, mean, log_std, value);
+            let name = |n: &str| Some(n.to_string());
+            match preset.as_deref() {
+                None => {}
+                Some("logits-value") => {
+                    dist = dist.or(name("categorical"));
+                    logits = logits.or(name("logits"));
+                    value = value.or(name("value"));
+                }
+                Some(p @ ("gaussian" | "squashed")) => {
+                    dist = dist.or(name(if p == "gaussian" {
+                        "diag-gaussian"
+                    } else {
+                        "squashed-gaussian"
+                    }));
+                    mean = mean.or(name("mean"));
+                    log_std = log_std.or(name("log_std"));
+                    if p == "gaussian" {
+                        value = value.or(name("value"));
+                    }
+                }
+                Some(other) => {
+                    bail!("unknown --preset '{other}' (logits-value, gaussian, squashed)")
+                }
+            }
             let mut s: Option<ImportSpec> = match &spec {
                 Some(p) => Some(
                     serde_json::from_slice(&read(p)?)
@@ -173,6 +212,17 @@ fn main() -> Result<()> {
             )?;
             if value.is_some() {
                 s.value = value;
+            }
+            if let (Some(low), Some(high)) = (low, high) {
+                anyhow::ensure!(
+                    low.len() == high.len(),
+                    "--low and --high need the same number of values"
+                );
+                s.action = Some(policyport_format::ActionSpace::Box {
+                    shape: vec![low.len()],
+                    low: low.into_iter().map(Some).collect(),
+                    high: high.into_iter().map(Some).collect(),
+                });
             }
             let io: Option<FixtureIo> = match &golden {
                 Some(p) => Some(

@@ -38,7 +38,14 @@ fn committed_fixtures_match_the_generator_lock() {
 #[test]
 fn the_suite_has_every_model_class_the_spine_promises() {
     let names = fixture_names();
-    for want in ["cartpole", "pendulum", "mlp64", "mlp64_dynamo", "ops", "ops_dynamo"] {
+    for want in [
+        "cartpole",
+        "pendulum",
+        "mlp64",
+        "mlp64_dynamo",
+        "ops",
+        "ops_dynamo",
+    ] {
         assert!(
             names.iter().any(|n| n == want),
             "fixture {want} missing (have {names:?})"

@@ -28,6 +28,8 @@ for d in tests/fixtures/*/; do
   "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --storage bf16 -o "$out/$name.bf16.policy"
   "$PP_BIN" verify "$out/$name.bf16.policy" >/dev/null
 done
+"$PP_BIN" compile tests/fixtures/mlp64/policy.onnx --preset logits-value -o "$out/preset.policy"
+"$PP_BIN" verify "$out/preset.policy"
 echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
 "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"
 grep -q '"batch":2' "$out/run.json"
