@@ -1,6 +1,7 @@
-//! Which burn device a policy runs on. A backend compiled out still has its variant; asking for it returns
-//! [`PolicyError::NotCompiled`].
+//! Which backend a policy runs on. A backend compiled out still has its variant; asking for it returns
+//! [`PolicyError::NotCompiled`] (the API is the same in every build).
 
+#[cfg(feature = "burn")]
 use burn::tensor::Device;
 
 use crate::error::PolicyError;
@@ -28,12 +29,30 @@ impl Backend {
     pub fn compiled() -> Vec<Backend> {
         [Backend::Cpu, Backend::Flex, Backend::Wgpu]
             .into_iter()
-            .filter(|b| *b == Backend::Cpu || b.device().is_ok())
+            .filter(|b| b.check_compiled().is_ok())
             .collect()
     }
 
+    /// Ok if this build has the backend, else the typed "not compiled with X" error.
+    pub fn check_compiled(self) -> Result<(), PolicyError> {
+        match self {
+            Backend::Cpu => Ok(()),
+            Backend::Flex if cfg!(feature = "flex") => Ok(()),
+            Backend::Flex => Err(PolicyError::NotCompiled {
+                backend: "flex",
+                feature: "flex",
+            }),
+            Backend::Wgpu => Err(PolicyError::NotCompiled {
+                backend: "wgpu",
+                feature: "wgpu",
+            }),
+        }
+    }
+
     /// The burn device of a burn backend (the native CPU backend has none).
+    #[cfg(feature = "burn")]
     pub fn device(self) -> Result<Device, PolicyError> {
+        self.check_compiled()?;
         match self {
             Backend::Cpu => Err(PolicyError::Backend(
                 "the native cpu backend does not run on a burn device".into(),

@@ -6,9 +6,8 @@
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
 use crate::dense::PackedDense;
-use crate::exec::{affine_group, expand_affine};
 use crate::kernels::{self, Act, Isa};
-use crate::lower::{act_of, lower};
+use crate::lower::{act_of, affine_group, expand_affine, lower};
 
 #[derive(Debug, Clone)]
 enum Instr {

@@ -164,7 +164,8 @@ fn tile<const R: usize, const NR: usize, const F: bool>(
     width: usize,
 ) {
     assert!(x.len() >= R * k && panel.len() >= k * NR && y.len() >= (R - 1) * n + c0 + width);
-    let mut acc = [[0.0f32; NR]; R];
+    // The x86 kernels overwrite it (bias included); the portable one accumulates onto it.
+    let mut acc = [*bias; R];
     match isa {
         // SAFETY (both arms): the CPU has the features (`detect`), NR matches the ISA's packing (`panel_width`),
         // and the slice lengths were asserted above.
@@ -177,7 +178,6 @@ fn tile<const R: usize, const NR: usize, const F: bool>(
             x86::accumulate_avx2::<R>(x, k, panel, &bias[..], as_flat(&mut acc))
         },
         Isa::Baseline => {
-            acc = [*bias; R];
             let rows: [&[f32]; R] = std::array::from_fn(|i| &x[i * k..(i + 1) * k]);
             for (kk, w) in panel.chunks_exact(NR).enumerate() {
                 let w: &[f32; NR] = w.try_into().unwrap();
@@ -195,6 +195,7 @@ fn tile<const R: usize, const NR: usize, const F: bool>(
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 fn as_flat<const R: usize, const NR: usize>(a: &mut [[f32; NR]; R]) -> &mut [f32] {
     a.as_flattened_mut()
 }

@@ -12,7 +12,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
 use crate::kernels::Act;
-use crate::lower::{act_of, lower, transpose};
+use crate::lower::{act_of, affine_group, expand_affine, lower};
 
 #[derive(Debug, Clone, Copy)]
 enum Unary {
@@ -81,33 +81,6 @@ pub(crate) struct Program {
     pub(crate) state_slots: Vec<(usize, usize)>,
     /// (slot, numel) read back after a step: distribution values, then the value estimate, then next states.
     pub(crate) readback: Vec<(usize, usize)>,
-}
-
-/// Affine tensors broadcast over the whole feature vector (numel == total) or over the last axis.
-pub(crate) fn affine_group(
-    art: &Artifact,
-    scale: &Option<String>,
-    shift: &Option<String>,
-    total: usize,
-    last: usize,
-) -> usize {
-    let cols = |n: &String| {
-        if art.tensors[n].data.len() == total {
-            total
-        } else {
-            last
-        }
-    };
-    scale.as_ref().or(shift.as_ref()).map(cols).unwrap_or(total)
-}
-
-/// A one-element affine tensor repeated over its group.
-pub(crate) fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
-    if d.len() == 1 {
-        vec![d[0]; group]
-    } else {
-        d.to_vec()
-    }
 }
 
 fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
@@ -339,4 +312,15 @@ impl Program {
                 .map_err(|e| format!("readback: {e:?}")),
         }
     }
+}
+
+/// `[rows, cols]` row-major → `[cols, rows]` row-major (weights are transposed once, at load).
+pub(crate) fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = data[r * cols + c];
+        }
+    }
+    t
 }

@@ -1,4 +1,5 @@
-//! policyport runtime: load a `.policy` artifact, check it, and act() on a burn [`Device`].
+//! policyport runtime: load a `.policy` artifact, check it, and act() on native CPU kernels or a burn device.
+//! Without the `burn` feature (e.g. the sandboxed wasm plugin) only the native `cpu` backend is compiled.
 //!
 //! ```no_run
 //! use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
@@ -15,6 +16,7 @@ mod backend;
 mod cpu;
 mod dense;
 mod error;
+#[cfg(feature = "burn")]
 mod exec;
 mod kernels;
 mod lower;
@@ -23,6 +25,7 @@ mod policy;
 mod state;
 
 pub use backend::Backend;
+#[cfg(feature = "burn")]
 pub use burn::tensor::Device;
 pub use error::{ObservationError, PolicyError};
 pub use observations::Observations;

@@ -103,17 +103,6 @@ pub(crate) fn lower<'a>(
     }
 }
 
-/// `[rows, cols]` row-major → `[cols, rows]` row-major (weights are transposed once, at load).
-pub(crate) fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = data[r * cols + c];
-        }
-    }
-    t
-}
-
 /// The elementwise activation an op is, if it is one (every executor maps these the same way).
 pub(crate) fn act_of(op: &Op) -> Option<Act> {
     Some(match op {
@@ -128,4 +117,31 @@ pub(crate) fn act_of(op: &Op) -> Option<Act> {
         Op::Erf => Act::Erf,
         _ => return None,
     })
+}
+
+/// Affine tensors broadcast over the whole feature vector (numel == total) or over the last axis.
+pub(crate) fn affine_group(
+    art: &Artifact,
+    scale: &Option<String>,
+    shift: &Option<String>,
+    total: usize,
+    last: usize,
+) -> usize {
+    let cols = |n: &String| {
+        if art.tensors[n].data.len() == total {
+            total
+        } else {
+            last
+        }
+    };
+    scale.as_ref().or(shift.as_ref()).map(cols).unwrap_or(total)
+}
+
+/// A one-element affine tensor repeated over its group.
+pub(crate) fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
+    if d.len() == 1 {
+        vec![d[0]; group]
+    } else {
+        d.to_vec()
+    }
 }

@@ -6,11 +6,13 @@ use policyport_format::{
     ValidatedPlan, read_artifact, validate,
 };
 
+#[cfg(feature = "burn")]
 use burn::tensor::Device;
 
 use crate::backend::Backend;
 use crate::cpu::CpuProgram;
 use crate::error::PolicyError;
+#[cfg(feature = "burn")]
 use crate::exec::Program;
 use crate::observations::{Observations, Preprocessor};
 use crate::state::RecurrentState;
@@ -67,9 +69,20 @@ pub struct PolicyInfo {
     pub parameters: usize,
 }
 
+/// What `build` lowers for.
+enum Target<'a> {
+    Cpu,
+    #[cfg(feature = "burn")]
+    Burn(&'a Device),
+    #[cfg(not(feature = "burn"))]
+    #[allow(dead_code)]
+    Never(std::marker::PhantomData<&'a ()>),
+}
+
 /// Where the lowered graph runs: native CPU kernels, or burn tensors on a device.
 enum Exec {
     Cpu(CpuProgram),
+    #[cfg(feature = "burn")]
     Burn(Program),
 }
 
@@ -77,6 +90,7 @@ impl Exec {
     fn new(like: &Exec, art: &Artifact, plan: &ValidatedPlan, readback: &[&str]) -> Exec {
         match like {
             Exec::Cpu(_) => Exec::Cpu(CpuProgram::new(art, plan, readback)),
+            #[cfg(feature = "burn")]
             Exec::Burn(p) => Exec::Burn(Program::new(art, plan, readback, p.device())),
         }
     }
@@ -84,6 +98,7 @@ impl Exec {
     fn state_slots(&self) -> &[(usize, usize)] {
         match self {
             Exec::Cpu(p) => &p.state_slots,
+            #[cfg(feature = "burn")]
             Exec::Burn(p) => &p.state_slots,
         }
     }
@@ -91,6 +106,7 @@ impl Exec {
     fn readback(&self) -> &[(usize, usize)] {
         match self {
             Exec::Cpu(p) => &p.readback,
+            #[cfg(feature = "burn")]
             Exec::Burn(p) => &p.readback,
         }
     }
@@ -107,6 +123,7 @@ impl Exec {
                 p.run(batch, obs, &states, rows);
                 Ok(())
             }
+            #[cfg(feature = "burn")]
             Exec::Burn(p) => {
                 let obs_len = obs.len() / batch;
                 *rows = p
@@ -146,30 +163,34 @@ impl std::fmt::Debug for Policy {
 impl Policy {
     /// Load on a backend by name; a backend compiled out gives [`PolicyError::NotCompiled`].
     pub fn load_on(bytes: &[u8], backend: Backend) -> Result<Self, PolicyError> {
+        backend.check_compiled()?;
         let artifact = read_artifact(bytes)?;
-        let target = match backend {
-            Backend::Cpu => None,
-            other => Some(other.device()?),
+        let mut p = match backend {
+            Backend::Cpu => Self::build(artifact, Target::Cpu)?,
+            #[cfg(feature = "burn")]
+            other => Self::build(artifact, Target::Burn(&other.device()?))?,
+            #[cfg(not(feature = "burn"))]
+            _ => unreachable!("check_compiled refused every burn backend"),
         };
-        let mut p = Self::build(artifact, target.as_ref())?;
         p.backend_name = backend.name().to_string();
         Ok(p)
     }
 
     /// Read, checksum and validate the artifact, upload and pack weights, and warm up (one act at batch 1)
     /// so the first real call pays no setup.
+    #[cfg(feature = "burn")]
     pub fn load(bytes: &[u8], device: &Device) -> Result<Self, PolicyError> {
         let artifact = read_artifact(bytes)?;
         Self::from_artifact(artifact, device)
     }
 
     /// From a decoded artifact, on a burn device.
+    #[cfg(feature = "burn")]
     pub fn from_artifact(artifact: Artifact, device: &Device) -> Result<Self, PolicyError> {
-        Self::build(artifact, Some(device))
+        Self::build(artifact, Target::Burn(device))
     }
 
-    /// `device`: None for the native CPU kernels.
-    fn build(artifact: Artifact, device: Option<&Device>) -> Result<Self, PolicyError> {
+    fn build(artifact: Artifact, target: Target<'_>) -> Result<Self, PolicyError> {
         let plan = validate(&artifact, &Limits::default())?;
         let m = &artifact.manifest;
         let mut readback: Vec<&str> = m.distribution.param_values();
@@ -187,9 +208,18 @@ impl Policy {
             .map(|s| s.next.as_str())
             .collect();
         readback.extend(&next_states);
-        let exec = match device {
-            Some(d) => Exec::Burn(Program::new(&artifact, &plan, &readback, d)),
-            None => Exec::Cpu(CpuProgram::new(&artifact, &plan, &readback)),
+        let (exec, backend_name) = match target {
+            Target::Cpu => (
+                Exec::Cpu(CpuProgram::new(&artifact, &plan, &readback)),
+                "cpu".to_string(),
+            ),
+            #[cfg(feature = "burn")]
+            Target::Burn(d) => (
+                Exec::Burn(Program::new(&artifact, &plan, &readback, d)),
+                format!("{d:?}"),
+            ),
+            #[cfg(not(feature = "burn"))]
+            Target::Never(_) => unreachable!(),
         };
         let row_width = exec.readback().iter().map(|(_, n)| n).sum();
         let sampler = Sampler::new(&artifact);
@@ -201,7 +231,7 @@ impl Policy {
             exec,
             sampler,
             pre,
-            backend_name: device.map_or("cpu".to_string(), |d| format!("{d:?}")),
+            backend_name,
             raw_params,
             row_width,
             scratch_obs: Vec::new(),
