@@ -26,6 +26,16 @@ impl RecurrentState {
         self.num_envs
     }
 
+    /// Grow to hold at least `num_envs` envs (new envs start at zero); never shrinks.
+    pub fn ensure_envs(&mut self, num_envs: usize) {
+        if num_envs > self.num_envs {
+            for (n, data) in &mut self.tensors {
+                data.resize(*n * num_envs, 0.0);
+            }
+            self.num_envs = num_envs;
+        }
+    }
+
     /// Zero the state of these envs (episode boundaries).
     pub fn reset(&mut self, envs: &[u32]) -> Result<(), PolicyError> {
         for &e in envs {

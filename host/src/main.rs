@@ -110,6 +110,9 @@ enum Cmd {
         /// Minimum seconds per batch size.
         #[arg(long, default_value_t = 1.0)]
         seconds: f64,
+        /// Run inside the wasm sandbox with this plugin (policyport_plugin.wasm) instead of natively.
+        #[arg(long)]
+        plugin: Option<PathBuf>,
     },
 }
 
@@ -338,9 +341,22 @@ fn main() -> Result<()> {
             batches,
             backend,
             seconds,
+            plugin,
         } => {
-            let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
+            let bytes = read(&artifact)?;
+            let mut policy = Policy::load_on(&bytes, backend)?;
             let raw_len = policy.info().obs_len;
+            let mut sandboxed = match &plugin {
+                Some(p) => {
+                    let rt = policyport_host::wasm::WasmRuntime::new(&read(p)?)?;
+                    Some(policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default())?)
+                }
+                None => None,
+            };
+            let runtime = match &plugin {
+                Some(_) => "policyport-wasm".to_string(),
+                None => format!("policyport-{}", backend.name()),
+            };
             for b in batches.split(',') {
                 let batch: usize = b.trim().parse().context("--batches")?;
                 let obs = policyport_host::random_obs(&policy.manifest().observation, batch, 1);
@@ -349,14 +365,11 @@ fn main() -> Result<()> {
                 let mut run = |n: u64, policy: &mut Policy| -> Result<f64> {
                     let t0 = Instant::now();
                     for _ in 0..n {
-                        policy.act(
-                            Observations::F32(&obs),
-                            batch,
-                            ActMode::Sample { seed: 1, step },
-                            EnvIds::Range(0),
-                            None,
-                            &mut out,
-                        )?;
+                        let mode = ActMode::Sample { seed: 1, step };
+                        match sandboxed.as_mut() {
+                            Some(w) => w.act(Observations::F32(&obs), batch, mode, EnvIds::Range(0), &mut out)?,
+                            None => policy.act(Observations::F32(&obs), batch, mode, EnvIds::Range(0), None, &mut out)?,
+                        }
                         step += 1;
                     }
                     Ok(t0.elapsed().as_secs_f64())
@@ -375,7 +388,7 @@ fn main() -> Result<()> {
                 let median = per_call[per_call.len() / 2];
                 println!(
                     "{}",
-                    serde_json::json!({"runtime": format!("policyport-{}", backend.name()), "batch": batch, "obs_len": raw_len, "us_per_act": median})
+                    serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median})
                 );
             }
         }

@@ -7,13 +7,17 @@
 //! - `bad_input`: the hostile-input corpus: every case a typed error, never a panic.
 //! - `episodes`: the trained policies replay the PyTorch policy's evaluation episodes.
 //! - `recurrent`: per-env recurrent state on every backend.
+//! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
+//! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
 
 mod artifact;
 mod bad_input;
+mod capi;
 mod episodes;
 mod fixtures;
 mod parity;
 mod recurrent;
+mod wasm;
 
 /// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.
 pub mod alloc_count {

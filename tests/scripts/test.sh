@@ -5,8 +5,12 @@ need_cargo
 t0=$(date +%s)
 passed=0
 
-step "build (release, one crate graph for tests, CLI and demo)"
+step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
+rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
 cargo build --release --workspace --all-targets
+cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
+plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
+echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
 
 step "cargo test: unit tests + the conformance suite on every compiled backend"
 cargo test --release --workspace 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test.log"

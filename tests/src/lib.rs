@@ -61,3 +61,18 @@ pub fn backends() -> Vec<Backend> {
     );
     b
 }
+
+/// The plugin module (`guest/plugin` built for wasm32-unknown-unknown), found next to this test binary's target
+/// dir. `tests/scripts/test.sh` builds it first.
+pub fn plugin_wasm() -> Vec<u8> {
+    let exe = std::env::current_exe().expect("test binary path");
+    // <target>/<profile>/deps/<test binary>
+    let target = exe.ancestors().nth(3).expect("target dir").to_path_buf();
+    let path = target.join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}. Build the plugin first: cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown",
+            path.display()
+        )
+    })
+}

@@ -1,0 +1,265 @@
+//! policyport as a plain wasm module for sandboxed hosts: the exports of ABI.md (version 1). Build with
+//! `cargo build --release -p policyport-plugin --target wasm32-unknown-unknown`. The module imports nothing;
+//! everything crosses the boundary as offsets into its own memory. A panic aborts (traps) the instance; the host
+//! turns the trap into a typed error and drops the instance.
+
+use std::cell::RefCell;
+
+use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState};
+
+pub const ABI_VERSION: u32 = 1;
+
+pub const ERR_ARTIFACT: i32 = -1;
+pub const ERR_OBSERVATION: i32 = -2;
+pub const ERR_CALL: i32 = -3;
+pub const ERR_STATE: i32 = -4;
+pub const ERR_BACKEND: i32 = -5;
+pub const ERR_HANDLE: i32 = -6;
+pub const ERR_MEMORY: i32 = -7;
+
+struct Slot {
+    policy: Policy,
+    out: ActOutputs,
+    state: Option<RecurrentState>,
+}
+
+thread_local! {
+    static SLOTS: RefCell<Vec<Option<Slot>>> = const { RefCell::new(Vec::new()) };
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg.to_string());
+    code
+}
+
+fn code_of(e: &PolicyError) -> i32 {
+    match e {
+        PolicyError::Artifact(_) => ERR_ARTIFACT,
+        PolicyError::Observation(_) => ERR_OBSERVATION,
+        PolicyError::Batch { .. } | PolicyError::EnvIds(_) => ERR_CALL,
+        PolicyError::State(_) => ERR_STATE,
+        PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => ERR_BACKEND,
+    }
+}
+
+/// A guest-memory slice from an ABI pointer and element count.
+///
+/// # Safety
+/// The host promises `ptr .. ptr + len * size_of::<T>()` lies in this module's memory, aligned for `T`; a lie
+/// can only corrupt this sandboxed instance, never the host.
+unsafe fn slice<'a, T>(ptr: *const T, len: usize) -> Option<&'a [T]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    if ptr.is_null() || (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return None;
+    }
+    Some(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T]> {
+    if ptr.is_null() || (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return None;
+    }
+    Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+fn with_slot<R>(handle: i32, f: impl FnOnce(&mut Slot) -> Result<R, i32>) -> Result<R, i32> {
+    SLOTS.with(|s| {
+        let mut slots = s.borrow_mut();
+        match usize::try_from(handle).ok().and_then(|h| slots.get_mut(h)).and_then(|s| s.as_mut()) {
+            Some(slot) => f(slot),
+            None => Err(fail(ERR_HANDLE, format!("no policy with handle {handle}"))),
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn pp_abi_version() -> u32 {
+    ABI_VERSION
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn pp_alloc(len: u32) -> *mut u8 {
+    let Ok(layout) = std::alloc::Layout::from_size_align(len.max(1) as usize, 16) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: non-zero size.
+    unsafe { std::alloc::alloc(layout) }
+}
+
+/// # Safety
+/// `ptr` came from `pp_alloc(len)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_free(ptr: *mut u8, len: u32) {
+    if let (false, Ok(layout)) = (ptr.is_null(), std::alloc::Layout::from_size_align(len.max(1) as usize, 16)) {
+        // SAFETY: the caller passes back what pp_alloc returned, with its size.
+        unsafe { std::alloc::dealloc(ptr, layout) }
+    }
+}
+
+/// # Safety
+/// `ptr .. ptr + len` is guest memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
+    let Some(bytes) = (unsafe { slice(ptr, len as usize) }) else {
+        return fail(ERR_CALL, "artifact pointer is null or out of range");
+    };
+    match Policy::load_on(bytes, Backend::Cpu) {
+        Ok(policy) => {
+            let state = (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
+            SLOTS.with(|s| {
+                let mut slots = s.borrow_mut();
+                let slot = Some(Slot { policy, out: ActOutputs::default(), state });
+                match slots.iter().position(|s| s.is_none()) {
+                    Some(i) => {
+                        slots[i] = slot;
+                        i as i32
+                    }
+                    None => {
+                        slots.push(slot);
+                        slots.len() as i32 - 1
+                    }
+                }
+            })
+        }
+        Err(e) => fail(code_of(&e), e),
+    }
+}
+
+/// # Safety
+/// `out` points to 8 writable `u32`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
+    with_slot(handle, |slot| {
+        let Some(out) = (unsafe { slice_mut(out, 8) }) else {
+            return Err(fail(ERR_CALL, "info pointer is null or misaligned"));
+        };
+        let i = slot.policy.info();
+        let u8_obs = matches!(i.observation, policyport::format::ObservationSpace::Box { dtype: policyport::format::ObsDType::U8, .. });
+        out.copy_from_slice(&[
+            i.obs_len as u32,
+            i.action_len as u32,
+            i.dist_params_len as u32,
+            i.has_value as u32,
+            i.action.is_discrete() as u32,
+            i.recurrent_states as u32,
+            u8_obs as u32,
+            ABI_VERSION,
+        ]);
+        Ok(0)
+    })
+    .unwrap_or_else(|code| code)
+}
+
+/// # Safety
+/// Every non-zero pointer covers the sizes ABI.md gives for this call.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn pp_act(
+    handle: i32,
+    obs: *const u8,
+    obs_dtype: u32,
+    batch: u32,
+    env_ids: *const u32,
+    env_offset: u32,
+    mode: u32,
+    seed: u64,
+    step: u64,
+    actions: *mut u8,
+    value: *mut f32,
+    dist: *mut f32,
+) -> i32 {
+    with_slot(handle, |slot| {
+        let info = slot.policy.info();
+        let b = batch as usize;
+        let bad = |what: &str| fail(ERR_CALL, format!("{what} pointer is null, misaligned or out of range"));
+        let observations = match obs_dtype {
+            0 => Observations::F32(unsafe { slice(obs as *const f32, b * info.obs_len) }.ok_or_else(|| bad("obs"))?),
+            1 => Observations::U8(unsafe { slice(obs, b * info.obs_len) }.ok_or_else(|| bad("obs"))?),
+            d => return Err(fail(ERR_CALL, format!("obs dtype {d} (0 = f32, 1 = u8)"))),
+        };
+        let ids = if env_ids.is_null() {
+            EnvIds::Range(env_offset)
+        } else {
+            EnvIds::List(unsafe { slice(env_ids, b) }.ok_or_else(|| bad("env ids"))?)
+        };
+        let mode = match mode {
+            0 => ActMode::Deterministic,
+            1 => ActMode::Sample { seed, step },
+            m => return Err(fail(ERR_CALL, format!("mode {m} (0 = deterministic, 1 = sample)"))),
+        };
+        if let Some(st) = &mut slot.state {
+            let max_env = match ids {
+                EnvIds::Range(start) => start as usize + b,
+                EnvIds::List(l) => l.iter().map(|e| *e as usize + 1).max().unwrap_or(0),
+            };
+            st.ensure_envs(max_env);
+        }
+        slot.policy
+            .act(observations, b, mode, ids, slot.state.as_mut(), &mut slot.out)
+            .map_err(|e| fail(code_of(&e), e))?;
+        let n = b * info.action_len;
+        if info.action.is_discrete() {
+            let a = unsafe { slice_mut(actions as *mut i32, n) }.ok_or_else(|| bad("actions"))?;
+            for (d, s) in a.iter_mut().zip(&slot.out.discrete) {
+                *d = *s as i32;
+            }
+        } else {
+            let a = unsafe { slice_mut(actions as *mut f32, n) }.ok_or_else(|| bad("actions"))?;
+            a.copy_from_slice(&slot.out.continuous);
+        }
+        if !value.is_null() && info.has_value {
+            unsafe { slice_mut(value, b) }.ok_or_else(|| bad("value"))?.copy_from_slice(&slot.out.value);
+        }
+        if !dist.is_null() {
+            unsafe { slice_mut(dist, b * info.dist_params_len) }.ok_or_else(|| bad("dist"))?.copy_from_slice(&slot.out.dist_params);
+        }
+        Ok(0)
+    })
+    .unwrap_or_else(|code| code)
+}
+
+/// # Safety
+/// `env_ids` covers `n` `u32`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_reset(handle: i32, env_ids: *const u32, n: u32) -> i32 {
+    with_slot(handle, |slot| {
+        let ids = unsafe { slice(env_ids, n as usize) }.ok_or_else(|| fail(ERR_CALL, "env ids pointer"))?;
+        if let Some(st) = &mut slot.state {
+            st.ensure_envs(ids.iter().map(|e| *e as usize + 1).max().unwrap_or(0));
+            st.reset(ids).map_err(|e| fail(code_of(&e), e))?;
+        }
+        Ok(0)
+    })
+    .unwrap_or_else(|code| code)
+}
+
+/// # Safety
+/// `buf` covers `len` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_last_error(buf: *mut u8, len: u32) -> u32 {
+    LAST_ERROR.with(|e| {
+        let e = e.borrow();
+        let n = e.len().min(len as usize);
+        if let Some(dst) = unsafe { slice_mut(buf, n) } {
+            dst.copy_from_slice(&e.as_bytes()[..n]);
+        }
+        e.len() as u32
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn pp_drop(handle: i32) -> i32 {
+    SLOTS.with(|s| {
+        let mut slots = s.borrow_mut();
+        match usize::try_from(handle).ok().and_then(|h| slots.get_mut(h)) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                0
+            }
+            _ => fail(ERR_HANDLE, format!("no policy with handle {handle}")),
+        }
+    })
+}

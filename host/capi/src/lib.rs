@@ -1,0 +1,356 @@
+//! The policyport C ABI. One opaque handle type for both runtimes: the native one (`cpu` kernels or burn-flex)
+//! and the wasm-sandboxed plugin under wasmtime (deadline and memory cap per policy).
+//!
+//! Rules: every function returns a `PpStatus` (0 = ok); on error, `pp_last_error()` gives a message for the
+//! calling thread. No panic ever crosses the boundary (each entry point catches unwinds and reports
+//! `PP_STATUS_PANIC`). Thread safety: a `PpPolicy` may be used from any thread but by one thread at a time;
+//! different policies may be used concurrently. Pointers are checked for null; lengths are the caller's promise.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+
+use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState};
+use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
+
+/// Path of the generated header (for build scripts and tests).
+/// cbindgen:ignore
+pub const HEADER: &str = env!("POLICYPORT_HEADER");
+
+/// Version of this C ABI.
+pub const PP_ABI_VERSION: u32 = 1;
+
+/// Result of every call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PpStatus {
+    Ok = 0,
+    InvalidArtifact = 1,
+    BadObservation = 2,
+    BadCall = 3,
+    State = 4,
+    Backend = 5,
+    NullPointer = 6,
+    Panic = 7,
+    Sandbox = 8,
+    Io = 9,
+}
+
+/// Native backends.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PpBackend {
+    /// Native CPU kernels.
+    Cpu = 0,
+    /// burn-flex.
+    Flex = 1,
+}
+
+/// What a policy expects and returns.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PpInfo {
+    /// Observation numbers per env.
+    pub obs_len: u32,
+    /// Action numbers per env.
+    pub action_len: u32,
+    /// Distribution parameters per env.
+    pub dist_params_len: u32,
+    /// 1 if the policy has a value estimate.
+    pub has_value: u32,
+    /// 1 if actions are discrete (written to `discrete_actions`), 0 if continuous (`continuous_actions`).
+    pub discrete: u32,
+    /// 1 if the policy runs inside the wasm sandbox.
+    pub sandboxed: u32,
+}
+
+enum Inner {
+    Native { policy: Policy, out: ActOutputs, state: Option<RecurrentState> },
+    Wasm { policy: WasmPolicy, out: ActOutputs },
+}
+
+/// An opaque loaded policy.
+pub struct PpPolicy {
+    inner: Inner,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: impl std::fmt::Display) {
+    let s = CString::new(msg.to_string().replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = s);
+}
+
+fn status_of(e: &PolicyError) -> PpStatus {
+    match e {
+        PolicyError::Artifact(_) => PpStatus::InvalidArtifact,
+        PolicyError::Observation(_) => PpStatus::BadObservation,
+        PolicyError::Batch { .. } | PolicyError::EnvIds(_) => PpStatus::BadCall,
+        PolicyError::State(_) => PpStatus::State,
+        PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => PpStatus::Backend,
+    }
+}
+
+fn wasm_status(e: &WasmError) -> PpStatus {
+    match e {
+        WasmError::Guest { code: -1, .. } => PpStatus::InvalidArtifact,
+        WasmError::Guest { code: -2, .. } => PpStatus::BadObservation,
+        WasmError::Guest { code: -3, .. } | WasmError::Call(_) => PpStatus::BadCall,
+        WasmError::Guest { code: -4, .. } => PpStatus::State,
+        _ => PpStatus::Sandbox,
+    }
+}
+
+/// Run `f`, turning errors and panics into a status and a message.
+fn guard(f: impl FnOnce() -> Result<(), (PpStatus, String)>) -> PpStatus {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => PpStatus::Ok,
+        Ok(Err((status, msg))) => {
+            set_error(msg);
+            status
+        }
+        Err(panic) => {
+            let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+            set_error(format!("internal panic (a policyport bug): {}", msg.unwrap_or_default()));
+            PpStatus::Panic
+        }
+    }
+}
+
+fn null(what: &str) -> (PpStatus, String) {
+    (PpStatus::NullPointer, format!("{what} is null"))
+}
+
+/// # Safety
+/// `bytes` covers `len` bytes (or is null with `len` 0); `out` is writable.
+unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpStatus, String)> {
+    if bytes.is_null() {
+        return if len == 0 { Ok(&[]) } else { Err(null("bytes")) };
+    }
+    Ok(unsafe { std::slice::from_raw_parts(bytes, len) })
+}
+
+/// The version of this ABI (compare with `PP_ABI_VERSION` from the header you compiled against).
+#[unsafe(no_mangle)]
+pub extern "C" fn pp_abi_version() -> u32 {
+    PP_ABI_VERSION
+}
+
+/// The calling thread's last error message (empty if none). Valid until this thread's next policyport call.
+#[unsafe(no_mangle)]
+pub extern "C" fn pp_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Load a `.policy` artifact (`bytes`, `len`) on a native backend; `*out` receives the policy.
+///
+/// # Safety
+/// `bytes` covers `len` readable bytes; `out` is a writable pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_load(bytes: *const u8, len: usize, backend: PpBackend, out: *mut *mut PpPolicy) -> PpStatus {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let bytes = unsafe { bytes_arg(bytes, len) }?;
+        let b = match backend {
+            PpBackend::Cpu => Backend::Cpu,
+            PpBackend::Flex => Backend::Flex,
+        };
+        let policy = Policy::load_on(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
+        let state = (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
+        let p = Box::new(PpPolicy { inner: Inner::Native { policy, out: ActOutputs::default(), state } });
+        unsafe { *out = Box::into_raw(p) };
+        Ok(())
+    })
+}
+
+static RUNTIMES: Mutex<Vec<(std::path::PathBuf, Arc<WasmRuntime>)>> = Mutex::new(Vec::new());
+
+/// Load an artifact inside the wasm sandbox: `plugin_path` is `policyport_plugin.wasm` (compiled once per path
+/// and process, cached next to it as `.cwasm` when that directory is writable); `memory_bytes` caps the
+/// instance's memory, `deadline_ms` bounds every call (0 = defaults: 256 MiB, 1000 ms).
+///
+/// # Safety
+/// `bytes` covers `len` bytes; `plugin_path` is a NUL-terminated path; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_load_wasm(
+    bytes: *const u8,
+    len: usize,
+    plugin_path: *const c_char,
+    memory_bytes: usize,
+    deadline_ms: u32,
+    out: *mut *mut PpPolicy,
+) -> PpStatus {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        if plugin_path.is_null() {
+            return Err(null("plugin_path"));
+        }
+        let bytes = unsafe { bytes_arg(bytes, len) }?;
+        let path = std::path::PathBuf::from(unsafe { CStr::from_ptr(plugin_path) }.to_string_lossy().into_owned());
+        let rt = {
+            let mut rts = RUNTIMES.lock().unwrap_or_else(|e| e.into_inner());
+            match rts.iter().find(|(p, _)| *p == path) {
+                Some((_, rt)) => rt.clone(),
+                None => {
+                    let wasm = std::fs::read(&path).map_err(|e| (PpStatus::Io, format!("{}: {e}", path.display())))?;
+                    let cache = path.with_extension("cwasm");
+                    let rt = WasmRuntime::with_cache(&wasm, &cache)
+                        .or_else(|_| WasmRuntime::new(&wasm))
+                        .map_err(|e| (wasm_status(&e), e.to_string()))?;
+                    rts.push((path, rt.clone()));
+                    rt
+                }
+            }
+        };
+        let mut limits = WasmLimits::default();
+        if memory_bytes > 0 {
+            limits.memory_bytes = memory_bytes;
+        }
+        if deadline_ms > 0 {
+            limits.deadline = std::time::Duration::from_millis(deadline_ms as u64);
+        }
+        let policy = WasmPolicy::load(&rt, bytes, limits).map_err(|e| (wasm_status(&e), e.to_string()))?;
+        let p = Box::new(PpPolicy { inner: Inner::Wasm { policy, out: ActOutputs::default() } });
+        unsafe { *out = Box::into_raw(p) };
+        Ok(())
+    })
+}
+
+/// Describe a policy.
+///
+/// # Safety
+/// `policy` came from a load function and was not freed; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_info(policy: *const PpPolicy, out: *mut PpInfo) -> PpStatus {
+    guard(|| {
+        let p = unsafe { policy.as_ref() }.ok_or_else(|| null("policy"))?;
+        let out = unsafe { out.as_mut() }.ok_or_else(|| null("out"))?;
+        *out = match &p.inner {
+            Inner::Native { policy, .. } => {
+                let i = policy.info();
+                PpInfo {
+                    obs_len: i.obs_len as u32,
+                    action_len: i.action_len as u32,
+                    dist_params_len: i.dist_params_len as u32,
+                    has_value: i.has_value as u32,
+                    discrete: i.action.is_discrete() as u32,
+                    sandboxed: 0,
+                }
+            }
+            Inner::Wasm { policy, .. } => {
+                let i = policy.info();
+                PpInfo {
+                    obs_len: i.obs_len as u32,
+                    action_len: i.action_len as u32,
+                    dist_params_len: i.dist_params_len as u32,
+                    has_value: i.has_value as u32,
+                    discrete: i.discrete as u32,
+                    sandboxed: 1,
+                }
+            }
+        };
+        Ok(())
+    })
+}
+
+/// One step for `batch` envs with ids `env_offset, env_offset + 1, …`. `obs`: `batch × obs_len` floats.
+/// `sample` 0 = deterministic, else draw with (seed, env, step). Outputs (any may be null to skip):
+/// `discrete_actions` (`batch × action_len` int64, discrete policies), `continuous_actions` (float, continuous
+/// policies), `value` (`batch`), `dist_params` (`batch × dist_params_len`).
+///
+/// # Safety
+/// `policy` is live and not used by another thread during the call; non-null buffers have the sizes above.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn pp_policy_act(
+    policy: *mut PpPolicy,
+    obs: *const f32,
+    batch: usize,
+    env_offset: u32,
+    sample: i32,
+    seed: u64,
+    step: u64,
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+    dist_params: *mut f32,
+) -> PpStatus {
+    guard(|| {
+        let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
+        if obs.is_null() {
+            return Err(null("obs"));
+        }
+        let mode = if sample != 0 { ActMode::Sample { seed, step } } else { ActMode::Deterministic };
+        let envs = EnvIds::Range(env_offset);
+        let out = match &mut p.inner {
+            Inner::Native { policy, out, state } => {
+                let n = batch.checked_mul(policy.info().obs_len).ok_or((PpStatus::BadCall, "batch too large".into()))?;
+                let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+                if let Some(st) = state.as_mut() {
+                    st.ensure_envs(env_offset as usize + batch);
+                }
+                policy.act(o, batch, mode, envs, state.as_mut(), out).map_err(|e| (status_of(&e), e.to_string()))?;
+                &*out
+            }
+            Inner::Wasm { policy, out } => {
+                let n = batch.checked_mul(policy.info().obs_len).ok_or((PpStatus::BadCall, "batch too large".into()))?;
+                let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+                policy.act(o, batch, mode, envs, out).map_err(|e| (wasm_status(&e), e.to_string()))?;
+                &*out
+            }
+        };
+        unsafe {
+            if !discrete_actions.is_null() && !out.discrete.is_empty() {
+                std::ptr::copy_nonoverlapping(out.discrete.as_ptr(), discrete_actions, out.discrete.len());
+            }
+            if !continuous_actions.is_null() && !out.continuous.is_empty() {
+                std::ptr::copy_nonoverlapping(out.continuous.as_ptr(), continuous_actions, out.continuous.len());
+            }
+            if !value.is_null() && !out.value.is_empty() {
+                std::ptr::copy_nonoverlapping(out.value.as_ptr(), value, out.value.len());
+            }
+            if !dist_params.is_null() {
+                std::ptr::copy_nonoverlapping(out.dist_params.as_ptr(), dist_params, out.dist_params.len());
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Zero the recurrent state of `n` envs (no-op for feed-forward policies).
+///
+/// # Safety
+/// `policy` is live; `envs` covers `n` ids.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_reset(policy: *mut PpPolicy, envs: *const u32, n: usize) -> PpStatus {
+    guard(|| {
+        let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
+        let ids = if n == 0 { &[][..] } else if envs.is_null() { return Err(null("envs")) } else { unsafe { std::slice::from_raw_parts(envs, n) } };
+        match &mut p.inner {
+            Inner::Native { state: Some(st), .. } => {
+                st.ensure_envs(ids.iter().map(|e| *e as usize + 1).max().unwrap_or(0));
+                st.reset(ids).map_err(|e| (status_of(&e), e.to_string()))
+            }
+            Inner::Native { state: None, .. } => Ok(()),
+            Inner::Wasm { policy, .. } => policy.reset(ids).map_err(|e| (wasm_status(&e), e.to_string())),
+        }
+    })
+}
+
+/// Free a policy (null is ignored).
+///
+/// # Safety
+/// `policy` came from a load function and is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_free(policy: *mut PpPolicy) {
+    if !policy.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(policy) })));
+    }
+}
