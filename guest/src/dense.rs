@@ -7,7 +7,9 @@
 //! A tile is `MR ≤ 6` batch rows × one panel: 6·NR accumulators stay in registers, each step loads NR weights and
 //! broadcasts 6 inputs. Batch 1 is the same kernel with MR = 1.
 
-use crate::kernels::{self, Act, Isa, madd_pub as madd};
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+use crate::kernels::madd_pub as madd;
+use crate::kernels::{self, Act, Isa};
 
 /// Rows per tile.
 const MR: usize = 6;
@@ -171,12 +173,18 @@ fn tile<const R: usize, const NR: usize, const F: bool>(
         // and the slice lengths were asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            x86::accumulate_avx512::<R>(x, k, panel, &bias[..], as_flat(&mut acc))
+            x86::accumulate_avx512::<R>(x, k, panel, &bias[..], acc.as_flattened_mut())
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => unsafe {
-            x86::accumulate_avx2::<R>(x, k, panel, &bias[..], as_flat(&mut acc))
+            x86::accumulate_avx2::<R>(x, k, panel, &bias[..], acc.as_flattened_mut())
         },
+        // SAFETY: as above (simd128 is a compile-time feature of the wasm build).
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Baseline => unsafe {
+            wasm::accumulate_simd128::<R>(x, k, panel, &bias[..], acc.as_flattened_mut())
+        },
+        #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
         Isa::Baseline => {
             let rows: [&[f32]; R] = std::array::from_fn(|i| &x[i * k..(i + 1) * k]);
             for (kk, w) in panel.chunks_exact(NR).enumerate() {
@@ -195,9 +203,44 @@ fn tile<const R: usize, const NR: usize, const F: bool>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn as_flat<const R: usize, const NR: usize>(a: &mut [[f32; NR]; R]) -> &mut [f32] {
-    a.as_flattened_mut()
+/// The same inner loop for wasm SIMD128 (NR = 8: two v128 per row); wasmtime and browsers lower it to SSE/AVX.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm {
+    use std::arch::wasm32::*;
+
+    pub(super) unsafe fn accumulate_simd128<const R: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+    ) {
+        unsafe {
+            let (b0, b1) = (
+                v128_load(bias.as_ptr() as *const v128),
+                v128_load(bias.as_ptr().add(4) as *const v128),
+            );
+            let mut a0 = [b0; R];
+            let mut a1 = [b1; R];
+            let (xp, mut wp) = (x.as_ptr(), panel.as_ptr());
+            for kk in 0..k {
+                let (w0, w1) = (
+                    v128_load(wp as *const v128),
+                    v128_load(wp.add(4) as *const v128),
+                );
+                for i in 0..R {
+                    let xv = f32x4_splat(*xp.add(i * k + kk));
+                    a0[i] = f32x4_add(a0[i], f32x4_mul(xv, w0));
+                    a1[i] = f32x4_add(a1[i], f32x4_mul(xv, w1));
+                }
+                wp = wp.add(8);
+            }
+            for i in 0..R {
+                v128_store(out.as_mut_ptr().add(i * 8) as *mut v128, a0[i]);
+                v128_store(out.as_mut_ptr().add(i * 8 + 4) as *mut v128, a1[i]);
+            }
+        }
+    }
 }
 
 /// The register-blocked inner loops in intrinsics: written generically, the compiler keeps some accumulators in

@@ -22,6 +22,7 @@ pub(crate) enum Act {
 
 /// `a * b + c`, fused where the instruction set has FMA (`F`), plain otherwise: `mul_add` without hardware FMA is
 /// a slow libm call (baseline x86-64, wasm).
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 #[inline(always)]
 pub(crate) fn madd_pub<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
     madd::<F>(a, b, c)

@@ -349,7 +349,11 @@ fn main() -> Result<()> {
             let mut sandboxed = match &plugin {
                 Some(p) => {
                     let rt = policyport_host::wasm::WasmRuntime::new(&read(p)?)?;
-                    Some(policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default())?)
+                    Some(policyport_host::wasm::WasmPolicy::load(
+                        &rt,
+                        &bytes,
+                        Default::default(),
+                    )?)
                 }
                 None => None,
             };
@@ -367,8 +371,21 @@ fn main() -> Result<()> {
                     for _ in 0..n {
                         let mode = ActMode::Sample { seed: 1, step };
                         match sandboxed.as_mut() {
-                            Some(w) => w.act(Observations::F32(&obs), batch, mode, EnvIds::Range(0), &mut out)?,
-                            None => policy.act(Observations::F32(&obs), batch, mode, EnvIds::Range(0), None, &mut out)?,
+                            Some(w) => w.act(
+                                Observations::F32(&obs),
+                                batch,
+                                mode,
+                                EnvIds::Range(0),
+                                &mut out,
+                            )?,
+                            None => policy.act(
+                                Observations::F32(&obs),
+                                batch,
+                                mode,
+                                EnvIds::Range(0),
+                                None,
+                                &mut out,
+                            )?,
                         }
                         step += 1;
                     }

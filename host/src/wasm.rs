@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use policyport::{ActMode, ActOutputs, EnvIds, Observations};
 use thiserror::Error;
-use wasmtime::{Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc};
+use wasmtime::{
+    Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
+};
 
 /// The plugin ABI version this host speaks.
 pub const ABI_VERSION: u32 = 1;
@@ -30,13 +32,20 @@ pub enum WasmError {
     #[error("plugin imports {0:?}; a policyport plugin imports nothing")]
     Imports(Vec<String>),
     #[error("plugin call '{call}' passed its deadline of {deadline_ms} ms")]
-    Deadline { call: &'static str, deadline_ms: u64 },
+    Deadline {
+        call: &'static str,
+        deadline_ms: u64,
+    },
     #[error("plugin tried to grow its memory past the cap of {cap_bytes} bytes")]
     MemoryCap { cap_bytes: usize },
     #[error("plugin trapped in '{call}': {message}")]
     Trap { call: &'static str, message: String },
     #[error("plugin error {code} in '{call}': {message}")]
-    Guest { call: &'static str, code: i32, message: String },
+    Guest {
+        call: &'static str,
+        code: i32,
+        message: String,
+    },
     #[error("bad call: {0}")]
     Call(String),
     #[error("module cache: {0}")]
@@ -54,7 +63,10 @@ pub struct WasmLimits {
 
 impl Default for WasmLimits {
     fn default() -> Self {
-        WasmLimits { memory_bytes: 256 << 20, deadline: Duration::from_millis(1000) }
+        WasmLimits {
+            memory_bytes: 256 << 20,
+            deadline: Duration::from_millis(1000),
+        }
     }
 }
 
@@ -99,7 +111,10 @@ impl WasmRuntime {
         let key = format!("{:016x}", h.finish());
         let key_path = cache.with_extension("cwasm.key");
         if std::fs::read_to_string(&key_path).is_ok_and(|k| k == key)
-            && Engine::detect_precompiled_file(cache).ok().flatten().is_some()
+            && Engine::detect_precompiled_file(cache)
+                .ok()
+                .flatten()
+                .is_some()
         {
             // SAFETY: the file is one we wrote with `precompile_module` for this key (plugin bytes + engine
             // compatibility); `deserialize_file` still checks the header and refuses an incompatible file.
@@ -107,16 +122,24 @@ impl WasmRuntime {
                 return Self::finish(engine, module, true);
             }
         }
-        let bytes = engine.precompile_module(wasm).map_err(|e| WasmError::Module(format!("{e:#}")))?;
-        std::fs::write(cache, &bytes).map_err(|e| WasmError::Cache(format!("{}: {e}", cache.display())))?;
-        std::fs::write(&key_path, &key).map_err(|e| WasmError::Cache(format!("{}: {e}", key_path.display())))?;
+        let bytes = engine
+            .precompile_module(wasm)
+            .map_err(|e| WasmError::Module(format!("{e:#}")))?;
+        std::fs::write(cache, &bytes)
+            .map_err(|e| WasmError::Cache(format!("{}: {e}", cache.display())))?;
+        std::fs::write(&key_path, &key)
+            .map_err(|e| WasmError::Cache(format!("{}: {e}", key_path.display())))?;
         // SAFETY: bytes we just produced with this engine.
-        let module = unsafe { Module::deserialize(&engine, &bytes) }.map_err(|e| WasmError::Module(format!("{e:#}")))?;
+        let module = unsafe { Module::deserialize(&engine, &bytes) }
+            .map_err(|e| WasmError::Module(format!("{e:#}")))?;
         Self::finish(engine, module, false)
     }
 
     fn finish(engine: Engine, module: Module, from_cache: bool) -> Result<Arc<Self>, WasmError> {
-        let imports: Vec<String> = module.imports().map(|i| format!("{}::{}", i.module(), i.name())).collect();
+        let imports: Vec<String> = module
+            .imports()
+            .map(|i| format!("{}::{}", i.module(), i.name()))
+            .collect();
         if !imports.is_empty() {
             return Err(WasmError::Imports(imports));
         }
@@ -131,7 +154,12 @@ impl WasmRuntime {
                 }
             })
             .map_err(|e| WasmError::Module(format!("epoch thread: {e}")))?;
-        Ok(Arc::new(WasmRuntime { engine, module, stop, from_cache }))
+        Ok(Arc::new(WasmRuntime {
+            engine,
+            module,
+            stop,
+            from_cache,
+        }))
     }
 }
 
@@ -141,14 +169,24 @@ struct Limiter {
 }
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.cap {
             self.denied = true;
             return Ok(false);
         }
         Ok(true)
     }
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 16)
     }
 }
@@ -191,8 +229,18 @@ pub struct WasmPolicy {
 
 impl WasmPolicy {
     /// Instantiate the plugin and load an artifact into it.
-    pub fn load(rt: &Arc<WasmRuntime>, artifact: &[u8], limits: WasmLimits) -> Result<Self, WasmError> {
-        let mut store = Store::new(&rt.engine, Limiter { cap: limits.memory_bytes, denied: false });
+    pub fn load(
+        rt: &Arc<WasmRuntime>,
+        artifact: &[u8],
+        limits: WasmLimits,
+    ) -> Result<Self, WasmError> {
+        let mut store = Store::new(
+            &rt.engine,
+            Limiter {
+                cap: limits.memory_bytes,
+                denied: false,
+            },
+        );
         store.limiter(|l| l as &mut dyn ResourceLimiter);
         store.set_epoch_deadline(deadline_ticks(limits));
         store.epoch_deadline_trap();
@@ -200,16 +248,25 @@ impl WasmPolicy {
         let instance: Instance = linker
             .instantiate(&mut store, &rt.module)
             .map_err(|e| classify(e, &store, "instantiate", limits))?;
-        let memory = instance.get_memory(&mut store, "memory").ok_or(WasmError::MissingExport("memory"))?;
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or(WasmError::MissingExport("memory"))?;
         macro_rules! func {
             ($name:literal) => {
-                instance.get_typed_func(&mut store, $name).map_err(|_| WasmError::MissingExport($name))?
+                instance
+                    .get_typed_func(&mut store, $name)
+                    .map_err(|_| WasmError::MissingExport($name))?
             };
         }
         let version: TypedFunc<(), u32> = func!("pp_abi_version");
-        let found = version.call(&mut store, ()).map_err(|e| classify(e, &store, "pp_abi_version", limits))?;
+        let found = version
+            .call(&mut store, ())
+            .map_err(|e| classify(e, &store, "pp_abi_version", limits))?;
         if found != ABI_VERSION {
-            return Err(WasmError::AbiVersion { found, expected: ABI_VERSION });
+            return Err(WasmError::AbiVersion {
+                found,
+                expected: ABI_VERSION,
+            });
         }
         let x = Exports {
             alloc: func!("pp_alloc"),
@@ -225,17 +282,30 @@ impl WasmPolicy {
             memory,
             x,
             handle: -1,
-            info: WasmInfo { obs_len: 0, action_len: 0, dist_params_len: 0, has_value: false, discrete: true, recurrent_states: 0, u8_obs: false },
+            info: WasmInfo {
+                obs_len: 0,
+                action_len: 0,
+                dist_params_len: 0,
+                has_value: false,
+                discrete: true,
+                recurrent_states: 0,
+                u8_obs: false,
+            },
             limits,
             buf: None,
             capacity: 0,
         };
-        let len = u32::try_from(artifact.len()).map_err(|_| WasmError::Call("artifact over 4 GiB".into()))?;
+        let len = u32::try_from(artifact.len())
+            .map_err(|_| WasmError::Call("artifact over 4 GiB".into()))?;
         let ptr = p.call("pp_alloc", |s, x| x.alloc.call(s, len))?;
         if ptr == 0 {
-            return Err(WasmError::MemoryCap { cap_bytes: limits.memory_bytes });
+            return Err(WasmError::MemoryCap {
+                cap_bytes: limits.memory_bytes,
+            });
         }
-        p.memory.write(&mut p.store, ptr as usize, artifact).map_err(|e| WasmError::Call(e.to_string()))?;
+        p.memory
+            .write(&mut p.store, ptr as usize, artifact)
+            .map_err(|e| WasmError::Call(e.to_string()))?;
         let handle = p.call("pp_load", |s, x| x.load.call(s, (ptr, len)))?;
         p.call("pp_free", |s, x| x.free.call(s, (ptr, len)))?;
         p.handle = p.check("pp_load", handle)?;
@@ -243,9 +313,14 @@ impl WasmPolicy {
         let rc = p.call("pp_info", |s, x| x.info.call(s, (handle, out)))?;
         p.check("pp_info", rc)?;
         let mut raw = [0u8; 32];
-        p.memory.read(&p.store, out as usize, &mut raw).map_err(|e| WasmError::Call(e.to_string()))?;
+        p.memory
+            .read(&p.store, out as usize, &mut raw)
+            .map_err(|e| WasmError::Call(e.to_string()))?;
         p.call("pp_free", |s, x| x.free.call(s, (out, 32)))?;
-        let v: Vec<u32> = raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let v: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         p.info = WasmInfo {
             obs_len: v[0] as usize,
             action_len: v[1] as usize,
@@ -262,7 +337,11 @@ impl WasmPolicy {
         self.info
     }
 
-    fn call<R>(&mut self, name: &'static str, f: impl FnOnce(&mut Store<Limiter>, &Exports) -> wasmtime::Result<R>) -> Result<R, WasmError> {
+    fn call<R>(
+        &mut self,
+        name: &'static str,
+        f: impl FnOnce(&mut Store<Limiter>, &Exports) -> wasmtime::Result<R>,
+    ) -> Result<R, WasmError> {
         self.store.set_epoch_deadline(deadline_ticks(self.limits));
         f(&mut self.store, &self.x).map_err(|e| classify(e, &self.store, name, self.limits))
     }
@@ -271,13 +350,19 @@ impl WasmPolicy {
         if rc >= 0 {
             return Ok(rc);
         }
-        let n = self.call("pp_last_error", |s, x| x.last_error.call(s, (0, 0)))?.min(4096);
+        let n = self
+            .call("pp_last_error", |s, x| x.last_error.call(s, (0, 0)))?
+            .min(4096);
         let p = self.call("pp_alloc", |s, x| x.alloc.call(s, n.max(1)))?;
         let _ = self.call("pp_last_error", |s, x| x.last_error.call(s, (p, n)))?;
         let mut msg = vec![0u8; n as usize];
         let _ = self.memory.read(&self.store, p as usize, &mut msg);
         let _ = self.call("pp_free", |s, x| x.free.call(s, (p, n)));
-        Err(WasmError::Guest { call, code: rc, message: String::from_utf8_lossy(&msg).into_owned() })
+        Err(WasmError::Guest {
+            call,
+            code: rc,
+            message: String::from_utf8_lossy(&msg).into_owned(),
+        })
     }
 
     /// Layout of the batch buffer for `cap` rows: obs | env ids | actions | value | dist (each 16-aligned).
@@ -289,7 +374,14 @@ impl WasmPolicy {
         let act = a(cap * i.action_len.max(1) * 4);
         let val = a(cap * 4);
         let dist = a(cap * i.dist_params_len.max(1) * 4);
-        [0, obs, obs + ids, obs + ids + act, obs + ids + act + val, obs + ids + act + val + dist]
+        [
+            0,
+            obs,
+            obs + ids,
+            obs + ids + act,
+            obs + ids + act + val,
+            obs + ids + act + val + dist,
+        ]
     }
 
     fn ensure_capacity(&mut self, batch: usize) -> Result<(), WasmError> {
@@ -297,13 +389,16 @@ impl WasmPolicy {
             return Ok(());
         }
         let cap = batch.max(self.capacity * 2).max(1);
-        let total = u32::try_from(self.layout(cap)[5].max(64)).map_err(|_| WasmError::Call(format!("batch {batch} too large")))?;
+        let total = u32::try_from(self.layout(cap)[5].max(64))
+            .map_err(|_| WasmError::Call(format!("batch {batch} too large")))?;
         if let Some((p, l)) = self.buf.take() {
             self.call("pp_free", |s, x| x.free.call(s, (p, l)))?;
         }
         let p = self.call("pp_alloc", |s, x| x.alloc.call(s, total))?;
         if p == 0 {
-            return Err(WasmError::MemoryCap { cap_bytes: self.limits.memory_bytes });
+            return Err(WasmError::MemoryCap {
+                cap_bytes: self.limits.memory_bytes,
+            });
         }
         self.buf = Some((p, total));
         self.capacity = cap;
@@ -323,24 +418,38 @@ impl WasmPolicy {
     }
 
     /// act() with observations copied into the guest (f32 or u8), outputs read back into `out`.
-    pub fn act(&mut self, obs: Observations<'_>, batch: usize, mode: ActMode, envs: EnvIds<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
+    pub fn act(
+        &mut self,
+        obs: Observations<'_>,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        out: &mut ActOutputs,
+    ) -> Result<(), WasmError> {
         let (n, want) = match obs {
             Observations::F32(x) => (x.len(), batch * self.info.obs_len),
             Observations::U8(x) => (x.len(), batch * self.info.obs_len),
         };
         if n != want {
-            return Err(WasmError::Call(format!("expected {want} observation numbers, got {n}")));
+            return Err(WasmError::Call(format!(
+                "expected {want} observation numbers, got {n}"
+            )));
         }
         self.ensure_capacity(batch.max(1))?;
         let (ptr, _) = self.buf.unwrap();
         let dtype = match obs {
             Observations::F32(x) => {
-                let bytes: &[u8] = unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) };
-                self.memory.write(&mut self.store, ptr as usize, bytes).map_err(|e| WasmError::Call(e.to_string()))?;
+                let bytes: &[u8] =
+                    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) };
+                self.memory
+                    .write(&mut self.store, ptr as usize, bytes)
+                    .map_err(|e| WasmError::Call(e.to_string()))?;
                 0
             }
             Observations::U8(x) => {
-                self.memory.write(&mut self.store, ptr as usize, x).map_err(|e| WasmError::Call(e.to_string()))?;
+                self.memory
+                    .write(&mut self.store, ptr as usize, x)
+                    .map_err(|e| WasmError::Call(e.to_string()))?;
                 1
             }
         };
@@ -348,12 +457,25 @@ impl WasmPolicy {
     }
 
     /// act() on observations already written through [`obs_buffer`](Self::obs_buffer).
-    pub fn act_prepared(&mut self, batch: usize, mode: ActMode, envs: EnvIds<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
+    pub fn act_prepared(
+        &mut self,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        out: &mut ActOutputs,
+    ) -> Result<(), WasmError> {
         self.ensure_capacity(batch.max(1))?;
         self.run(batch, 0, mode, envs, out)
     }
 
-    fn run(&mut self, batch: usize, dtype: u32, mode: ActMode, envs: EnvIds<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
+    fn run(
+        &mut self,
+        batch: usize,
+        dtype: u32,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        out: &mut ActOutputs,
+    ) -> Result<(), WasmError> {
         let (ptr, _) = self.buf.unwrap();
         let l = self.layout(self.capacity);
         let at = |i: usize| ptr + l[i] as u32;
@@ -361,10 +483,16 @@ impl WasmPolicy {
             EnvIds::Range(start) => (0u32, start),
             EnvIds::List(ids) => {
                 if ids.len() != batch {
-                    return Err(WasmError::Call(format!("{} env ids for a batch of {batch}", ids.len())));
+                    return Err(WasmError::Call(format!(
+                        "{} env ids for a batch of {batch}",
+                        ids.len()
+                    )));
                 }
-                let bytes: &[u8] = unsafe { std::slice::from_raw_parts(ids.as_ptr() as *const u8, ids.len() * 4) };
-                self.memory.write(&mut self.store, at(1) as usize, bytes).map_err(|e| WasmError::Call(e.to_string()))?;
+                let bytes: &[u8] =
+                    unsafe { std::slice::from_raw_parts(ids.as_ptr() as *const u8, ids.len() * 4) };
+                self.memory
+                    .write(&mut self.store, at(1) as usize, bytes)
+                    .map_err(|e| WasmError::Call(e.to_string()))?;
                 (at(1), 0)
             }
         };
@@ -373,26 +501,50 @@ impl WasmPolicy {
             ActMode::Sample { seed, step } => (1, seed, step),
         };
         let h = self.handle;
-        let args = (h, at(0), dtype, batch as u32, ids_ptr, env_offset, m, seed, step, at(2), at(3), at(4));
+        let args = (
+            h,
+            at(0),
+            dtype,
+            batch as u32,
+            ids_ptr,
+            env_offset,
+            m,
+            seed,
+            step,
+            at(2),
+            at(3),
+            at(4),
+        );
         let rc = self.call("pp_act", |s, x| x.act.call(s, args))?;
         self.check("pp_act", rc)?;
         // Read the outputs straight from linear memory.
         let i = self.info;
         let mem = self.memory.data(&self.store);
         let f32s = |off: u32, n: usize| -> Vec<f32> {
-            mem[off as usize..off as usize + n * 4].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+            mem[off as usize..off as usize + n * 4]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
         };
         out.batch = batch;
         let k = batch * i.action_len;
         if i.discrete {
             out.continuous.clear();
             out.discrete.clear();
-            out.discrete.extend(mem[at(2) as usize..at(2) as usize + k * 4].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64));
+            out.discrete.extend(
+                mem[at(2) as usize..at(2) as usize + k * 4]
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64),
+            );
         } else {
             out.discrete.clear();
             out.continuous = f32s(at(2), k);
         }
-        out.value = if i.has_value { f32s(at(3), batch) } else { vec![] };
+        out.value = if i.has_value {
+            f32s(at(3), batch)
+        } else {
+            vec![]
+        };
         out.dist_params = f32s(at(4), batch * i.dist_params_len);
         Ok(())
     }
@@ -402,8 +554,11 @@ impl WasmPolicy {
         self.ensure_capacity(envs.len().max(1))?;
         let (ptr, _) = self.buf.unwrap();
         let at = ptr + self.layout(self.capacity)[1] as u32;
-        let bytes: &[u8] = unsafe { std::slice::from_raw_parts(envs.as_ptr() as *const u8, envs.len() * 4) };
-        self.memory.write(&mut self.store, at as usize, bytes).map_err(|e| WasmError::Call(e.to_string()))?;
+        let bytes: &[u8] =
+            unsafe { std::slice::from_raw_parts(envs.as_ptr() as *const u8, envs.len() * 4) };
+        self.memory
+            .write(&mut self.store, at as usize, bytes)
+            .map_err(|e| WasmError::Call(e.to_string()))?;
         let (h, n) = (self.handle, envs.len() as u32);
         let rc = self.call("pp_reset", |s, x| x.reset.call(s, (h, at, n)))?;
         self.check("pp_reset", rc).map(|_| ())
@@ -414,12 +569,25 @@ fn deadline_ticks(l: WasmLimits) -> u64 {
     (l.deadline.as_millis() as u64).max(1) + 1
 }
 
-fn classify(e: wasmtime::Error, store: &Store<Limiter>, call: &'static str, limits: WasmLimits) -> WasmError {
+fn classify(
+    e: wasmtime::Error,
+    store: &Store<Limiter>,
+    call: &'static str,
+    limits: WasmLimits,
+) -> WasmError {
     if store.data().denied {
-        return WasmError::MemoryCap { cap_bytes: store.data().cap };
+        return WasmError::MemoryCap {
+            cap_bytes: store.data().cap,
+        };
     }
     match e.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => WasmError::Deadline { call, deadline_ms: limits.deadline.as_millis() as u64 },
-        _ => WasmError::Trap { call, message: format!("{e:#}") },
+        Some(Trap::Interrupt) => WasmError::Deadline {
+            call,
+            deadline_ms: limits.deadline.as_millis() as u64,
+        },
+        _ => WasmError::Trap {
+            call,
+            message: format!("{e:#}"),
+        },
     }
 }

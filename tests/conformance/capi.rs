@@ -6,11 +6,18 @@ use policyport_capi::*;
 use policyport_conformance::{compile_fixture, load_fixture};
 
 fn last_error() -> String {
-    unsafe { CStr::from_ptr(pp_last_error()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(pp_last_error()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn target_profile_dir() -> PathBuf {
-    std::env::current_exe().unwrap().ancestors().nth(2).unwrap().to_path_buf()
+    std::env::current_exe()
+        .unwrap()
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
@@ -18,32 +25,103 @@ fn c_abi_errors_are_typed_and_never_panic() {
     let bytes = compile_fixture(&load_fixture("cartpole"));
     let mut p: *mut PpPolicy = std::ptr::null_mut();
     unsafe {
-        assert_eq!(pp_policy_load(b"junk".as_ptr(), 4, PpBackend::Cpu, &mut p), PpStatus::InvalidArtifact);
+        assert_eq!(
+            pp_policy_load(b"junk".as_ptr(), 4, PpBackend::Cpu, &mut p),
+            PpStatus::InvalidArtifact
+        );
         assert!(last_error().contains("truncated"), "{}", last_error());
-        assert_eq!(pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu, std::ptr::null_mut()), PpStatus::NullPointer);
-        assert_eq!(pp_policy_load(std::ptr::null(), 10, PpBackend::Cpu, &mut p), PpStatus::NullPointer);
-        assert_eq!(pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu, &mut p), PpStatus::Ok);
+        assert_eq!(
+            pp_policy_load(
+                bytes.as_ptr(),
+                bytes.len(),
+                PpBackend::Cpu,
+                std::ptr::null_mut()
+            ),
+            PpStatus::NullPointer
+        );
+        assert_eq!(
+            pp_policy_load(std::ptr::null(), 10, PpBackend::Cpu, &mut p),
+            PpStatus::NullPointer
+        );
+        assert_eq!(
+            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu, &mut p),
+            PpStatus::Ok
+        );
         let mut info = PpInfo::default();
         assert_eq!(pp_policy_info(p, &mut info), PpStatus::Ok);
-        assert_eq!((info.obs_len, info.action_len, info.discrete, info.has_value, info.sandboxed), (4, 1, 1, 1, 0));
+        assert_eq!(
+            (
+                info.obs_len,
+                info.action_len,
+                info.discrete,
+                info.has_value,
+                info.sandboxed
+            ),
+            (4, 1, 1, 1, 0)
+        );
         let nan = [0.0f32, f32::NAN, 0.0, 0.0];
         let mut a = [0i64; 1];
-        let st = pp_policy_act(p, nan.as_ptr(), 1, 0, 1, 1, 1, a.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        let st = pp_policy_act(
+            p,
+            nan.as_ptr(),
+            1,
+            0,
+            1,
+            1,
+            1,
+            a.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
         assert_eq!(st, PpStatus::BadObservation);
         assert!(last_error().contains("non-finite"));
         let ok = [0.01f32, 0.0, 0.02, 0.0];
         let mut v = [0f32; 1];
-        let st = pp_policy_act(p, ok.as_ptr(), 1, 0, 1, 1, 1, a.as_mut_ptr(), std::ptr::null_mut(), v.as_mut_ptr(), std::ptr::null_mut());
+        let st = pp_policy_act(
+            p,
+            ok.as_ptr(),
+            1,
+            0,
+            1,
+            1,
+            1,
+            a.as_mut_ptr(),
+            std::ptr::null_mut(),
+            v.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
         assert_eq!(st, PpStatus::Ok);
         assert!(a[0] == 0 || a[0] == 1);
-        assert_eq!(pp_policy_act(p, ok.as_ptr(), 0, 0, 0, 0, 0, a.as_mut_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()), PpStatus::BadCall);
+        assert_eq!(
+            pp_policy_act(
+                p,
+                ok.as_ptr(),
+                0,
+                0,
+                0,
+                0,
+                0,
+                a.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            PpStatus::BadCall
+        );
         assert_eq!(pp_policy_reset(p, [3u32].as_ptr(), 1), PpStatus::Ok);
         pp_policy_free(p);
         pp_policy_free(std::ptr::null_mut());
-        assert_eq!(pp_policy_info(std::ptr::null(), &mut info), PpStatus::NullPointer);
+        assert_eq!(
+            pp_policy_info(std::ptr::null(), &mut info),
+            PpStatus::NullPointer
+        );
         // The sandboxed route: a missing plugin file is an I/O error, a bad artifact a typed one.
         let missing = c"/nonexistent/policyport_plugin.wasm";
-        assert_eq!(pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), missing.as_ptr(), 0, 0, &mut p), PpStatus::Io);
+        assert_eq!(
+            pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), missing.as_ptr(), 0, 0, &mut p),
+            PpStatus::Io
+        );
     }
 }
 
@@ -56,7 +134,11 @@ fn c_example_runs_cartpole_natively_and_sandboxed() {
     let artifact = dir.join("cartpole.policy");
     std::fs::write(&artifact, compile_fixture(&load_fixture("cartpole"))).unwrap();
     let lib_dir = target_profile_dir();
-    assert!(lib_dir.join("libpolicyport_capi.so").exists(), "build the workspace first (cdylib missing in {})", lib_dir.display());
+    assert!(
+        lib_dir.join("libpolicyport_capi.so").exists(),
+        "build the workspace first (cdylib missing in {})",
+        lib_dir.display()
+    );
     let header_dir = Path::new(HEADER).parent().unwrap();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/examples/cartpole.c");
     let exe = dir.join("cartpole");
@@ -74,16 +156,34 @@ fn c_example_runs_cartpole_natively_and_sandboxed() {
     assert!(status.success(), "C example failed to compile");
     let run = |args: &[&Path]| {
         let out = Command::new(&exe).args(args).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         println!("{}", text.trim());
-        let mean: f64 = text.split("mean return ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        let mean: f64 = text
+            .split("mean return ")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         mean
     };
     let native = run(&[&artifact]);
     assert!(native >= 475.0, "native mean return {native}");
-    let plugin = target_profile_dir().parent().unwrap().join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    let plugin = target_profile_dir()
+        .parent()
+        .unwrap()
+        .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
     let sandboxed = run(&[&artifact, &plugin]);
-    assert_eq!(native, sandboxed, "the sandboxed policy must play the same episodes");
+    assert_eq!(
+        native, sandboxed,
+        "the sandboxed policy must play the same episodes"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,8 +13,14 @@ fn runtime() -> Arc<WasmRuntime> {
 }
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64)).max(1e-12);
-    a.iter().zip(b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs() as f64)) / scale
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
+        .max(1e-12);
+    a.iter()
+        .zip(b)
+        .fold(0.0f64, |m, (x, y)| m.max((x - y).abs() as f64))
+        / scale
 }
 
 #[test]
@@ -27,14 +33,42 @@ fn plugin_matches_native_on_every_fixture() {
         let mut wasm = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
         assert_eq!(wasm.info().obs_len, native.info().obs_len);
         for case in &f.io.cases {
-            for mode in [ActMode::Deterministic, ActMode::Sample { seed: case.seed, step: case.step }] {
+            for mode in [
+                ActMode::Deterministic,
+                ActMode::Sample {
+                    seed: case.seed,
+                    step: case.step,
+                },
+            ] {
                 let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
                 let envs = EnvIds::Range(case.env_offset);
-                native.act(Observations::F32(&case.obs), case.batch, mode, envs, None, &mut a).unwrap();
-                wasm.act(Observations::F32(&case.obs), case.batch, mode, envs, &mut b).unwrap();
-                assert_eq!(a.discrete, b.discrete, "{name}/{}: discrete actions differ", case.name);
-                assert!(rel(&b.continuous, &a.continuous) < 1e-5, "{name}/{}", case.name);
-                assert!(rel(&b.value, &a.value) < 1e-5 && rel(&b.dist_params, &a.dist_params) < 1e-5, "{name}/{}", case.name);
+                native
+                    .act(
+                        Observations::F32(&case.obs),
+                        case.batch,
+                        mode,
+                        envs,
+                        None,
+                        &mut a,
+                    )
+                    .unwrap();
+                wasm.act(Observations::F32(&case.obs), case.batch, mode, envs, &mut b)
+                    .unwrap();
+                assert_eq!(
+                    a.discrete, b.discrete,
+                    "{name}/{}: discrete actions differ",
+                    case.name
+                );
+                assert!(
+                    rel(&b.continuous, &a.continuous) < 1e-5,
+                    "{name}/{}",
+                    case.name
+                );
+                assert!(
+                    rel(&b.value, &a.value) < 1e-5 && rel(&b.dist_params, &a.dist_params) < 1e-5,
+                    "{name}/{}",
+                    case.name
+                );
                 // And against PyTorch float64 directly.
                 if let Some(v) = case.expected.get("value") {
                     let v: Vec<f32> = v.iter().map(|x| *x as f32).collect();
@@ -44,11 +78,23 @@ fn plugin_matches_native_on_every_fixture() {
         }
         // Zero-copy path: write observations straight into guest memory.
         let case = &f.io.cases[1];
-        wasm.obs_buffer(case.batch).unwrap().copy_from_slice(&case.obs);
+        wasm.obs_buffer(case.batch)
+            .unwrap()
+            .copy_from_slice(&case.obs);
         let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
         let mode = ActMode::Sample { seed: 9, step: 4 };
-        wasm.act_prepared(case.batch, mode, EnvIds::Range(2), &mut b).unwrap();
-        native.act(Observations::F32(&case.obs), case.batch, mode, EnvIds::Range(2), None, &mut a).unwrap();
+        wasm.act_prepared(case.batch, mode, EnvIds::Range(2), &mut b)
+            .unwrap();
+        native
+            .act(
+                Observations::F32(&case.obs),
+                case.batch,
+                mode,
+                EnvIds::Range(2),
+                None,
+                &mut a,
+            )
+            .unwrap();
         assert_eq!(a.discrete, b.discrete);
     }
 }
@@ -60,18 +106,44 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
     let mut p = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
     let mut out = ActOutputs::default();
     let nan = [f32::NAN, 0.0, 0.0, 0.0];
-    match p.act(Observations::F32(&nan), 1, ActMode::Deterministic, EnvIds::Range(0), &mut out) {
-        Err(WasmError::Guest { code: -2, message, .. }) => assert!(message.contains("non-finite"), "{message}"),
+    match p.act(
+        Observations::F32(&nan),
+        1,
+        ActMode::Deterministic,
+        EnvIds::Range(0),
+        &mut out,
+    ) {
+        Err(WasmError::Guest {
+            code: -2, message, ..
+        }) => assert!(message.contains("non-finite"), "{message}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(p.act(Observations::F32(&[0.0; 3]), 1, ActMode::Deterministic, EnvIds::Range(0), &mut out), Err(WasmError::Call(_))));
-    p.act(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic, EnvIds::List(&[4, 1]), &mut out).unwrap();
+    assert!(matches!(
+        p.act(
+            Observations::F32(&[0.0; 3]),
+            1,
+            ActMode::Deterministic,
+            EnvIds::Range(0),
+            &mut out
+        ),
+        Err(WasmError::Call(_))
+    ));
+    p.act(
+        Observations::F32(&[0.01; 8]),
+        2,
+        ActMode::Deterministic,
+        EnvIds::List(&[4, 1]),
+        &mut out,
+    )
+    .unwrap();
     assert_eq!(out.discrete.len(), 2);
     // A malformed artifact through the sandbox.
     let mut bad = bytes.clone();
     bad[200] ^= 1;
     match WasmPolicy::load(&rt, &bad, WasmLimits::default()) {
-        Err(WasmError::Guest { code: -1, message, .. }) => assert!(message.contains("checksum"), "{message}"),
+        Err(WasmError::Guest {
+            code: -1, message, ..
+        }) => assert!(message.contains("checksum"), "{message}"),
         other => panic!("{:?}", other.err()),
     }
 }
@@ -100,38 +172,92 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
     let mut best = Duration::MAX;
     for _ in 0..3 {
         let t0 = Instant::now();
-        let r = WasmPolicy::load(&rt, b"x", WasmLimits { deadline, ..Default::default() });
+        let r = WasmPolicy::load(
+            &rt,
+            b"x",
+            WasmLimits {
+                deadline,
+                ..Default::default()
+            },
+        );
         let took = t0.elapsed();
-        assert!(matches!(r, Err(WasmError::Deadline { call: "pp_load", deadline_ms: 50 })), "{:?}", r.err());
+        assert!(
+            matches!(
+                r,
+                Err(WasmError::Deadline {
+                    call: "pp_load",
+                    deadline_ms: 50
+                })
+            ),
+            "{:?}",
+            r.err()
+        );
         best = best.min(took);
     }
-    assert!(best >= deadline && best < deadline + Duration::from_millis(10), "stopped after {best:?}");
+    assert!(
+        best >= deadline && best < deadline + Duration::from_millis(10),
+        "stopped after {best:?}"
+    );
 }
 
 #[test]
 fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
     let grow = "(block (loop (br_if 1 (i32.eq (memory.grow (i32.const 16)) (i32.const -1))) (br 0))) unreachable";
     let rt = WasmRuntime::new(hostile(1, grow).as_bytes()).unwrap();
-    let limits = WasmLimits { memory_bytes: 4 << 20, ..Default::default() };
-    assert!(matches!(WasmPolicy::load(&rt, b"x", limits), Err(WasmError::MemoryCap { cap_bytes }) if cap_bytes == 4 << 20));
+    let limits = WasmLimits {
+        memory_bytes: 4 << 20,
+        ..Default::default()
+    };
+    assert!(
+        matches!(WasmPolicy::load(&rt, b"x", limits), Err(WasmError::MemoryCap { cap_bytes }) if cap_bytes == 4 << 20)
+    );
     // The real plugin, a cap too small for the benchmark model's weights.
     let bytes = compile_fixture(&load_fixture("mlp64"));
-    let limits = WasmLimits { memory_bytes: 2 << 20, ..Default::default() };
-    assert!(matches!(WasmPolicy::load(&runtime(), &bytes, limits), Err(WasmError::MemoryCap { .. })));
+    let limits = WasmLimits {
+        memory_bytes: 2 << 20,
+        ..Default::default()
+    };
+    assert!(matches!(
+        WasmPolicy::load(&runtime(), &bytes, limits),
+        Err(WasmError::MemoryCap { .. })
+    ));
 }
 
 #[test]
 fn hostile_and_foreign_modules_are_refused() {
-    assert!(matches!(WasmRuntime::new(b"\0asm\x01\0\0\0garbage"), Err(WasmError::Module(_))));
-    assert!(matches!(WasmRuntime::new(b"not wasm at all"), Err(WasmError::Module(_))));
+    assert!(matches!(
+        WasmRuntime::new(b"\0asm\x01\0\0\0garbage"),
+        Err(WasmError::Module(_))
+    ));
+    assert!(matches!(
+        WasmRuntime::new(b"not wasm at all"),
+        Err(WasmError::Module(_))
+    ));
     let rt = WasmRuntime::new(hostile(2, "i32.const 0").as_bytes()).unwrap();
-    assert!(matches!(WasmPolicy::load(&rt, b"x", WasmLimits::default()), Err(WasmError::AbiVersion { found: 2, expected: 1 })));
+    assert!(matches!(
+        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
+        Err(WasmError::AbiVersion {
+            found: 2,
+            expected: 1
+        })
+    ));
     let rt = WasmRuntime::new(br#"(module (memory (export "memory") 1) (func (export "pp_abi_version") (result i32) i32.const 1))"#).unwrap();
-    assert!(matches!(WasmPolicy::load(&rt, b"x", WasmLimits::default()), Err(WasmError::MissingExport(_))));
+    assert!(matches!(
+        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
+        Err(WasmError::MissingExport(_))
+    ));
     let importing = r#"(module (import "env" "f" (func)) (memory (export "memory") 1))"#;
-    assert!(matches!(WasmRuntime::new(importing.as_bytes()), Err(WasmError::Imports(i)) if i == ["env::f"]));
+    assert!(
+        matches!(WasmRuntime::new(importing.as_bytes()), Err(WasmError::Imports(i)) if i == ["env::f"])
+    );
     let trapping = WasmRuntime::new(hostile(1, "unreachable").as_bytes()).unwrap();
-    assert!(matches!(WasmPolicy::load(&trapping, b"x", WasmLimits::default()), Err(WasmError::Trap { call: "pp_load", .. })));
+    assert!(matches!(
+        WasmPolicy::load(&trapping, b"x", WasmLimits::default()),
+        Err(WasmError::Trap {
+            call: "pp_load",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -173,21 +299,38 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
     let expected: Vec<Vec<i64>> = (0..50u64)
         .map(|step| {
             let mut o = ActOutputs::default();
-            native.act(Observations::F32(&case.obs), case.batch, ActMode::Sample { seed: 77, step }, EnvIds::Range(0), None, &mut o).unwrap();
+            native
+                .act(
+                    Observations::F32(&case.obs),
+                    case.batch,
+                    ActMode::Sample { seed: 77, step },
+                    EnvIds::Range(0),
+                    None,
+                    &mut o,
+                )
+                .unwrap();
             o.discrete
         })
         .collect();
     let expected = Arc::new(expected);
     let threads: Vec<_> = (0..8)
         .map(|t| {
-            let (rt, bytes, case, expected) = (rt.clone(), bytes.clone(), case.clone(), expected.clone());
+            let (rt, bytes, case, expected) =
+                (rt.clone(), bytes.clone(), case.clone(), expected.clone());
             std::thread::spawn(move || {
                 let mut p = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
                 let mut o = ActOutputs::default();
                 for round in 0..4 {
                     for step in 0..50u64 {
                         let s = (step + t as u64 * 7 + round) % 50;
-                        p.act(Observations::F32(&case.obs), case.batch, ActMode::Sample { seed: 77, step: s }, EnvIds::Range(0), &mut o).unwrap();
+                        p.act(
+                            Observations::F32(&case.obs),
+                            case.batch,
+                            ActMode::Sample { seed: 77, step: s },
+                            EnvIds::Range(0),
+                            &mut o,
+                        )
+                        .unwrap();
                         assert_eq!(o.discrete, expected[s as usize], "thread {t} step {s}");
                     }
                 }

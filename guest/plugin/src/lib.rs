@@ -5,7 +5,9 @@
 
 use std::cell::RefCell;
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState};
+use policyport::{
+    ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState,
+};
 
 pub const ABI_VERSION: u32 = 1;
 
@@ -19,6 +21,8 @@ pub const ERR_MEMORY: i32 = -7;
 
 struct Slot {
     policy: Policy,
+    /// Cached: `Policy::info` clones the spaces, too slow for every act.
+    info: policyport::PolicyInfo,
     out: ActOutputs,
     state: Option<RecurrentState>,
 }
@@ -68,7 +72,11 @@ unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T]> {
 fn with_slot<R>(handle: i32, f: impl FnOnce(&mut Slot) -> Result<R, i32>) -> Result<R, i32> {
     SLOTS.with(|s| {
         let mut slots = s.borrow_mut();
-        match usize::try_from(handle).ok().and_then(|h| slots.get_mut(h)).and_then(|s| s.as_mut()) {
+        match usize::try_from(handle)
+            .ok()
+            .and_then(|h| slots.get_mut(h))
+            .and_then(|s| s.as_mut())
+        {
             Some(slot) => f(slot),
             None => Err(fail(ERR_HANDLE, format!("no policy with handle {handle}"))),
         }
@@ -93,7 +101,10 @@ pub extern "C" fn pp_alloc(len: u32) -> *mut u8 {
 /// `ptr` came from `pp_alloc(len)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_free(ptr: *mut u8, len: u32) {
-    if let (false, Ok(layout)) = (ptr.is_null(), std::alloc::Layout::from_size_align(len.max(1) as usize, 16)) {
+    if let (false, Ok(layout)) = (
+        ptr.is_null(),
+        std::alloc::Layout::from_size_align(len.max(1) as usize, 16),
+    ) {
         // SAFETY: the caller passes back what pp_alloc returned, with its size.
         unsafe { std::alloc::dealloc(ptr, layout) }
     }
@@ -108,10 +119,16 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
     };
     match Policy::load_on(bytes, Backend::Cpu) {
         Ok(policy) => {
-            let state = (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
+            let state =
+                (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
             SLOTS.with(|s| {
                 let mut slots = s.borrow_mut();
-                let slot = Some(Slot { policy, out: ActOutputs::default(), state });
+                let slot = Some(Slot {
+                    info: policy.info(),
+                    policy,
+                    out: ActOutputs::default(),
+                    state,
+                });
                 match slots.iter().position(|s| s.is_none()) {
                     Some(i) => {
                         slots[i] = slot;
@@ -136,8 +153,14 @@ pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
         let Some(out) = (unsafe { slice_mut(out, 8) }) else {
             return Err(fail(ERR_CALL, "info pointer is null or misaligned"));
         };
-        let i = slot.policy.info();
-        let u8_obs = matches!(i.observation, policyport::format::ObservationSpace::Box { dtype: policyport::format::ObsDType::U8, .. });
+        let i = &slot.info;
+        let u8_obs = matches!(
+            i.observation,
+            policyport::format::ObservationSpace::Box {
+                dtype: policyport::format::ObsDType::U8,
+                ..
+            }
+        );
         out.copy_from_slice(&[
             i.obs_len as u32,
             i.action_len as u32,
@@ -172,12 +195,21 @@ pub unsafe extern "C" fn pp_act(
     dist: *mut f32,
 ) -> i32 {
     with_slot(handle, |slot| {
-        let info = slot.policy.info();
+        let info = &slot.info;
         let b = batch as usize;
-        let bad = |what: &str| fail(ERR_CALL, format!("{what} pointer is null, misaligned or out of range"));
+        let bad = |what: &str| {
+            fail(
+                ERR_CALL,
+                format!("{what} pointer is null, misaligned or out of range"),
+            )
+        };
         let observations = match obs_dtype {
-            0 => Observations::F32(unsafe { slice(obs as *const f32, b * info.obs_len) }.ok_or_else(|| bad("obs"))?),
-            1 => Observations::U8(unsafe { slice(obs, b * info.obs_len) }.ok_or_else(|| bad("obs"))?),
+            0 => Observations::F32(
+                unsafe { slice(obs as *const f32, b * info.obs_len) }.ok_or_else(|| bad("obs"))?,
+            ),
+            1 => {
+                Observations::U8(unsafe { slice(obs, b * info.obs_len) }.ok_or_else(|| bad("obs"))?)
+            }
             d => return Err(fail(ERR_CALL, format!("obs dtype {d} (0 = f32, 1 = u8)"))),
         };
         let ids = if env_ids.is_null() {
@@ -188,7 +220,12 @@ pub unsafe extern "C" fn pp_act(
         let mode = match mode {
             0 => ActMode::Deterministic,
             1 => ActMode::Sample { seed, step },
-            m => return Err(fail(ERR_CALL, format!("mode {m} (0 = deterministic, 1 = sample)"))),
+            m => {
+                return Err(fail(
+                    ERR_CALL,
+                    format!("mode {m} (0 = deterministic, 1 = sample)"),
+                ));
+            }
         };
         if let Some(st) = &mut slot.state {
             let max_env = match ids {
@@ -198,7 +235,14 @@ pub unsafe extern "C" fn pp_act(
             st.ensure_envs(max_env);
         }
         slot.policy
-            .act(observations, b, mode, ids, slot.state.as_mut(), &mut slot.out)
+            .act(
+                observations,
+                b,
+                mode,
+                ids,
+                slot.state.as_mut(),
+                &mut slot.out,
+            )
             .map_err(|e| fail(code_of(&e), e))?;
         let n = b * info.action_len;
         if info.action.is_discrete() {
@@ -211,10 +255,14 @@ pub unsafe extern "C" fn pp_act(
             a.copy_from_slice(&slot.out.continuous);
         }
         if !value.is_null() && info.has_value {
-            unsafe { slice_mut(value, b) }.ok_or_else(|| bad("value"))?.copy_from_slice(&slot.out.value);
+            unsafe { slice_mut(value, b) }
+                .ok_or_else(|| bad("value"))?
+                .copy_from_slice(&slot.out.value);
         }
         if !dist.is_null() {
-            unsafe { slice_mut(dist, b * info.dist_params_len) }.ok_or_else(|| bad("dist"))?.copy_from_slice(&slot.out.dist_params);
+            unsafe { slice_mut(dist, b * info.dist_params_len) }
+                .ok_or_else(|| bad("dist"))?
+                .copy_from_slice(&slot.out.dist_params);
         }
         Ok(0)
     })
@@ -226,7 +274,8 @@ pub unsafe extern "C" fn pp_act(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_reset(handle: i32, env_ids: *const u32, n: u32) -> i32 {
     with_slot(handle, |slot| {
-        let ids = unsafe { slice(env_ids, n as usize) }.ok_or_else(|| fail(ERR_CALL, "env ids pointer"))?;
+        let ids = unsafe { slice(env_ids, n as usize) }
+            .ok_or_else(|| fail(ERR_CALL, "env ids pointer"))?;
         if let Some(st) = &mut slot.state {
             st.ensure_envs(ids.iter().map(|e| *e as usize + 1).max().unwrap_or(0));
             st.reset(ids).map_err(|e| fail(code_of(&e), e))?;

@@ -11,7 +11,9 @@ use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState};
+use policyport::{
+    ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState,
+};
 use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
 /// Path of the generated header (for build scripts and tests).
@@ -66,8 +68,15 @@ pub struct PpInfo {
 }
 
 enum Inner {
-    Native { policy: Policy, out: ActOutputs, state: Option<RecurrentState> },
-    Wasm { policy: WasmPolicy, out: ActOutputs },
+    Native {
+        policy: Policy,
+        out: ActOutputs,
+        state: Option<RecurrentState>,
+    },
+    Wasm {
+        policy: WasmPolicy,
+        out: ActOutputs,
+    },
 }
 
 /// An opaque loaded policy.
@@ -113,8 +122,14 @@ fn guard(f: impl FnOnce() -> Result<(), (PpStatus, String)>) -> PpStatus {
             status
         }
         Err(panic) => {
-            let msg = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-            set_error(format!("internal panic (a policyport bug): {}", msg.unwrap_or_default()));
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned());
+            set_error(format!(
+                "internal panic (a policyport bug): {}",
+                msg.unwrap_or_default()
+            ));
             PpStatus::Panic
         }
     }
@@ -128,7 +143,11 @@ fn null(what: &str) -> (PpStatus, String) {
 /// `bytes` covers `len` bytes (or is null with `len` 0); `out` is writable.
 unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpStatus, String)> {
     if bytes.is_null() {
-        return if len == 0 { Ok(&[]) } else { Err(null("bytes")) };
+        return if len == 0 {
+            Ok(&[])
+        } else {
+            Err(null("bytes"))
+        };
     }
     Ok(unsafe { std::slice::from_raw_parts(bytes, len) })
 }
@@ -150,7 +169,12 @@ pub extern "C" fn pp_last_error() -> *const c_char {
 /// # Safety
 /// `bytes` covers `len` readable bytes; `out` is a writable pointer.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn pp_policy_load(bytes: *const u8, len: usize, backend: PpBackend, out: *mut *mut PpPolicy) -> PpStatus {
+pub unsafe extern "C" fn pp_policy_load(
+    bytes: *const u8,
+    len: usize,
+    backend: PpBackend,
+    out: *mut *mut PpPolicy,
+) -> PpStatus {
     guard(|| {
         if out.is_null() {
             return Err(null("out"));
@@ -162,7 +186,13 @@ pub unsafe extern "C" fn pp_policy_load(bytes: *const u8, len: usize, backend: P
         };
         let policy = Policy::load_on(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
         let state = (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
-        let p = Box::new(PpPolicy { inner: Inner::Native { policy, out: ActOutputs::default(), state } });
+        let p = Box::new(PpPolicy {
+            inner: Inner::Native {
+                policy,
+                out: ActOutputs::default(),
+                state,
+            },
+        });
         unsafe { *out = Box::into_raw(p) };
         Ok(())
     })
@@ -193,13 +223,18 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
             return Err(null("plugin_path"));
         }
         let bytes = unsafe { bytes_arg(bytes, len) }?;
-        let path = std::path::PathBuf::from(unsafe { CStr::from_ptr(plugin_path) }.to_string_lossy().into_owned());
+        let path = std::path::PathBuf::from(
+            unsafe { CStr::from_ptr(plugin_path) }
+                .to_string_lossy()
+                .into_owned(),
+        );
         let rt = {
             let mut rts = RUNTIMES.lock().unwrap_or_else(|e| e.into_inner());
             match rts.iter().find(|(p, _)| *p == path) {
                 Some((_, rt)) => rt.clone(),
                 None => {
-                    let wasm = std::fs::read(&path).map_err(|e| (PpStatus::Io, format!("{}: {e}", path.display())))?;
+                    let wasm = std::fs::read(&path)
+                        .map_err(|e| (PpStatus::Io, format!("{}: {e}", path.display())))?;
                     let cache = path.with_extension("cwasm");
                     let rt = WasmRuntime::with_cache(&wasm, &cache)
                         .or_else(|_| WasmRuntime::new(&wasm))
@@ -216,8 +251,14 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
         if deadline_ms > 0 {
             limits.deadline = std::time::Duration::from_millis(deadline_ms as u64);
         }
-        let policy = WasmPolicy::load(&rt, bytes, limits).map_err(|e| (wasm_status(&e), e.to_string()))?;
-        let p = Box::new(PpPolicy { inner: Inner::Wasm { policy, out: ActOutputs::default() } });
+        let policy =
+            WasmPolicy::load(&rt, bytes, limits).map_err(|e| (wasm_status(&e), e.to_string()))?;
+        let p = Box::new(PpPolicy {
+            inner: Inner::Wasm {
+                policy,
+                out: ActOutputs::default(),
+            },
+        });
         unsafe { *out = Box::into_raw(p) };
         Ok(())
     })
@@ -287,37 +328,61 @@ pub unsafe extern "C" fn pp_policy_act(
         if obs.is_null() {
             return Err(null("obs"));
         }
-        let mode = if sample != 0 { ActMode::Sample { seed, step } } else { ActMode::Deterministic };
+        let mode = if sample != 0 {
+            ActMode::Sample { seed, step }
+        } else {
+            ActMode::Deterministic
+        };
         let envs = EnvIds::Range(env_offset);
         let out = match &mut p.inner {
             Inner::Native { policy, out, state } => {
-                let n = batch.checked_mul(policy.info().obs_len).ok_or((PpStatus::BadCall, "batch too large".into()))?;
+                let n = batch
+                    .checked_mul(policy.info().obs_len)
+                    .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
                 if let Some(st) = state.as_mut() {
                     st.ensure_envs(env_offset as usize + batch);
                 }
-                policy.act(o, batch, mode, envs, state.as_mut(), out).map_err(|e| (status_of(&e), e.to_string()))?;
+                policy
+                    .act(o, batch, mode, envs, state.as_mut(), out)
+                    .map_err(|e| (status_of(&e), e.to_string()))?;
                 &*out
             }
             Inner::Wasm { policy, out } => {
-                let n = batch.checked_mul(policy.info().obs_len).ok_or((PpStatus::BadCall, "batch too large".into()))?;
+                let n = batch
+                    .checked_mul(policy.info().obs_len)
+                    .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
-                policy.act(o, batch, mode, envs, out).map_err(|e| (wasm_status(&e), e.to_string()))?;
+                policy
+                    .act(o, batch, mode, envs, out)
+                    .map_err(|e| (wasm_status(&e), e.to_string()))?;
                 &*out
             }
         };
         unsafe {
             if !discrete_actions.is_null() && !out.discrete.is_empty() {
-                std::ptr::copy_nonoverlapping(out.discrete.as_ptr(), discrete_actions, out.discrete.len());
+                std::ptr::copy_nonoverlapping(
+                    out.discrete.as_ptr(),
+                    discrete_actions,
+                    out.discrete.len(),
+                );
             }
             if !continuous_actions.is_null() && !out.continuous.is_empty() {
-                std::ptr::copy_nonoverlapping(out.continuous.as_ptr(), continuous_actions, out.continuous.len());
+                std::ptr::copy_nonoverlapping(
+                    out.continuous.as_ptr(),
+                    continuous_actions,
+                    out.continuous.len(),
+                );
             }
             if !value.is_null() && !out.value.is_empty() {
                 std::ptr::copy_nonoverlapping(out.value.as_ptr(), value, out.value.len());
             }
             if !dist_params.is_null() {
-                std::ptr::copy_nonoverlapping(out.dist_params.as_ptr(), dist_params, out.dist_params.len());
+                std::ptr::copy_nonoverlapping(
+                    out.dist_params.as_ptr(),
+                    dist_params,
+                    out.dist_params.len(),
+                );
             }
         }
         Ok(())
@@ -329,17 +394,31 @@ pub unsafe extern "C" fn pp_policy_act(
 /// # Safety
 /// `policy` is live; `envs` covers `n` ids.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn pp_policy_reset(policy: *mut PpPolicy, envs: *const u32, n: usize) -> PpStatus {
+pub unsafe extern "C" fn pp_policy_reset(
+    policy: *mut PpPolicy,
+    envs: *const u32,
+    n: usize,
+) -> PpStatus {
     guard(|| {
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
-        let ids = if n == 0 { &[][..] } else if envs.is_null() { return Err(null("envs")) } else { unsafe { std::slice::from_raw_parts(envs, n) } };
+        let ids = if n == 0 {
+            &[][..]
+        } else if envs.is_null() {
+            return Err(null("envs"));
+        } else {
+            unsafe { std::slice::from_raw_parts(envs, n) }
+        };
         match &mut p.inner {
-            Inner::Native { state: Some(st), .. } => {
+            Inner::Native {
+                state: Some(st), ..
+            } => {
                 st.ensure_envs(ids.iter().map(|e| *e as usize + 1).max().unwrap_or(0));
                 st.reset(ids).map_err(|e| (status_of(&e), e.to_string()))
             }
             Inner::Native { state: None, .. } => Ok(()),
-            Inner::Wasm { policy, .. } => policy.reset(ids).map_err(|e| (wasm_status(&e), e.to_string())),
+            Inner::Wasm { policy, .. } => policy
+                .reset(ids)
+                .map_err(|e| (wasm_status(&e), e.to_string())),
         }
     })
 }
