@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--batches", default="1,64,1024")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--json", help="also write results here")
+    ap.add_argument("--plugin", help="policyport_plugin.wasm: also time act() inside the wasm sandbox")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -70,10 +71,13 @@ def main():
         subprocess.run([args.policyport, "compile", f"{FIX}/policy.onnx", "--spec", f"{FIX}/import.json",
                         "--golden", f"{FIX}/io.json", "-o", art], check=True, stdout=subprocess.DEVNULL)
         ours = {}
-        for backend in ("cpu", "flex"):
-            out = subprocess.run([args.policyport, "bench", art, "--backend", backend, "--batches", args.batches,
-                                  "--seconds", str(args.seconds)], check=True, capture_output=True, text=True).stdout
-            ours[backend] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
+        runs = [("cpu", ["--backend", "cpu"]), ("flex", ["--backend", "flex"])]
+        if args.plugin:
+            runs.append(("wasm", ["--plugin", args.plugin]))
+        for name, extra in runs:
+            out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
+                                  str(args.seconds)] + extra, check=True, capture_output=True, text=True).stdout
+            ours[name] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
@@ -105,6 +109,13 @@ def main():
         print(f"| {r['batch']} | {c:.1f} | {f:.1f} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
               f"{r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x | {r['onnxruntime_us'] / f:.2f}x |")
     print("(ratios > 1: policyport faster)")
+    if "wasm" in ours:
+        print()
+        print("policyport inside the wasm sandbox (wasmtime 48, SIMD128) vs native cpu, same artifact, median us per act()")
+        print("| batch | native cpu | wasm plugin | wasm / native |")
+        print("|---|---|---|---|")
+        for b in batches:
+            print(f"| {b} | {ours['cpu'][b]:.1f} | {ours['wasm'][b]:.1f} | {ours['wasm'][b] / ours['cpu'][b]:.2f}x |")
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
 
