@@ -59,15 +59,8 @@ impl Backend {
             )),
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Device::flex()),
-            #[cfg(not(feature = "flex"))]
-            Backend::Flex => Err(PolicyError::NotCompiled {
-                backend: "flex",
-                feature: "flex",
-            }),
-            Backend::Wgpu => Err(PolicyError::NotCompiled {
-                backend: "wgpu",
-                feature: "wgpu",
-            }),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("check_compiled refused backends this build lacks"),
         }
     }
 }

@@ -17,7 +17,7 @@ cargo test --release --workspace 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test.log"
 passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test.log")))
 
 step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX-512)"
-POLICYPORT_CPU_BASELINE=1 cargo test --release -p policyport-conformance 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-baseline.log"
+POLICYPORT_CPU_BASELINE=1 cargo test --release --workspace --test conformance 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-baseline.log"
 passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test-baseline.log")))
 
 step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
