@@ -11,7 +11,8 @@
 use crate::kernels::madd_pub as madd;
 use crate::kernels::{self, Act, Isa};
 
-/// Rows per tile.
+/// Rows per tile: 6 rows × 2 vectors = 12 accumulators fit x86's 16 SIMD registers (and AVX-512's 32); measured
+/// best under wasm too (4 rows was 1.4x slower there).
 const MR: usize = 6;
 
 #[derive(Debug, Clone)]
@@ -131,19 +132,26 @@ fn dense_generic<const NR: usize, const F: bool>(
     while r < m {
         let rows = (m - r).min(MR);
         let xs = &x[r * k..(r + rows) * k];
-        for (p, panel) in panels.chunks_exact(k * NR).enumerate() {
+        let np = panels.len() / (k * NR);
+        let ys = &mut y[r * n..(r + rows) * n];
+        let mut p = 0;
+        while p < np {
+            // A single row has only NR/lanes accumulator chains per panel: latency-bound. Four panels at once
+            // give it four times the independent chains (batch 1 is the common case in game loops).
+            let group = if rows == 1 && np - p >= 4 { 4 } else { 1 };
             let c0 = p * NR;
-            let width = NR.min(n - c0);
-            let b: &[f32; NR] = bias[c0..c0 + NR].try_into().unwrap();
-            let ys = &mut y[r * n..(r + rows) * n];
-            match rows {
-                6 => tile::<6, NR, F>(isa, xs, k, panel, b, ys, n, c0, width),
-                5 => tile::<5, NR, F>(isa, xs, k, panel, b, ys, n, c0, width),
-                4 => tile::<4, NR, F>(isa, xs, k, panel, b, ys, n, c0, width),
-                3 => tile::<3, NR, F>(isa, xs, k, panel, b, ys, n, c0, width),
-                2 => tile::<2, NR, F>(isa, xs, k, panel, b, ys, n, c0, width),
-                _ => tile::<1, NR, F>(isa, xs, k, panel, b, ys, n, c0, width),
+            let panel = &panels[p * k * NR..(p + group) * k * NR];
+            let b = &bias[c0..c0 + group * NR];
+            match (rows, group) {
+                (1, 4) => tile::<1, 4, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                (6, _) => tile::<6, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                (5, _) => tile::<5, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                (4, _) => tile::<4, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                (3, _) => tile::<3, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                (2, _) => tile::<2, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                _ => tile::<1, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
             }
+            p += group;
         }
         if act != Act::Identity {
             kernels::bias_act(isa, act, &mut y[r * n..(r + rows) * n], None, n);
@@ -152,54 +160,85 @@ fn dense_generic<const NR: usize, const F: bool>(
     }
 }
 
+/// `R` rows × `P` consecutive panels: accumulate (bias included) and store the valid columns into `y`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn tile<const R: usize, const NR: usize, const F: bool>(
+fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
     isa: Isa,
     x: &[f32],
     k: usize,
-    panel: &[f32],
-    bias: &[f32; NR],
+    panels: &[f32],
+    bias: &[f32],
     y: &mut [f32],
     n: usize,
     c0: usize,
-    width: usize,
 ) {
-    assert!(x.len() >= R * k && panel.len() >= k * NR && y.len() >= (R - 1) * n + c0 + width);
-    // The x86 kernels overwrite it (bias included); the portable one accumulates onto it.
-    let mut acc = [*bias; R];
+    assert!(
+        x.len() >= R * k
+            && panels.len() >= P * k * NR
+            && bias.len() >= P * NR
+            && y.len() >= (R - 1) * n + c0
+    );
+    // acc[j][i]: panel j, row i. The SIMD kernels overwrite it (bias included); the portable one accumulates onto it.
+    let mut acc = [[[0.0f32; NR]; R]; P];
+    for (j, a) in acc.iter_mut().enumerate() {
+        *a = [bias[j * NR..(j + 1) * NR].try_into().unwrap(); R];
+    }
     match isa {
-        // SAFETY (both arms): the CPU has the features (`detect`), NR matches the ISA's packing (`panel_width`),
-        // and the slice lengths were asserted above.
+        // SAFETY (all arms): the CPU has the features (`detect`, or the wasm build's simd128), NR matches the
+        // ISA's packing (`panel_width`), and the slice lengths were asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            x86::accumulate_avx512::<R>(x, k, panel, &bias[..], acc.as_flattened_mut())
+            x86::accumulate_avx512::<R, P>(
+                x,
+                k,
+                panels,
+                bias,
+                acc.as_flattened_mut().as_flattened_mut(),
+            )
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => unsafe {
-            x86::accumulate_avx2::<R>(x, k, panel, &bias[..], acc.as_flattened_mut())
+            x86::accumulate_avx2::<R, P>(
+                x,
+                k,
+                panels,
+                bias,
+                acc.as_flattened_mut().as_flattened_mut(),
+            )
         },
-        // SAFETY: as above (simd128 is a compile-time feature of the wasm build).
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Baseline => unsafe {
-            wasm::accumulate_simd128::<R>(x, k, panel, &bias[..], acc.as_flattened_mut())
+            wasm::accumulate_simd128::<R, P>(
+                x,
+                k,
+                panels,
+                bias,
+                acc.as_flattened_mut().as_flattened_mut(),
+            )
         },
         #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
         Isa::Baseline => {
             let rows: [&[f32]; R] = std::array::from_fn(|i| &x[i * k..(i + 1) * k]);
-            for (kk, w) in panel.chunks_exact(NR).enumerate() {
-                let w: &[f32; NR] = w.try_into().unwrap();
-                for i in 0..R {
-                    let xv = rows[i][kk];
-                    for c in 0..NR {
-                        acc[i][c] = madd::<F>(xv, w[c], acc[i][c]);
+            for (j, panel) in panels.chunks_exact(k * NR).take(P).enumerate() {
+                for (kk, w) in panel.chunks_exact(NR).enumerate() {
+                    let w: &[f32; NR] = w.try_into().unwrap();
+                    for i in 0..R {
+                        let xv = rows[i][kk];
+                        for c in 0..NR {
+                            acc[j][i][c] = madd::<F>(xv, w[c], acc[j][i][c]);
+                        }
                     }
                 }
             }
         }
     }
-    for i in 0..R {
-        y[i * n + c0..i * n + c0 + width].copy_from_slice(&acc[i][..width]);
+    for j in 0..P {
+        let cj = c0 + j * NR;
+        let width = NR.min(n - cj);
+        for i in 0..R {
+            y[i * n + cj..i * n + cj + width].copy_from_slice(&acc[j][i][..width]);
+        }
     }
 }
 
@@ -208,36 +247,52 @@ fn tile<const R: usize, const NR: usize, const F: bool>(
 mod wasm {
     use std::arch::wasm32::*;
 
-    pub(super) unsafe fn accumulate_simd128<const R: usize>(
+    /// `a·b + c`: relaxed-SIMD lets the engine fuse it (FMA on x86 with FMA); the result may then differ in the
+    /// last bit between hosts — within the suite's tolerances, and deterministic on any one host.
+    #[inline(always)]
+    fn madd(a: v128, b: v128, c: v128) -> v128 {
+        #[cfg(target_feature = "relaxed-simd")]
+        {
+            f32x4_relaxed_madd(a, b, c)
+        }
+        #[cfg(not(target_feature = "relaxed-simd"))]
+        {
+            f32x4_add(c, f32x4_mul(a, b))
+        }
+    }
+
+    /// `out[(j·R + i)·8 ..][..8] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows and P panels (NR = 8).
+    pub(super) unsafe fn accumulate_simd128<const R: usize, const P: usize>(
         x: &[f32],
         k: usize,
-        panel: &[f32],
+        panels: &[f32],
         bias: &[f32],
         out: &mut [f32],
     ) {
         unsafe {
-            let (b0, b1) = (
-                v128_load(bias.as_ptr() as *const v128),
-                v128_load(bias.as_ptr().add(4) as *const v128),
-            );
-            let mut a0 = [b0; R];
-            let mut a1 = [b1; R];
-            let (xp, mut wp) = (x.as_ptr(), panel.as_ptr());
+            let b = |j: usize, h: usize| v128_load(bias.as_ptr().add(j * 8 + h * 4) as *const v128);
+            let mut acc: [[[v128; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
+            let (xp, wp) = (x.as_ptr(), panels.as_ptr());
             for kk in 0..k {
-                let (w0, w1) = (
-                    v128_load(wp as *const v128),
-                    v128_load(wp.add(4) as *const v128),
-                );
-                for i in 0..R {
-                    let xv = f32x4_splat(*xp.add(i * k + kk));
-                    a0[i] = f32x4_add(a0[i], f32x4_mul(xv, w0));
-                    a1[i] = f32x4_add(a1[i], f32x4_mul(xv, w1));
+                let xv: [v128; R] = std::array::from_fn(|i| f32x4_splat(*xp.add(i * k + kk)));
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let w = wp.add(j * k * 8 + kk * 8);
+                    let (w0, w1) = (
+                        v128_load(w as *const v128),
+                        v128_load(w.add(4) as *const v128),
+                    );
+                    for i in 0..R {
+                        aj[i][0] = madd(xv[i], w0, aj[i][0]);
+                        aj[i][1] = madd(xv[i], w1, aj[i][1]);
+                    }
                 }
-                wp = wp.add(8);
             }
-            for i in 0..R {
-                v128_store(out.as_mut_ptr().add(i * 8) as *mut v128, a0[i]);
-                v128_store(out.as_mut_ptr().add(i * 8 + 4) as *mut v128, a1[i]);
+            for j in 0..P {
+                for i in 0..R {
+                    let o = out.as_mut_ptr().add((j * R + i) * 8);
+                    v128_store(o as *mut v128, acc[j][i][0]);
+                    v128_store(o.add(4) as *mut v128, acc[j][i][1]);
+                }
             }
         }
     }
@@ -249,68 +304,70 @@ mod wasm {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `out[i][0..32] = bias + Σ_kk x[i][kk] · panel[kk][0..32]` for R rows; NR = 32 (two zmm per row).
+    /// `out[(j·R + i)·32 ..][..32] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows, P panels (NR = 32).
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn accumulate_avx512<const R: usize>(
+    pub(super) unsafe fn accumulate_avx512<const R: usize, const P: usize>(
         x: &[f32],
         k: usize,
-        panel: &[f32],
+        panels: &[f32],
         bias: &[f32],
         out: &mut [f32],
     ) {
         unsafe {
-            let (b0, b1) = (
-                _mm512_loadu_ps(bias.as_ptr()),
-                _mm512_loadu_ps(bias.as_ptr().add(16)),
-            );
-            let mut a0 = [b0; R];
-            let mut a1 = [b1; R];
-            let (xp, mut wp) = (x.as_ptr(), panel.as_ptr());
+            let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * 32 + h * 16));
+            let mut acc: [[[__m512; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
+            let (xp, wp) = (x.as_ptr(), panels.as_ptr());
             for kk in 0..k {
-                let (w0, w1) = (_mm512_loadu_ps(wp), _mm512_loadu_ps(wp.add(16)));
-                for i in 0..R {
-                    let xv = _mm512_set1_ps(*xp.add(i * k + kk));
-                    a0[i] = _mm512_fmadd_ps(xv, w0, a0[i]);
-                    a1[i] = _mm512_fmadd_ps(xv, w1, a1[i]);
+                let xv: [__m512; R] = std::array::from_fn(|i| _mm512_set1_ps(*xp.add(i * k + kk)));
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let w = wp.add(j * k * 32 + kk * 32);
+                    let (w0, w1) = (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)));
+                    for i in 0..R {
+                        aj[i][0] = _mm512_fmadd_ps(xv[i], w0, aj[i][0]);
+                        aj[i][1] = _mm512_fmadd_ps(xv[i], w1, aj[i][1]);
+                    }
                 }
-                wp = wp.add(32);
             }
-            for i in 0..R {
-                _mm512_storeu_ps(out.as_mut_ptr().add(i * 32), a0[i]);
-                _mm512_storeu_ps(out.as_mut_ptr().add(i * 32 + 16), a1[i]);
+            for j in 0..P {
+                for i in 0..R {
+                    let o = out.as_mut_ptr().add((j * R + i) * 32);
+                    _mm512_storeu_ps(o, acc[j][i][0]);
+                    _mm512_storeu_ps(o.add(16), acc[j][i][1]);
+                }
             }
         }
     }
 
-    /// The same with NR = 16 (two ymm per row).
+    /// The same with NR = 16 (two ymm per row and panel).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn accumulate_avx2<const R: usize>(
+    pub(super) unsafe fn accumulate_avx2<const R: usize, const P: usize>(
         x: &[f32],
         k: usize,
-        panel: &[f32],
+        panels: &[f32],
         bias: &[f32],
         out: &mut [f32],
     ) {
         unsafe {
-            let (b0, b1) = (
-                _mm256_loadu_ps(bias.as_ptr()),
-                _mm256_loadu_ps(bias.as_ptr().add(8)),
-            );
-            let mut a0 = [b0; R];
-            let mut a1 = [b1; R];
-            let (xp, mut wp) = (x.as_ptr(), panel.as_ptr());
+            let b = |j: usize, h: usize| _mm256_loadu_ps(bias.as_ptr().add(j * 16 + h * 8));
+            let mut acc: [[[__m256; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
+            let (xp, wp) = (x.as_ptr(), panels.as_ptr());
             for kk in 0..k {
-                let (w0, w1) = (_mm256_loadu_ps(wp), _mm256_loadu_ps(wp.add(8)));
-                for i in 0..R {
-                    let xv = _mm256_set1_ps(*xp.add(i * k + kk));
-                    a0[i] = _mm256_fmadd_ps(xv, w0, a0[i]);
-                    a1[i] = _mm256_fmadd_ps(xv, w1, a1[i]);
+                let xv: [__m256; R] = std::array::from_fn(|i| _mm256_set1_ps(*xp.add(i * k + kk)));
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let w = wp.add(j * k * 16 + kk * 16);
+                    let (w0, w1) = (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)));
+                    for i in 0..R {
+                        aj[i][0] = _mm256_fmadd_ps(xv[i], w0, aj[i][0]);
+                        aj[i][1] = _mm256_fmadd_ps(xv[i], w1, aj[i][1]);
+                    }
                 }
-                wp = wp.add(16);
             }
-            for i in 0..R {
-                _mm256_storeu_ps(out.as_mut_ptr().add(i * 16), a0[i]);
-                _mm256_storeu_ps(out.as_mut_ptr().add(i * 16 + 8), a1[i]);
+            for j in 0..P {
+                for i in 0..R {
+                    let o = out.as_mut_ptr().add((j * R + i) * 16);
+                    _mm256_storeu_ps(o, acc[j][i][0]);
+                    _mm256_storeu_ps(o.add(8), acc[j][i][1]);
+                }
             }
         }
     }
