@@ -50,13 +50,22 @@ step "demo (the README's first command)"
 passed=$((passed + 1))
 
 step "fuzz the artifact reader (cargo fuzz, 30 s)"
-if ! command -v cargo-fuzz >/dev/null; then
-  cargo install cargo-fuzz --locked --version 0.13.2
+# cargo fuzz needs a nightly toolchain (sanitizer flags); these machines ship one. If a machine has none and
+# cannot install one, say so loudly: the in-suite mutation test still covers the reader, but this step did not run.
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
 fi
-mkdir -p "$CARGO_TARGET_DIR/fuzz-corpus"
-cp "$out/cartpole.policy" "$out/pendulum.bf16.policy" "$CARGO_TARGET_DIR/fuzz-corpus/"
-(cd guest/format/fuzz && cargo +nightly fuzz run artifact "$CARGO_TARGET_DIR/fuzz-corpus" -- -max_total_time="${POLICYPORT_FUZZ_SECONDS:-30}" -rss_limit_mb=2048)
-passed=$((passed + 1))
+if cargo +nightly --version >/dev/null 2>&1; then
+  if ! command -v cargo-fuzz >/dev/null; then
+    cargo install cargo-fuzz --locked --version 0.13.2
+  fi
+  mkdir -p "$CARGO_TARGET_DIR/fuzz-corpus"
+  cp "$out/cartpole.policy" "$out/pendulum.bf16.policy" "$CARGO_TARGET_DIR/fuzz-corpus/"
+  (cd guest/format/fuzz && cargo +nightly fuzz run artifact "$CARGO_TARGET_DIR/fuzz-corpus" -- -max_total_time="${POLICYPORT_FUZZ_SECONDS:-30}" -rss_limit_mb=2048)
+  passed=$((passed + 1))
+else
+  echo "WARNING: no nightly toolchain: cargo fuzz did NOT run (the conformance suite's mutation test did)"
+fi
 
 echo
 echo "test.sh finished in $(( $(date +%s) - t0 )) s"
