@@ -69,3 +69,55 @@ pub fn read_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
     }
     Ok((shape, vals))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut v = b"\x93NUMPY\x01\x00".to_vec();
+        v.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        v.extend_from_slice(header.as_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn reads_what_numpy_writes() {
+        let f32s: Vec<u8> = [1.0f32, -2.5, 3.0, 0.0, 4.0, 5.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            read_npy(&npy("<f4", "(2, 3)", &f32s)).unwrap(),
+            (vec![2, 3], vec![1.0, -2.5, 3.0, 0.0, 4.0, 5.5])
+        );
+        let f64s: Vec<u8> = [0.5f64, 1.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            read_npy(&npy("<f8", "(2,)", &f64s)).unwrap(),
+            (vec![2], vec![0.5, 1.5])
+        );
+        assert_eq!(
+            read_npy(&npy("|u1", "(1, 2)", &[7, 255])).unwrap(),
+            (vec![1, 2], vec![7.0, 255.0])
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_read() {
+        assert!(read_npy(b"not npy").is_err());
+        assert!(read_npy(&npy("<i8", "(1,)", &[0; 8])).is_err());
+        assert!(read_npy(&npy("<f4", "(2, 3)", &[0; 8])).is_err());
+        let mut fortran = npy("<f4", "(1,)", &[0; 4]);
+        let at = fortran.windows(5).position(|w| w == b"False").unwrap();
+        fortran[at..at + 5].copy_from_slice(b"True ");
+        assert!(matches!(read_npy(&fortran), Err(NpyError(m)) if m.contains("fortran")));
+        assert!(read_npy(&npy("<f4", "(1,)", &[0; 4])[..12]).is_err());
+    }
+}
