@@ -1,72 +1,60 @@
 use policyport::Policy;
 use policyport_conformance::{backends, compile_fixture, load_fixture};
-use policyport_host::demo::run_episodes;
-use policyport_host::envs::{CartPole, Pendulum};
+use policyport_host::demo::{EpisodeStats, run_episodes};
+use policyport_host::envs::{CartPole, Env, Pendulum};
 
-/// The compiled CartPole policy replays the PyTorch policy's seeded evaluation episodes (same resets, same
-/// Philox draws): identical returns, episode by episode, and the task solved.
-#[test]
-fn cartpole_replays_the_pytorch_episodes() {
-    let f = load_fixture("cartpole");
+/// Replay a trained fixture's evaluation episodes on every backend; `check(key, backend, want, got)` per mode.
+fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStats)) {
+    let f = load_fixture(fixture);
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
     for b in backends() {
         let mut p = Policy::load_on(&bytes, b).unwrap();
         for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
             let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
-            let n = want.len() as u32;
-            let got = run_episodes::<CartPole>(
-                &mut p,
-                n,
+            let seeds = (
                 eval["env_seed"].as_u64().unwrap(),
                 eval["policy_seed"].as_u64().unwrap(),
-                sampled,
-            )
-            .unwrap();
-            assert_eq!(got.returns, want, "{key} on {}", b.name());
-            assert!(got.mean_return() >= 475.0);
+            );
+            let got =
+                run_episodes::<E>(&mut p, want.len() as u32, seeds.0, seeds.1, sampled).unwrap();
+            check(key, b.name(), &want, &got);
         }
     }
+}
+
+/// The compiled CartPole policy replays the PyTorch policy's seeded evaluation episodes (same resets, same
+/// Philox draws): identical returns, episode by episode, and the task solved.
+#[test]
+fn cartpole_replays_the_pytorch_episodes() {
+    replay::<CartPole>("cartpole", |key, backend, want, got| {
+        assert_eq!(got.returns, want, "{key} on {backend}");
+        assert!(got.mean_return() >= 475.0);
+    });
 }
 
 /// Continuous control: actions are computed in f32 here and f64 in the script, so trajectories may drift by
 /// rounding; returns must agree closely.
 #[test]
 fn pendulum_matches_the_pytorch_returns() {
-    let f = load_fixture("pendulum");
-    let eval = f.io.eval.clone().unwrap();
-    let bytes = compile_fixture(&f);
-    for b in backends() {
-        let mut p = Policy::load_on(&bytes, b).unwrap();
-        for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
-            let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
-            let got = run_episodes::<Pendulum>(
-                &mut p,
-                want.len() as u32,
-                eval["env_seed"].as_u64().unwrap(),
-                eval["policy_seed"].as_u64().unwrap(),
-                sampled,
-            )
-            .unwrap();
-            let want_mean = want.iter().sum::<f64>() / want.len() as f64;
-            let rel = (got.mean_return() - want_mean).abs() / want_mean.abs();
-            assert!(
-                rel < 0.02,
-                "{key} on {}: {} vs {want_mean}",
-                b.name(),
-                got.mean_return()
-            );
-            let close = got
-                .returns
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| (*a - *b).abs() <= 1e-3 * b.abs().max(1.0))
-                .count();
-            assert!(
-                close * 10 >= want.len() * 9,
-                "{key}: only {close}/{} episodes agree",
-                want.len()
-            );
-        }
-    }
+    replay::<Pendulum>("pendulum", |key, backend, want, got| {
+        let want_mean = want.iter().sum::<f64>() / want.len() as f64;
+        let rel = (got.mean_return() - want_mean).abs() / want_mean.abs();
+        assert!(
+            rel < 0.02,
+            "{key} on {backend}: {} vs {want_mean}",
+            got.mean_return()
+        );
+        let close = got
+            .returns
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| (*a - *b).abs() <= 1e-3 * b.abs().max(1.0))
+            .count();
+        assert!(
+            close * 10 >= want.len() * 9,
+            "{key}: only {close}/{} episodes agree",
+            want.len()
+        );
+    });
 }
