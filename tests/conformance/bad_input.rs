@@ -66,6 +66,10 @@ fn container_corruption() {
         load_err(&v),
         FormatError::BadHeader(_) | FormatError::Truncated { .. }
     ));
+    // Found by cargo fuzz: a manifest length near u64::MAX once overflowed the 64-byte alignment of the weights.
+    let mut v = good.clone();
+    v[16..24].copy_from_slice(&(u64::MAX - 99).to_le_bytes());
+    assert!(matches!(load_err(&v), FormatError::BadHeader(_)));
     let mut v = good.clone();
     v[120] ^= 0x20; // inside the manifest
     assert!(matches!(

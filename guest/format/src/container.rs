@@ -73,8 +73,9 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
 fn read_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
-fn align_up(x: u64) -> u64 {
-    x.div_ceil(ALIGN as u64) * ALIGN as u64
+/// `x` rounded up to the alignment; `None` on overflow (hostile lengths near `u64::MAX`, found by cargo fuzz).
+fn align_up(x: u64) -> Option<u64> {
+    x.div_ceil(ALIGN as u64).checked_mul(ALIGN as u64)
 }
 
 /// Decode and checksum an artifact. This checks the container only; call [`crate::validate`] on the result
@@ -127,7 +128,8 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
     let manifest_end = header_len
         .checked_add(manifest_len)
         .ok_or_else(|| FormatError::BadHeader("manifest length overflows".into()))?;
-    let weights_start = align_up(manifest_end);
+    let weights_start = align_up(manifest_end)
+        .ok_or_else(|| FormatError::BadHeader("manifest length overflows".into()))?;
     let end = weights_start
         .checked_add(weights_len)
         .ok_or_else(|| FormatError::BadHeader("weights length overflows".into()))?;
@@ -200,7 +202,10 @@ pub fn assemble(manifest_bytes: &[u8], weights_bytes: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&Sha256::digest(manifest_bytes));
     out.extend_from_slice(&Sha256::digest(weights_bytes));
     out.extend_from_slice(manifest_bytes);
-    out.resize(align_up(out.len() as u64) as usize, 0);
+    out.resize(
+        align_up(out.len() as u64).expect("in-memory length") as usize,
+        0,
+    );
     out.extend_from_slice(weights_bytes);
     out
 }
@@ -210,7 +215,7 @@ pub fn sections(bytes: &[u8]) -> Result<(&[u8], &[u8]), FormatError> {
     read_artifact(bytes)?;
     let m = read_u64(bytes, 16) as usize;
     let w = read_u64(bytes, 24) as usize;
-    let ws = align_up((HEADER_LEN + m) as u64) as usize;
+    let ws = align_up((HEADER_LEN + m) as u64).expect("checked by read_artifact") as usize;
     Ok((&bytes[HEADER_LEN..HEADER_LEN + m], &bytes[ws..ws + w]))
 }
 
