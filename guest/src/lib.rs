@@ -28,8 +28,10 @@ pub use backend::Backend;
 #[cfg(feature = "burn")]
 pub use burn::tensor::Device;
 pub use error::{ObservationError, PolicyError};
-pub use observations::Observations;
-pub use policy::{ActOutputs, EnvIds, GoldenReport, MAX_BATCH, Policy, PolicyInfo, rel_err};
+pub use observations::{Observations, check_observations, one_hot_width};
+pub use policy::{
+    ActOutputs, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Policy, PolicyInfo, compare_golden, rel_err,
+};
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
 pub use state::RecurrentState;

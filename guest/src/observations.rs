@@ -63,45 +63,11 @@ impl Preprocessor {
         batch: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), ObservationError> {
-        let found = match obs {
-            Observations::F32(x) => x.len(),
-            Observations::U8(x) => x.len(),
-        };
-        if found != batch * self.raw_len {
-            return Err(ObservationError::Length {
-                expected: batch * self.raw_len,
-                found,
-                batch,
-                per_env: self.raw_len,
-            });
-        }
+        check_observations(&self.space, &self.steps_one_hot(), obs, batch)?;
         out.clear();
-        match (obs, &self.space) {
-            (Observations::F32(x), _) => {
-                if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-                    return Err(ObservationError::NonFinite {
-                        env: i / self.raw_len,
-                        element: i % self.raw_len,
-                        value: x[i],
-                    });
-                }
-                out.extend_from_slice(x);
-            }
-            (
-                Observations::U8(x),
-                ObservationSpace::Box {
-                    dtype: ObsDType::U8,
-                    ..
-                },
-            ) => {
-                out.extend(x.iter().map(|&b| b as f32));
-            }
-            (Observations::U8(_), _) => {
-                return Err(ObservationError::DType {
-                    expected: "f32",
-                    found: "u8",
-                });
-            }
+        match obs {
+            Observations::F32(x) => out.extend_from_slice(x),
+            Observations::U8(x) => out.extend(x.iter().map(|&b| b as f32)),
         }
         for step in &self.steps {
             match step {
@@ -121,11 +87,6 @@ impl Preprocessor {
                 Step::OneHot(n) => {
                     // Discrete spaces have raw_len 1: expand in place from the back.
                     let n = *n;
-                    for (env, v) in out.iter().enumerate() {
-                        if v.fract() != 0.0 || *v < 0.0 || *v >= n as f32 {
-                            return Err(ObservationError::Discrete { env, value: *v, n });
-                        }
-                    }
                     out.resize(batch * n, 0.0);
                     for env in (0..batch).rev() {
                         let k = out[env] as usize;
@@ -139,4 +100,78 @@ impl Preprocessor {
         debug_assert_eq!(out.len(), batch * self.out_len);
         Ok(())
     }
+}
+
+impl Preprocessor {
+    /// The one-hot width, if preprocessing expands discrete observations.
+    fn steps_one_hot(&self) -> Option<usize> {
+        self.steps.iter().find_map(|s| match s {
+            Step::OneHot(n) => Some(*n),
+            _ => None,
+        })
+    }
+}
+
+/// The checks every executor applies to raw observations before preprocessing (on any device): length,
+/// element type, finiteness, and for one-hot inputs an integer in range. Executors that preprocess on a device
+/// (the libtorch host) call this on the host first, so bad input is a typed error everywhere.
+pub fn check_observations(
+    space: &ObservationSpace,
+    one_hot: &Option<usize>,
+    obs: Observations<'_>,
+    batch: usize,
+) -> Result<(), ObservationError> {
+    let raw_len = space.raw_len();
+    let found = match obs {
+        Observations::F32(x) => x.len(),
+        Observations::U8(x) => x.len(),
+    };
+    if found != batch * raw_len {
+        return Err(ObservationError::Length {
+            expected: batch * raw_len,
+            found,
+            batch,
+            per_env: raw_len,
+        });
+    }
+    match (obs, space) {
+        (Observations::F32(x), _) => {
+            if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+                return Err(ObservationError::NonFinite {
+                    env: i / raw_len,
+                    element: i % raw_len,
+                    value: x[i],
+                });
+            }
+            if let Some(n) = one_hot {
+                for (env, v) in x.iter().enumerate() {
+                    if v.fract() != 0.0 || *v < 0.0 || *v >= *n as f32 {
+                        return Err(ObservationError::Discrete { env, value: *v, n: *n });
+                    }
+                }
+            }
+        }
+        (
+            Observations::U8(_),
+            ObservationSpace::Box {
+                dtype: ObsDType::U8,
+                ..
+            },
+        ) => {}
+        (Observations::U8(_), _) => {
+            return Err(ObservationError::DType {
+                expected: "f32",
+                found: "u8",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The one-hot width of an artifact's preprocessing, if any (argument of [`check_observations`]).
+pub fn one_hot_width(art: &Artifact) -> Option<usize> {
+    art.manifest.preprocess.iter().find_map(|p| match p {
+        Preprocess::OneHot { n } => Some(*n),
+        _ => None,
+    })
 }

@@ -30,8 +30,9 @@ pub enum EnvIds<'a> {
 }
 
 impl EnvIds<'_> {
+    /// The env id of batch row `row`.
     #[inline]
-    fn get(&self, row: usize) -> u32 {
+    pub fn get(&self, row: usize) -> u32 {
         match self {
             EnvIds::Range(start) => start + row as u32,
             EnvIds::List(ids) => ids[row],
@@ -429,11 +430,6 @@ impl Policy {
 
     fn verify_case(&mut self, case: &GoldenCase) -> Result<GoldenReport, PolicyError> {
         let m = self.artifact.manifest.clone();
-        let mut report = GoldenReport {
-            name: case.name.clone(),
-            tolerance: case.tolerance,
-            ..Default::default()
-        };
         let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
         let mut out = ActOutputs::default();
         let envs = EnvIds::Range(case.env_offset);
@@ -462,54 +458,17 @@ impl Policy {
             &mut out,
         )?;
 
-        // Named values: dist params and the value estimate come from act(); others from a probe program.
-        let p = self.sampler.dist_params_len();
-        let k = self.sampler.action_len();
-        for (name, expected) in &case.values {
-            let got: Vec<f32> = if m.value.as_deref() == Some(name.as_str()) {
-                out.value.clone()
-            } else if let Some((col, width)) = dist_column(&m.distribution, name, k, p) {
-                (0..case.batch)
-                    .flat_map(|r| out.dist_params[r * p + col..r * p + col + width].to_vec())
-                    .collect()
-            } else {
-                self.probe(case, name)?
-            };
-            report.values.push((name.clone(), rel_err(&got, expected)));
-        }
-        // Empty expected actions mean "not recorded" (e.g. reduced-precision storage, where argmax may flip).
-        let disc = self.sampler.is_discrete();
-        for (want, got_d, got_c, mismatches, err) in [
-            (
-                &case.sampled_actions,
-                &out.discrete,
-                &out.continuous,
-                &mut report.sampled_mismatches,
-                &mut report.sampled_action_err,
-            ),
-            (
-                &case.deterministic_actions,
-                &det.discrete,
-                &det.continuous,
-                &mut report.deterministic_mismatches,
-                &mut report.deterministic_action_err,
-            ),
-        ] {
-            if want.is_empty() {
-                continue;
-            }
-            if disc {
-                *mismatches = count_mismatch(got_d, want);
-            } else {
-                *err = rel_err(got_c, want);
-            }
-        }
-        report.passed = report.values.iter().all(|(_, e)| *e <= case.tolerance)
-            && report.sampled_mismatches == 0
-            && report.deterministic_mismatches == 0
-            && report.sampled_action_err <= case.tolerance
-            && report.deterministic_action_err <= case.tolerance;
-        Ok(report)
+        let (k, p, disc) = (
+            self.sampler.action_len(),
+            self.sampler.dist_params_len(),
+            self.sampler.is_discrete(),
+        );
+        let shape = GoldenShape {
+            action_len: k,
+            dist_params_len: p,
+            discrete: disc,
+        };
+        compare_golden(case, &m, shape, &det, &out, &mut |name| self.probe(case, name))
     }
 
     /// Evaluate an arbitrary named value (debugging, golden checks): lowers a one-off program.
@@ -535,6 +494,78 @@ impl Policy {
         exec.run(case.batch, &obs, states, &mut rows)?;
         Ok(rows)
     }
+}
+
+/// What [`compare_golden`] needs to know about a policy's outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct GoldenShape {
+    pub action_len: usize,
+    pub dist_params_len: usize,
+    pub discrete: bool,
+}
+
+/// Score one golden case from a deterministic and a sampled act() on its observations (any executor: the guest
+/// backends, the libtorch host). Named values that are distribution parameters or the value estimate are read
+/// from the act() outputs; any other value is asked of `probe`.
+pub fn compare_golden<E>(
+    case: &GoldenCase,
+    m: &Manifest,
+    shape: GoldenShape,
+    det: &ActOutputs,
+    sampled: &ActOutputs,
+    probe: &mut dyn FnMut(&str) -> Result<Vec<f32>, E>,
+) -> Result<GoldenReport, E> {
+    let (k, p) = (shape.action_len, shape.dist_params_len);
+    let mut report = GoldenReport {
+        name: case.name.clone(),
+        tolerance: case.tolerance,
+        ..Default::default()
+    };
+    let out = sampled;
+    for (name, expected) in &case.values {
+        let got: Vec<f32> = if m.value.as_deref() == Some(name.as_str()) {
+            out.value.clone()
+        } else if let Some((col, width)) = dist_column(&m.distribution, name, k, p) {
+            (0..case.batch)
+                .flat_map(|r| out.dist_params[r * p + col..r * p + col + width].to_vec())
+                .collect()
+        } else {
+            probe(name)?
+        };
+        report.values.push((name.clone(), rel_err(&got, expected)));
+    }
+    // Empty expected actions mean "not recorded" (e.g. reduced-precision storage, where argmax may flip).
+    for (want, got_d, got_c, mismatches, err) in [
+        (
+            &case.sampled_actions,
+            &out.discrete,
+            &out.continuous,
+            &mut report.sampled_mismatches,
+            &mut report.sampled_action_err,
+        ),
+        (
+            &case.deterministic_actions,
+            &det.discrete,
+            &det.continuous,
+            &mut report.deterministic_mismatches,
+            &mut report.deterministic_action_err,
+        ),
+    ] {
+        if want.is_empty() {
+            continue;
+        }
+        if shape.discrete {
+            *mismatches = count_mismatch(got_d, want);
+        } else {
+            *err = rel_err(got_c, want);
+        }
+    }
+    report.passed = report.values.iter().all(|(_, e)| *e <= case.tolerance)
+        && report.sampled_mismatches == 0
+        && report.deterministic_mismatches == 0
+        && report.sampled_action_err <= case.tolerance
+        && report.deterministic_action_err <= case.tolerance;
+    Ok(report)
 }
 
 /// (column offset, width) of a distribution value inside a `dist_params` row of width `p`.

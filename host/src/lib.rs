@@ -7,6 +7,7 @@ pub mod import;
 pub mod inspect;
 pub mod npy;
 pub mod reference;
+pub mod torch;
 pub mod wasm;
 
 use policyport_format::container::StorageDType;

@@ -114,6 +114,26 @@ enum Cmd {
         #[arg(long)]
         plugin: Option<PathBuf>,
     },
+    /// Time act() on the libtorch executor (needs the `tch` feature): one JSON line per batch.
+    BenchTorch {
+        artifact: PathBuf,
+        #[arg(long, default_value = "1,64,1024")]
+        batches: String,
+        /// cpu, cuda, cuda:N
+        #[arg(long, default_value = "cpu")]
+        device: policyport_host::torch::TorchDevice,
+        /// f32, f16, bf16
+        #[arg(long, default_value = "f32")]
+        precision: policyport_host::torch::Precision,
+        /// eager or graphs (CUDA graphs)
+        #[arg(long, default_value = "eager")]
+        launch: String,
+        /// Threads libtorch may use on CPU.
+        #[arg(long, default_value_t = 1)]
+        threads: i32,
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+    },
 }
 
 fn read(p: &Path) -> Result<Vec<u8>> {
@@ -336,6 +356,15 @@ fn main() -> Result<()> {
             backend,
             out_dir,
         } => demo(episodes, backend, &out_dir)?,
+        Cmd::BenchTorch {
+            artifact,
+            batches,
+            device,
+            precision,
+            launch,
+            threads,
+            seconds,
+        } => bench_torch(&read(&artifact)?, &batches, device, precision, &launch, threads, seconds)?,
         Cmd::Bench {
             artifact,
             batches,
@@ -411,6 +440,98 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Median µs per call of `f` (calibrated blocks of back-to-back calls for about `seconds`).
+fn median_us(seconds: f64, mut f: impl FnMut(u64) -> Result<()>) -> Result<f64> {
+    let mut run = |n: u64| -> Result<f64> {
+        let t0 = Instant::now();
+        for _ in 0..n {
+            f(n)?;
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    run(3)?;
+    let mut n = 1u64;
+    while run(n)? < 0.05 {
+        n *= 2;
+    }
+    let blocks = ((seconds / run(n)?).ceil() as usize).clamp(3, 50);
+    let mut per_call: Vec<f64> = (0..blocks)
+        .map(|_| run(n).map(|s| s / n as f64 * 1e6))
+        .collect::<Result<_>>()?;
+    per_call.sort_by(|a, b| a.total_cmp(b));
+    Ok(per_call[per_call.len() / 2])
+}
+
+fn bench_torch(
+    bytes: &[u8],
+    batches: &str,
+    device: policyport_host::torch::TorchDevice,
+    precision: policyport_host::torch::Precision,
+    launch: &str,
+    threads: i32,
+    seconds: f64,
+) -> Result<()> {
+    use policyport_host::torch::{Launch, Sampling, TorchOptions, TorchPolicy};
+    let launch = match launch {
+        "eager" => Launch::Eager,
+        "graphs" => Launch::CudaGraphs,
+        other => bail!("--launch {other}: eager or graphs"),
+    };
+    let sizes: Vec<usize> = batches
+        .split(',')
+        .map(|b| b.trim().parse().context("--batches"))
+        .collect::<Result<_>>()?;
+    let max = sizes.iter().copied().max().unwrap_or(1);
+    policyport_host::torch::set_cpu_threads(threads);
+    let t0 = Instant::now();
+    let mut policy = TorchPolicy::load(
+        bytes,
+        &TorchOptions {
+            device,
+            precision,
+            launch,
+            sampling: Sampling::Device,
+            max_batch: max,
+            buckets: (launch == Launch::CudaGraphs).then(|| sizes.clone()),
+            num_envs: max,
+        },
+    )?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let info = policy.info();
+    let runtime = format!(
+        "policyport-tch-{}-{}",
+        if launch == Launch::Eager { "eager" } else { "graphs" },
+        precision.name()
+    );
+    let space = policy_observation(bytes)?;
+    for batch in sizes {
+        let obs = policyport_host::random_obs(&space, batch, 1);
+        let mut out = ActOutputs::default();
+        let mut step = 0u64;
+        let us = median_us(seconds, |_| {
+            step += 1;
+            policy.act(
+                Observations::F32(&obs),
+                batch,
+                ActMode::Sample { seed: 1, step },
+                EnvIds::Range(0),
+                &mut out,
+            )?;
+            Ok(())
+        })?;
+        println!(
+            "{}",
+            serde_json::json!({"runtime": runtime, "device": info.device, "batch": batch, "obs_len": info.obs_len,
+                "us_per_act": us, "load_ms": load_ms})
+        );
+    }
+    Ok(())
+}
+
+fn policy_observation(bytes: &[u8]) -> Result<policyport::format::ObservationSpace> {
+    Ok(policyport::format::read_artifact(bytes)?.manifest.observation)
 }
 
 struct Bundled {

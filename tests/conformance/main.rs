@@ -9,6 +9,9 @@
 //! - `recurrent`: per-env recurrent state on every backend.
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
+//! - `torch`: the libtorch executor (feature `tch`): parity on CPU in f32 / f16 / bf16, the guest's samples,
+//!   bucket padding, device state; CUDA and CUDA graphs when a GPU is present (`POLICYPORT_REQUIRE_CUDA=1`
+//!   makes their absence a failure).
 
 mod artifact;
 mod bad_input;
@@ -17,6 +20,7 @@ mod episodes;
 mod fixtures;
 mod parity;
 mod recurrent;
+mod torch;
 mod wasm;
 
 /// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.

@@ -23,7 +23,7 @@ fn weights(n: usize, seed: f32) -> Vec<f32> {
         .collect()
 }
 
-fn elman() -> (Vec<u8>, BTreeMap<String, Tensor>) {
+pub(crate) fn elman() -> (Vec<u8>, BTreeMap<String, Tensor>) {
     let mut t = BTreeMap::new();
     t.insert("wx".to_string(), Tensor::new(vec![4, 3], weights(12, 0.1)));
     t.insert("bx".to_string(), Tensor::new(vec![4], weights(4, 0.2)));
@@ -105,7 +105,7 @@ fn elman() -> (Vec<u8>, BTreeMap<String, Tensor>) {
 }
 
 /// One float64 step of the cell: (next h, logits).
-fn step64(t: &BTreeMap<String, Tensor>, x: &[f32], h: &[f64]) -> (Vec<f64>, Vec<f64>) {
+pub(crate) fn step64(t: &BTreeMap<String, Tensor>, x: &[f32], h: &[f64]) -> (Vec<f64>, Vec<f64>) {
     let w = |n: &str| t[n].data.iter().map(|v| *v as f64).collect::<Vec<_>>();
     let (wx, bx, wh, wp) = (w("wx"), w("bx"), w("wh"), w("wp"));
     let h1: Vec<f64> = (0..4)

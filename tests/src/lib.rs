@@ -6,8 +6,12 @@ use policyport::Backend;
 use policyport_host::import::{FixtureIo, ImportSpec};
 use policyport_host::{Storage, compile_onnx};
 
+/// tests/fixtures, or `POLICYPORT_FIXTURES` (a test binary copied to another machine, e.g. the GPU check).
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+    match std::env::var_os("POLICYPORT_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
+    }
 }
 
 /// Every fixture directory (one holding a policy.onnx), sorted.

@@ -1,0 +1,299 @@
+//! The libtorch executor (`policyport_host::torch`, cargo feature `tch`) against the same fixtures and the guest.
+//!
+//! Without the feature these tests check the typed "not compiled" error and stop, unless
+//! `POLICYPORT_REQUIRE_TCH=1` (set by tests/scripts/test.sh), which makes a build without libtorch a failure.
+//! CUDA tests run when libtorch sees a GPU; `POLICYPORT_REQUIRE_CUDA=1` makes a missing GPU a failure.
+
+use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError};
+use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
+use policyport_host::torch::{
+    COMPILED, Launch, Precision, Sampling, TorchDevice, TorchError, TorchOptions, TorchPolicy,
+    cuda_device_count,
+};
+
+use crate::recurrent::{elman, step64};
+
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+/// False (after checking the compiled-out error) when this build has no libtorch.
+fn torch_here() -> bool {
+    if COMPILED {
+        return true;
+    }
+    assert!(
+        !flag("POLICYPORT_REQUIRE_TCH"),
+        "POLICYPORT_REQUIRE_TCH=1 but policyport-host was built without the `tch` feature"
+    );
+    assert_eq!(
+        TorchPolicy::load(b"", &TorchOptions::default()).unwrap_err(),
+        TorchError::NotCompiled
+    );
+    eprintln!("libtorch executor not compiled: torch tests skipped");
+    false
+}
+
+fn opts(precision: Precision, launch: Launch, sampling: Sampling) -> TorchOptions {
+    TorchOptions {
+        precision,
+        launch,
+        sampling,
+        max_batch: 64,
+        ..Default::default()
+    }
+}
+
+/// The configurations every fixture must pass on CPU, with the tolerance their float outputs get.
+fn cpu_configs() -> Vec<(&'static str, TorchOptions, Option<f64>)> {
+    vec![
+        ("f32 eager host-sampling", opts(Precision::F32, Launch::Eager, Sampling::Host), None),
+        ("f32 eager device-sampling", opts(Precision::F32, Launch::Eager, Sampling::Device), None),
+        ("f32 static buckets", opts(Precision::F32, Launch::StaticBuffers, Sampling::Device), None),
+        ("bf16 eager", opts(Precision::Bf16, Launch::Eager, Sampling::Host), Some(1e-2)),
+        ("f16 eager", opts(Precision::F16, Launch::Eager, Sampling::Host), Some(1e-2)),
+    ]
+}
+
+/// Golden vectors: f32 within the fixture's tolerance (≤ 1e-5) with every sampled action equal to the Python
+/// sampler's; reduced precision within `loose` on every value (actions may flip near ties, not compared).
+fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions, Option<f64>)>) {
+    let mut table = vec![];
+    for name in fixture_names() {
+        let f = load_fixture(&name);
+        let bytes = compile_fixture(&f);
+        for (label, o, loose) in &configs {
+            let o = TorchOptions { device, ..o.clone() };
+            let mut p = TorchPolicy::load(&bytes, &o).unwrap_or_else(|e| panic!("{name} {label}: {e}"));
+            for r in p.verify().unwrap() {
+                let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
+                table.push(format!(
+                    "{name:<14} {device:?} {label:<26} {:<22} max rel err {worst:.2e}  sampled mismatches {}  action err {:.1e}",
+                    r.name, r.sampled_mismatches, r.sampled_action_err
+                ));
+                match loose {
+                    None => assert!(r.passed, "{name} {label}: {r:?}"),
+                    Some(tol) => assert!(worst <= *tol, "{name} {label}: {worst:e} > {tol:e}: {r:?}"),
+                }
+            }
+        }
+    }
+    println!("{}", table.join("\n"));
+}
+
+#[test]
+fn every_fixture_matches_pytorch_on_tch_cpu() {
+    if !torch_here() {
+        return;
+    }
+    check_fixtures(TorchDevice::Cpu, cpu_configs());
+}
+
+/// Same seeds → same actions as the guest's cpu backend, over many seeds, steps and env offsets, for host-side
+/// and device-side (Philox as libtorch ops) sampling and the static-bucket path.
+fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)]) {
+    for name in fixture_names() {
+        let f = load_fixture(&name);
+        let bytes = compile_fixture(&f);
+        let case = f.io.cases.iter().max_by_key(|c| c.batch).unwrap();
+        let mut guest = Policy::load_on(&bytes, Backend::Cpu).unwrap();
+        for &(launch, sampling) in launches {
+            let o = TorchOptions {
+                device,
+                ..opts(Precision::F32, launch, sampling)
+            };
+            let mut p = TorchPolicy::load(&bytes, &o).unwrap();
+            let (mut want, mut got) = (ActOutputs::default(), ActOutputs::default());
+            let mut compared = 0;
+            for seed in [0u64, 1, 42, u64::MAX] {
+                for step in [0u64, 7, 1 << 40] {
+                    let mode = ActMode::Sample { seed, step };
+                    let envs = EnvIds::Range((seed % 1000) as u32);
+                    let obs = Observations::F32(&case.obs);
+                    guest.act(obs, case.batch, mode, envs, None, &mut want).unwrap();
+                    p.act(obs, case.batch, mode, envs, &mut got).unwrap();
+                    assert_eq!(got.discrete, want.discrete, "{name} {launch:?} {sampling:?} seed {seed} step {step}");
+                    let scale = want.continuous.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
+                    for (g, w) in got.continuous.iter().zip(&want.continuous) {
+                        assert!((g - w).abs() / scale <= 1e-5, "{name} {launch:?} {sampling:?}: {g} vs {w}");
+                    }
+                    compared += got.discrete.len() + got.continuous.len();
+                }
+            }
+            assert!(compared > 0);
+        }
+    }
+}
+
+#[test]
+fn sampled_actions_equal_the_guest_for_the_same_seeds() {
+    if !torch_here() {
+        return;
+    }
+    check_actions_equal_guest(
+        TorchDevice::Cpu,
+        &[
+            (Launch::Eager, Sampling::Host),
+            (Launch::Eager, Sampling::Device),
+            (Launch::StaticBuffers, Sampling::Device),
+        ],
+    );
+}
+
+/// The CUDA-graph code path without the capture: every batch size pads to its bucket or splits into chunks and
+/// still gives exactly the eager answers.
+#[test]
+fn static_buckets_pad_and_chunk_like_eager() {
+    if !torch_here() {
+        return;
+    }
+    let f = load_fixture("mlp64");
+    let bytes = compile_fixture(&f);
+    let obs: Vec<f32> = (0..64 * 64).map(|i| ((i as f32) * 0.37).sin()).collect();
+    let mut eager = TorchPolicy::load(&bytes, &opts(Precision::F32, Launch::Eager, Sampling::Device)).unwrap();
+    let o = TorchOptions {
+        buckets: Some(vec![1, 4, 16]),
+        ..opts(Precision::F32, Launch::StaticBuffers, Sampling::Device)
+    };
+    let mut stat = TorchPolicy::load(&bytes, &o).unwrap();
+    assert_eq!(stat.info().buckets, vec![1, 4, 16]);
+    let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
+    for batch in [1usize, 3, 4, 5, 16, 17, 37, 64] {
+        for mode in [ActMode::Deterministic, ActMode::Sample { seed: 9, step: batch as u64 }] {
+            let x = Observations::F32(&obs[..batch * 64]);
+            eager.act(x, batch, mode, EnvIds::Range(100), &mut a).unwrap();
+            stat.act(x, batch, mode, EnvIds::Range(100), &mut b).unwrap();
+            assert_eq!(a.discrete, b.discrete, "batch {batch}");
+            assert_eq!(b.batch, batch);
+            for (x, y) in a.dist_params.iter().zip(&b.dist_params).chain(a.value.iter().zip(&b.value)) {
+                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "batch {batch}: {x} vs {y}");
+            }
+        }
+    }
+}
+
+/// Per-env recurrent state kept on the device: carried between steps, only for the rows' envs, reset to zero,
+/// grown on demand; padded bucket rows never touch a real env.
+#[test]
+fn recurrent_state_lives_on_the_device() {
+    if !torch_here() {
+        return;
+    }
+    let (bytes, t) = elman();
+    for launch in [Launch::Eager, Launch::StaticBuffers] {
+        let o = TorchOptions {
+            num_envs: 2,
+            ..opts(Precision::F32, launch, Sampling::Device)
+        };
+        let mut p = TorchPolicy::load(&bytes, &o).unwrap();
+        assert_eq!(p.info().recurrent_states, 1);
+        let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
+        let mut out = ActOutputs::default();
+        // Twice the same env in one batch of a recurrent policy: a typed error.
+        assert!(matches!(
+            p.act(Observations::F32(&obs), 2, ActMode::Deterministic, EnvIds::List(&[1, 1]), &mut out),
+            Err(TorchError::Policy(PolicyError::EnvIds(_)))
+        ));
+        let mut h = vec![vec![0.0f64; 4]; 6];
+        for step in 0..4u64 {
+            let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+            // Env 5 is past the initial two envs: the state grows.
+            p.act(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step }, EnvIds::List(&[5, 0]), &mut out)
+                .unwrap();
+            for (row, env) in [(0usize, 5usize), (1, 0)] {
+                let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
+                h[env] = h1;
+                for a in 0..2 {
+                    assert!((out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5, "{launch:?} step {step}");
+                }
+                let got = p.state(0, env as u32).unwrap();
+                for i in 0..4 {
+                    assert!((got[i] as f64 - h[env][i]).abs() < 1e-5, "{launch:?} env {env}");
+                }
+            }
+            for untouched in [1u32, 2, 3, 4] {
+                assert_eq!(p.state(0, untouched).unwrap(), vec![0.0; 4], "{launch:?} env {untouched}");
+            }
+        }
+        assert!(p.info().num_envs >= 6);
+        p.reset(&[5]).unwrap();
+        assert_eq!(p.state(0, 5).unwrap(), vec![0.0; 4]);
+        assert_ne!(p.state(0, 0).unwrap(), vec![0.0; 4]);
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    if !torch_here() {
+        return;
+    }
+    let f = load_fixture("cartpole");
+    let bytes = compile_fixture(&f);
+    let mut p = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
+    let mut out = ActOutputs::default();
+    let det = ActMode::Deterministic;
+    assert!(matches!(
+        p.act(Observations::F32(&[0.0; 3]), 1, det, EnvIds::Range(0), &mut out),
+        Err(TorchError::Policy(PolicyError::Observation(_)))
+    ));
+    assert!(matches!(
+        p.act(Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]), 1, det, EnvIds::Range(0), &mut out),
+        Err(TorchError::Policy(PolicyError::Observation(_)))
+    ));
+    assert!(matches!(
+        p.act(Observations::U8(&[0; 4]), 1, det, EnvIds::Range(0), &mut out),
+        Err(TorchError::Policy(PolicyError::Observation(_)))
+    ));
+    assert!(matches!(
+        p.act(Observations::F32(&[]), 0, det, EnvIds::Range(0), &mut out),
+        Err(TorchError::Policy(PolicyError::Batch { .. }))
+    ));
+    assert!(matches!(
+        p.act(Observations::F32(&[0.0; 8]), 2, det, EnvIds::List(&[0]), &mut out),
+        Err(TorchError::Policy(PolicyError::EnvIds(_)))
+    ));
+    // Still usable after every refusal.
+    p.act(Observations::F32(&[0.0; 4]), 1, det, EnvIds::Range(0), &mut out).unwrap();
+    assert!(matches!(
+        TorchPolicy::load(&bytes[..100], &TorchOptions::default()),
+        Err(TorchError::Artifact(_))
+    ));
+    if cuda_device_count() == 0 {
+        let cuda = TorchOptions {
+            device: TorchDevice::Cuda(0),
+            ..Default::default()
+        };
+        assert!(matches!(TorchPolicy::load(&bytes, &cuda), Err(TorchError::NoCuda(_))));
+    }
+    let graphs_on_cpu = TorchOptions {
+        launch: Launch::CudaGraphs,
+        ..Default::default()
+    };
+    assert!(matches!(TorchPolicy::load(&bytes, &graphs_on_cpu), Err(TorchError::NoCuda(_))));
+}
+
+/// On a CUDA machine: the suite in f32 / f16 / bf16, eager and as CUDA graphs, and graph actions equal to the
+/// guest's. Skipped without a GPU unless `POLICYPORT_REQUIRE_CUDA=1`.
+#[test]
+fn cuda_eager_and_graphs_match() {
+    let gpus = cuda_device_count();
+    if gpus == 0 {
+        assert!(
+            !flag("POLICYPORT_REQUIRE_CUDA"),
+            "POLICYPORT_REQUIRE_CUDA=1 but libtorch sees no CUDA device (compiled with tch: {COMPILED})"
+        );
+        eprintln!("no CUDA device: CUDA tests skipped");
+        return;
+    }
+    let cuda = TorchDevice::Cuda(0);
+    check_fixtures(
+        cuda,
+        vec![
+            ("f32 eager", opts(Precision::F32, Launch::Eager, Sampling::Host), None),
+            ("f32 cuda graphs", opts(Precision::F32, Launch::CudaGraphs, Sampling::Device), None),
+            ("f16 cuda graphs", opts(Precision::F16, Launch::CudaGraphs, Sampling::Device), Some(1e-2)),
+            ("bf16 cuda graphs", opts(Precision::Bf16, Launch::CudaGraphs, Sampling::Device), Some(1e-2)),
+        ],
+    );
+    check_actions_equal_guest(cuda, &[(Launch::Eager, Sampling::Device), (Launch::CudaGraphs, Sampling::Device)]);
+}
