@@ -48,6 +48,24 @@ fn build_shim() {
             b.include(inc);
             println!("cargo:rustc-link-lib=c10_cuda");
             println!("cargo:rustc-link-lib=torch_cuda");
+            // The shim's inline CUDA helpers call the runtime directly. Pip wheels ship only the versioned
+            // soname (libcudart.so.13), so link it verbatim from the lib dir beside the headers.
+            let cuda_lib = inc.join("../lib");
+            let cudart = std::fs::read_dir(&cuda_lib)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("libcudart.so"))
+                .min_by_key(|n| n.len());
+            match cudart {
+                Some(name) => {
+                    println!("cargo:rustc-link-search=native={}", cuda_lib.display());
+                    println!("cargo:rustc-link-lib=dylib:+verbatim={name}");
+                    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", cuda_lib.display());
+                }
+                None => println!("cargo:rustc-link-lib=cudart"),
+            }
         }
         _ => {
             println!(

@@ -26,7 +26,6 @@ enum Step {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Preprocessor {
-    raw_len: usize,
     out_len: usize,
     space: ObservationSpace,
     steps: Vec<Step>,
@@ -49,7 +48,6 @@ impl Preprocessor {
             })
             .collect();
         Preprocessor {
-            raw_len: m.observation.raw_len(),
             out_len,
             space: m.observation.clone(),
             steps,

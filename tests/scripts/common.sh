@@ -15,7 +15,7 @@ need_cargo() {
 # The Python side (torch==2.11.0 CPU/CUDA-13 wheel from PyPI, onnx, onnxruntime): only the fixture generator
 # and the benchmark need it; tests read committed fixtures.
 ensure_venv() {
-  if [ ! -x "$PP_VENV/bin/python" ] || ! "$PP_VENV/bin/python" -c "import torch, onnx, onnxruntime, onnxscript" 2>/dev/null; then
+  if [ ! -x "$PP_VENV/bin/python" ] || ! "$PP_VENV/bin/python" -c "import torch, onnx, onnxruntime, onnxscript, importlib.metadata as m; m.version('nvidia-cuda-crt')" 2>/dev/null; then
     echo "== creating $PP_VENV (torch 2.11.0, onnx, onnxruntime; ~3 min, ~5 GB)"
     python3 -m venv "$PP_VENV"
     "$PP_VENV/bin/pip" install -q --upgrade pip
@@ -26,4 +26,14 @@ ensure_venv() {
 step() {
   echo
   echo "== $*"
+}
+
+# Build and run against the venv's libtorch (the `tch` feature): torch-sys finds torch through the venv's python,
+# test binaries find libtorch and the CUDA runtime wheels through LD_LIBRARY_PATH.
+torch_env() {
+  ensure_venv
+  local site
+  site=$("$PP_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PP_VENV" PATH="$PP_VENV/bin:$PATH"
+  export LD_LIBRARY_PATH="$site/torch/lib:$(ls -d "$site"/nvidia/cu*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}"
 }

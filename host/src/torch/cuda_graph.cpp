@@ -13,7 +13,6 @@
 
 #ifndef PP_NO_CUDA
 #include <ATen/cuda/CUDAGraph.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAFunctions.h>

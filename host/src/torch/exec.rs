@@ -478,7 +478,7 @@ impl Head {
                                 let c = logits.f_sub(&max)?.f_exp()?.f_cumsum(1, Kind::Float)?;
                                 let t = u.f_mul(&c.f_narrow(1, n - 1, 1)?)?;
                                 c.f_le_tensor(&t)?
-                                    .f_sum_dim_intlist([1], true, Kind::Int64)?
+                                    .f_sum_dim_intlist([1i64].as_slice(), true, Kind::Int64)?
                                     .f_clamp_max(n - 1)?
                             }
                         });
@@ -715,7 +715,7 @@ impl TorchExec {
         }
         for (st, (_, _, next)) in self.state.iter().zip(&self.program.states) {
             let next = slots[*next].as_ref().expect("computed").f_to_kind(Kind::Float).map_err(te)?;
-            st.shallow_clone().f_index_copy_(0, envs, &next).map_err(te)?;
+            let _ = st.shallow_clone().f_index_copy_(0, envs, &next).map_err(te)?;
         }
         Tensor::f_cat(&parts, 1).map_err(te)
     }
@@ -909,7 +909,7 @@ impl TorchExec {
         let _guard = tch::no_grad_guard();
         let idx = Tensor::f_from_slice(&ids).and_then(|t| t.f_to_device(self.device)).map_err(te)?;
         for st in &self.state {
-            st.shallow_clone().f_index_fill_(0, &idx, 0.0).map_err(te)?;
+            let _ = st.shallow_clone().f_index_fill_(0, &idx, 0.0).map_err(te)?;
         }
         Ok(())
     }

@@ -142,13 +142,13 @@ mod tests {
     #[test]
     fn device_words_equal_the_reference_stream() {
         let words = 11;
-        let gen = DevicePhilox::new(words, Device::Cpu).unwrap();
+        let generator = DevicePhilox::new(words, Device::Cpu).unwrap();
         let envs_u32 = [0u32, 1, 7, u32::MAX, 123_456_789];
         for (seed, step) in [(0u64, 0u64), (7, 3), (u64::MAX, u64::MAX), (0x1_0000_0002, (7 << 32) | 9)] {
             let mut rng = [0i64; RNG_LEN];
             rng_input(seed, step, &mut rng);
             let envs: Vec<i64> = envs_u32.iter().map(|e| *e as i64).collect();
-            let got = gen
+            let got = generator
                 .words(&Tensor::from_slice(&envs), &Tensor::from_slice(&rng))
                 .unwrap();
             let got: Vec<i64> = Vec::<i64>::try_from(got.reshape([-1])).unwrap();
