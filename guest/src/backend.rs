@@ -42,6 +42,7 @@ impl Backend {
                 backend: "flex",
                 feature: "flex",
             }),
+            Backend::Wgpu if cfg!(feature = "wgpu") => Ok(()),
             Backend::Wgpu => Err(PolicyError::NotCompiled {
                 backend: "wgpu",
                 feature: "wgpu",
@@ -59,6 +60,8 @@ impl Backend {
             )),
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Device::flex()),
+            #[cfg(feature = "wgpu")]
+            Backend::Wgpu => wgpu_device(),
             #[allow(unreachable_patterns)]
             _ => unreachable!("check_compiled refused backends this build lacks"),
         }
@@ -75,4 +78,19 @@ impl std::str::FromStr for Backend {
             _ => Err(format!("unknown backend '{s}' (cpu, flex, wgpu)")),
         }
     }
+}
+
+/// The process's wgpu device: initialised once (the first adapter wgpu offers: a GPU, or Mesa's lavapipe on a
+/// machine without one), then shared. No adapter is a typed error, remembered so later loads fail fast.
+#[cfg(feature = "wgpu")]
+pub(crate) fn wgpu_device() -> Result<Device, PolicyError> {
+    static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            Device::wgpu_options()
+                .init()
+                .map_err(|e| format!("no usable wgpu adapter: {e}"))
+        })
+        .clone()
+        .map_err(PolicyError::Backend)
 }

@@ -68,6 +68,29 @@ enum Instr {
         x: usize,
         out: usize,
     },
+    /// Dense + bias + activation as one WGSL dispatch (wgpu devices).
+    #[cfg(feature = "wgpu")]
+    DenseAct {
+        x: usize,
+        w: burn::backend::wgpu::CubeTensor,
+        b: Option<burn::backend::wgpu::CubeTensor>,
+        n: usize,
+        kernels: crate::gpu::DenseKernels,
+        out: usize,
+    },
+    /// Nothing to do (an activation fused into the dense before it).
+    #[cfg(feature = "wgpu")]
+    Fused,
+}
+
+/// The device-side head and preprocessing of the wgpu path.
+#[cfg(feature = "wgpu")]
+#[derive(Debug, Clone)]
+pub(crate) struct GpuParts {
+    pub(crate) preprocess: Option<crate::gpu::PreprocessKernel>,
+    pub(crate) sample: crate::gpu::SampleKernel,
+    /// Readback slots that form the raw head row (distribution values, value) before the next states.
+    pub(crate) head_slots: usize,
 }
 
 /// A lowered artifact ready to run on one device.
@@ -81,6 +104,8 @@ pub(crate) struct Program {
     pub(crate) state_slots: Vec<(usize, usize)>,
     /// (slot, numel) read back after a step: distribution values, then the value estimate, then next states.
     pub(crate) readback: Vec<(usize, usize)>,
+    #[cfg(feature = "wgpu")]
+    pub(crate) gpu: Option<GpuParts>,
 }
 
 fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
@@ -95,7 +120,39 @@ impl Program {
         readback_values: &[&str],
         device: &Device,
     ) -> Self {
+        Self::build(art, plan, readback_values, device, false)
+    }
+
+    /// `fused_dense`: run Dense (+ a following activation only it reads) as one WGSL kernel (wgpu devices).
+    pub(crate) fn build(
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback_values: &[&str],
+        device: &Device,
+        fused_dense: bool,
+    ) -> Self {
+        let _ = fused_dense;
         let low = lower(art, plan, readback_values);
+        // Activations fused into the dense before them: (dense node index -> activation node index).
+        #[cfg(feature = "wgpu")]
+        let mut fuse_next: std::collections::HashMap<usize, usize> = Default::default();
+        #[cfg(feature = "wgpu")]
+        if fused_dense {
+            let pinned: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
+            for i in 0..low.nodes.len().saturating_sub(1) {
+                let (d, a) = (&low.nodes[i], &low.nodes[i + 1]);
+                if matches!(d.op, Op::Dense { .. })
+                    && act_of(a.op).is_some()
+                    && a.ins[0] == d.out
+                    && low.readers[d.out] == 1
+                    && !pinned.contains(&d.out)
+                {
+                    fuse_next.insert(i, i + 1);
+                }
+            }
+        }
+        #[cfg(feature = "wgpu")]
+        let fused_acts: std::collections::HashSet<usize> = fuse_next.values().copied().collect();
         let mut weights: HashMap<String, Tensor<2>> = HashMap::new();
         let mut row = |name: &String| -> Tensor<2> {
             weights
@@ -104,8 +161,41 @@ impl Program {
                 .clone()
         };
         let mut instrs = Vec::new();
-        for n in &low.nodes {
+        for (ni, n) in low.nodes.iter().enumerate() {
             let (ins, out, x_last) = (&n.ins, n.out, n.in_last[0]);
+            #[cfg(feature = "wgpu")]
+            if fused_dense {
+                if fused_acts.contains(&ni) {
+                    instrs.push(Instr::Fused);
+                    continue;
+                }
+                if let Op::Dense { weight, bias } = n.op {
+                    let t = &art.tensors[weight];
+                    let (o, i) = (t.shape[0], t.shape[1]);
+                    let w = Tensor::<2>::from_data(TensorData::new(transpose(&t.data, o, i), [i, o]), device);
+                    let b = bias
+                        .as_ref()
+                        .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device)));
+                    let (act, out) = match fuse_next.get(&ni) {
+                        Some(a) => (
+                            crate::lower::shader_act(act_of(low.nodes[*a].op).expect("fusable")),
+                            low.nodes[*a].out,
+                        ),
+                        None => (policyport_shaders::Activation::Identity, out),
+                    };
+                    instrs.push(Instr::DenseAct {
+                        x: ins[0],
+                        w: crate::gpu::cube(w),
+                        b,
+                        n: o,
+                        kernels: crate::gpu::DenseKernels::new(act),
+                        out,
+                    });
+                    continue;
+                }
+            }
+            #[cfg(not(feature = "wgpu"))]
+            let _ = ni;
             let unary = |f| Instr::Unary {
                 x: ins[0],
                 f,
@@ -178,6 +268,8 @@ impl Program {
             obs_slot: low.obs_slot,
             state_slots: low.state_slots,
             readback: low.readback,
+            #[cfg(feature = "wgpu")]
+            gpu: None,
         }
     }
 
@@ -194,11 +286,58 @@ impl Program {
         obs_len: usize,
         states: Vec<Vec<f32>>,
     ) -> Result<Vec<f32>, String> {
+        let slots = self.forward(batch, obs, obs_len, states);
+        let parts: Vec<Tensor<2>> = self
+            .readback
+            .iter()
+            .map(|(s, _)| slots[*s].clone().expect("validated: computed"))
+            .collect();
+        read_rows(cat_rows(parts))
+    }
+
+    /// The wgpu path: raw observations preprocessed on the device, the program, then the sampling kernel
+    /// writing `[actions | finished params | value]` per row, next states appended; one readback.
+    #[cfg(feature = "wgpu")]
+    pub(crate) fn run_gpu(
+        &self,
+        batch: usize,
+        obs: Vec<f32>,
+        obs_len: usize,
+        states: Vec<Vec<f32>>,
+        envs: &[u32],
+        sample: Option<(u64, u64)>,
+    ) -> Result<Vec<f32>, String> {
+        let gpu = self.gpu.as_ref().expect("run_gpu on a gpu program");
+        let slots = self.forward(batch, obs, obs_len, states);
+        let take = |i: &(usize, usize)| slots[i.0].clone().expect("validated: computed");
+        let head = cat_rows(self.readback[..gpu.head_slots].iter().map(take).collect());
+        if gpu.head_slots > 1 {
+            crate::gpu::count_dispatch();
+        }
+        let packed = gpu.sample.run(head, envs, sample);
+        if self.readback.len() > gpu.head_slots {
+            crate::gpu::count_dispatch();
+        }
+        let mut parts = vec![packed];
+        parts.extend(self.readback[gpu.head_slots..].iter().map(take));
+        read_rows(cat_rows(parts))
+    }
+
+    fn forward(
+        &self,
+        batch: usize,
+        obs: Vec<f32>,
+        obs_len: usize,
+        states: Vec<Vec<f32>>,
+    ) -> Vec<Option<Tensor<2>>> {
         let mut slots: Vec<Option<Tensor<2>>> = vec![None; self.n_slots];
-        slots[self.obs_slot] = Some(Tensor::from_data(
-            TensorData::new(obs, [batch, obs_len]),
-            &self.device,
-        ));
+        let x = Tensor::from_data(TensorData::new(obs, [batch, obs_len]), &self.device);
+        #[cfg(feature = "wgpu")]
+        let x = match self.gpu.as_ref().and_then(|g| g.preprocess.as_ref()) {
+            Some(k) => k.run(x),
+            None => x,
+        };
+        slots[self.obs_slot] = Some(x);
         for ((slot, n), data) in self.state_slots.iter().zip(states) {
             slots[*slot] = Some(Tensor::from_data(
                 TensorData::new(data, [batch, *n]),
@@ -292,25 +431,61 @@ impl Program {
                     (*out, g.reshape([batch as i64, -1]))
                 }
                 Instr::Alias { x, out } => (*out, get(&slots, *x)),
+                #[cfg(feature = "wgpu")]
+                Instr::DenseAct {
+                    x,
+                    w,
+                    b,
+                    n,
+                    kernels,
+                    out,
+                } => (*out, kernels.run(get(&slots, *x), w, b.as_ref(), *n)),
+                #[cfg(feature = "wgpu")]
+                Instr::Fused => continue,
             };
+            #[cfg(feature = "wgpu")]
+            if self.gpu.is_some() && !matches!(instr, Instr::DenseAct { .. } | Instr::Alias { .. }) {
+                crate::gpu::count_dispatch();
+            }
             slots[out] = Some(t);
         }
-        let parts: Vec<Tensor<2>> = self.readback.iter().map(|(s, _)| get(&slots, *s)).collect();
-        let all = if parts.len() == 1 {
-            parts.into_iter().next().unwrap()
-        } else {
-            Tensor::cat(parts, 1)
-        };
-        let data = all
-            .try_into_data()
-            .map_err(|e| format!("readback: {e:?}"))?;
-        match data.as_slice::<f32>() {
-            Ok(s) => Ok(s.to_vec()),
-            Err(_) => data
-                .convert::<f32>()
-                .try_to_vec::<f32>()
-                .map_err(|e| format!("readback: {e:?}")),
-        }
+        slots
+    }
+
+    /// Dispatches one act() issues (fused kernels + burn ops + the sampling kernel), for reports.
+    #[cfg(feature = "wgpu")]
+    pub(crate) fn dispatches_per_act(&self) -> usize {
+        let ops = self
+            .instrs
+            .iter()
+            .filter(|i| !matches!(i, Instr::Fused | Instr::Alias { .. }))
+            .count();
+        let gpu = self.gpu.as_ref();
+        let pre = gpu.is_some_and(|g| g.preprocess.is_some()) as usize;
+        let head_cat = gpu.is_some_and(|g| g.head_slots > 1) as usize;
+        let tail_cat = gpu.is_some_and(|g| self.readback.len() > g.head_slots) as usize;
+        ops + pre + head_cat + 1 + tail_cat
+    }
+}
+
+fn cat_rows(parts: Vec<Tensor<2>>) -> Tensor<2> {
+    if parts.len() == 1 {
+        parts.into_iter().next().unwrap()
+    } else {
+        Tensor::cat(parts, 1)
+    }
+}
+
+fn read_rows(all: Tensor<2>) -> Result<Vec<f32>, String> {
+    let data = all
+        .try_into_data()
+        .map_err(|e| format!("readback: {e:?}"))?;
+    match data.as_slice::<f32>() {
+        Ok(s) => Ok(s.to_vec()),
+        Err(_) => data
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|e| format!("readback: {e:?}")),
     }
 }
 

@@ -18,6 +18,10 @@ mod dense;
 mod error;
 #[cfg(feature = "burn")]
 mod exec;
+#[cfg(feature = "wgpu")]
+mod gpu;
+#[cfg(feature = "wgpu")]
+mod wgpu_setup;
 mod kernels;
 mod lower;
 mod observations;

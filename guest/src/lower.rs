@@ -145,3 +145,21 @@ pub(crate) fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
         d.to_vec()
     }
 }
+
+/// The WGSL kernels' name for an activation.
+#[cfg(feature = "wgpu")]
+pub(crate) fn shader_act(a: Act) -> policyport_shaders::Activation {
+    use policyport_shaders::Activation as S;
+    match a {
+        Act::Identity => S::Identity,
+        Act::Relu => S::Relu,
+        Act::Tanh => S::Tanh,
+        Act::Sigmoid => S::Sigmoid,
+        Act::Silu => S::Silu,
+        Act::Elu(x) => S::Elu(x),
+        Act::LeakyRelu(x) => S::LeakyRelu(x),
+        Act::Gelu => S::Gelu,
+        Act::GeluTanh => S::GeluTanh,
+        Act::Erf => S::Erf,
+    }
+}

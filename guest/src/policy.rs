@@ -75,6 +75,9 @@ enum Target<'a> {
     Cpu,
     #[cfg(feature = "burn")]
     Burn(&'a Device),
+    /// burn's wgpu device with the fused WGSL kernels, device preprocessing and device sampling.
+    #[cfg(feature = "wgpu")]
+    Wgpu(&'a Device),
     #[cfg(not(feature = "burn"))]
     #[allow(dead_code)]
     Never(std::marker::PhantomData<&'a ()>),
@@ -112,13 +115,34 @@ impl Exec {
         }
     }
 
+    /// True when the executor preprocesses and samples on its device (rows start with the actions).
+    fn on_device(&self) -> bool {
+        match self {
+            #[cfg(feature = "wgpu")]
+            Exec::Burn(p) => p.gpu.is_some(),
+            _ => false,
+        }
+    }
+
+    /// True when observations go to the device raw (after the host-side checks).
+    fn wants_raw_obs(&self) -> bool {
+        match self {
+            #[cfg(feature = "wgpu")]
+            Exec::Burn(p) => p.gpu.as_ref().is_some_and(|g| g.preprocess.is_some()),
+            _ => false,
+        }
+    }
+
     fn run(
         &mut self,
         batch: usize,
         obs: &[f32],
         states: Vec<Vec<f32>>,
         rows: &mut Vec<f32>,
+        mode: ActMode,
+        envs: EnvIds<'_>,
     ) -> Result<(), PolicyError> {
+        let _ = (&mode, &envs);
         match self {
             Exec::Cpu(p) => {
                 p.run(batch, obs, &states, rows);
@@ -127,6 +151,18 @@ impl Exec {
             #[cfg(feature = "burn")]
             Exec::Burn(p) => {
                 let obs_len = obs.len() / batch;
+                #[cfg(feature = "wgpu")]
+                if p.gpu.is_some() {
+                    let ids: Vec<u32> = (0..batch).map(|r| envs.get(r)).collect();
+                    let sample = match mode {
+                        ActMode::Sample { seed, step } => Some((seed, step)),
+                        ActMode::Deterministic => None,
+                    };
+                    *rows = p
+                        .run_gpu(batch, obs.to_vec(), obs_len, states, &ids, sample)
+                        .map_err(PolicyError::Backend)?;
+                    return Ok(());
+                }
                 *rows = p
                     .run(batch, obs.to_vec(), obs_len, states)
                     .map_err(PolicyError::Backend)?;
@@ -168,6 +204,8 @@ impl Policy {
         let artifact = read_artifact(bytes)?;
         let mut p = match backend {
             Backend::Cpu => Self::build(artifact, Target::Cpu)?,
+            #[cfg(feature = "wgpu")]
+            Backend::Wgpu => Self::build(artifact, Target::Wgpu(&backend.device()?))?,
             #[cfg(feature = "burn")]
             other => Self::build(artifact, Target::Burn(&other.device()?))?,
             #[cfg(not(feature = "burn"))]
@@ -219,11 +257,22 @@ impl Policy {
                 Exec::Burn(Program::new(&artifact, &plan, &readback, d)),
                 format!("{d:?}"),
             ),
+            #[cfg(feature = "wgpu")]
+            Target::Wgpu(d) => (
+                Exec::Burn(crate::wgpu_setup::program(&artifact, &plan, &readback, d)),
+                "wgpu".to_string(),
+            ),
             #[cfg(not(feature = "burn"))]
             Target::Never(_) => unreachable!(),
         };
-        let row_width = exec.readback().iter().map(|(_, n)| n).sum();
         let sampler = Sampler::new(&artifact);
+        let row_width = if exec.on_device() {
+            // [actions | finished params | value] from the sampling kernel, then the next states.
+            let states: usize = exec.state_slots().iter().map(|(_, n)| n).sum();
+            sampler.action_len() + sampler.dist_params_len() + m.value.is_some() as usize + states
+        } else {
+            exec.readback().iter().map(|(_, n)| n).sum()
+        };
         let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
         let mut policy = Policy {
             has_value: m.value.is_some(),
@@ -333,7 +382,22 @@ impl Policy {
             _ => {}
         }
         let mut obs_buf = std::mem::take(&mut self.scratch_obs);
-        self.pre.run(obs, batch, &mut obs_buf)?;
+        if self.exec.wants_raw_obs() {
+            // The device preprocesses; the host only checks (same typed errors on every backend).
+            crate::observations::check_observations(
+                &self.artifact.manifest.observation,
+                &crate::observations::one_hot_width(&self.artifact),
+                obs,
+                batch,
+            )?;
+            obs_buf.clear();
+            match obs {
+                Observations::F32(x) => obs_buf.extend_from_slice(x),
+                Observations::U8(x) => obs_buf.extend(x.iter().map(|&b| b as f32)),
+            }
+        } else {
+            self.pre.run(obs, batch, &mut obs_buf)?;
+        }
 
         // Gather recurrent state rows.
         let n_states = self.exec.state_slots().len();
@@ -369,7 +433,7 @@ impl Policy {
         };
 
         let mut rows = std::mem::take(&mut self.scratch_rows);
-        let result = self.exec.run(batch, &obs_buf, states, &mut rows);
+        let result = self.exec.run(batch, &obs_buf, states, &mut rows, mode, envs);
         self.scratch_obs = obs_buf;
         if let Err(e) = result {
             self.scratch_rows = rows;
@@ -390,25 +454,50 @@ impl Policy {
             out.continuous.resize(batch * k, 0.0);
             out.discrete.clear();
         }
-        for row in 0..batch {
-            let src = &rows[row * self.row_width..(row + 1) * self.row_width];
-            let params = &mut out.dist_params[row * p..(row + 1) * p];
-            params[..self.raw_params].copy_from_slice(&src[..self.raw_params]);
-            self.sampler.finish_params(params);
-            if self.has_value {
-                out.value[row] = src[self.raw_params];
+        let on_device = self.exec.on_device();
+        if !on_device {
+            for row in 0..batch {
+                let src = &rows[row * self.row_width..(row + 1) * self.row_width];
+                let params = &mut out.dist_params[row * p..(row + 1) * p];
+                params[..self.raw_params].copy_from_slice(&src[..self.raw_params]);
+                self.sampler.finish_params(params);
+                if self.has_value {
+                    out.value[row] = src[self.raw_params];
+                }
+                let (d, c) = if self.sampler.is_discrete() {
+                    (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+                } else {
+                    (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+                };
+                self.sampler.act_row(params, mode, envs.get(row), d, c);
             }
-            let (d, c) = if self.sampler.is_discrete() {
-                (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
-            } else {
-                (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
-            };
-            self.sampler.act_row(params, mode, envs.get(row), d, c);
+        }
+        if on_device {
+            // Rows are [actions | finished params | value | next states]: actions were drawn on the device.
+            let disc = self.sampler.is_discrete();
+            for row in 0..batch {
+                let src = &rows[row * self.row_width..(row + 1) * self.row_width];
+                if disc {
+                    for (d, a) in out.discrete[row * k..(row + 1) * k].iter_mut().zip(&src[..k]) {
+                        *d = *a as i64;
+                    }
+                } else {
+                    out.continuous[row * k..(row + 1) * k].copy_from_slice(&src[..k]);
+                }
+                out.dist_params[row * p..(row + 1) * p].copy_from_slice(&src[k..k + p]);
+                if self.has_value {
+                    out.value[row] = src[k + p];
+                }
+            }
         }
 
         // Scatter next states.
         if let Some(st) = state {
-            let mut off = self.raw_params + self.has_value as usize;
+            let mut off = if on_device {
+                k + p + self.has_value as usize
+            } else {
+                self.raw_params + self.has_value as usize
+            };
             for (n, data) in st.tensors.iter_mut() {
                 for row in 0..batch {
                     let e = envs.get(row) as usize;
@@ -491,7 +580,7 @@ impl Policy {
             .map(|n| vec![0.0; n * case.batch])
             .collect();
         let mut rows = vec![];
-        exec.run(case.batch, &obs, states, &mut rows)?;
+        exec.run(case.batch, &obs, states, &mut rows, ActMode::Deterministic, EnvIds::Range(0))?;
         Ok(rows)
     }
 }

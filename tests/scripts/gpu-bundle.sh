@@ -6,9 +6,9 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 ensure_venv
-export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PP_VENV" PATH="$PP_VENV/bin:$PATH"
-cargo build --release -p policyport-host --features tch --bin policyport
-test_bin=$(cargo test --release -p policyport-conformance --features tch --test conformance --no-run --message-format=json 2>/dev/null \
+torch_env
+cargo build --release --workspace --features policyport-host/tch
+test_bin=$(cargo test --release --workspace --features policyport-host/tch --test conformance --no-run --message-format=json 2>/dev/null \
   | "$PP_VENV/bin/python" -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -17,7 +17,6 @@ for l in sys.stdin:
 rm -rf gpu-bundle && mkdir -p gpu-bundle
 strip -o gpu-bundle/policyport "$PP_BIN"
 strip -o gpu-bundle/conformance "$test_bin"
-export LD_LIBRARY_PATH="$("$PP_VENV/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 gpu-bundle/policyport compile tests/fixtures/mlp64/policy.onnx --spec tests/fixtures/mlp64/import.json \
   --golden tests/fixtures/mlp64/io.json -o gpu-bundle/mlp64.policy
 ls -la gpu-bundle; du -sh gpu-bundle

@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# README command 2 (and what .ci/run calls): every test. Needs only Rust; installs cargo-fuzz if missing.
+# README command 2 (and what .ci/run calls): every test. Needs Rust and Python 3; makes the torch venv (torch 2.11.0
+# from PyPI, for the libtorch executor) and installs cargo-fuzz if missing.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 t0=$(date +%s)
 passed=0
 
+step "python venv with torch 2.11.0 (the libtorch executor links it; ~3 min and ~5 GB the first time)"
+torch_env
+# One crate graph for everything: the workspace with the libtorch executor compiled in.
+FEATURES=(--features policyport-host/tch)
+export POLICYPORT_REQUIRE_TCH=1
+
 step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
 rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
-cargo build --release --workspace --all-targets
+cargo build --release --workspace --all-targets "${FEATURES[@]}"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
 
 step "cargo test: unit tests + the conformance suite on every compiled backend"
-cargo test --release --workspace 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test.log"
+cargo test --release --workspace "${FEATURES[@]}" 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test.log"
 passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test.log")))
 
 step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX-512)"
-POLICYPORT_CPU_BASELINE=1 cargo test --release --workspace --test conformance 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-baseline.log"
+POLICYPORT_CPU_BASELINE=1 cargo test --release --workspace "${FEATURES[@]}" --test conformance 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-baseline.log"
 passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test-baseline.log")))
+
+step "without the tch feature: the same API, a typed 'not compiled' error (host library tests)"
+cargo test --release -p policyport-host --lib 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-notch.log"
+grep -q "compiled_out_is_a_typed_error ... ok" "$CARGO_TARGET_DIR/cargo-test-notch.log"
+passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test-notch.log")))
 
 step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
 out="$CARGO_TARGET_DIR/cli-test"

@@ -1,0 +1,292 @@
+//! The fused WGSL kernels of `shaders/` launched on burn's wgpu device (feature `wgpu`).
+//!
+//! Why raw WGSL templates and not CubeCL `#[cube]` kernels: the kernels are plain text that naga validates on the
+//! CPU in `shaders/`'s tests, the same text runs natively (Vulkan/Metal/DX12 through wgpu) and in the browser
+//! (WebGPU, where WGSL is the only language), and sampling must be bit-exact integer code (Philox) that is easiest
+//! to review as WGSL. The cost: burn's `vulkan` (SPIR-V) feature must stay off, since a WGSL template cannot
+//! run when the runtime compiles to SPIR-V, and burn's fusion must stay off (its tensors cannot be rebuilt from
+//! a raw buffer handle).
+//!
+//! Each launch takes the inputs' cubecl buffer handles (made contiguous), allocates the output on the same
+//! client, binds buffers in the shader's binding order, and wraps the output back into a burn tensor, so fused
+//! kernels and ordinary burn ops mix in one program.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use burn::backend::Cube;
+use burn::backend::wgpu::{CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous};
+use burn::cubecl::prelude::{BufferIOAttr, CubeCount, KernelId};
+use burn::cubecl::server::{Handle, KernelArguments};
+use burn::tensor::{DType, Shape, Tensor};
+use policyport_shaders::{Activation, DenseVariant};
+
+/// Dispatches issued on this thread's programs so far (tests and the benchmark read it per act()).
+pub(crate) static DISPATCHES: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn count_dispatch() {
+    DISPATCHES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A WGSL source as a burn kernel; the id carries a hash of the text (templates differ per activation/steps).
+struct Wgsl {
+    source: std::sync::Arc<String>,
+    hash: u64,
+}
+
+impl KernelSource for Wgsl {
+    fn source(&self) -> SourceTemplate {
+        SourceTemplate::new(self.source.as_str())
+    }
+    fn id(&self) -> KernelId {
+        KernelId::new::<Self>().info(self.hash)
+    }
+    fn lang(&self) -> &'static str {
+        "wgsl"
+    }
+}
+
+/// A compiled-once WGSL kernel (pipelines are cached by the runtime under the id).
+#[derive(Clone)]
+pub(crate) struct Kernel {
+    source: std::sync::Arc<String>,
+    hash: u64,
+    workgroup: (u32, u32, u32),
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({:016x})", self.hash)
+    }
+}
+
+impl Kernel {
+    pub(crate) fn new(source: String, workgroup: (u32, u32, u32)) -> Self {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        source.hash(&mut h);
+        Kernel {
+            source: std::sync::Arc::new(source),
+            hash: h.finish(),
+            workgroup,
+        }
+    }
+
+    fn launch(&self, client: &burn::cubecl::client::Client, groups: (u32, u32, u32), args: KernelArguments) {
+        let k = Wgsl {
+            source: self.source.clone(),
+            hash: self.hash,
+        };
+        let (x, y, z) = self.workgroup;
+        client.launch(
+            Box::new(SourceKernel::new(k, CubeDim::new_3d(x, y, z))),
+            CubeCount::Static(groups.0, groups.1, groups.2),
+            args,
+        );
+        count_dispatch();
+    }
+}
+
+pub(crate) fn cube(t: Tensor<2>) -> CubeTensor {
+    into_contiguous(
+        t.try_into_primitive::<Cube>()
+            .expect("wgpu tensors are cube tensors (fusion and autodiff are off)"),
+    )
+}
+
+fn wrap(like: &CubeTensor, handle: Handle, shape: [usize; 2]) -> Tensor<2> {
+    let t = CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(shape),
+        handle,
+        DType::F32,
+    );
+    Tensor::<2>::from_primitive::<Cube>(t)
+}
+
+fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Dense + bias + activation of `[rows, k] x [k, n]`: one dispatch. The two variants' pipelines for this layer.
+#[derive(Debug, Clone)]
+pub(crate) struct DenseKernels {
+    small: Kernel,
+    tiled: Kernel,
+}
+
+impl DenseKernels {
+    pub(crate) fn new(act: Activation) -> Self {
+        DenseKernels {
+            small: Kernel::new(policyport_shaders::dense_source(DenseVariant::Small, act), (64, 1, 1)),
+            tiled: Kernel::new(policyport_shaders::dense_source(DenseVariant::Tiled, act), (16, 16, 1)),
+        }
+    }
+
+    pub(crate) fn run(&self, x: Tensor<2>, w: &CubeTensor, b: Option<&CubeTensor>, n: usize) -> Tensor<2> {
+        let x = cube(x);
+        let (rows, k) = (x.meta.shape()[0], x.meta.shape()[1]);
+        let client = x.client.clone();
+        let out = client.empty(rows * n * 4);
+        let params = client.create_from_slice(&u32_bytes(&[rows as u32, k as u32, n as u32, b.is_some() as u32]));
+        let variant = DenseVariant::for_rows(rows);
+        let kernel = match variant {
+            DenseVariant::Small => &self.small,
+            DenseVariant::Tiled => &self.tiled,
+        };
+        // An absent bias still needs a binding: bind the weights (never read: has_bias = 0).
+        let bias = b.unwrap_or(w);
+        kernel.launch(
+            &client,
+            variant.workgroups(rows, n),
+            KernelArguments::new()
+                .with_buffer_io(x.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(w.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(bias.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
+                .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly),
+        );
+        wrap(&x, out, [rows, n])
+    }
+}
+
+/// Observation scale / normalise + clip: one elementwise dispatch.
+#[derive(Debug, Clone)]
+pub(crate) struct PreprocessKernel {
+    kernel: Kernel,
+    stats: CubeTensor,
+}
+
+impl PreprocessKernel {
+    pub(crate) fn new(steps: &[policyport_shaders::PreStep], stats: &[f32], device: &burn::tensor::Device) -> Self {
+        let stats = if stats.is_empty() { vec![0.0] } else { stats.to_vec() };
+        let t = Tensor::<2>::from_data(burn::tensor::TensorData::new(stats.clone(), [1, stats.len()]), device);
+        PreprocessKernel {
+            kernel: Kernel::new(policyport_shaders::preprocess_source(steps), (256, 1, 1)),
+            stats: cube(t),
+        }
+    }
+
+    pub(crate) fn run(&self, x: Tensor<2>) -> Tensor<2> {
+        let x = cube(x);
+        let (rows, len) = (x.meta.shape()[0], x.meta.shape()[1]);
+        let total = rows * len;
+        let client = x.client.clone();
+        let out = client.empty(total * 4);
+        let params = client.create_from_slice(&u32_bytes(&[total as u32, len as u32]));
+        self.kernel.launch(
+            &client,
+            policyport_shaders::elementwise_workgroups(total),
+            KernelArguments::new()
+                .with_buffer_io(x.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
+                .with_buffer_io(self.stats.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly),
+        );
+        wrap(&x, out, [rows, len])
+    }
+}
+
+/// Parameter finishing + seeded sampling + output packing: one dispatch (see shaders/sample.wgsl).
+#[derive(Debug, Clone)]
+pub(crate) struct SampleKernel {
+    kernel: Kernel,
+    /// params words 1.. after `rows` that do not change per call: hw, k, p, v, kind, then flags and segments.
+    hw: u32,
+    k: u32,
+    p: u32,
+    v: u32,
+    kind: u32,
+    flags: u32,
+    segments: Vec<u32>,
+    fparams: CubeTensor,
+}
+
+pub(crate) struct SampleSpec {
+    pub hw: usize,
+    pub k: usize,
+    pub p: usize,
+    pub has_value: bool,
+    pub gaussian: bool,
+    pub squashed: bool,
+    pub clip: bool,
+    pub log_std_param: Option<Vec<f32>>,
+    pub log_std_range: Option<(f32, f32)>,
+    pub low: Vec<f32>,
+    pub high: Vec<f32>,
+    pub segments: Vec<usize>,
+}
+
+impl SampleKernel {
+    pub(crate) fn new(s: SampleSpec, device: &burn::tensor::Device) -> Self {
+        let (lo, hi) = s.log_std_range.unwrap_or((0.0, 0.0));
+        // WGSL may assume finite math: unbounded action dims clip at ±f32::MAX instead of ±inf.
+        let fin = |v: &f32| v.clamp(f32::MIN, f32::MAX);
+        let mut f = vec![lo, hi];
+        f.extend(s.low.iter().map(fin));
+        f.extend(s.high.iter().map(fin));
+        f.extend(s.log_std_param.clone().unwrap_or_else(|| vec![0.0; s.k]));
+        f.resize(f.len().max(2 + 3 * s.k), 0.0);
+        let fparams = cube(Tensor::<2>::from_data(burn::tensor::TensorData::new(f.clone(), [1, f.len()]), device));
+        let flags = (s.squashed as u32)
+            | ((s.clip as u32) << 1)
+            | ((s.log_std_param.is_some() as u32) << 2)
+            | ((s.log_std_range.is_some() as u32) << 3);
+        SampleKernel {
+            kernel: Kernel::new(policyport_shaders::SAMPLE.to_string(), (64, 1, 1)),
+            hw: s.hw as u32,
+            k: s.k as u32,
+            p: s.p as u32,
+            v: s.has_value as u32,
+            kind: s.gaussian as u32,
+            flags,
+            segments: s.segments.iter().map(|n| *n as u32).collect(),
+            fparams,
+        }
+    }
+
+    /// `head`: `[rows, hw]` raw distribution values then the value; returns `[rows, k + p + v]` packed rows.
+    pub(crate) fn run(&self, head: Tensor<2>, envs: &[u32], sample: Option<(u64, u64)>) -> Tensor<2> {
+        let head = cube(head);
+        let rows = head.meta.shape()[0];
+        let client = head.client.clone();
+        let width = (self.k + self.p + self.v) as usize;
+        let out = client.empty(rows * width * 4);
+        let (seed, step) = sample.unwrap_or((0, 0));
+        let mut params = vec![
+            rows as u32,
+            self.hw,
+            self.k,
+            self.p,
+            self.v,
+            self.kind,
+            sample.is_some() as u32,
+            seed as u32,
+            (seed >> 32) as u32,
+            step as u32,
+            (step >> 32) as u32,
+            0,
+            self.flags,
+            self.segments.len() as u32,
+        ];
+        params[11] = 0;
+        params.extend(&self.segments);
+        let params = client.create_from_slice(&u32_bytes(&params));
+        let envs = client.create_from_slice(&u32_bytes(envs));
+        self.kernel.launch(
+            &client,
+            (rows.div_ceil(64) as u32, 1, 1),
+            KernelArguments::new()
+                .with_buffer_io(head.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(envs.binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
+                .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(self.fparams.handle.clone().binding(), BufferIOAttr::ReadOnly),
+        );
+        wrap(&head, out, [rows, width])
+    }
+}

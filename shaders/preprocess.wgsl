@@ -1,0 +1,23 @@
+// Observation preprocessing on the device (scale, normalise + clip), elementwise over [rows, len] f32.
+// The STEPS placeholder in main is replaced by the artifact's steps in order, each a statement on `v` with `c` the feature index
+// (see lib.rs); normalisation statistics come from `stats` at offsets baked into the statements.
+//
+// Bindings: 0 x [rows * len] f32, 1 y [rows * len] f32, 2 stats f32, 3 params [total, len] u32.
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read> stats: array<f32>;
+@group(0) @binding(3) var<storage, read> params: array<u32>;
+
+@compute @workgroup_size(256, 1, 1)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    let total = params[0];
+    if (i >= total) {
+        return;
+    }
+    let c = i % params[1];
+    var v = x[i];
+{{STEPS}}
+    y[i] = v;
+}

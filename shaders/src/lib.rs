@@ -1,0 +1,355 @@
+//! The WGSL kernels of policyport's GPU path and their CPU references.
+//!
+//! - `dense_small.wgsl` / `dense_tiled.wgsl`: dense + bias + activation fused (one dispatch per layer): the
+//!   small-batch variant keeps many output columns in flight, the tiled one stages 64x64 tiles in workgroup
+//!   memory. The activation is spliced in as text ([`dense_source`]), so each (variant, activation) is its own
+//!   pipeline, compiled at load.
+//! - `sample.wgsl`: SPEC.md's seeded sampling (Philox4x32-10, inverse-CDF categorical, Box–Muller Gaussian, squash
+//!   or clip) plus parameter finishing and output packing, so act() reads back one buffer.
+//! - `preprocess.wgsl`: observation scale / normalise + clip ([`preprocess_source`]).
+//!
+//! Every variant is parsed and validated with naga in this crate's tests (no GPU needed); the guest's wgpu tests
+//! run each kernel on a real device against the references in [`reference`].
+
+pub const DENSE_SMALL: &str = include_str!("../dense_small.wgsl");
+pub const DENSE_TILED: &str = include_str!("../dense_tiled.wgsl");
+pub const SAMPLE: &str = include_str!("../sample.wgsl");
+pub const PREPROCESS: &str = include_str!("../preprocess.wgsl");
+
+/// Activations a dense kernel can fuse (the guest's elementwise ops).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    Identity,
+    Relu,
+    Tanh,
+    Sigmoid,
+    Silu,
+    Elu(f32),
+    LeakyRelu(f32),
+    Gelu,
+    GeluTanh,
+    Erf,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 10] = [
+        Activation::Identity,
+        Activation::Relu,
+        Activation::Tanh,
+        Activation::Sigmoid,
+        Activation::Silu,
+        Activation::Elu(1.0),
+        Activation::LeakyRelu(0.01),
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Erf,
+    ];
+}
+
+/// An exact f32 constant in WGSL.
+pub fn f32_lit(v: f32) -> String {
+    format!("bitcast<f32>({:#010x}u)", v.to_bits())
+}
+
+/// WGSL helpers + `fn act(v: f32) -> f32` for one activation. tanh and exp arguments are clamped so no
+/// implementation can overflow to inf/NaN (WGSL lets them assume finite math); the clamps do not change f32
+/// results (tanh(±15) and sigmoid at the clamp are already ±1 / 0 / 1 in f32).
+pub fn act_fn(a: Activation) -> String {
+    let helpers = "fn pp_tanh(v: f32) -> f32 { return tanh(clamp(v, -15.0, 15.0)); }\n\
+fn pp_sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(clamp(-v, -88.0, 88.0))); }\n\
+fn pp_erf(x: f32) -> f32 {\n\
+    let a = abs(x);\n\
+    let t = 1.0 / fma(0.3275911, a, 1.0);\n\
+    var p = 1.0614054;\n\
+    p = fma(p, t, -1.4531521);\n\
+    p = fma(p, t, 1.4214137);\n\
+    p = fma(p, t, -0.28449674);\n\
+    p = fma(p, t, 0.2548296);\n\
+    let y = 1.0 - t * p * exp(-min(a * a, 88.0));\n\
+    return select(-y, y, x >= 0.0);\n\
+}\n";
+    let body = match a {
+        Activation::Identity => "v".to_string(),
+        Activation::Relu => "max(v, 0.0)".to_string(),
+        Activation::Tanh => "pp_tanh(v)".to_string(),
+        Activation::Sigmoid => "pp_sigmoid(v)".to_string(),
+        Activation::Silu => "v * pp_sigmoid(v)".to_string(),
+        Activation::Elu(al) => format!(
+            "select({} * (exp(min(v, 0.0)) - 1.0), v, v > 0.0)",
+            f32_lit(al)
+        ),
+        Activation::LeakyRelu(al) => format!("select({} * v, v, v > 0.0)", f32_lit(al)),
+        Activation::Gelu => "0.5 * v * (1.0 + pp_erf(v * 0.70710677))".to_string(),
+        Activation::GeluTanh => {
+            "0.5 * v * (1.0 + pp_tanh(0.7978846 * (v + 0.044715 * v * v * v)))".to_string()
+        }
+        Activation::Erf => "pp_erf(v)".to_string(),
+    };
+    format!("{helpers}fn act(v: f32) -> f32 {{ return {body}; }}\n")
+}
+
+/// Which dense kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenseVariant {
+    Small,
+    Tiled,
+}
+
+impl DenseVariant {
+    /// The variant act() uses for a batch of `rows` (tiles pay off once a 64-row tile is mostly full).
+    pub fn for_rows(rows: usize) -> Self {
+        if rows >= 48 { DenseVariant::Tiled } else { DenseVariant::Small }
+    }
+
+    /// Workgroups to dispatch for `rows x n` outputs.
+    pub fn workgroups(self, rows: usize, n: usize) -> (u32, u32, u32) {
+        match self {
+            DenseVariant::Small => (n.div_ceil(64) as u32, rows.div_ceil(4) as u32, 1),
+            DenseVariant::Tiled => (n.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1),
+        }
+    }
+}
+
+pub fn dense_source(variant: DenseVariant, act: Activation) -> String {
+    let t = match variant {
+        DenseVariant::Small => DENSE_SMALL,
+        DenseVariant::Tiled => DENSE_TILED,
+    };
+    t.replace("{{ACT_FN}}", &act_fn(act))
+}
+
+/// One preprocessing step, with offsets of its statistics in the `stats` buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreStep {
+    Scale(f32),
+    Normalize {
+        mean_offset: usize,
+        std_offset: usize,
+        clip: Option<f32>,
+    },
+}
+
+pub fn preprocess_source(steps: &[PreStep]) -> String {
+    let mut body = String::new();
+    for s in steps {
+        match s {
+            PreStep::Scale(f) => body.push_str(&format!("    v = v * {};\n", f32_lit(*f))),
+            PreStep::Normalize {
+                mean_offset,
+                std_offset,
+                clip,
+            } => {
+                body.push_str(&format!(
+                    "    v = (v - stats[{mean_offset}u + c]) / stats[{std_offset}u + c];\n"
+                ));
+                if let Some(c) = clip {
+                    body.push_str(&format!(
+                        "    v = clamp(v, -{0}, {0});\n",
+                        f32_lit(*c)
+                    ));
+                }
+            }
+        }
+    }
+    PREPROCESS.replace("{{STEPS}}", &body)
+}
+
+/// Workgroups for an elementwise pass over `total` values (256 per workgroup; 2-D past the 65535 limit).
+pub fn elementwise_workgroups(total: usize) -> (u32, u32, u32) {
+    let groups = total.div_ceil(256).max(1);
+    if groups <= 65535 {
+        (groups as u32, 1, 1)
+    } else {
+        (65535, groups.div_ceil(65535) as u32, 1)
+    }
+}
+
+/// CPU references of the kernels (same arithmetic order where it matters).
+pub mod reference {
+    use super::{Activation, PreStep};
+
+    fn erf(x: f32) -> f32 {
+        let a = x.abs();
+        let t = 1.0 / 0.327_591_1f32.mul_add(a, 1.0);
+        let mut p = 1.061_405_4f32;
+        for c in [-1.453_152_1, 1.421_413_7, -0.284_496_74, 0.254_829_6] {
+            p = p.mul_add(t, c);
+        }
+        let y = 1.0 - t * p * (-(a * a).min(88.0)).exp();
+        if x >= 0.0 { y } else { -y }
+    }
+
+    fn sigmoid(v: f32) -> f32 {
+        1.0 / (1.0 + (-v).clamp(-88.0, 88.0).exp())
+    }
+
+    pub fn act(a: Activation, v: f32) -> f32 {
+        match a {
+            Activation::Identity => v,
+            Activation::Relu => v.max(0.0),
+            Activation::Tanh => v.tanh(),
+            Activation::Sigmoid => sigmoid(v),
+            Activation::Silu => v * sigmoid(v),
+            Activation::Elu(al) => {
+                if v > 0.0 {
+                    v
+                } else {
+                    al * (v.exp() - 1.0)
+                }
+            }
+            Activation::LeakyRelu(al) => {
+                if v > 0.0 {
+                    v
+                } else {
+                    al * v
+                }
+            }
+            Activation::Gelu => 0.5 * v * (1.0 + erf(v * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::GeluTanh => 0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh()),
+            Activation::Erf => erf(v),
+        }
+    }
+
+    /// y = act(x @ w + b), x `[rows, k]`, w `[k, n]` (pre-transposed), accumulated in f64 (the reference).
+    pub fn dense(x: &[f32], w: &[f32], b: Option<&[f32]>, rows: usize, k: usize, n: usize, a: Activation) -> Vec<f32> {
+        let mut y = vec![0.0f32; rows * n];
+        for r in 0..rows {
+            for o in 0..n {
+                let mut s = 0.0f64;
+                for i in 0..k {
+                    s += x[r * k + i] as f64 * w[i * n + o] as f64;
+                }
+                let s = s as f32 + b.map_or(0.0, |b| b[o]);
+                y[r * n + o] = act(a, s);
+            }
+        }
+        y
+    }
+
+    /// Preprocessing of `[rows, len]` values.
+    pub fn preprocess(x: &[f32], len: usize, steps: &[PreStep], stats: &[f32]) -> Vec<f32> {
+        x.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let c = i % len;
+                let mut v = *v;
+                for s in steps {
+                    match s {
+                        PreStep::Scale(f) => v *= f,
+                        PreStep::Normalize {
+                            mean_offset,
+                            std_offset,
+                            clip,
+                        } => {
+                            v = (v - stats[mean_offset + c]) / stats[std_offset + c];
+                            if let Some(cl) = clip {
+                                v = v.clamp(-cl, *cl);
+                            }
+                        }
+                    }
+                }
+                v
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(name: &str, src: &str) {
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::default(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+        assert!(
+            module.entry_points.iter().any(|e| e.name == "main"),
+            "{name}: entry point must be `main` (burn's SourceKernel)"
+        );
+    }
+
+    #[test]
+    fn every_dense_variant_validates() {
+        for v in [DenseVariant::Small, DenseVariant::Tiled] {
+            for a in Activation::ALL {
+                validate(&format!("dense {v:?} {a:?}"), &dense_source(v, a));
+            }
+        }
+    }
+
+    #[test]
+    fn sample_validates() {
+        validate("sample", SAMPLE);
+    }
+
+    #[test]
+    fn preprocess_variants_validate() {
+        for steps in [
+            vec![],
+            vec![PreStep::Scale(1.0 / 255.0)],
+            vec![
+                PreStep::Scale(0.5),
+                PreStep::Normalize {
+                    mean_offset: 0,
+                    std_offset: 4,
+                    clip: Some(10.0),
+                },
+            ],
+            vec![PreStep::Normalize {
+                mean_offset: 3,
+                std_offset: 9,
+                clip: None,
+            }],
+        ] {
+            validate(&format!("preprocess {steps:?}"), &preprocess_source(&steps));
+        }
+    }
+
+    #[test]
+    fn templates_leave_no_placeholders() {
+        for src in [
+            dense_source(DenseVariant::Small, Activation::Gelu),
+            dense_source(DenseVariant::Tiled, Activation::Elu(0.5)),
+            preprocess_source(&[PreStep::Scale(2.0)]),
+        ] {
+            assert!(!src.contains("{{"), "{src}");
+        }
+        assert!(!SAMPLE.contains("{{"));
+    }
+
+    #[test]
+    fn exact_literals() {
+        assert_eq!(f32_lit(1.0), "bitcast<f32>(0x3f800000u)");
+        assert_eq!(f32_lit(std::f32::consts::TAU), "bitcast<f32>(0x40c90fdbu)");
+    }
+
+    #[test]
+    fn workgroup_counts_cover_the_output() {
+        assert_eq!(DenseVariant::Small.workgroups(5, 256), (4, 2, 1));
+        assert_eq!(DenseVariant::Tiled.workgroups(1024, 256), (4, 16, 1));
+        assert_eq!(elementwise_workgroups(1), (1, 1, 1));
+        let (x, y, _) = elementwise_workgroups(65536 * 64 * 256 + 1);
+        assert!(x as usize * y as usize * 256 >= 65536 * 64 * 256 + 1);
+    }
+
+    #[test]
+    fn references_agree_with_definitions() {
+        use reference::*;
+        assert!((act(Activation::Gelu, 1.0) - 0.841_344_7).abs() < 1e-6);
+        assert!((act(Activation::Erf, 0.5) - 0.520_499_9).abs() < 1e-6);
+        let y = dense(&[1.0, 2.0], &[1.0, 0.0, 0.0, 1.0], Some(&[0.5, -3.0]), 1, 2, 2, Activation::Relu);
+        assert_eq!(y, vec![1.5, 0.0]);
+        let p = preprocess(
+            &[1.0, 3.0],
+            2,
+            &[PreStep::Normalize { mean_offset: 0, std_offset: 2, clip: Some(0.5) }],
+            &[1.0, 1.0, 2.0, 2.0],
+        );
+        assert_eq!(p, vec![0.0, 0.5]);
+    }
+}
