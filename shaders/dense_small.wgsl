@@ -6,11 +6,11 @@
 // Bindings: 0 x [rows, k] f32, 1 w [k, n] f32 (pre-transposed at load), 2 b [n] f32 (ignored if !has_bias),
 // 3 y [rows, n] f32, 4 params [rows, k, n, has_bias] u32.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> params: array<u32>;
+@group(0) @binding(4) var<storage, read_write> params: array<u32>;
 
 const ROWS: u32 = 4u;
 

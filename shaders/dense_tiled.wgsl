@@ -2,11 +2,11 @@
 // invocations, each computing a 4x4 block; x and w tiles of depth 16 staged in workgroup memory. Same bindings and
 // semantics as dense_small.wgsl; the ACT_FN placeholder becomes `fn act(v: f32) -> f32`.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> params: array<u32>;
+@group(0) @binding(4) var<storage, read_write> params: array<u32>;
 
 const TM: u32 = 64u;
 const TN: u32 = 64u;

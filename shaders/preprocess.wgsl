@@ -4,10 +4,10 @@
 //
 // Bindings: 0 x [rows * len] f32, 1 y [rows * len] f32, 2 stats f32, 3 params [total, len] u32.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@group(0) @binding(2) var<storage, read> stats: array<f32>;
-@group(0) @binding(3) var<storage, read> params: array<u32>;
+@group(0) @binding(2) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(3) var<storage, read_write> params: array<u32>;
 
 @compute @workgroup_size(256, 1, 1)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

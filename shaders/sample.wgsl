@@ -9,11 +9,11 @@
 //     parameter, 8 log-std range), n_seg, then n_seg segment sizes;
 //   4 fparams f32: range_lo, range_hi, low[k], high[k], log_std_param[k] (already clamped).
 
-@group(0) @binding(0) var<storage, read> head: array<f32>;
-@group(0) @binding(1) var<storage, read> envs: array<u32>;
+@group(0) @binding(0) var<storage, read_write> head: array<f32>;
+@group(0) @binding(1) var<storage, read_write> envs: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<storage, read> params: array<u32>;
-@group(0) @binding(4) var<storage, read> fparams: array<f32>;
+@group(0) @binding(3) var<storage, read_write> params: array<u32>;
+@group(0) @binding(4) var<storage, read_write> fparams: array<f32>;
 
 // 32x32 -> high 32 bits, from 16-bit limbs (WGSL has no mul-hi; u32 products wrap).
 fn mulhi(a: u32, m: u32) -> u32 {

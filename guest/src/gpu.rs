@@ -108,10 +108,6 @@ fn u32_bytes(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// Dense + bias + activation of `[rows, k] x [k, n]`: one dispatch. The two variants' pipelines for this layer.
 #[derive(Debug, Clone)]
 pub(crate) struct DenseKernels {
@@ -288,5 +284,186 @@ impl SampleKernel {
                 .with_buffer_io(self.fparams.handle.clone().binding(), BufferIOAttr::ReadOnly),
         );
         wrap(&head, out, [rows, width])
+    }
+}
+
+/// Each kernel against its CPU reference on random inputs, on the real wgpu device (lavapipe in CI).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+    use policyport_format::philox::Stream;
+    use policyport_shaders::{PreStep, reference};
+
+    fn device() -> burn::tensor::Device {
+        crate::backend::wgpu_device().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
+    }
+
+    fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = Stream::new(seed, 0, 0);
+        (0..n)
+            .map(|i| (policyport_format::philox::u01(s.word(i as u32)) * 2.0 - 1.0) * scale)
+            .collect()
+    }
+
+    fn read(t: Tensor<2>) -> Vec<f32> {
+        t.into_data().to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn dense_kernels_match_the_reference() {
+        let dev = device();
+        for (rows, k, n) in [(1, 64, 256), (5, 7, 3), (64, 256, 256), (130, 33, 70)] {
+            let x = random(rows * k, 1 + rows as u64, 1.0);
+            let w = random(k * n, 2, 0.3);
+            let b = random(n, 3, 0.5);
+            for act in Activation::ALL {
+                for bias in [true, false] {
+                    let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [rows, k]), &dev);
+                    let wt = cube(Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev));
+                    let bt = cube(Tensor::<2>::from_data(TensorData::new(b.clone(), [1, n]), &dev));
+                    let got = read(DenseKernels::new(act).run(xt, &wt, bias.then_some(&bt), n));
+                    let want = reference::dense(&x, &w, bias.then_some(&b[..]), rows, k, n, act);
+                    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - e).abs() / scale < 2e-6,
+                            "{rows}x{k}x{n} {act:?} bias {bias} [{i}]: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn preprocess_kernel_matches_the_reference() {
+        let dev = device();
+        let (rows, len) = (37, 5);
+        let x = random(rows * len, 9, 10.0);
+        let mut stats = random(len, 10, 1.0);
+        stats.extend(random(len, 11, 1.0).iter().map(|v| v.abs() + 0.5));
+        let steps = [
+            PreStep::Scale(0.5),
+            PreStep::Normalize {
+                mean_offset: 0,
+                std_offset: len,
+                clip: Some(3.0),
+            },
+        ];
+        let k = PreprocessKernel::new(&steps, &stats, &dev);
+        let got = read(k.run(Tensor::<2>::from_data(TensorData::new(x.clone(), [rows, len]), &dev)));
+        let want = reference::preprocess(&x, len, &steps, &stats);
+        for (g, e) in got.iter().zip(&want) {
+            assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{g} vs {e}");
+        }
+    }
+
+    /// The device sampler against the host sampler of the artifact spec (policyport_format::sampling).
+    #[test]
+    fn sample_kernel_matches_the_host_sampler() {
+        use policyport_format::sampling::{argmax, categorical, standard_normal};
+        let dev = device();
+        let rows = 300;
+        let envs: Vec<u32> = (0..rows as u32).map(|r| r * 7 + 3).collect();
+        // Multi-categorical [3, 5] with a value column.
+        let segs = [3usize, 5];
+        let head = random(rows * 9, 21, 4.0);
+        let k = SampleKernel::new(
+            SampleSpec {
+                hw: 9,
+                k: 2,
+                p: 8,
+                has_value: true,
+                gaussian: false,
+                squashed: false,
+                clip: false,
+                log_std_param: None,
+                log_std_range: None,
+                low: vec![0.0; 2],
+                high: vec![0.0; 2],
+                segments: segs.to_vec(),
+            },
+            &dev,
+        );
+        for sample in [None, Some((u64::MAX - 5, 1u64 << 33))] {
+            let t = Tensor::<2>::from_data(TensorData::new(head.clone(), [rows, 9]), &dev);
+            let got = read(k.run(t, &envs, sample));
+            let mut mismatches = 0;
+            for r in 0..rows {
+                let h = &head[r * 9..r * 9 + 9];
+                let mut off = 0;
+                for (s, n) in segs.iter().enumerate() {
+                    let logits = &h[off..off + n];
+                    let want = match sample {
+                        None => argmax(logits),
+                        Some((seed, step)) => {
+                            let mut st = Stream::new(seed, envs[r], step);
+                            categorical(logits, policyport_format::philox::u01(st.word(s as u32)))
+                        }
+                    };
+                    mismatches += (got[r * 11 + s] != want as f32) as usize;
+                    off += n;
+                }
+                assert_eq!(&got[r * 11 + 2..r * 11 + 10], &h[..8]);
+                assert_eq!(got[r * 11 + 10], h[8]);
+            }
+            assert_eq!(mismatches, 0, "{sample:?}");
+        }
+        // Squashed Gaussian with a state-dependent, clamped log-std; and a clipped one with a parameter log-std.
+        let kdim = 3;
+        let head = random(rows * (2 * kdim + 1), 31, 2.0);
+        for (squashed, param) in [(true, None), (false, Some(vec![-0.5f32, 0.1, 0.3]))] {
+            let (low, high) = (vec![-2.0f32, -1.0, 0.0], vec![2.0f32, 1.0, 5.0]);
+            let hw = if param.is_some() { kdim + 1 } else { 2 * kdim + 1 };
+            let head: Vec<f32> = head.chunks(2 * kdim + 1).flat_map(|c| {
+                let mut v = c[..hw - 1].to_vec();
+                v.push(c[2 * kdim]);
+                v
+            }).collect();
+            let range = Some((-1.5f32, 0.5f32));
+            let k = SampleKernel::new(
+                SampleSpec {
+                    hw,
+                    k: kdim,
+                    p: 2 * kdim,
+                    has_value: true,
+                    gaussian: true,
+                    squashed,
+                    clip: !squashed,
+                    log_std_param: param.clone(),
+                    log_std_range: range,
+                    low: low.clone(),
+                    high: high.clone(),
+                    segments: vec![],
+                },
+                &dev,
+            );
+            let (seed, step) = (77u64, 5u64);
+            let t = Tensor::<2>::from_data(TensorData::new(head.clone(), [rows, hw]), &dev);
+            let got = read(k.run(t, &envs, Some((seed, step))));
+            let width = 3 * kdim + 1;
+            for r in 0..rows {
+                let h = &head[r * hw..(r + 1) * hw];
+                let mut st = Stream::new(seed, envs[r], step);
+                for d in 0..kdim {
+                    let ls = match &param {
+                        Some(p) => p[d],
+                        None => h[kdim + d].clamp(range.unwrap().0, range.unwrap().1),
+                    };
+                    let mut a = h[d] + ls.exp() * standard_normal(&mut st, d as u32);
+                    a = if squashed {
+                        low[d] + (a.tanh() + 1.0) * 0.5 * (high[d] - low[d])
+                    } else {
+                        a.clamp(low[d], high[d])
+                    };
+                    let g = got[r * width + d];
+                    assert!((g - a).abs() <= 1e-5 * a.abs().max(1.0), "row {r} dim {d}: {g} vs {a}");
+                    assert_eq!(got[r * width + kdim + d], h[d]);
+                    assert_eq!(got[r * width + 2 * kdim + d], ls);
+                }
+                assert_eq!(got[r * width + 3 * kdim], h[hw - 1]);
+            }
+        }
     }
 }

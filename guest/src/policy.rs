@@ -68,6 +68,10 @@ pub struct PolicyInfo {
     pub has_value: bool,
     pub recurrent_states: usize,
     pub parameters: usize,
+    /// How the backend was chosen (set by [`Policy::load_auto`]: the measured latencies).
+    pub selection: Option<String>,
+    /// GPU dispatches one act() issues (wgpu backend), None on CPU backends.
+    pub dispatches_per_act: Option<usize>,
 }
 
 /// What `build` lowers for.
@@ -121,6 +125,14 @@ impl Exec {
             #[cfg(feature = "wgpu")]
             Exec::Burn(p) => p.gpu.is_some(),
             _ => false,
+        }
+    }
+
+    fn dispatches_per_act(&self) -> Option<usize> {
+        match self {
+            #[cfg(feature = "wgpu")]
+            Exec::Burn(p) if p.gpu.is_some() => Some(p.dispatches_per_act()),
+            _ => None,
         }
     }
 
@@ -186,6 +198,7 @@ pub struct Policy {
     has_value: bool,
     scratch_obs: Vec<f32>,
     scratch_rows: Vec<f32>,
+    selection: Option<String>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -286,31 +299,37 @@ impl Policy {
             row_width,
             scratch_obs: Vec::new(),
             scratch_rows: Vec::new(),
+            selection: None,
         };
         policy.warm_up()?;
         Ok(policy)
     }
 
     fn warm_up(&mut self) -> Result<(), PolicyError> {
-        let obs = match &self.artifact.manifest.observation {
-            ObservationSpace::Box { .. } => vec![0.0f32; self.pre_raw_len()],
-            ObservationSpace::Discrete { .. } => vec![0.0],
-        };
-        let mut state = RecurrentState::new(self, 1);
-        let mut out = ActOutputs::default();
-        let st = if state.tensors.is_empty() {
-            None
-        } else {
-            Some(&mut state)
-        };
-        self.act(
-            Observations::F32(&obs),
-            1,
-            ActMode::Sample { seed: 0, step: 0 },
-            EnvIds::Range(0),
-            st,
-            &mut out,
-        )
+        // GPU programs also warm the large-batch (tiled) kernels, so no batch size meets an uncompiled pipeline.
+        let batches: &[usize] = if self.exec.on_device() { &[1, 64] } else { &[1] };
+        for &batch in batches {
+            let obs = match &self.artifact.manifest.observation {
+                ObservationSpace::Box { .. } => vec![0.0f32; batch * self.pre_raw_len()],
+                ObservationSpace::Discrete { .. } => vec![0.0; batch],
+            };
+            let mut state = RecurrentState::new(self, batch);
+            let mut out = ActOutputs::default();
+            let st = if state.tensors.is_empty() {
+                None
+            } else {
+                Some(&mut state)
+            };
+            self.act(
+                Observations::F32(&obs),
+                batch,
+                ActMode::Sample { seed: 0, step: 0 },
+                EnvIds::Range(0),
+                st,
+                &mut out,
+            )?;
+        }
+        Ok(())
     }
 
     fn pre_raw_len(&self) -> usize {
@@ -347,7 +366,65 @@ impl Policy {
             has_value: self.has_value,
             recurrent_states: self.exec.state_slots().len(),
             parameters: self.artifact.tensors.values().map(|t| t.data.len()).sum(),
+            selection: self.selection.clone(),
+            dispatches_per_act: self.exec.dispatches_per_act(),
         }
+    }
+
+    /// Load on every backend worth trying here (native cpu, and wgpu when compiled and an adapter exists),
+    /// time act() at the caller's batch size on each, and keep the fastest; `info().selection` says what was
+    /// measured. A backend that fails to load is skipped (and named in the selection note).
+    pub fn load_auto(bytes: &[u8], batch: usize) -> Result<Self, PolicyError> {
+        let mut best: Option<(f64, Policy)> = None;
+        let mut notes = vec![];
+        for backend in [Backend::Cpu, Backend::Wgpu] {
+            if backend.check_compiled().is_err() {
+                continue;
+            }
+            let mut p = match Policy::load_on(bytes, backend) {
+                Ok(p) => p,
+                Err(e) if backend != Backend::Cpu => {
+                    notes.push(format!("{}: unavailable ({e})", backend.name()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let us = p.time_act(batch.clamp(1, MAX_BATCH))?;
+            notes.push(format!("{} {us:.1} us", backend.name()));
+            if best.as_ref().is_none_or(|(b, _)| us < *b) {
+                best = Some((us, p));
+            }
+        }
+        let (_, mut p) = best.expect("the cpu backend always loads");
+        p.selection = Some(format!("auto at batch {batch}: {} -> {}", notes.join(", "), p.backend_name));
+        Ok(p)
+    }
+
+    /// Median µs of a few warm act() calls at `batch` (zero observations, fresh state).
+    fn time_act(&mut self, batch: usize) -> Result<f64, PolicyError> {
+        let obs = vec![0.0f32; batch * self.pre_raw_len()];
+        let mut state = RecurrentState::new(self, batch);
+        let mut out = ActOutputs::default();
+        let has_state = !state.tensors.is_empty();
+        let mut times = vec![];
+        let budget = std::time::Instant::now();
+        for i in 0..25u64 {
+            let t0 = std::time::Instant::now();
+            self.act(
+                Observations::F32(&obs),
+                batch,
+                ActMode::Sample { seed: 0, step: i },
+                EnvIds::Range(0),
+                has_state.then_some(&mut state),
+                &mut out,
+            )?;
+            times.push(t0.elapsed().as_secs_f64() * 1e6);
+            if i >= 2 && budget.elapsed().as_secs_f64() > 0.2 {
+                break;
+            }
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        Ok(times[times.len() / 2])
     }
 
     /// One step for `batch` envs: observations in, actions (+ value, distribution parameters, next recurrent

@@ -434,7 +434,8 @@ fn main() -> Result<()> {
                 let median = per_call[per_call.len() / 2];
                 println!(
                     "{}",
-                    serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median})
+                    serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median,
+                        "dispatches_per_act": policy.info().dispatches_per_act})
                 );
             }
         }

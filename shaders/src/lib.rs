@@ -8,6 +8,10 @@
 //!   or clip) plus parameter finishing and output packing, so act() reads back one buffer.
 //! - `preprocess.wgsl`: observation scale / normalise + clip ([`preprocess_source`]).
 //!
+//! Every storage buffer is declared `read_write`, inputs included: burn's allocator hands out slices of shared
+//! pool buffers, and wgpu refuses a dispatch that binds one buffer both read-only and read-write (WebGPU usage
+//! scopes); read-write bindings may alias. Kernels never write their inputs.
+//!
 //! Every variant is parsed and validated with naga in this crate's tests (no GPU needed); the guest's wgpu tests
 //! run each kernel on a real device against the references in [`reference`].
 

@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--json", help="also write results here")
     ap.add_argument("--plugin", help="policyport_plugin.wasm: also time act() inside the wasm sandbox")
+    ap.add_argument("--wgpu", action="store_true", help="also the wgpu backend (lavapipe here: a correctness device)")
+    ap.add_argument("--tch", action="store_true", help="also the libtorch executor on CPU (policyport bench-torch)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -74,10 +76,20 @@ def main():
         runs = [("cpu", ["--backend", "cpu"]), ("flex", ["--backend", "flex"])]
         if args.plugin:
             runs.append(("wasm", ["--plugin", args.plugin]))
+        if args.wgpu:
+            runs.append(("wgpu", ["--backend", "wgpu"]))
+        dispatches = {}
         for name, extra in runs:
             out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
                                   str(args.seconds)] + extra, check=True, capture_output=True, text=True).stdout
-            ours[name] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
+            recs = list(map(json.loads, out.strip().splitlines()))
+            ours[name] = {r["batch"]: r["us_per_act"] for r in recs}
+            dispatches[name] = {r["batch"]: r.get("dispatches_per_act") for r in recs}
+        if args.tch:
+            out = subprocess.run([args.policyport, "bench-torch", art, "--batches", args.batches, "--seconds",
+                                  str(args.seconds), "--threads", "1"], check=True, capture_output=True,
+                                 text=True).stdout
+            ours["tch"] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
@@ -116,6 +128,22 @@ def main():
         print("|---|---|---|---|")
         for b in batches:
             print(f"| {b} | {ours['cpu'][b]:.1f} | {ours['wasm'][b]:.1f} | {ours['wasm'][b] / ours['cpu'][b]:.2f}x |")
+    if "tch" in ours:
+        print()
+        print("libtorch executor (policyport bench-torch, eager, CPU, 1 thread, device Philox sampling) vs torch eager")
+        print("| batch | policyport tch | torch eager | torch / tch |")
+        print("|---|---|---|---|")
+        for r in rows:
+            b = r["batch"]
+            print(f"| {b} | {ours['tch'][b]:.1f} | {r['torch_eager_us']:.1f} | {r['torch_eager_us'] / ours['tch'][b]:.2f}x |")
+    if "wgpu" in ours:
+        print()
+        print("wgpu backend (this machine's adapter; Mesa lavapipe = Vulkan on the CPU) vs native cpu")
+        print("| batch | dispatches per act | wgpu | native cpu | wgpu / cpu |")
+        print("|---|---|---|---|---|")
+        for b in batches:
+            print(f"| {b} | {dispatches['wgpu'][b]} | {ours['wgpu'][b]:.1f} | {ours['cpu'][b]:.1f} | "
+                  f"{ours['wgpu'][b] / ours['cpu'][b]:.2f}x |")
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
 

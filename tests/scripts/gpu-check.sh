@@ -33,6 +33,11 @@ for cfg in "eager f32" "graphs f32" "graphs bf16" "graphs f16"; do
   timeout 90 gpu-bundle/policyport bench-torch gpu-bundle/mlp64.policy --device cuda --launch "$1" --precision "$2" \
     --batches $B --seconds 0.5 >> "$OUT/bench.jsonl" || echo "bench $cfg failed"
 done
+# The wgpu backend on whatever Vulkan adapter this machine has (the NVIDIA ICD when installed).
+timeout 90 gpu-bundle/policyport bench gpu-bundle/mlp64.policy --backend wgpu --batches $B --seconds 0.5 \
+  >> "$OUT/bench.jsonl" || echo "wgpu bench failed (no Vulkan adapter?)"
+timeout 60 gpu-bundle/policyport bench gpu-bundle/mlp64.policy --backend cpu --batches 1,64,1024 --seconds 0.5 \
+  >> "$OUT/bench.jsonl" || echo "cpu bench failed"
 timeout 60 gpu-bundle/policyport bench-torch gpu-bundle/mlp64.policy --device cpu --batches 1,64,1024 --seconds 0.5 \
   >> "$OUT/bench.jsonl" || echo "bench cpu failed"
 echo "conformance exit code: $conf_rc"
@@ -41,7 +46,9 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 by = {}
 for r in rows:
-    by.setdefault(r["runtime"] + ("" if "cuda" in r.get("device", "cuda").lower() else " (cpu)"), {})[r["batch"]] = r["us_per_act"]
+    dev = str(r.get("device", "")).lower()
+    name = r["runtime"] + (" (cpu)" if dev.startswith("cpu") else "")
+    by.setdefault(name, {})[r["batch"]] = r["us_per_act"]
 batches = sorted({r["batch"] for r in rows})
 base = by.get("torch-eager-f32", {})
 print("\n| runtime | " + " | ".join(f"batch {b} µs" for b in batches) + " | " + " | ".join(f"vs torch eager @{b}" for b in batches) + " |")

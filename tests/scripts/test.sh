@@ -8,9 +8,19 @@ passed=0
 
 step "python venv with torch 2.11.0 (the libtorch executor links it; ~3 min and ~5 GB the first time)"
 torch_env
-# One crate graph for everything: the workspace with the libtorch executor compiled in.
-FEATURES=(--features policyport-host/tch)
-export POLICYPORT_REQUIRE_TCH=1
+# One crate graph for everything: the workspace with the libtorch executor and the wgpu backend compiled in.
+FEATURES=(--features policyport-host/tch,policyport/wgpu)
+export POLICYPORT_REQUIRE_TCH=1 POLICYPORT_REQUIRE_WGPU=1
+
+step "Vulkan on the CPU (Mesa lavapipe) for the wgpu backend"
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+  fi
+fi
+ls /usr/share/vulkan/icd.d/
 
 step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
 rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown

@@ -63,6 +63,12 @@ pub fn backends() -> Vec<Backend> {
         b.contains(&Backend::Cpu) && b.contains(&Backend::Flex),
         "cpu and flex must always run the suite: {b:?}"
     );
+    if std::env::var("POLICYPORT_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
+        assert!(
+            b.contains(&Backend::Wgpu),
+            "POLICYPORT_REQUIRE_WGPU=1 but the guest was built without the `wgpu` feature"
+        );
+    }
     b
 }
 
