@@ -12,7 +12,6 @@
 //! kernels and ordinary burn ops mix in one program.
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::backend::Cube;
 use burn::backend::wgpu::{CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous};
@@ -21,11 +20,13 @@ use burn::cubecl::server::{Handle, KernelArguments};
 use burn::tensor::{DType, Shape, Tensor};
 use policyport_shaders::{Activation, DenseVariant};
 
-/// Dispatches issued on this thread's programs so far (tests and the benchmark read it per act()).
-pub(crate) static DISPATCHES: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// Dispatches issued from this thread so far (tests and the benchmark read it around an act()).
+    pub(crate) static DISPATCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 pub(crate) fn count_dispatch() {
-    DISPATCHES.fetch_add(1, Ordering::Relaxed);
+    DISPATCHES.with(|d| d.set(d.get() + 1));
 }
 
 /// A WGSL source as a burn kernel; the id carries a hash of the text (templates differ per activation/steps).

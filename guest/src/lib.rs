@@ -39,3 +39,16 @@ pub use policy::{
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
 pub use state::RecurrentState;
+
+/// GPU dispatches issued by wgpu programs from this thread so far (compare against
+/// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature.
+pub fn wgpu_dispatches_issued() -> usize {
+    #[cfg(feature = "wgpu")]
+    {
+        gpu::DISPATCHES.with(|d| d.get())
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        0
+    }
+}

@@ -9,6 +9,7 @@
 //! - `recurrent`: per-env recurrent state on every backend.
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
+//! - `gpu`: the wgpu backend's dispatch count, batch sizes 1 to 65536, the `auto` choice.
 //! - `torch`: the libtorch executor (feature `tch`): parity on CPU in f32 / f16 / bf16, the guest's samples,
 //!   bucket padding, device state; CUDA and CUDA graphs when a GPU is present (`POLICYPORT_REQUIRE_CUDA=1`
 //!   makes their absence a failure).
@@ -18,6 +19,7 @@ mod bad_input;
 mod capi;
 mod episodes;
 mod fixtures;
+mod gpu;
 mod parity;
 mod recurrent;
 mod torch;

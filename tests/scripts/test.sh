@@ -21,6 +21,9 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   fi
 fi
 ls /usr/share/vulkan/icd.d/
+# Mesa's WSI wants a runtime dir even for compute-only use (else a warning per device open).
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$CARGO_TARGET_DIR/xdg-runtime}"
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 
 step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
 rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
