@@ -130,7 +130,11 @@ impl DenseKernels {
         let client = x.client.clone();
         let out = client.empty(rows * n * 4);
         let params = client.create_from_slice(&u32_bytes(&[rows as u32, k as u32, n as u32, b.is_some() as u32]));
-        let variant = DenseVariant::for_rows(rows);
+        let variant = match std::env::var("POLICYPORT_WGPU_DENSE").as_deref() {
+            Ok("small") => DenseVariant::Small,
+            Ok("tiled") => DenseVariant::Tiled,
+            _ => DenseVariant::for_rows(rows),
+        };
         let kernel = match variant {
             DenseVariant::Small => &self.small,
             DenseVariant::Tiled => &self.tiled,

@@ -131,6 +131,10 @@ enum Cmd {
         /// Threads libtorch may use on CPU.
         #[arg(long, default_value_t = 1)]
         threads: i32,
+        /// Where eager mode samples: host (the guest's sampler) or device (Philox as libtorch ops). CUDA graphs
+        /// always sample on the device.
+        #[arg(long, default_value = "host")]
+        sampling: String,
         #[arg(long, default_value_t = 1.0)]
         seconds: f64,
     },
@@ -363,8 +367,9 @@ fn main() -> Result<()> {
             precision,
             launch,
             threads,
+            sampling,
             seconds,
-        } => bench_torch(&read(&artifact)?, &batches, device, precision, &launch, threads, seconds)?,
+        } => bench_torch(&read(&artifact)?, &batches, device, precision, &launch, threads, &sampling, seconds)?,
         Cmd::Bench {
             artifact,
             batches,
@@ -472,9 +477,15 @@ fn bench_torch(
     precision: policyport_host::torch::Precision,
     launch: &str,
     threads: i32,
+    sampling: &str,
     seconds: f64,
 ) -> Result<()> {
     use policyport_host::torch::{Launch, Sampling, TorchOptions, TorchPolicy};
+    let sampling = match sampling {
+        "host" => Sampling::Host,
+        "device" => Sampling::Device,
+        other => bail!("--sampling {other}: host or device"),
+    };
     let launch = match launch {
         "eager" => Launch::Eager,
         "graphs" => Launch::CudaGraphs,
@@ -493,7 +504,7 @@ fn bench_torch(
             device,
             precision,
             launch,
-            sampling: Sampling::Device,
+            sampling,
             max_batch: max,
             buckets: (launch == Launch::CudaGraphs).then(|| sizes.clone()),
             num_envs: max,
@@ -502,9 +513,10 @@ fn bench_torch(
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let info = policy.info();
     let runtime = format!(
-        "policyport-tch-{}-{}",
+        "policyport-tch-{}-{}{}",
         if launch == Launch::Eager { "eager" } else { "graphs" },
-        precision.name()
+        precision.name(),
+        if launch == Launch::Eager && sampling == Sampling::Device { "-devsample" } else { "" }
     );
     let space = policy_observation(bytes)?;
     for batch in sizes {
