@@ -17,6 +17,8 @@ for l in sys.stdin:
 rm -rf gpu-bundle && mkdir -p gpu-bundle
 strip -o gpu-bundle/policyport "$PP_BIN"
 strip -o gpu-bundle/conformance "$test_bin"
-gpu-bundle/policyport compile tests/fixtures/mlp64/policy.onnx --spec tests/fixtures/mlp64/import.json \
+"$PP_BIN" compile tests/fixtures/mlp64/policy.onnx --spec tests/fixtures/mlp64/import.json \
   --golden tests/fixtures/mlp64/io.json -o gpu-bundle/mlp64.policy
+# The device tool carries at most 64 MiB: ship the (stripped, ~66 MB each) binaries gzipped; gpu-check.sh unpacks.
+gzip -9 gpu-bundle/policyport gpu-bundle/conformance
 ls -la gpu-bundle; du -sh gpu-bundle

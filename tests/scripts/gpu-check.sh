@@ -10,18 +10,27 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SITE=$($PY -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+# libtorch, and the CUDA runtime wheels (the CUDA-graph shim links libcudart directly).
+export LD_LIBRARY_PATH="$SITE/torch/lib:$(ls -d "$SITE"/nvidia/cu*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}"
+for f in policyport conformance; do
+  [ -f "gpu-bundle/$f.gz" ] && gunzip -c "gpu-bundle/$f.gz" > "$OUT/$f" && chmod +x "$OUT/$f"
+done
+BIN="$OUT"
 echo "== versions"
 nvidia-smi -L || true
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
 ldd --version | head -1
-ldd gpu-bundle/policyport | grep -E "torch|c10|not found" || true
+ldd $BIN/policyport | grep -E "torch|c10|not found" || true
 
 echo "== conformance (torch tests) on CUDA"
 POLICYPORT_FIXTURES="$PWD/tests/fixtures" POLICYPORT_REQUIRE_CUDA=1 POLICYPORT_REQUIRE_TCH=1 \
-  timeout 240 gpu-bundle/conformance torch:: --test-threads 1 --nocapture 2>&1 | tee "$OUT/conformance.txt" | tail -n 60
+  timeout 240 $BIN/conformance torch:: --test-threads 1 --nocapture 2>&1 | tee "$OUT/conformance.txt" | tail -n 60
 conf_rc=${PIPESTATUS[0]}
+
+echo "== wgpu backend on this machine's Vulkan adapter (informative: needs the NVIDIA Vulkan ICD)"
+POLICYPORT_FIXTURES="$PWD/tests/fixtures" timeout 120 $BIN/conformance gpu:: parity::every --test-threads 1 --nocapture 2>&1 \
+  | grep -E "wgpu|dispatches|auto|test result|panicked" | tail -n 30 || true
 
 echo "== latency"
 B=1,64,1024,65536
@@ -30,15 +39,15 @@ timeout 60 $PY tests/bench/torch_eager.py --device cuda --batches $B --seconds 0
 timeout 60 $PY tests/bench/torch_eager.py --device cuda --batches $B --seconds 0.5 --precision bf16 >> "$OUT/bench.jsonl" || echo "torch eager bf16 failed"
 for cfg in "eager f32" "graphs f32" "graphs bf16" "graphs f16"; do
   set -- $cfg
-  timeout 90 gpu-bundle/policyport bench-torch gpu-bundle/mlp64.policy --device cuda --launch "$1" --precision "$2" \
+  timeout 90 $BIN/policyport bench-torch gpu-bundle/mlp64.policy --device cuda --launch "$1" --precision "$2" \
     --batches $B --seconds 0.5 >> "$OUT/bench.jsonl" || echo "bench $cfg failed"
 done
 # The wgpu backend on whatever Vulkan adapter this machine has (the NVIDIA ICD when installed).
-timeout 90 gpu-bundle/policyport bench gpu-bundle/mlp64.policy --backend wgpu --batches $B --seconds 0.5 \
+timeout 90 $BIN/policyport bench gpu-bundle/mlp64.policy --backend wgpu --batches $B --seconds 0.5 \
   >> "$OUT/bench.jsonl" || echo "wgpu bench failed (no Vulkan adapter?)"
-timeout 60 gpu-bundle/policyport bench gpu-bundle/mlp64.policy --backend cpu --batches 1,64,1024 --seconds 0.5 \
+timeout 60 $BIN/policyport bench gpu-bundle/mlp64.policy --backend cpu --batches 1,64,1024 --seconds 0.5 \
   >> "$OUT/bench.jsonl" || echo "cpu bench failed"
-timeout 60 gpu-bundle/policyport bench-torch gpu-bundle/mlp64.policy --device cpu --batches 1,64,1024 --seconds 0.5 \
+timeout 60 $BIN/policyport bench-torch gpu-bundle/mlp64.policy --device cpu --batches 1,64,1024 --seconds 0.5 \
   >> "$OUT/bench.jsonl" || echo "bench cpu failed"
 echo "conformance exit code: $conf_rc"
 $PY - "$OUT/bench.jsonl" <<'PYEOF'
