@@ -26,14 +26,18 @@ FIX = os.path.join(HERE, "..", "fixtures", "mlp64")
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
 
 
-def median_us(fn, seconds):
+def median_us(fn, seconds, sync=lambda: None):
+    """Median µs per call over blocks of back-to-back calls (calibrated to ≥ 50 ms a block); `sync` ends a block
+    (e.g. torch.cuda.synchronize) so asynchronous work is counted."""
     for _ in range(3):
         fn()
+    sync()
     n = 1
     while True:
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
+        sync()
         if time.perf_counter() - t0 > 0.05:
             break
         n *= 2
@@ -43,6 +47,7 @@ def median_us(fn, seconds):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
+        sync()
         blocks.append((time.perf_counter() - t0) / n * 1e6)
     return float(np.median(blocks))
 

@@ -16,6 +16,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
+sys.path.insert(0, HERE)
+from bench import median_us  # noqa: E402
 
 
 def model(device, dtype):
@@ -27,30 +29,6 @@ def model(device, dtype):
     inits = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in onnx.load(path).graph.initializer}
     m.load_state_dict(inits)
     return m.eval().to(device=device, dtype=dtype)
-
-
-def median_us(fn, seconds, sync):
-    for _ in range(5):
-        fn()
-    sync()
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        if time.perf_counter() - t0 > 0.05:
-            break
-        n *= 2
-    blocks = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(blocks) < 3:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        blocks.append((time.perf_counter() - t0) / n * 1e6)
-    return float(np.median(blocks))
 
 
 def main():
