@@ -20,7 +20,10 @@ fn build_shim() {
     let lib = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports DEP_TCH_LIBTORCH_LIB"),
     );
-    let torch_root = lib.parent().expect("libtorch lib dir has a parent").to_path_buf();
+    let torch_root = lib
+        .parent()
+        .expect("libtorch lib dir has a parent")
+        .to_path_buf();
     let mut b = cc::Build::new();
     b.cpp(true)
         .pic(true)

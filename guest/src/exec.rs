@@ -91,6 +91,8 @@ pub(crate) struct GpuParts {
     pub(crate) sample: crate::gpu::SampleKernel,
     /// Readback slots that form the raw head row (distribution values, value) before the next states.
     pub(crate) head_slots: usize,
+    /// Identity of this program for device-resident recurrent state (see gpu::DeviceState).
+    pub(crate) owner: u64,
 }
 
 /// A lowered artifact ready to run on one device.
@@ -172,7 +174,10 @@ impl Program {
                 if let Op::Dense { weight, bias } = n.op {
                     let t = &art.tensors[weight];
                     let (o, i) = (t.shape[0], t.shape[1]);
-                    let w = Tensor::<2>::from_data(TensorData::new(transpose(&t.data, o, i), [i, o]), device);
+                    let w = Tensor::<2>::from_data(
+                        TensorData::new(transpose(&t.data, o, i), [i, o]),
+                        device,
+                    );
                     let b = bias
                         .as_ref()
                         .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device)));
@@ -286,6 +291,7 @@ impl Program {
         obs_len: usize,
         states: Vec<Vec<f32>>,
     ) -> Result<Vec<f32>, String> {
+        let states = self.upload_states(batch, states);
         let slots = self.forward(batch, obs, obs_len, states);
         let parts: Vec<Tensor<2>> = self
             .readback
@@ -295,32 +301,59 @@ impl Program {
         read_rows(cat_rows(parts))
     }
 
-    /// The wgpu path: raw observations preprocessed on the device, the program, then the sampling kernel
-    /// writing `[actions | finished params | value]` per row, next states appended; one readback.
+    fn upload_states(&self, batch: usize, states: Vec<Vec<f32>>) -> Vec<Tensor<2>> {
+        self.state_slots
+            .iter()
+            .zip(states)
+            .map(|((_, n), data)| {
+                Tensor::from_data(TensorData::new(data, [batch, *n]), &self.device)
+            })
+            .collect()
+    }
+
+    /// The wgpu path: observations preprocessed on the device, state rows gathered from the device copy, the
+    /// program, the sampling kernel writing `[actions | finished params | value]` per row, next state scattered
+    /// back into the device copy; one readback.
     #[cfg(feature = "wgpu")]
     pub(crate) fn run_gpu(
         &self,
         batch: usize,
         obs: Vec<f32>,
         obs_len: usize,
-        states: Vec<Vec<f32>>,
+        state: Option<&mut crate::gpu::DeviceState>,
         envs: &[u32],
         sample: Option<(u64, u64)>,
     ) -> Result<Vec<f32>, String> {
         let gpu = self.gpu.as_ref().expect("run_gpu on a gpu program");
-        let slots = self.forward(batch, obs, obs_len, states);
+        let ids = crate::gpu::upload_ids(&gpu.sample.fparams, envs);
+        let gathered = match &state {
+            Some(st) => st
+                .tensors
+                .iter()
+                .zip(&st.sizes)
+                .map(|(t, n)| st.kernel().gather(t, &ids, batch, *n))
+                .collect(),
+            None => vec![],
+        };
+        let slots = self.forward(batch, obs, obs_len, gathered);
         let take = |i: &(usize, usize)| slots[i.0].clone().expect("validated: computed");
         let head = cat_rows(self.readback[..gpu.head_slots].iter().map(take).collect());
         if gpu.head_slots > 1 {
             crate::gpu::count_dispatch();
         }
-        let packed = gpu.sample.run(head, envs, sample);
-        if self.readback.len() > gpu.head_slots {
-            crate::gpu::count_dispatch();
+        let packed = gpu.sample.run(head, &ids, sample);
+        if let Some(st) = state {
+            for ((t, n), next) in st
+                .tensors
+                .iter()
+                .zip(&st.sizes)
+                .zip(&self.readback[gpu.head_slots..])
+            {
+                st.kernel().scatter(t, take(next), &ids, batch, *n);
+            }
+            st.host_stale = true;
         }
-        let mut parts = vec![packed];
-        parts.extend(self.readback[gpu.head_slots..].iter().map(take));
-        read_rows(cat_rows(parts))
+        read_rows(packed)
     }
 
     fn forward(
@@ -328,7 +361,7 @@ impl Program {
         batch: usize,
         obs: Vec<f32>,
         obs_len: usize,
-        states: Vec<Vec<f32>>,
+        states: Vec<Tensor<2>>,
     ) -> Vec<Option<Tensor<2>>> {
         let mut slots: Vec<Option<Tensor<2>>> = vec![None; self.n_slots];
         let x = Tensor::from_data(TensorData::new(obs, [batch, obs_len]), &self.device);
@@ -338,11 +371,9 @@ impl Program {
             None => x,
         };
         slots[self.obs_slot] = Some(x);
-        for ((slot, n), data) in self.state_slots.iter().zip(states) {
-            slots[*slot] = Some(Tensor::from_data(
-                TensorData::new(data, [batch, *n]),
-                &self.device,
-            ));
+        let _ = batch;
+        for ((slot, _), t) in self.state_slots.iter().zip(states) {
+            slots[*slot] = Some(t);
         }
         let get = |slots: &Vec<Option<Tensor<2>>>, i: usize| {
             slots[i].clone().expect("validated: defined before use")
@@ -444,7 +475,8 @@ impl Program {
                 Instr::Fused => continue,
             };
             #[cfg(feature = "wgpu")]
-            if self.gpu.is_some() && !matches!(instr, Instr::DenseAct { .. } | Instr::Alias { .. }) {
+            if self.gpu.is_some() && !matches!(instr, Instr::DenseAct { .. } | Instr::Alias { .. })
+            {
                 crate::gpu::count_dispatch();
             }
             slots[out] = Some(t);
@@ -463,8 +495,9 @@ impl Program {
         let gpu = self.gpu.as_ref();
         let pre = gpu.is_some_and(|g| g.preprocess.is_some()) as usize;
         let head_cat = gpu.is_some_and(|g| g.head_slots > 1) as usize;
-        let tail_cat = gpu.is_some_and(|g| self.readback.len() > g.head_slots) as usize;
-        ops + pre + head_cat + 1 + tail_cat
+        // A gather before and a scatter after the step per recurrent state.
+        let state_moves = 2 * self.state_slots.len();
+        ops + pre + head_cat + 1 + state_moves
     }
 }
 

@@ -14,7 +14,9 @@
 use std::hash::{Hash, Hasher};
 
 use burn::backend::Cube;
-use burn::backend::wgpu::{CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous};
+use burn::backend::wgpu::{
+    CubeDim, CubeTensor, KernelSource, SourceKernel, SourceTemplate, into_contiguous,
+};
 use burn::cubecl::prelude::{BufferIOAttr, CubeCount, KernelId};
 use burn::cubecl::server::{Handle, KernelArguments};
 use burn::tensor::{DType, Shape, Tensor};
@@ -72,7 +74,12 @@ impl Kernel {
         }
     }
 
-    fn launch(&self, client: &burn::cubecl::client::Client, groups: (u32, u32, u32), args: KernelArguments) {
+    fn launch(
+        &self,
+        client: &burn::cubecl::client::Client,
+        groups: (u32, u32, u32),
+        args: KernelArguments,
+    ) {
         let k = Wgsl {
             source: self.source.clone(),
             hash: self.hash,
@@ -119,17 +126,34 @@ pub(crate) struct DenseKernels {
 impl DenseKernels {
     pub(crate) fn new(act: Activation) -> Self {
         DenseKernels {
-            small: Kernel::new(policyport_shaders::dense_source(DenseVariant::Small, act), (64, 1, 1)),
-            tiled: Kernel::new(policyport_shaders::dense_source(DenseVariant::Tiled, act), (16, 16, 1)),
+            small: Kernel::new(
+                policyport_shaders::dense_source(DenseVariant::Small, act),
+                (64, 1, 1),
+            ),
+            tiled: Kernel::new(
+                policyport_shaders::dense_source(DenseVariant::Tiled, act),
+                (16, 16, 1),
+            ),
         }
     }
 
-    pub(crate) fn run(&self, x: Tensor<2>, w: &CubeTensor, b: Option<&CubeTensor>, n: usize) -> Tensor<2> {
+    pub(crate) fn run(
+        &self,
+        x: Tensor<2>,
+        w: &CubeTensor,
+        b: Option<&CubeTensor>,
+        n: usize,
+    ) -> Tensor<2> {
         let x = cube(x);
         let (rows, k) = (x.meta.shape()[0], x.meta.shape()[1]);
         let client = x.client.clone();
         let out = client.empty(rows * n * 4);
-        let params = client.create_from_slice(&u32_bytes(&[rows as u32, k as u32, n as u32, b.is_some() as u32]));
+        let params = client.create_from_slice(&u32_bytes(&[
+            rows as u32,
+            k as u32,
+            n as u32,
+            b.is_some() as u32,
+        ]));
         let variant = match std::env::var("POLICYPORT_WGPU_DENSE").as_deref() {
             Ok("small") => DenseVariant::Small,
             Ok("tiled") => DenseVariant::Tiled,
@@ -163,9 +187,20 @@ pub(crate) struct PreprocessKernel {
 }
 
 impl PreprocessKernel {
-    pub(crate) fn new(steps: &[policyport_shaders::PreStep], stats: &[f32], device: &burn::tensor::Device) -> Self {
-        let stats = if stats.is_empty() { vec![0.0] } else { stats.to_vec() };
-        let t = Tensor::<2>::from_data(burn::tensor::TensorData::new(stats.clone(), [1, stats.len()]), device);
+    pub(crate) fn new(
+        steps: &[policyport_shaders::PreStep],
+        stats: &[f32],
+        device: &burn::tensor::Device,
+    ) -> Self {
+        let stats = if stats.is_empty() {
+            vec![0.0]
+        } else {
+            stats.to_vec()
+        };
+        let t = Tensor::<2>::from_data(
+            burn::tensor::TensorData::new(stats.clone(), [1, stats.len()]),
+            device,
+        );
         PreprocessKernel {
             kernel: Kernel::new(policyport_shaders::preprocess_source(steps), (256, 1, 1)),
             stats: cube(t),
@@ -204,7 +239,7 @@ pub(crate) struct SampleKernel {
     kind: u32,
     flags: u32,
     segments: Vec<u32>,
-    fparams: CubeTensor,
+    pub(crate) fparams: CubeTensor,
 }
 
 pub(crate) struct SampleSpec {
@@ -232,7 +267,10 @@ impl SampleKernel {
         f.extend(s.high.iter().map(fin));
         f.extend(s.log_std_param.clone().unwrap_or_else(|| vec![0.0; s.k]));
         f.resize(f.len().max(2 + 3 * s.k), 0.0);
-        let fparams = cube(Tensor::<2>::from_data(burn::tensor::TensorData::new(f.clone(), [1, f.len()]), device));
+        let fparams = cube(Tensor::<2>::from_data(
+            burn::tensor::TensorData::new(f.clone(), [1, f.len()]),
+            device,
+        ));
         let flags = (s.squashed as u32)
             | ((s.clip as u32) << 1)
             | ((s.log_std_param.is_some() as u32) << 2)
@@ -250,8 +288,14 @@ impl SampleKernel {
         }
     }
 
-    /// `head`: `[rows, hw]` raw distribution values then the value; returns `[rows, k + p + v]` packed rows.
-    pub(crate) fn run(&self, head: Tensor<2>, envs: &[u32], sample: Option<(u64, u64)>) -> Tensor<2> {
+    /// `head`: `[rows, hw]` raw distribution values then the value; `envs`: the rows' env ids (see
+    /// [`upload_ids`]); returns `[rows, k + p + v]` packed rows.
+    pub(crate) fn run(
+        &self,
+        head: Tensor<2>,
+        envs: &Handle,
+        sample: Option<(u64, u64)>,
+    ) -> Tensor<2> {
         let head = cube(head);
         let rows = head.meta.shape()[0];
         let client = head.client.clone();
@@ -277,18 +321,198 @@ impl SampleKernel {
         params[11] = 0;
         params.extend(&self.segments);
         let params = client.create_from_slice(&u32_bytes(&params));
-        let envs = client.create_from_slice(&u32_bytes(envs));
         self.kernel.launch(
             &client,
             (rows.div_ceil(64) as u32, 1, 1),
             KernelArguments::new()
                 .with_buffer_io(head.handle.clone().binding(), BufferIOAttr::ReadOnly)
-                .with_buffer_io(envs.binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(envs.clone().binding(), BufferIOAttr::ReadOnly)
                 .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
                 .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly)
-                .with_buffer_io(self.fparams.handle.clone().binding(), BufferIOAttr::ReadOnly),
+                .with_buffer_io(
+                    self.fparams.handle.clone().binding(),
+                    BufferIOAttr::ReadOnly,
+                ),
         );
         wrap(&head, out, [rows, width])
+    }
+}
+
+/// Gather / scatter of state rows (shaders/state.wgsl).
+#[derive(Debug, Clone)]
+pub(crate) struct StateKernel {
+    kernel: Kernel,
+}
+
+impl StateKernel {
+    pub(crate) fn new() -> Self {
+        StateKernel {
+            kernel: Kernel::new(policyport_shaders::STATE.to_string(), (256, 1, 1)),
+        }
+    }
+
+    fn launch(
+        &self,
+        state: &CubeTensor,
+        rows: &Handle,
+        ids: &Handle,
+        batch: usize,
+        n: usize,
+        mode: u32,
+    ) {
+        let client = &state.client;
+        let params = client.create_from_slice(&u32_bytes(&[batch as u32, n as u32, mode]));
+        self.kernel.launch(
+            client,
+            policyport_shaders::elementwise_workgroups(batch * n),
+            KernelArguments::new()
+                .with_buffer_io(state.handle.clone().binding(), BufferIOAttr::ReadWrite)
+                .with_buffer_io(rows.clone().binding(), BufferIOAttr::ReadWrite)
+                .with_buffer_io(ids.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly),
+        );
+    }
+
+    /// Rows `ids` of `state` (`[num_envs, n]`) as a new `[batch, n]` tensor.
+    pub(crate) fn gather(
+        &self,
+        state: &CubeTensor,
+        ids: &Handle,
+        batch: usize,
+        n: usize,
+    ) -> Tensor<2> {
+        let out = state.client.empty(batch * n * 4);
+        self.launch(state, &out, ids, batch, n, 0);
+        wrap(state, out, [batch, n])
+    }
+
+    /// Write `rows` (`[batch, n]`) into rows `ids` of `state`, in place.
+    pub(crate) fn scatter(
+        &self,
+        state: &CubeTensor,
+        rows: Tensor<2>,
+        ids: &Handle,
+        batch: usize,
+        n: usize,
+    ) {
+        let rows = cube(rows);
+        self.launch(state, &rows.handle, ids, batch, n, 1);
+    }
+}
+
+/// Upload env ids (u32) for the gather / scatter / sampling kernels of one act().
+pub(crate) fn upload_ids(like: &CubeTensor, ids: &[u32]) -> Handle {
+    like.client.create_from_slice(&u32_bytes(ids))
+}
+
+static NEXT_OWNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A fresh id for a program whose states live on the device (a state uploaded for one program is re-uploaded
+/// before another program uses it).
+pub(crate) fn new_owner() -> u64 {
+    NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The device copy of a `RecurrentState`: one `[num_envs, n]` tensor per state, written in place by scatters.
+#[derive(Clone)]
+pub(crate) struct DeviceState {
+    pub(crate) owner: u64,
+    pub(crate) tensors: Vec<CubeTensor>,
+    pub(crate) sizes: Vec<usize>,
+    pub(crate) num_envs: usize,
+    pub(crate) host_stale: bool,
+    kernel: StateKernel,
+}
+
+impl std::fmt::Debug for DeviceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceState")
+            .field("owner", &self.owner)
+            .field("sizes", &self.sizes)
+            .field("num_envs", &self.num_envs)
+            .field("host_stale", &self.host_stale)
+            .finish()
+    }
+}
+
+impl DeviceState {
+    pub(crate) fn upload(
+        owner: u64,
+        host: &[(usize, Vec<f32>)],
+        num_envs: usize,
+        device: &burn::tensor::Device,
+    ) -> Self {
+        let tensors = host
+            .iter()
+            .map(|(n, data)| {
+                // Never empty (a zero-env state still needs a buffer to bind).
+                let rows = num_envs.max(1);
+                let mut d = data.clone();
+                d.resize(rows * n, 0.0);
+                cube(Tensor::<2>::from_data(
+                    burn::tensor::TensorData::new(d, [rows, *n]),
+                    device,
+                ))
+            })
+            .collect();
+        DeviceState {
+            owner,
+            tensors,
+            sizes: host.iter().map(|(n, _)| *n).collect(),
+            num_envs,
+            host_stale: false,
+            kernel: StateKernel::new(),
+        }
+    }
+
+    pub(crate) fn kernel(&self) -> &StateKernel {
+        &self.kernel
+    }
+
+    /// Every state tensor read back, `num_envs x n` values each.
+    pub(crate) fn read(&self) -> Result<Vec<Vec<f32>>, crate::error::PolicyError> {
+        self.tensors
+            .iter()
+            .zip(&self.sizes)
+            .map(|(t, n)| {
+                let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
+                    .try_into_data()
+                    .map_err(|e| {
+                        crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
+                    })?;
+                let mut v = data.try_to_vec::<f32>().map_err(|e| {
+                    crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
+                })?;
+                v.truncate(self.num_envs * n);
+                Ok(v)
+            })
+            .collect()
+    }
+
+    /// Zero rows `envs` on the device (scatter of zeros).
+    pub(crate) fn zero_rows(&mut self, envs: &[u32]) -> Result<(), crate::error::PolicyError> {
+        if envs.is_empty() {
+            return Ok(());
+        }
+        for (t, n) in self.tensors.iter().zip(&self.sizes) {
+            let ids = upload_ids(t, envs);
+            let zeros = t.client.create_from_slice(&vec![0u8; envs.len() * n * 4]);
+            self.kernel.launch(t, &zeros, &ids, envs.len(), *n, 1);
+        }
+        Ok(())
+    }
+
+    /// An independent copy (new buffers) of this device state.
+    pub(crate) fn deep_copy(&self) -> Self {
+        let tensors = self
+            .tensors
+            .iter()
+            .map(|t| cube(Tensor::<2>::from_primitive::<Cube>(t.clone()).add_scalar(0.0)))
+            .collect();
+        DeviceState {
+            tensors,
+            ..self.clone()
+        }
     }
 }
 
@@ -301,7 +525,8 @@ mod tests {
     use policyport_shaders::{PreStep, reference};
 
     fn device() -> burn::tensor::Device {
-        crate::backend::wgpu_device().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
+        crate::backend::wgpu_device()
+            .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
     }
 
     fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -312,7 +537,7 @@ mod tests {
     }
 
     fn read(t: Tensor<2>) -> Vec<f32> {
-        t.into_data().to_vec::<f32>().unwrap()
+        t.into_data().try_to_vec::<f32>().unwrap()
     }
 
     #[test]
@@ -325,8 +550,14 @@ mod tests {
             for act in Activation::ALL {
                 for bias in [true, false] {
                     let xt = Tensor::<2>::from_data(TensorData::new(x.clone(), [rows, k]), &dev);
-                    let wt = cube(Tensor::<2>::from_data(TensorData::new(w.clone(), [k, n]), &dev));
-                    let bt = cube(Tensor::<2>::from_data(TensorData::new(b.clone(), [1, n]), &dev));
+                    let wt = cube(Tensor::<2>::from_data(
+                        TensorData::new(w.clone(), [k, n]),
+                        &dev,
+                    ));
+                    let bt = cube(Tensor::<2>::from_data(
+                        TensorData::new(b.clone(), [1, n]),
+                        &dev,
+                    ));
                     let got = read(DenseKernels::new(act).run(xt, &wt, bias.then_some(&bt), n));
                     let want = reference::dense(&x, &w, bias.then_some(&b[..]), rows, k, n, act);
                     let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
@@ -357,7 +588,10 @@ mod tests {
             },
         ];
         let k = PreprocessKernel::new(&steps, &stats, &dev);
-        let got = read(k.run(Tensor::<2>::from_data(TensorData::new(x.clone(), [rows, len]), &dev)));
+        let got = read(k.run(Tensor::<2>::from_data(
+            TensorData::new(x.clone(), [rows, len]),
+            &dev,
+        )));
         let want = reference::preprocess(&x, len, &steps, &stats);
         for (g, e) in got.iter().zip(&want) {
             assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{g} vs {e}");
@@ -393,7 +627,8 @@ mod tests {
         );
         for sample in [None, Some((u64::MAX - 5, 1u64 << 33))] {
             let t = Tensor::<2>::from_data(TensorData::new(head.clone(), [rows, 9]), &dev);
-            let got = read(k.run(t, &envs, sample));
+            let ids = upload_ids(&k.fparams, &envs);
+            let got = read(k.run(t, &ids, sample));
             let mut mismatches = 0;
             for r in 0..rows {
                 let h = &head[r * 9..r * 9 + 9];
@@ -420,12 +655,19 @@ mod tests {
         let head = random(rows * (2 * kdim + 1), 31, 2.0);
         for (squashed, param) in [(true, None), (false, Some(vec![-0.5f32, 0.1, 0.3]))] {
             let (low, high) = (vec![-2.0f32, -1.0, 0.0], vec![2.0f32, 1.0, 5.0]);
-            let hw = if param.is_some() { kdim + 1 } else { 2 * kdim + 1 };
-            let head: Vec<f32> = head.chunks(2 * kdim + 1).flat_map(|c| {
-                let mut v = c[..hw - 1].to_vec();
-                v.push(c[2 * kdim]);
-                v
-            }).collect();
+            let hw = if param.is_some() {
+                kdim + 1
+            } else {
+                2 * kdim + 1
+            };
+            let head: Vec<f32> = head
+                .chunks(2 * kdim + 1)
+                .flat_map(|c| {
+                    let mut v = c[..hw - 1].to_vec();
+                    v.push(c[2 * kdim]);
+                    v
+                })
+                .collect();
             let range = Some((-1.5f32, 0.5f32));
             let k = SampleKernel::new(
                 SampleSpec {
@@ -446,7 +688,8 @@ mod tests {
             );
             let (seed, step) = (77u64, 5u64);
             let t = Tensor::<2>::from_data(TensorData::new(head.clone(), [rows, hw]), &dev);
-            let got = read(k.run(t, &envs, Some((seed, step))));
+            let ids = upload_ids(&k.fparams, &envs);
+            let got = read(k.run(t, &ids, Some((seed, step))));
             let width = 3 * kdim + 1;
             for r in 0..rows {
                 let h = &head[r * hw..(r + 1) * hw];
@@ -463,7 +706,10 @@ mod tests {
                         a.clamp(low[d], high[d])
                     };
                     let g = got[r * width + d];
-                    assert!((g - a).abs() <= 1e-5 * a.abs().max(1.0), "row {r} dim {d}: {g} vs {a}");
+                    assert!(
+                        (g - a).abs() <= 1e-5 * a.abs().max(1.0),
+                        "row {r} dim {d}: {g} vs {a}"
+                    );
                     assert_eq!(got[r * width + kdim + d], h[d]);
                     assert_eq!(got[r * width + 2 * kdim + d], ls);
                 }

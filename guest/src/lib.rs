@@ -20,13 +20,13 @@ mod error;
 mod exec;
 #[cfg(feature = "wgpu")]
 mod gpu;
-#[cfg(feature = "wgpu")]
-mod wgpu_setup;
 mod kernels;
 mod lower;
 mod observations;
 mod policy;
 mod state;
+#[cfg(feature = "wgpu")]
+mod wgpu_setup;
 
 pub use backend::Backend;
 #[cfg(feature = "burn")]
@@ -34,7 +34,8 @@ pub use burn::tensor::Device;
 pub use error::{ObservationError, PolicyError};
 pub use observations::{Observations, check_observations, one_hot_width};
 pub use policy::{
-    ActOutputs, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Policy, PolicyInfo, compare_golden, rel_err,
+    ActOutputs, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Policy, PolicyInfo, compare_golden,
+    rel_err,
 };
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;

@@ -144,7 +144,11 @@ pub fn check_observations(
             if let Some(n) = one_hot {
                 for (env, v) in x.iter().enumerate() {
                     if v.fract() != 0.0 || *v < 0.0 || *v >= *n as f32 {
-                        return Err(ObservationError::Discrete { env, value: *v, n: *n });
+                        return Err(ObservationError::Discrete {
+                            env,
+                            value: *v,
+                            n: *n,
+                        });
                     }
                 }
             }

@@ -163,18 +163,6 @@ impl Exec {
             #[cfg(feature = "burn")]
             Exec::Burn(p) => {
                 let obs_len = obs.len() / batch;
-                #[cfg(feature = "wgpu")]
-                if p.gpu.is_some() {
-                    let ids: Vec<u32> = (0..batch).map(|r| envs.get(r)).collect();
-                    let sample = match mode {
-                        ActMode::Sample { seed, step } => Some((seed, step)),
-                        ActMode::Deterministic => None,
-                    };
-                    *rows = p
-                        .run_gpu(batch, obs.to_vec(), obs_len, states, &ids, sample)
-                        .map_err(PolicyError::Backend)?;
-                    return Ok(());
-                }
                 *rows = p
                     .run(batch, obs.to_vec(), obs_len, states)
                     .map_err(PolicyError::Backend)?;
@@ -280,9 +268,8 @@ impl Policy {
         };
         let sampler = Sampler::new(&artifact);
         let row_width = if exec.on_device() {
-            // [actions | finished params | value] from the sampling kernel, then the next states.
-            let states: usize = exec.state_slots().iter().map(|(_, n)| n).sum();
-            sampler.action_len() + sampler.dist_params_len() + m.value.is_some() as usize + states
+            // [actions | finished params | value] from the sampling kernel; next states stay on the device.
+            sampler.action_len() + sampler.dist_params_len() + m.value.is_some() as usize
         } else {
             exec.readback().iter().map(|(_, n)| n).sum()
         };
@@ -307,7 +294,11 @@ impl Policy {
 
     fn warm_up(&mut self) -> Result<(), PolicyError> {
         // GPU programs also warm the large-batch (tiled) kernels, so no batch size meets an uncompiled pipeline.
-        let batches: &[usize] = if self.exec.on_device() { &[1, 64] } else { &[1] };
+        let batches: &[usize] = if self.exec.on_device() {
+            &[1, 64]
+        } else {
+            &[1]
+        };
         for &batch in batches {
             let obs = match &self.artifact.manifest.observation {
                 ObservationSpace::Box { .. } => vec![0.0f32; batch * self.pre_raw_len()],
@@ -396,7 +387,11 @@ impl Policy {
             }
         }
         let (_, mut p) = best.expect("the cpu backend always loads");
-        p.selection = Some(format!("auto at batch {batch}: {} -> {}", notes.join(", "), p.backend_name));
+        p.selection = Some(format!(
+            "auto at batch {batch}: {} -> {}",
+            notes.join(", "),
+            p.backend_name
+        ));
         Ok(p)
     }
 
@@ -435,7 +430,7 @@ impl Policy {
         batch: usize,
         mode: ActMode,
         envs: EnvIds<'_>,
-        state: Option<&mut RecurrentState>,
+        mut state: Option<&mut RecurrentState>,
         out: &mut ActOutputs,
     ) -> Result<(), PolicyError> {
         if batch == 0 || batch > MAX_BATCH {
@@ -495,22 +490,36 @@ impl Policy {
                         )));
                     }
                 }
-                st.tensors
-                    .iter()
-                    .map(|(n, data)| {
-                        let mut v = Vec::with_capacity(batch * n);
-                        for row in 0..batch {
-                            let e = envs.get(row) as usize;
-                            v.extend_from_slice(&data[e * n..(e + 1) * n]);
-                        }
-                        v
-                    })
-                    .collect()
+                if self.exec.on_device() {
+                    vec![] // gathered on the device from its copy of the state
+                } else {
+                    st.tensors
+                        .iter()
+                        .map(|(n, data)| {
+                            let mut v = Vec::with_capacity(batch * n);
+                            for row in 0..batch {
+                                let e = envs.get(row) as usize;
+                                v.extend_from_slice(&data[e * n..(e + 1) * n]);
+                            }
+                            v
+                        })
+                        .collect()
+                }
             }
         };
 
         let mut rows = std::mem::take(&mut self.scratch_rows);
-        let result = self.exec.run(batch, &obs_buf, states, &mut rows, mode, envs);
+        #[cfg(feature = "wgpu")]
+        let result = if self.exec.on_device() {
+            self.run_device(batch, &obs_buf, state.as_deref_mut(), &mut rows, mode, envs)
+        } else {
+            self.exec
+                .run(batch, &obs_buf, states, &mut rows, mode, envs)
+        };
+        #[cfg(not(feature = "wgpu"))]
+        let result = self
+            .exec
+            .run(batch, &obs_buf, states, &mut rows, mode, envs);
         self.scratch_obs = obs_buf;
         if let Err(e) = result {
             self.scratch_rows = rows;
@@ -555,7 +564,10 @@ impl Policy {
             for row in 0..batch {
                 let src = &rows[row * self.row_width..(row + 1) * self.row_width];
                 if disc {
-                    for (d, a) in out.discrete[row * k..(row + 1) * k].iter_mut().zip(&src[..k]) {
+                    for (d, a) in out.discrete[row * k..(row + 1) * k]
+                        .iter_mut()
+                        .zip(&src[..k])
+                    {
                         *d = *a as i64;
                     }
                 } else {
@@ -568,8 +580,8 @@ impl Policy {
             }
         }
 
-        // Scatter next states.
-        if let Some(st) = state {
+        // Scatter next states (device programs did that on the device).
+        if let Some(st) = state.filter(|_| !on_device) {
             let mut off = if on_device {
                 k + p + self.has_value as usize
             } else {
@@ -585,6 +597,60 @@ impl Policy {
             }
         }
         self.scratch_rows = rows;
+        Ok(())
+    }
+
+    /// One step of a wgpu program: state rows stay on the device (uploaded once per state, then gathered and
+    /// scattered there); env ids of a recurrent batch must be distinct (device writes would race).
+    #[cfg(feature = "wgpu")]
+    fn run_device(
+        &mut self,
+        batch: usize,
+        obs: &[f32],
+        state: Option<&mut RecurrentState>,
+        rows: &mut Vec<f32>,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+    ) -> Result<(), PolicyError> {
+        let Exec::Burn(p) = &self.exec else {
+            unreachable!("on_device programs are burn programs")
+        };
+        let owner = p.gpu.as_ref().expect("on_device").owner;
+        let ids: Vec<u32> = (0..batch).map(|r| envs.get(r)).collect();
+        let dev = match state {
+            Some(st) => {
+                let mut seen = vec![false; st.num_envs];
+                for &e in &ids {
+                    if std::mem::replace(&mut seen[e as usize], true) {
+                        return Err(PolicyError::EnvIds(format!(
+                            "env {e} appears twice in one batch of a recurrent policy"
+                        )));
+                    }
+                }
+                let fresh = st
+                    .device
+                    .as_ref()
+                    .is_some_and(|d| d.owner == owner && d.num_envs == st.num_envs);
+                if !fresh {
+                    st.sync()?;
+                    st.device = Some(crate::gpu::DeviceState::upload(
+                        owner,
+                        &st.tensors,
+                        st.num_envs,
+                        p.device(),
+                    ));
+                }
+                st.device.as_mut()
+            }
+            None => None,
+        };
+        let sample = match mode {
+            ActMode::Sample { seed, step } => Some((seed, step)),
+            ActMode::Deterministic => None,
+        };
+        *rows = p
+            .run_gpu(batch, obs.to_vec(), obs.len() / batch, dev, &ids, sample)
+            .map_err(PolicyError::Backend)?;
         Ok(())
     }
 
@@ -634,7 +700,9 @@ impl Policy {
             dist_params_len: p,
             discrete: disc,
         };
-        compare_golden(case, &m, shape, &det, &out, &mut |name| self.probe(case, name))
+        compare_golden(case, &m, shape, &det, &out, &mut |name| {
+            self.probe(case, name)
+        })
     }
 
     /// Evaluate an arbitrary named value (debugging, golden checks): lowers a one-off program.
@@ -657,7 +725,14 @@ impl Policy {
             .map(|n| vec![0.0; n * case.batch])
             .collect();
         let mut rows = vec![];
-        exec.run(case.batch, &obs, states, &mut rows, ActMode::Deterministic, EnvIds::Range(0))?;
+        exec.run(
+            case.batch,
+            &obs,
+            states,
+            &mut rows,
+            ActMode::Deterministic,
+            EnvIds::Range(0),
+        )?;
         Ok(rows)
     }
 }

@@ -8,11 +8,20 @@ use policyport_shaders::PreStep;
 use crate::exec::{GpuParts, Program};
 use crate::gpu::{PreprocessKernel, SampleKernel, SampleSpec};
 
-pub(crate) fn program(art: &Artifact, plan: &ValidatedPlan, readback: &[&str], device: &Device) -> Program {
+pub(crate) fn program(
+    art: &Artifact,
+    plan: &ValidatedPlan,
+    readback: &[&str],
+    device: &Device,
+) -> Program {
     let mut p = Program::build(art, plan, readback, device, true);
     let m = &art.manifest;
     // Preprocessing on the device unless a step needs the host (one-hot of discrete observations).
-    let preprocess = if m.preprocess.is_empty() || m.preprocess.iter().any(|s| matches!(s, Preprocess::OneHot { .. })) {
+    let preprocess = if m.preprocess.is_empty()
+        || m.preprocess
+            .iter()
+            .any(|s| matches!(s, Preprocess::OneHot { .. }))
+    {
         None
     } else {
         let mut stats = vec![];
@@ -26,7 +35,11 @@ pub(crate) fn program(art: &Artifact, plan: &ValidatedPlan, readback: &[&str], d
                     stats.extend_from_slice(&art.tensors[mean].data);
                     let std_offset = stats.len();
                     stats.extend_from_slice(&art.tensors[std].data);
-                    PreStep::Normalize { mean_offset, std_offset, clip: *clip }
+                    PreStep::Normalize {
+                        mean_offset,
+                        std_offset,
+                        clip: *clip,
+                    }
                 }
                 Preprocess::OneHot { .. } => unreachable!("handled on the host"),
             })
@@ -66,18 +79,33 @@ pub(crate) fn program(art: &Artifact, plan: &ValidatedPlan, readback: &[&str], d
             high,
             segments,
         },
-        Distribution::DiagGaussian { log_std, log_std_range, .. }
-        | Distribution::SquashedGaussian { log_std, log_std_range, .. } => SampleSpec {
+        Distribution::DiagGaussian {
+            log_std,
+            log_std_range,
+            ..
+        }
+        | Distribution::SquashedGaussian {
+            log_std,
+            log_std_range,
+            ..
+        } => SampleSpec {
             hw: raw + has_value as usize,
             k,
             p: 2 * k,
             has_value,
             gaussian: true,
             squashed: matches!(m.distribution, Distribution::SquashedGaussian { .. }),
-            clip: matches!(m.distribution, Distribution::DiagGaussian { clip: true, .. }),
+            clip: matches!(
+                m.distribution,
+                Distribution::DiagGaussian { clip: true, .. }
+            ),
             log_std_param: match log_std {
                 LogStd::Parameter { tensor } => Some(
-                    art.tensors[tensor].data.iter().map(|v| clamp(*v, *log_std_range)).collect(),
+                    art.tensors[tensor]
+                        .data
+                        .iter()
+                        .map(|v| clamp(*v, *log_std_range))
+                        .collect(),
                 ),
                 LogStd::Value { .. } => None,
             },
@@ -91,6 +119,7 @@ pub(crate) fn program(art: &Artifact, plan: &ValidatedPlan, readback: &[&str], d
         preprocess,
         sample: SampleKernel::new(spec, device),
         head_slots: dist_values.len() + has_value as usize,
+        owner: crate::gpu::new_owner(),
     });
     p
 }

@@ -369,7 +369,16 @@ fn main() -> Result<()> {
             threads,
             sampling,
             seconds,
-        } => bench_torch(&read(&artifact)?, &batches, device, precision, &launch, threads, &sampling, seconds)?,
+        } => bench_torch(
+            &read(&artifact)?,
+            &batches,
+            device,
+            precision,
+            &launch,
+            threads,
+            &sampling,
+            seconds,
+        )?,
         Cmd::Bench {
             artifact,
             batches,
@@ -514,9 +523,17 @@ fn bench_torch(
     let info = policy.info();
     let runtime = format!(
         "policyport-tch-{}-{}{}",
-        if launch == Launch::Eager { "eager" } else { "graphs" },
+        if launch == Launch::Eager {
+            "eager"
+        } else {
+            "graphs"
+        },
         precision.name(),
-        if launch == Launch::Eager && sampling == Sampling::Device { "-devsample" } else { "" }
+        if launch == Launch::Eager && sampling == Sampling::Device {
+            "-devsample"
+        } else {
+            ""
+        }
     );
     let space = policy_observation(bytes)?;
     for batch in sizes {
@@ -544,7 +561,9 @@ fn bench_torch(
 }
 
 fn policy_observation(bytes: &[u8]) -> Result<policyport::format::ObservationSpace> {
-    Ok(policyport::format::read_artifact(bytes)?.manifest.observation)
+    Ok(policyport::format::read_artifact(bytes)?
+        .manifest
+        .observation)
 }
 
 struct Bundled {

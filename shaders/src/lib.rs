@@ -7,6 +7,7 @@
 //! - `sample.wgsl`: SPEC.md's seeded sampling (Philox4x32-10, inverse-CDF categorical, Box–Muller Gaussian, squash
 //!   or clip) plus parameter finishing and output packing, so act() reads back one buffer.
 //! - `preprocess.wgsl`: observation scale / normalise + clip ([`preprocess_source`]).
+//! - `state.wgsl`: gather / scatter of per-env recurrent state rows kept on the device between steps.
 //!
 //! Every storage buffer is declared `read_write`, inputs included: burn's allocator hands out slices of shared
 //! pool buffers, and wgpu refuses a dispatch that binds one buffer both read-only and read-write (WebGPU usage
@@ -19,6 +20,7 @@ pub const DENSE_SMALL: &str = include_str!("../dense_small.wgsl");
 pub const DENSE_TILED: &str = include_str!("../dense_tiled.wgsl");
 pub const SAMPLE: &str = include_str!("../sample.wgsl");
 pub const PREPROCESS: &str = include_str!("../preprocess.wgsl");
+pub const STATE: &str = include_str!("../state.wgsl");
 
 /// Activations a dense kernel can fuse (the guest's elementwise ops).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,7 +104,11 @@ pub enum DenseVariant {
 impl DenseVariant {
     /// The variant act() uses for a batch of `rows` (tiles pay off once a 64-row tile is mostly full).
     pub fn for_rows(rows: usize) -> Self {
-        if rows >= 48 { DenseVariant::Tiled } else { DenseVariant::Small }
+        if rows >= 48 {
+            DenseVariant::Tiled
+        } else {
+            DenseVariant::Small
+        }
     }
 
     /// Workgroups to dispatch for `rows x n` outputs.
@@ -147,10 +153,7 @@ pub fn preprocess_source(steps: &[PreStep]) -> String {
                     "    v = (v - stats[{mean_offset}u + c]) / stats[{std_offset}u + c];\n"
                 ));
                 if let Some(c) = clip {
-                    body.push_str(&format!(
-                        "    v = clamp(v, -{0}, {0});\n",
-                        f32_lit(*c)
-                    ));
+                    body.push_str(&format!("    v = clamp(v, -{0}, {0});\n", f32_lit(*c)));
                 }
             }
         }
@@ -209,13 +212,23 @@ pub mod reference {
                 }
             }
             Activation::Gelu => 0.5 * v * (1.0 + erf(v * std::f32::consts::FRAC_1_SQRT_2)),
-            Activation::GeluTanh => 0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh()),
+            Activation::GeluTanh => {
+                0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh())
+            }
             Activation::Erf => erf(v),
         }
     }
 
     /// y = act(x @ w + b), x `[rows, k]`, w `[k, n]` (pre-transposed), accumulated in f64 (the reference).
-    pub fn dense(x: &[f32], w: &[f32], b: Option<&[f32]>, rows: usize, k: usize, n: usize, a: Activation) -> Vec<f32> {
+    pub fn dense(
+        x: &[f32],
+        w: &[f32],
+        b: Option<&[f32]>,
+        rows: usize,
+        k: usize,
+        n: usize,
+        a: Activation,
+    ) -> Vec<f32> {
         let mut y = vec![0.0f32; rows * n];
         for r in 0..rows {
             for o in 0..n {
@@ -228,6 +241,20 @@ pub mod reference {
             }
         }
         y
+    }
+
+    /// Gather rows `ids` of a `[_, n]` state.
+    pub fn gather(state: &[f32], ids: &[u32], n: usize) -> Vec<f32> {
+        ids.iter()
+            .flat_map(|&e| state[e as usize * n..(e as usize + 1) * n].to_vec())
+            .collect()
+    }
+
+    /// Scatter `rows` (`[ids.len(), n]`) into rows `ids` of a `[_, n]` state.
+    pub fn scatter(state: &mut [f32], ids: &[u32], rows: &[f32], n: usize) {
+        for (r, &e) in ids.iter().enumerate() {
+            state[e as usize * n..(e as usize + 1) * n].copy_from_slice(&rows[r * n..(r + 1) * n]);
+        }
     }
 
     /// Preprocessing of `[rows, len]` values.
@@ -292,6 +319,11 @@ mod tests {
     }
 
     #[test]
+    fn state_validates() {
+        validate("state", STATE);
+    }
+
+    #[test]
     fn preprocess_variants_validate() {
         for steps in [
             vec![],
@@ -346,12 +378,24 @@ mod tests {
         use reference::*;
         assert!((act(Activation::Gelu, 1.0) - 0.841_344_7).abs() < 1e-6);
         assert!((act(Activation::Erf, 0.5) - 0.520_499_9).abs() < 1e-6);
-        let y = dense(&[1.0, 2.0], &[1.0, 0.0, 0.0, 1.0], Some(&[0.5, -3.0]), 1, 2, 2, Activation::Relu);
+        let y = dense(
+            &[1.0, 2.0],
+            &[1.0, 0.0, 0.0, 1.0],
+            Some(&[0.5, -3.0]),
+            1,
+            2,
+            2,
+            Activation::Relu,
+        );
         assert_eq!(y, vec![1.5, 0.0]);
         let p = preprocess(
             &[1.0, 3.0],
             2,
-            &[PreStep::Normalize { mean_offset: 0, std_offset: 2, clip: Some(0.5) }],
+            &[PreStep::Normalize {
+                mean_offset: 0,
+                std_offset: 2,
+                clip: Some(0.5),
+            }],
             &[1.0, 1.0, 2.0, 2.0],
         );
         assert_eq!(p, vec![0.0, 0.5]);

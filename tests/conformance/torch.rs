@@ -47,11 +47,31 @@ fn opts(precision: Precision, launch: Launch, sampling: Sampling) -> TorchOption
 /// The configurations every fixture must pass on CPU, with the tolerance their float outputs get.
 fn cpu_configs() -> Vec<(&'static str, TorchOptions, Option<f64>)> {
     vec![
-        ("f32 eager host-sampling", opts(Precision::F32, Launch::Eager, Sampling::Host), None),
-        ("f32 eager device-sampling", opts(Precision::F32, Launch::Eager, Sampling::Device), None),
-        ("f32 static buckets", opts(Precision::F32, Launch::StaticBuffers, Sampling::Device), None),
-        ("bf16 eager", opts(Precision::Bf16, Launch::Eager, Sampling::Host), Some(1e-2)),
-        ("f16 eager", opts(Precision::F16, Launch::Eager, Sampling::Host), Some(1e-2)),
+        (
+            "f32 eager host-sampling",
+            opts(Precision::F32, Launch::Eager, Sampling::Host),
+            None,
+        ),
+        (
+            "f32 eager device-sampling",
+            opts(Precision::F32, Launch::Eager, Sampling::Device),
+            None,
+        ),
+        (
+            "f32 static buckets",
+            opts(Precision::F32, Launch::StaticBuffers, Sampling::Device),
+            None,
+        ),
+        (
+            "bf16 eager",
+            opts(Precision::Bf16, Launch::Eager, Sampling::Host),
+            Some(1e-2),
+        ),
+        (
+            "f16 eager",
+            opts(Precision::F16, Launch::Eager, Sampling::Host),
+            Some(1e-2),
+        ),
     ]
 }
 
@@ -63,8 +83,12 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
         let f = load_fixture(&name);
         let bytes = compile_fixture(&f);
         for (label, o, loose) in &configs {
-            let o = TorchOptions { device, ..o.clone() };
-            let mut p = TorchPolicy::load(&bytes, &o).unwrap_or_else(|e| panic!("{name} {label}: {e}"));
+            let o = TorchOptions {
+                device,
+                ..o.clone()
+            };
+            let mut p =
+                TorchPolicy::load(&bytes, &o).unwrap_or_else(|e| panic!("{name} {label}: {e}"));
             for r in p.verify().unwrap() {
                 let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
                 table.push(format!(
@@ -73,7 +97,9 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
                 ));
                 match loose {
                     None => assert!(r.passed, "{name} {label}: {r:?}"),
-                    Some(tol) => assert!(worst <= *tol, "{name} {label}: {worst:e} > {tol:e}: {r:?}"),
+                    Some(tol) => {
+                        assert!(worst <= *tol, "{name} {label}: {worst:e} > {tol:e}: {r:?}")
+                    }
                 }
             }
         }
@@ -110,12 +136,20 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
                     let mode = ActMode::Sample { seed, step };
                     let envs = EnvIds::Range((seed % 1000) as u32);
                     let obs = Observations::F32(&case.obs);
-                    guest.act(obs, case.batch, mode, envs, None, &mut want).unwrap();
+                    guest
+                        .act(obs, case.batch, mode, envs, None, &mut want)
+                        .unwrap();
                     p.act(obs, case.batch, mode, envs, &mut got).unwrap();
-                    assert_eq!(got.discrete, want.discrete, "{name} {launch:?} {sampling:?} seed {seed} step {step}");
+                    assert_eq!(
+                        got.discrete, want.discrete,
+                        "{name} {launch:?} {sampling:?} seed {seed} step {step}"
+                    );
                     let scale = want.continuous.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
                     for (g, w) in got.continuous.iter().zip(&want.continuous) {
-                        assert!((g - w).abs() / scale <= 1e-5, "{name} {launch:?} {sampling:?}: {g} vs {w}");
+                        assert!(
+                            (g - w).abs() / scale <= 1e-5,
+                            "{name} {launch:?} {sampling:?}: {g} vs {w}"
+                        );
                     }
                     compared += got.discrete.len() + got.continuous.len();
                 }
@@ -150,7 +184,11 @@ fn static_buckets_pad_and_chunk_like_eager() {
     let f = load_fixture("mlp64");
     let bytes = compile_fixture(&f);
     let obs: Vec<f32> = (0..64 * 64).map(|i| ((i as f32) * 0.37).sin()).collect();
-    let mut eager = TorchPolicy::load(&bytes, &opts(Precision::F32, Launch::Eager, Sampling::Device)).unwrap();
+    let mut eager = TorchPolicy::load(
+        &bytes,
+        &opts(Precision::F32, Launch::Eager, Sampling::Device),
+    )
+    .unwrap();
     let o = TorchOptions {
         buckets: Some(vec![1, 4, 16]),
         ..opts(Precision::F32, Launch::StaticBuffers, Sampling::Device)
@@ -159,14 +197,31 @@ fn static_buckets_pad_and_chunk_like_eager() {
     assert_eq!(stat.info().buckets, vec![1, 4, 16]);
     let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
     for batch in [1usize, 3, 4, 5, 16, 17, 37, 64] {
-        for mode in [ActMode::Deterministic, ActMode::Sample { seed: 9, step: batch as u64 }] {
+        for mode in [
+            ActMode::Deterministic,
+            ActMode::Sample {
+                seed: 9,
+                step: batch as u64,
+            },
+        ] {
             let x = Observations::F32(&obs[..batch * 64]);
-            eager.act(x, batch, mode, EnvIds::Range(100), &mut a).unwrap();
-            stat.act(x, batch, mode, EnvIds::Range(100), &mut b).unwrap();
+            eager
+                .act(x, batch, mode, EnvIds::Range(100), &mut a)
+                .unwrap();
+            stat.act(x, batch, mode, EnvIds::Range(100), &mut b)
+                .unwrap();
             assert_eq!(a.discrete, b.discrete, "batch {batch}");
             assert_eq!(b.batch, batch);
-            for (x, y) in a.dist_params.iter().zip(&b.dist_params).chain(a.value.iter().zip(&b.value)) {
-                assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "batch {batch}: {x} vs {y}");
+            for (x, y) in a
+                .dist_params
+                .iter()
+                .zip(&b.dist_params)
+                .chain(a.value.iter().zip(&b.value))
+            {
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                    "batch {batch}: {x} vs {y}"
+                );
             }
         }
     }
@@ -191,28 +246,50 @@ fn recurrent_state_lives_on_the_device() {
         let mut out = ActOutputs::default();
         // Twice the same env in one batch of a recurrent policy: a typed error.
         assert!(matches!(
-            p.act(Observations::F32(&obs), 2, ActMode::Deterministic, EnvIds::List(&[1, 1]), &mut out),
+            p.act(
+                Observations::F32(&obs),
+                2,
+                ActMode::Deterministic,
+                EnvIds::List(&[1, 1]),
+                &mut out
+            ),
             Err(TorchError::Policy(PolicyError::EnvIds(_)))
         ));
         let mut h = vec![vec![0.0f64; 4]; 6];
         for step in 0..4u64 {
             let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
             // Env 5 is past the initial two envs: the state grows.
-            p.act(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step }, EnvIds::List(&[5, 0]), &mut out)
-                .unwrap();
+            p.act(
+                Observations::F32(&x),
+                2,
+                ActMode::Sample { seed: 3, step },
+                EnvIds::List(&[5, 0]),
+                &mut out,
+            )
+            .unwrap();
             for (row, env) in [(0usize, 5usize), (1, 0)] {
                 let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
                 h[env] = h1;
                 for a in 0..2 {
-                    assert!((out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5, "{launch:?} step {step}");
+                    assert!(
+                        (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
+                        "{launch:?} step {step}"
+                    );
                 }
                 let got = p.state(0, env as u32).unwrap();
                 for i in 0..4 {
-                    assert!((got[i] as f64 - h[env][i]).abs() < 1e-5, "{launch:?} env {env}");
+                    assert!(
+                        (got[i] as f64 - h[env][i]).abs() < 1e-5,
+                        "{launch:?} env {env}"
+                    );
                 }
             }
             for untouched in [1u32, 2, 3, 4] {
-                assert_eq!(p.state(0, untouched).unwrap(), vec![0.0; 4], "{launch:?} env {untouched}");
+                assert_eq!(
+                    p.state(0, untouched).unwrap(),
+                    vec![0.0; 4],
+                    "{launch:?} env {untouched}"
+                );
             }
         }
         assert!(p.info().num_envs >= 6);
@@ -233,15 +310,33 @@ fn bad_input_is_a_typed_error() {
     let mut out = ActOutputs::default();
     let det = ActMode::Deterministic;
     assert!(matches!(
-        p.act(Observations::F32(&[0.0; 3]), 1, det, EnvIds::Range(0), &mut out),
+        p.act(
+            Observations::F32(&[0.0; 3]),
+            1,
+            det,
+            EnvIds::Range(0),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
-        p.act(Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]), 1, det, EnvIds::Range(0), &mut out),
+        p.act(
+            Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]),
+            1,
+            det,
+            EnvIds::Range(0),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
-        p.act(Observations::U8(&[0; 4]), 1, det, EnvIds::Range(0), &mut out),
+        p.act(
+            Observations::U8(&[0; 4]),
+            1,
+            det,
+            EnvIds::Range(0),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
@@ -249,11 +344,24 @@ fn bad_input_is_a_typed_error() {
         Err(TorchError::Policy(PolicyError::Batch { .. }))
     ));
     assert!(matches!(
-        p.act(Observations::F32(&[0.0; 8]), 2, det, EnvIds::List(&[0]), &mut out),
+        p.act(
+            Observations::F32(&[0.0; 8]),
+            2,
+            det,
+            EnvIds::List(&[0]),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::EnvIds(_)))
     ));
     // Still usable after every refusal.
-    p.act(Observations::F32(&[0.0; 4]), 1, det, EnvIds::Range(0), &mut out).unwrap();
+    p.act(
+        Observations::F32(&[0.0; 4]),
+        1,
+        det,
+        EnvIds::Range(0),
+        &mut out,
+    )
+    .unwrap();
     assert!(matches!(
         TorchPolicy::load(&bytes[..100], &TorchOptions::default()),
         Err(TorchError::Artifact(_))
@@ -263,13 +371,19 @@ fn bad_input_is_a_typed_error() {
             device: TorchDevice::Cuda(0),
             ..Default::default()
         };
-        assert!(matches!(TorchPolicy::load(&bytes, &cuda), Err(TorchError::NoCuda(_))));
+        assert!(matches!(
+            TorchPolicy::load(&bytes, &cuda),
+            Err(TorchError::NoCuda(_))
+        ));
     }
     let graphs_on_cpu = TorchOptions {
         launch: Launch::CudaGraphs,
         ..Default::default()
     };
-    assert!(matches!(TorchPolicy::load(&bytes, &graphs_on_cpu), Err(TorchError::NoCuda(_))));
+    assert!(matches!(
+        TorchPolicy::load(&bytes, &graphs_on_cpu),
+        Err(TorchError::NoCuda(_))
+    ));
 }
 
 /// On a CUDA machine: the suite in f32 / f16 / bf16, eager and as CUDA graphs, and graph actions equal to the
@@ -289,11 +403,33 @@ fn cuda_eager_and_graphs_match() {
     check_fixtures(
         cuda,
         vec![
-            ("f32 eager", opts(Precision::F32, Launch::Eager, Sampling::Host), None),
-            ("f32 cuda graphs", opts(Precision::F32, Launch::CudaGraphs, Sampling::Device), None),
-            ("f16 cuda graphs", opts(Precision::F16, Launch::CudaGraphs, Sampling::Device), Some(1e-2)),
-            ("bf16 cuda graphs", opts(Precision::Bf16, Launch::CudaGraphs, Sampling::Device), Some(1e-2)),
+            (
+                "f32 eager",
+                opts(Precision::F32, Launch::Eager, Sampling::Host),
+                None,
+            ),
+            (
+                "f32 cuda graphs",
+                opts(Precision::F32, Launch::CudaGraphs, Sampling::Device),
+                None,
+            ),
+            (
+                "f16 cuda graphs",
+                opts(Precision::F16, Launch::CudaGraphs, Sampling::Device),
+                Some(1e-2),
+            ),
+            (
+                "bf16 cuda graphs",
+                opts(Precision::Bf16, Launch::CudaGraphs, Sampling::Device),
+                Some(1e-2),
+            ),
         ],
     );
-    check_actions_equal_guest(cuda, &[(Launch::Eager, Sampling::Device), (Launch::CudaGraphs, Sampling::Device)]);
+    check_actions_equal_guest(
+        cuda,
+        &[
+            (Launch::Eager, Sampling::Device),
+            (Launch::CudaGraphs, Sampling::Device),
+        ],
+    );
 }

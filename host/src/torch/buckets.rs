@@ -75,7 +75,12 @@ impl BucketPlan {
 }
 
 /// The env-id column of one bucket run: the chunk's env ids, then the scratch row for every padded row.
-pub fn padded_env_ids(ids: impl Iterator<Item = u32>, bucket: usize, scratch: u32, out: &mut Vec<i64>) {
+pub fn padded_env_ids(
+    ids: impl Iterator<Item = u32>,
+    bucket: usize,
+    scratch: u32,
+    out: &mut Vec<i64>,
+) {
     out.clear();
     out.extend(ids.map(|e| e as i64));
     debug_assert!(out.len() <= bucket);
@@ -151,9 +156,21 @@ mod tests {
         assert_eq!(
             p.chunks(37),
             vec![
-                Chunk { start: 0, len: 16, bucket: 16 },
-                Chunk { start: 16, len: 16, bucket: 16 },
-                Chunk { start: 32, len: 5, bucket: 8 },
+                Chunk {
+                    start: 0,
+                    len: 16,
+                    bucket: 16
+                },
+                Chunk {
+                    start: 16,
+                    len: 16,
+                    bucket: 16
+                },
+                Chunk {
+                    start: 32,
+                    len: 5,
+                    bucket: 8
+                },
             ]
         );
     }

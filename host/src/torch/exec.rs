@@ -57,21 +57,65 @@ enum Activation {
 }
 
 enum Instr {
-    Dense { x: usize, w: Tensor, b: Option<Tensor>, out: usize },
-    Act { x: usize, f: Activation, out: usize },
+    Dense {
+        x: usize,
+        w: Tensor,
+        b: Option<Tensor>,
+        out: usize,
+    },
+    Act {
+        x: usize,
+        f: Activation,
+        out: usize,
+    },
     /// Softmax / log-softmax along groups of `last` features, in f32.
-    Softmax { x: usize, last: i64, log: bool, out: usize },
-    Add { a: usize, b: usize, out: usize },
-    Mul { a: usize, b: usize, out: usize },
-    Affine { x: usize, scale: Option<Tensor>, shift: Option<Tensor>, group: i64, out: usize },
-    Concat { xs: Vec<(usize, i64)>, out: usize },
-    Slice { x: usize, last: i64, start: i64, len: i64, out: usize },
-    Alias { x: usize, out: usize },
+    Softmax {
+        x: usize,
+        last: i64,
+        log: bool,
+        out: usize,
+    },
+    Add {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    Mul {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    Affine {
+        x: usize,
+        scale: Option<Tensor>,
+        shift: Option<Tensor>,
+        group: i64,
+        out: usize,
+    },
+    Concat {
+        xs: Vec<(usize, i64)>,
+        out: usize,
+    },
+    Slice {
+        x: usize,
+        last: i64,
+        start: i64,
+        len: i64,
+        out: usize,
+    },
+    Alias {
+        x: usize,
+        out: usize,
+    },
 }
 
 enum PreStep {
     Scale(f64),
-    Normalize { mean: Tensor, std: Tensor, clip: Option<f64> },
+    Normalize {
+        mean: Tensor,
+        std: Tensor,
+        clip: Option<f64>,
+    },
     OneHot(i64),
 }
 
@@ -124,7 +168,12 @@ impl Program {
                         Some(b) => Some(upload(&art.tensors[b].data, &[o], compute, device)?),
                         None => None,
                     };
-                    Instr::Dense { x: ins[0], w, b, out }
+                    Instr::Dense {
+                        x: ins[0],
+                        w,
+                        b,
+                        out,
+                    }
                 }
                 Op::Relu => act(Activation::Relu),
                 Op::Tanh => act(Activation::Tanh),
@@ -141,8 +190,16 @@ impl Program {
                     log: matches!(node.op, Op::LogSoftmax),
                     out,
                 },
-                Op::Add => Instr::Add { a: ins[0], b: ins[1], out },
-                Op::Mul => Instr::Mul { a: ins[0], b: ins[1], out },
+                Op::Add => Instr::Add {
+                    a: ins[0],
+                    b: ins[1],
+                    out,
+                },
+                Op::Mul => Instr::Mul {
+                    a: ins[0],
+                    b: ins[1],
+                    out,
+                },
                 Op::Affine { scale, shift } => {
                     let total = numel(&node.inputs[0]);
                     let group = scale
@@ -158,7 +215,11 @@ impl Program {
                         .unwrap_or(total as i64);
                     let row = |n: &String| -> R<Tensor> {
                         let d = &art.tensors[n].data;
-                        let v = if d.len() == 1 { vec![d[0]; group as usize] } else { d.clone() };
+                        let v = if d.len() == 1 {
+                            vec![d[0]; group as usize]
+                        } else {
+                            d.clone()
+                        };
                         upload(&v, &[1, group], Kind::Float, device)
                     };
                     Instr::Affine {
@@ -170,7 +231,11 @@ impl Program {
                     }
                 }
                 Op::Concat => Instr::Concat {
-                    xs: ins.iter().copied().zip(node.inputs.iter().map(|i| last(i))).collect(),
+                    xs: ins
+                        .iter()
+                        .copied()
+                        .zip(node.inputs.iter().map(|i| last(i)))
+                        .collect(),
                     out,
                 },
                 Op::Slice { start, len } => Instr::Slice {
@@ -183,7 +248,10 @@ impl Program {
                 Op::Flatten => Instr::Alias { x: ins[0], out },
             });
         }
-        for (st, spec) in states.iter_mut().zip(m.recurrent.iter().flat_map(|r| &r.states)) {
+        for (st, spec) in states
+            .iter_mut()
+            .zip(m.recurrent.iter().flat_map(|r| &r.states))
+        {
             st.2 = slot(&spec.next);
         }
         let pre = m
@@ -303,7 +371,13 @@ impl Program {
                 }
                 Instr::Add { a, b, out } => (*out, get(&s, *a).f_add(get(&s, *b))?),
                 Instr::Mul { a, b, out } => (*out, get(&s, *a).f_mul(get(&s, *b))?),
-                Instr::Affine { x, scale, shift, group, out } => {
+                Instr::Affine {
+                    x,
+                    scale,
+                    shift,
+                    group,
+                    out,
+                } => {
                     let x = get(&s, *x);
                     let (rows, width) = (x.size()[0], x.size()[1]);
                     let mut g = x.f_reshape([rows * width / group, *group])?;
@@ -334,10 +408,18 @@ impl Program {
                         .collect::<Result<Vec<_>, _>>()?;
                     (*out, Tensor::f_cat(&parts, 1)?.f_reshape([rows, -1])?)
                 }
-                Instr::Slice { x, last, start, len, out } => {
+                Instr::Slice {
+                    x,
+                    last,
+                    start,
+                    len,
+                    out,
+                } => {
                     let x = get(&s, *x);
                     let (rows, width) = (x.size()[0], x.size()[1]);
-                    let g = x.f_reshape([rows * width / last, *last])?.f_narrow(1, *start, *len)?;
+                    let g = x
+                        .f_reshape([rows * width / last, *last])?
+                        .f_narrow(1, *start, *len)?;
                     (*out, g.f_reshape([rows, -1])?)
                 }
                 Instr::Alias { x, out } => (*out, get(&s, *x).shallow_clone()),
@@ -371,7 +453,12 @@ impl Head {
     fn new(art: &Artifact, slots: &HashMap<String, usize>, device: Device) -> R<Self> {
         let m = &art.manifest;
         let k = m.action.action_len();
-        let param_slots = m.distribution.param_values().iter().map(|v| slots[*v]).collect();
+        let param_slots = m
+            .distribution
+            .param_values()
+            .iter()
+            .map(|v| slots[*v])
+            .collect();
         let value_slot = m.value.as_ref().map(|v| slots[v]);
         let (dist, log_std, range) = match &m.distribution {
             Distribution::Categorical { .. } | Distribution::MultiCategorical { .. } => {
@@ -382,13 +469,28 @@ impl Head {
                 };
                 (HeadKind::Categorical(nvec), None, None)
             }
-            Distribution::DiagGaussian { log_std, log_std_range, clip, .. } => (
-                HeadKind::Gaussian { squashed: false, clip: *clip },
+            Distribution::DiagGaussian {
+                log_std,
+                log_std_range,
+                clip,
+                ..
+            } => (
+                HeadKind::Gaussian {
+                    squashed: false,
+                    clip: *clip,
+                },
                 Some(log_std),
                 *log_std_range,
             ),
-            Distribution::SquashedGaussian { log_std, log_std_range, .. } => (
-                HeadKind::Gaussian { squashed: true, clip: false },
+            Distribution::SquashedGaussian {
+                log_std,
+                log_std_range,
+                ..
+            } => (
+                HeadKind::Gaussian {
+                    squashed: true,
+                    clip: false,
+                },
                 Some(log_std),
                 *log_std_range,
             ),
@@ -434,7 +536,12 @@ impl Head {
     /// Finished distribution parameters `[batch, p]` in f32 (log-std clamped / broadcast, as the guest's
     /// `Sampler::finish_params`).
     fn params(&self, s: &[Option<Tensor>]) -> Result<Tensor, tch::TchError> {
-        let v = |i: usize| s[self.param_slots[i]].as_ref().expect("computed").f_to_kind(Kind::Float);
+        let v = |i: usize| {
+            s[self.param_slots[i]]
+                .as_ref()
+                .expect("computed")
+                .f_to_kind(Kind::Float)
+        };
         match &self.dist {
             HeadKind::Categorical(_) => v(0),
             HeadKind::Gaussian { .. } => {
@@ -494,18 +601,22 @@ impl Head {
                             let pairs = w.f_reshape([b, self.k, 2])?;
                             let u1 = u01_open_closed(&pairs.f_select(2, 0)?).map_err(tch_err)?;
                             let u2 = u01(&pairs.f_select(2, 1)?).map_err(tch_err)?;
-                            let z = u1
-                                .f_log()?
-                                .f_mul_scalar(-2.0)?
-                                .f_sqrt()?
-                                .f_mul(&u2.f_mul_scalar(std::f32::consts::TAU as f64)?.f_cos()?)?;
+                            let z =
+                                u1.f_log()?.f_mul_scalar(-2.0)?.f_sqrt()?.f_mul(
+                                    &u2.f_mul_scalar(std::f32::consts::TAU as f64)?.f_cos()?,
+                                )?;
                             let std = params.f_narrow(1, self.k, self.k)?.f_exp()?;
                             mean.f_add(&std.f_mul(&z)?)?
                         }
                     };
                     if *squashed {
                         let span = self.high.f_sub(&self.low)?;
-                        a = a.f_tanh()?.f_add_scalar(1.0)?.f_mul_scalar(0.5)?.f_mul(&span)?.f_add(&self.low)?;
+                        a = a
+                            .f_tanh()?
+                            .f_add_scalar(1.0)?
+                            .f_mul_scalar(0.5)?
+                            .f_mul(&span)?
+                            .f_add(&self.low)?;
                     } else if *clip {
                         a = a.f_maximum(&self.low)?.f_minimum(&self.high)?;
                     }
@@ -571,7 +682,11 @@ impl TorchExec {
             return Err(TorchError::NoCuda("CUDA graphs need a CUDA device".into()));
         }
         if opts.max_batch == 0 || opts.max_batch > MAX_BATCH {
-            return Err(PolicyError::Batch { batch: opts.max_batch, max: MAX_BATCH }.into());
+            return Err(PolicyError::Batch {
+                batch: opts.max_batch,
+                max: MAX_BATCH,
+            }
+            .into());
         }
         let compute = match opts.precision {
             Precision::F32 => Kind::Float,
@@ -611,8 +726,20 @@ impl TorchExec {
             let mut out = ActOutputs::default();
             for mode in [ActMode::Deterministic, ActMode::Sample { seed: 0, step: 0 }] {
                 match ex.program.obs_u8 {
-                    true => ex.act(Observations::U8(&vec![0; obs_len]), 1, mode, EnvIds::Range(0), &mut out)?,
-                    false => ex.act(Observations::F32(&vec![0.0; obs_len]), 1, mode, EnvIds::Range(0), &mut out)?,
+                    true => ex.act(
+                        Observations::U8(&vec![0; obs_len]),
+                        1,
+                        mode,
+                        EnvIds::Range(0),
+                        &mut out,
+                    )?,
+                    false => ex.act(
+                        Observations::F32(&vec![0.0; obs_len]),
+                        1,
+                        mode,
+                        EnvIds::Range(0),
+                        &mut out,
+                    )?,
                 }
             }
             ex.reset(&[0])?;
@@ -622,7 +749,11 @@ impl TorchExec {
 
     fn width(&self) -> usize {
         let k = self.sampler.action_len();
-        let dev_k = if self.opts.sampling == Sampling::Device { k } else { 0 };
+        let dev_k = if self.opts.sampling == Sampling::Device {
+            k
+        } else {
+            0
+        };
         dev_k + self.p + self.has_value as usize
     }
 
@@ -632,7 +763,8 @@ impl TorchExec {
         let _guard = tch::no_grad_guard();
         let mut state = vec![];
         for (k, (_, numel, _)) in self.program.states.iter().enumerate() {
-            let t = Tensor::f_zeros([num_envs as i64 + 1, *numel], (Kind::Float, self.device)).map_err(te)?;
+            let t = Tensor::f_zeros([num_envs as i64 + 1, *numel], (Kind::Float, self.device))
+                .map_err(te)?;
             if let Some(old) = self.state.get(k) {
                 let keep = self.num_envs.min(num_envs) as i64;
                 t.f_narrow(0, 0, keep)
@@ -651,21 +783,34 @@ impl TorchExec {
     }
 
     fn build_runs(&mut self) -> R<()> {
-        let obs_kind = if self.program.obs_u8 { Kind::Uint8 } else { Kind::Float };
+        let obs_kind = if self.program.obs_u8 {
+            Kind::Uint8
+        } else {
+            Kind::Float
+        };
         let scratch = self.num_envs as i64;
         let mut runs = vec![];
         for &bucket in self.plan.sizes() {
             let b = bucket as i64;
-            let obs = Tensor::f_zeros([b, self.program.raw_len], (obs_kind, self.device)).map_err(te)?;
+            let obs =
+                Tensor::f_zeros([b, self.program.raw_len], (obs_kind, self.device)).map_err(te)?;
             let mut idx_host = vec![scratch; bucket + RNG_LEN];
             idx_host[bucket..].iter_mut().for_each(|v| *v = 0);
             let idx = Tensor::f_from_slice(&idx_host)
                 .and_then(|t| t.f_to_device(self.device))
                 .map_err(te)?;
-            let mut run = BucketRun { bucket, obs, idx, out: [None, None], graphs: [None, None] };
+            let mut run = BucketRun {
+                bucket,
+                obs,
+                idx,
+                out: [None, None],
+                graphs: [None, None],
+            };
             for (m, sample) in [false, true].into_iter().enumerate() {
                 if self.opts.launch == Launch::CudaGraphs {
-                    let TorchDevice::Cuda(dev) = self.opts.device else { unreachable!("checked at load") };
+                    let TorchDevice::Cuda(dev) = self.opts.device else {
+                        unreachable!("checked at load")
+                    };
                     let mut captured = None;
                     let graph = CudaGraph::capture(dev, || {
                         captured = Some(self.step_static(&run, sample)?);
@@ -711,11 +856,24 @@ impl TorchExec {
         }
         parts.push(params);
         if let Some(v) = self.head.value_slot {
-            parts.push(slots[v].as_ref().expect("computed").f_to_kind(Kind::Float).map_err(te)?);
+            parts.push(
+                slots[v]
+                    .as_ref()
+                    .expect("computed")
+                    .f_to_kind(Kind::Float)
+                    .map_err(te)?,
+            );
         }
         for (st, (_, _, next)) in self.state.iter().zip(&self.program.states) {
-            let next = slots[*next].as_ref().expect("computed").f_to_kind(Kind::Float).map_err(te)?;
-            let _ = st.shallow_clone().f_index_copy_(0, envs, &next).map_err(te)?;
+            let next = slots[*next]
+                .as_ref()
+                .expect("computed")
+                .f_to_kind(Kind::Float)
+                .map_err(te)?;
+            let _ = st
+                .shallow_clone()
+                .f_index_copy_(0, envs, &next)
+                .map_err(te)?;
         }
         Tensor::f_cat(&parts, 1).map_err(te)
     }
@@ -723,10 +881,16 @@ impl TorchExec {
     fn check_envs(&mut self, batch: usize, envs: EnvIds<'_>) -> R<()> {
         match envs {
             EnvIds::Range(start) if (start as u64 + batch as u64) > u32::MAX as u64 + 1 => {
-                return Err(PolicyError::EnvIds(format!("range {start} + {batch} overflows u32")).into());
+                return Err(
+                    PolicyError::EnvIds(format!("range {start} + {batch} overflows u32")).into(),
+                );
             }
             EnvIds::List(ids) if ids.len() != batch => {
-                return Err(PolicyError::EnvIds(format!("{} ids for a batch of {batch}", ids.len())).into());
+                return Err(PolicyError::EnvIds(format!(
+                    "{} ids for a batch of {batch}",
+                    ids.len()
+                ))
+                .into());
             }
             _ => {}
         }
@@ -757,10 +921,19 @@ impl TorchExec {
         out: &mut ActOutputs,
     ) -> R<()> {
         if batch == 0 || batch > MAX_BATCH {
-            return Err(PolicyError::Batch { batch, max: MAX_BATCH }.into());
+            return Err(PolicyError::Batch {
+                batch,
+                max: MAX_BATCH,
+            }
+            .into());
         }
-        check_observations(&self.artifact.manifest.observation, &self.one_hot, obs, batch)
-            .map_err(PolicyError::from)?;
+        check_observations(
+            &self.artifact.manifest.observation,
+            &self.one_hot,
+            obs,
+            batch,
+        )
+        .map_err(PolicyError::from)?;
         self.check_envs(batch, envs)?;
         let width = self.width();
         let mut rows = std::mem::take(&mut self.rows);
@@ -785,11 +958,22 @@ impl TorchExec {
             Observations::F32(x) => Tensor::f_from_slice(&x[start * raw..(start + len) * raw]),
             Observations::U8(x) => Tensor::f_from_slice(&x[start * raw..(start + len) * raw]),
         };
-        t.and_then(|t| t.f_reshape([len as i64, raw as i64])).map_err(te)
+        t.and_then(|t| t.f_reshape([len as i64, raw as i64]))
+            .map_err(te)
     }
 
-    fn run_eager(&mut self, obs: Observations<'_>, batch: usize, mode: ActMode, envs: EnvIds<'_>, rows: &mut [f32]) -> R<()> {
-        let x = self.obs_tensor(obs, 0..batch)?.f_to_device(self.device).map_err(te)?;
+    fn run_eager(
+        &mut self,
+        obs: Observations<'_>,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        rows: &mut [f32],
+    ) -> R<()> {
+        let x = self
+            .obs_tensor(obs, 0..batch)?
+            .f_to_device(self.device)
+            .map_err(te)?;
         self.ids.clear();
         self.ids.extend((0..batch).map(|r| envs.get(r) as i64));
         let device_rng = match (mode, self.opts.sampling) {
@@ -801,9 +985,15 @@ impl TorchExec {
             }
             _ => false,
         };
-        let idx = Tensor::f_from_slice(&self.ids).and_then(|t| t.f_to_device(self.device)).map_err(te)?;
+        let idx = Tensor::f_from_slice(&self.ids)
+            .and_then(|t| t.f_to_device(self.device))
+            .map_err(te)?;
         let env_t = idx.f_narrow(0, 0, batch as i64).map_err(te)?;
-        let rng_t = if device_rng { Some(idx.f_narrow(0, batch as i64, RNG_LEN as i64).map_err(te)?) } else { None };
+        let rng_t = if device_rng {
+            Some(idx.f_narrow(0, batch as i64, RNG_LEN as i64).map_err(te)?)
+        } else {
+            None
+        };
         let packed = self.step(&x, &env_t, rng_t.as_ref())?;
         packed
             .f_to_device(Device::Cpu)
@@ -812,7 +1002,14 @@ impl TorchExec {
             .map_err(te)
     }
 
-    fn run_static(&mut self, obs: Observations<'_>, batch: usize, mode: ActMode, envs: EnvIds<'_>, rows: &mut [f32]) -> R<()> {
+    fn run_static(
+        &mut self,
+        obs: Observations<'_>,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        rows: &mut [f32],
+    ) -> R<()> {
         let width = self.width();
         let scratch = self.num_envs as u32;
         let sample = matches!(mode, ActMode::Sample { .. });
@@ -822,9 +1019,18 @@ impl TorchExec {
         }
         let _guard = tch::no_grad_guard();
         for chunk in self.plan.chunks(batch) {
-            let ri = self.runs.iter().position(|r| r.bucket == chunk.bucket).expect("a run per bucket");
+            let ri = self
+                .runs
+                .iter()
+                .position(|r| r.bucket == chunk.bucket)
+                .expect("a run per bucket");
             let mut ids = std::mem::take(&mut self.ids);
-            padded_env_ids((chunk.start..chunk.start + chunk.len).map(|r| envs.get(r)), chunk.bucket, scratch, &mut ids);
+            padded_env_ids(
+                (chunk.start..chunk.start + chunk.len).map(|r| envs.get(r)),
+                chunk.bucket,
+                scratch,
+                &mut ids,
+            );
             ids.extend_from_slice(&rng);
             let x = self.obs_tensor(obs, chunk.start..chunk.start + chunk.len)?;
             let res = self.run_chunk(ri, sample, chunk.len, &x, &ids);
@@ -836,17 +1042,33 @@ impl TorchExec {
     }
 
     /// Fill bucket `ri`'s inputs, replay (or run) it, and read back its first `len` rows.
-    fn run_chunk(&mut self, ri: usize, sample: bool, len: usize, x: &Tensor, ids: &[i64]) -> R<Tensor> {
+    fn run_chunk(
+        &mut self,
+        ri: usize,
+        sample: bool,
+        len: usize,
+        x: &Tensor,
+        ids: &[i64],
+    ) -> R<Tensor> {
         {
             let run = &self.runs[ri];
-            run.obs.f_narrow(0, 0, len as i64).and_then(|mut d| d.f_copy_(x)).map_err(te)?;
+            run.obs
+                .f_narrow(0, 0, len as i64)
+                .and_then(|mut d| d.f_copy_(x))
+                .map_err(te)?;
             let ids = Tensor::f_from_slice(ids).map_err(te)?;
             run.idx.shallow_clone().f_copy_(&ids).map_err(te)?;
         }
         let m = sample as usize;
         let out = if self.opts.launch == Launch::CudaGraphs {
-            self.runs[ri].graphs[m].as_mut().expect("captured").replay()?;
-            self.runs[ri].out[m].as_ref().expect("captured").shallow_clone()
+            self.runs[ri].graphs[m]
+                .as_mut()
+                .expect("captured")
+                .replay()?;
+            self.runs[ri].out[m]
+                .as_ref()
+                .expect("captured")
+                .shallow_clone()
         } else {
             self.step_static(&self.runs[ri], sample)?
         };
@@ -856,14 +1078,25 @@ impl TorchExec {
             .map_err(te)
     }
 
-
-    fn unpack(&self, rows: &[f32], batch: usize, mode: ActMode, envs: EnvIds<'_>, out: &mut ActOutputs) {
+    fn unpack(
+        &self,
+        rows: &[f32],
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        out: &mut ActOutputs,
+    ) {
         let (k, p, width) = (self.sampler.action_len(), self.p, self.width());
-        let dev_k = if self.opts.sampling == Sampling::Device { k } else { 0 };
+        let dev_k = if self.opts.sampling == Sampling::Device {
+            k
+        } else {
+            0
+        };
         let disc = self.sampler.is_discrete();
         out.batch = batch;
         out.dist_params.resize(batch * p, 0.0);
-        out.value.resize(if self.has_value { batch } else { 0 }, 0.0);
+        out.value
+            .resize(if self.has_value { batch } else { 0 }, 0.0);
         if disc {
             out.discrete.resize(batch * k, 0);
             out.continuous.clear();
@@ -880,7 +1113,10 @@ impl TorchExec {
             }
             if dev_k > 0 {
                 if disc {
-                    for (d, a) in out.discrete[row * k..(row + 1) * k].iter_mut().zip(&src[..k]) {
+                    for (d, a) in out.discrete[row * k..(row + 1) * k]
+                        .iter_mut()
+                        .zip(&src[..k])
+                    {
                         *d = *a as i64;
                     }
                 } else {
@@ -902,12 +1138,18 @@ impl TorchExec {
             return Ok(());
         }
         // Envs past the allocated rows have no state yet: they start at zero when first used.
-        let ids: Vec<i64> = envs.iter().filter(|e| (**e as usize) < self.num_envs).map(|e| *e as i64).collect();
+        let ids: Vec<i64> = envs
+            .iter()
+            .filter(|e| (**e as usize) < self.num_envs)
+            .map(|e| *e as i64)
+            .collect();
         if ids.is_empty() {
             return Ok(());
         }
         let _guard = tch::no_grad_guard();
-        let idx = Tensor::f_from_slice(&ids).and_then(|t| t.f_to_device(self.device)).map_err(te)?;
+        let idx = Tensor::f_from_slice(&ids)
+            .and_then(|t| t.f_to_device(self.device))
+            .map_err(te)?;
         for st in &self.state {
             let _ = st.shallow_clone().f_index_fill_(0, &idx, 0.0).map_err(te)?;
         }
@@ -922,7 +1164,10 @@ impl TorchExec {
         if env as usize >= self.num_envs {
             return Ok(vec![0.0; self.program.states[k].1 as usize]);
         }
-        let row = st.f_get(env as i64).and_then(|t| t.f_to_device(Device::Cpu)).map_err(te)?;
+        let row = st
+            .f_get(env as i64)
+            .and_then(|t| t.f_to_device(Device::Cpu))
+            .map_err(te)?;
         Vec::<f32>::try_from(&row).map_err(te)
     }
 
@@ -933,7 +1178,11 @@ impl TorchExec {
             precision: self.opts.precision,
             launch: self.opts.launch,
             sampling: self.opts.sampling,
-            buckets: if self.opts.launch == Launch::Eager { vec![] } else { self.plan.sizes().to_vec() },
+            buckets: if self.opts.launch == Launch::Eager {
+                vec![]
+            } else {
+                self.plan.sizes().to_vec()
+            },
             obs_len: self.artifact.manifest.observation.raw_len(),
             action_len: self.sampler.action_len(),
             recurrent_states: self.program.states.len(),
@@ -954,13 +1203,35 @@ impl TorchExec {
             let obs = Observations::F32(&case.obs);
             let mut det = ActOutputs::default();
             self.reset(&envs)?;
-            self.act(obs, case.batch, ActMode::Deterministic, EnvIds::Range(case.env_offset), &mut det)?;
+            self.act(
+                obs,
+                case.batch,
+                ActMode::Deterministic,
+                EnvIds::Range(case.env_offset),
+                &mut det,
+            )?;
             let mut sampled = ActOutputs::default();
             self.reset(&envs)?;
-            let mode = ActMode::Sample { seed: case.seed, step: case.step };
-            self.act(obs, case.batch, mode, EnvIds::Range(case.env_offset), &mut sampled)?;
+            let mode = ActMode::Sample {
+                seed: case.seed,
+                step: case.step,
+            };
+            self.act(
+                obs,
+                case.batch,
+                mode,
+                EnvIds::Range(case.env_offset),
+                &mut sampled,
+            )?;
             self.reset(&envs)?;
-            reports.push(compare_golden(case, &m, shape, &det, &sampled, &mut |name| self.probe(&case.obs, case.batch, name))?);
+            reports.push(compare_golden(
+                case,
+                &m,
+                shape,
+                &det,
+                &sampled,
+                &mut |name| self.probe(&case.obs, case.batch, name),
+            )?);
         }
         Ok(reports)
     }
@@ -974,7 +1245,10 @@ impl TorchExec {
             })
         })?;
         let _guard = tch::no_grad_guard();
-        let x = self.obs_tensor(Observations::F32(obs), 0..batch)?.f_to_device(self.device).map_err(te)?;
+        let x = self
+            .obs_tensor(Observations::F32(obs), 0..batch)?
+            .f_to_device(self.device)
+            .map_err(te)?;
         let x = self.program.preprocess(&x).map_err(te)?;
         let states = self
             .program

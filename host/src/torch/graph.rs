@@ -12,7 +12,8 @@ struct PpGraph {
 unsafe extern "C" {
     fn pp_cuda_device_count() -> c_int;
     fn pp_graph_new(err: *mut c_char, cap: usize) -> *mut PpGraph;
-    fn pp_graph_enter_stream(g: *mut PpGraph, device: c_int, err: *mut c_char, cap: usize) -> c_int;
+    fn pp_graph_enter_stream(g: *mut PpGraph, device: c_int, err: *mut c_char, cap: usize)
+    -> c_int;
     fn pp_graph_sync_stream(g: *mut PpGraph, err: *mut c_char, cap: usize) -> c_int;
     fn pp_graph_capture_begin(g: *mut PpGraph, err: *mut c_char, cap: usize) -> c_int;
     fn pp_graph_capture_end(g: *mut PpGraph, err: *mut c_char, cap: usize) -> c_int;

@@ -155,7 +155,9 @@ pub struct TorchInfo {
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum TorchError {
-    #[error("policyport-host was not compiled with the libtorch executor (enable the cargo feature `tch`)")]
+    #[error(
+        "policyport-host was not compiled with the libtorch executor (enable the cargo feature `tch`)"
+    )]
     NotCompiled,
     #[error(transparent)]
     Policy(#[from] PolicyError),

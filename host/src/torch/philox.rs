@@ -78,8 +78,14 @@ impl DevicePhilox {
             let shape = [batch, blocks];
             let c0 = self.block_index.f_expand(shape, false)?;
             let c1 = envs.f_reshape([batch, 1])?.f_expand(shape, false)?;
-            let c2 = rng.f_narrow(0, 20, 1)?.f_reshape([1, 1])?.f_expand(shape, false)?;
-            let c3 = rng.f_narrow(0, 21, 1)?.f_reshape([1, 1])?.f_expand(shape, false)?;
+            let c2 = rng
+                .f_narrow(0, 20, 1)?
+                .f_reshape([1, 1])?
+                .f_expand(shape, false)?;
+            let c3 = rng
+                .f_narrow(0, 21, 1)?
+                .f_reshape([1, 1])?
+                .f_expand(shape, false)?;
             // Stacked so a round is a handful of ops: even = [c2, c0]... ordered so that flip(0) pairs the
             // multiplier of one lane with the xor partner of the other (see the round below).
             let mut even = Tensor::f_stack(&[&c2, &c0], 0)?; // [c2, c0] multiplied by [M1, M0]
@@ -96,12 +102,13 @@ impl DevicePhilox {
                 // hi = [hi(M1·c2), hi(M0·c0)] = [hi1, hi0]; lo = [lo1, lo0].
                 // c0' = hi1 ^ c1 ^ k0, c2' = hi0 ^ c3 ^ k1 → new even [c2', c0'] = [hi0^c3^k1, hi1^c1^k0]
                 //   = flip(hi) ^ odd ^ [k1, k0]; c1' = lo1, c3' = lo0 → new odd [c3', c1'] = [lo0, lo1] = flip(lo).
-                let keys = Tensor::f_stack(
-                    &[rng.f_narrow(0, 10 + r, 1)?, rng.f_narrow(0, r, 1)?],
-                    0,
-                )?
-                .f_reshape([2, 1, 1])?;
-                even = hi.f_flip([0])?.f_bitwise_xor_tensor(&odd)?.f_bitwise_xor_tensor(&keys)?;
+                let keys =
+                    Tensor::f_stack(&[rng.f_narrow(0, 10 + r, 1)?, rng.f_narrow(0, r, 1)?], 0)?
+                        .f_reshape([2, 1, 1])?;
+                even = hi
+                    .f_flip([0])?
+                    .f_bitwise_xor_tensor(&odd)?
+                    .f_bitwise_xor_tensor(&keys)?;
                 odd = lo.f_flip([0])?;
             }
             // Block words [c0, c1, c2, c3] = [even[1], odd[1], even[0], odd[0]].
@@ -109,7 +116,9 @@ impl DevicePhilox {
                 &[even.f_get(1)?, odd.f_get(1)?, even.f_get(0)?, odd.f_get(0)?],
                 2,
             )?; // [batch, blocks, 4]
-            block.f_reshape([batch, blocks * 4])?.f_narrow(1, 0, self.words)
+            block
+                .f_reshape([batch, blocks * 4])?
+                .f_narrow(1, 0, self.words)
         };
         f().map_err(te)
     }
@@ -144,7 +153,12 @@ mod tests {
         let words = 11;
         let generator = DevicePhilox::new(words, Device::Cpu).unwrap();
         let envs_u32 = [0u32, 1, 7, u32::MAX, 123_456_789];
-        for (seed, step) in [(0u64, 0u64), (7, 3), (u64::MAX, u64::MAX), (0x1_0000_0002, (7 << 32) | 9)] {
+        for (seed, step) in [
+            (0u64, 0u64),
+            (7, 3),
+            (u64::MAX, u64::MAX),
+            (0x1_0000_0002, (7 << 32) | 9),
+        ] {
             let mut rng = [0i64; RNG_LEN];
             rng_input(seed, step, &mut rng);
             let envs: Vec<i64> = envs_u32.iter().map(|e| *e as i64).collect();
