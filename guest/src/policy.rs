@@ -430,7 +430,9 @@ impl Policy {
         batch: usize,
         mode: ActMode,
         envs: EnvIds<'_>,
-        mut state: Option<&mut RecurrentState>,
+        #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))] mut state: Option<
+            &mut RecurrentState,
+        >,
         out: &mut ActOutputs,
     ) -> Result<(), PolicyError> {
         if batch == 0 || batch > MAX_BATCH {
