@@ -183,7 +183,7 @@ impl Program {
                         .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device)));
                     let (act, out) = match fuse_next.get(&ni) {
                         Some(a) => (
-                            crate::lower::shader_act(act_of(low.nodes[*a].op).expect("fusable")),
+                            act_of(low.nodes[*a].op).expect("fusable"),
                             low.nodes[*a].out,
                         ),
                         None => (policyport_shaders::Activation::Identity, out),

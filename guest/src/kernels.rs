@@ -6,19 +6,8 @@
 //! interval); tanh uses its odd Taylor series below |x| = 0.5 and 1 − 2/(e^{2|x|} + 1) above; erf is
 //! Abramowitz–Stegun 7.1.26 (1.5e-7 absolute). All well inside the suite's 1e-5 tolerance, and tested against f64.
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Act {
-    Identity,
-    Relu,
-    Tanh,
-    Sigmoid,
-    Silu,
-    Elu(f32),
-    LeakyRelu(f32),
-    Gelu,
-    GeluTanh,
-    Erf,
-}
+/// The activations (one enum for every executor and the WGSL kernels: `policyport_shaders::Activation`).
+pub(crate) use policyport_shaders::Activation as Act;
 
 /// `a * b + c`, fused where the instruction set has FMA (`F`), plain otherwise: `mul_add` without hardware FMA is
 /// a slow libm call (baseline x86-64, wasm).

@@ -32,6 +32,7 @@ pub use backend::Backend;
 #[cfg(feature = "burn")]
 pub use burn::tensor::Device;
 pub use error::{ObservationError, PolicyError};
+pub use lower::act_of as activation_of;
 pub use observations::{Observations, check_observations, one_hot_width};
 pub use policy::{
     ActOutputs, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Policy, PolicyInfo, compare_golden,
@@ -39,6 +40,7 @@ pub use policy::{
 };
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
+pub use policyport_shaders::Activation;
 pub use state::RecurrentState;
 
 /// GPU dispatches issued by wgpu programs from this thread so far (compare against

@@ -103,8 +103,9 @@ pub(crate) fn lower<'a>(
     }
 }
 
-/// The elementwise activation an op is, if it is one (every executor maps these the same way).
-pub(crate) fn act_of(op: &Op) -> Option<Act> {
+/// The elementwise activation an op is, if it is one (every executor maps these the same way; public so
+/// executors outside this crate, e.g. the libtorch host, share the mapping).
+pub fn act_of(op: &Op) -> Option<Act> {
     Some(match op {
         Op::Relu => Act::Relu,
         Op::Tanh => Act::Tanh,
@@ -143,23 +144,5 @@ pub(crate) fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
         vec![d[0]; group]
     } else {
         d.to_vec()
-    }
-}
-
-/// The WGSL kernels' name for an activation.
-#[cfg(feature = "wgpu")]
-pub(crate) fn shader_act(a: Act) -> policyport_shaders::Activation {
-    use policyport_shaders::Activation as S;
-    match a {
-        Act::Identity => S::Identity,
-        Act::Relu => S::Relu,
-        Act::Tanh => S::Tanh,
-        Act::Sigmoid => S::Sigmoid,
-        Act::Silu => S::Silu,
-        Act::Elu(x) => S::Elu(x),
-        Act::LeakyRelu(x) => S::LeakyRelu(x),
-        Act::Gelu => S::Gelu,
-        Act::GeluTanh => S::GeluTanh,
-        Act::Erf => S::Erf,
     }
 }

@@ -15,8 +15,8 @@ use policyport::format::{
     Preprocess, STATE_PREFIX, ValidatedPlan, read_artifact, validate,
 };
 use policyport::{
-    ActOutputs, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Observations, PolicyError,
-    check_observations, compare_golden, one_hot_width,
+    ActOutputs, Activation, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Observations,
+    PolicyError, activation_of, check_observations, compare_golden, one_hot_width,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -41,19 +41,6 @@ fn upload(data: &[f32], shape: &[i64], kind: Kind, device: Device) -> R<Tensor> 
         .and_then(|t| t.f_to_kind(kind))
         .and_then(|t| t.f_to_device(device))
         .map_err(te)
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Activation {
-    Relu,
-    Tanh,
-    Sigmoid,
-    Silu,
-    Elu(f64),
-    LeakyRelu(f64),
-    Gelu,
-    GeluTanh,
-    Erf,
 }
 
 enum Instr {
@@ -175,15 +162,6 @@ impl Program {
                         out,
                     }
                 }
-                Op::Relu => act(Activation::Relu),
-                Op::Tanh => act(Activation::Tanh),
-                Op::Sigmoid => act(Activation::Sigmoid),
-                Op::Silu => act(Activation::Silu),
-                Op::Elu { alpha } => act(Activation::Elu(*alpha as f64)),
-                Op::LeakyRelu { alpha } => act(Activation::LeakyRelu(*alpha as f64)),
-                Op::Gelu { approximate: false } => act(Activation::Gelu),
-                Op::Gelu { approximate: true } => act(Activation::GeluTanh),
-                Op::Erf => act(Activation::Erf),
                 Op::Softmax | Op::LogSoftmax => Instr::Softmax {
                     x: ins[0],
                     last: x_last,
@@ -246,6 +224,7 @@ impl Program {
                     out,
                 },
                 Op::Flatten => Instr::Alias { x: ins[0], out },
+                other => act(activation_of(other).expect("the remaining ops are activations")),
             });
         }
         for (st, spec) in states
@@ -340,16 +319,17 @@ impl Program {
                 Instr::Act { x, f, out } => {
                     let x = get(&s, *x);
                     let y = match f {
+                        Activation::Identity => x.shallow_clone(),
                         Activation::Relu => x.f_relu()?,
                         Activation::Tanh => x.f_tanh()?,
                         Activation::Sigmoid => x.f_sigmoid()?,
                         Activation::Silu => x.f_silu()?,
                         Activation::Elu(a) => {
-                            let neg = x.f_expm1()?.f_mul_scalar(*a)?;
+                            let neg = x.f_expm1()?.f_mul_scalar(*a as f64)?;
                             x.f_where_self(&x.f_gt(0.0)?, &neg)?
                         }
                         Activation::LeakyRelu(a) => {
-                            let neg = x.f_mul_scalar(*a)?;
+                            let neg = x.f_mul_scalar(*a as f64)?;
                             x.f_where_self(&x.f_ge(0.0)?, &neg)?
                         }
                         Activation::Gelu => x.f_gelu("none")?,
