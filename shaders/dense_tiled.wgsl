@@ -14,13 +14,20 @@ const TK: u32 = 16u;
 
 var<workgroup> xs: array<f32, 1024>; // [TM][TK]
 var<workgroup> ws: array<f32, 1024>; // [TK][TN]
+// k, made workgroup-uniform: `params` is a read_write storage buffer, whose reads WGSL's uniformity analysis
+// treats as non-uniform, and the k-loop below holds workgroupBarrier(). naga accepts the plain read; Tint
+// (Chrome's WebGPU) rejects it. workgroupUniformLoad returns a value the analysis knows is uniform.
+var<workgroup> k_shared: u32;
 
 {{ACT_FN}}
 
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let rows = params[0];
-    let k = params[1];
+    if (lid.x == 0u && lid.y == 0u) {
+        k_shared = params[1];
+    }
+    let k = workgroupUniformLoad(&k_shared);
     let n = params[2];
     let has_bias = params[3];
     let row0 = wid.y * TM;

@@ -65,6 +65,62 @@ fn u01_open_closed(w: u32) -> f32 {
     return f32((w >> 8u) + 1u) * (1.0 / 16777216.0);
 }
 
+// ln(x) for x in (0, 1] (the Box–Muller u1), to about 2 ulp. WGSL only bounds the builtin log to 3 ulp outside
+// [0.5, 2] and some implementations (SwiftShader in Chrome) approximate it more loosely; the sampled actions must
+// equal the CPU sampler's, so the sampler uses its own: x = m * 2^e with m in [sqrt(1/2), sqrt(2)),
+// ln(m) = 2 atanh(s), s = (m - 1) / (m + 1) (|s| <= 0.172), odd series to s^11, plus e ln 2.
+fn pp_ln(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    var e = i32((bits >> 23u) & 0xffu) - 127;
+    var m = bitcast<f32>((bits & 0x007fffffu) | 0x3f800000u);
+    if (m > 1.4142135) {
+        m = m * 0.5;
+        e = e + 1;
+    }
+    let f = m - 1.0;
+    let sv = f / (2.0 + f);
+    let z = sv * sv;
+    var p = 1.0 / 11.0;
+    p = fma(p, z, 1.0 / 9.0);
+    p = fma(p, z, 1.0 / 7.0);
+    p = fma(p, z, 1.0 / 5.0);
+    p = fma(p, z, 1.0 / 3.0);
+    p = fma(p, z, 1.0);
+    return fma(f32(e), 0.6931472, 2.0 * sv * p);
+}
+
+// cos(2 pi t) for t in [0, 1), to about 2 ulp (WGSL's builtin cos is only bounded to 2^-11 absolute). The
+// quadrant and the reflection are exact in turns (t * 4 and 1 - r are exact for the sampler's 24-bit t); the
+// remaining angle x in [0, pi/4] goes through Taylor polynomials (truncation < 2e-9).
+fn pp_cos_turns(t: f32) -> f32 {
+    let t4 = t * 4.0;
+    let q = u32(floor(t4)) & 3u;
+    let r = t4 - floor(t4);
+    let flip = r > 0.5;
+    let x = select(r, 1.0 - r, flip) * 1.5707964;
+    let x2 = x * x;
+    var sn = -1.0 / 362880.0;
+    sn = fma(sn, x2, 1.0 / 5040.0);
+    sn = fma(sn, x2, -1.0 / 120.0);
+    sn = fma(sn, x2, 1.0 / 6.0);
+    sn = x - x * x2 * sn;
+    var cs = -1.0 / 3628800.0;
+    cs = fma(cs, x2, 1.0 / 40320.0);
+    cs = fma(cs, x2, -1.0 / 720.0);
+    cs = fma(cs, x2, 1.0 / 24.0);
+    cs = fma(cs, x2, -0.5);
+    cs = fma(cs, x2, 1.0);
+    // theta = r * pi/2: cos(theta) and sin(theta), swapped when the reflected angle was used.
+    let c = select(cs, sn, flip);
+    let s = select(sn, cs, flip);
+    switch q {
+        case 0u: { return c; }
+        case 1u: { return -s; }
+        case 2u: { return -c; }
+        default: { return s; }
+    }
+}
+
 fn safe_tanh(v: f32) -> f32 {
     return tanh(clamp(v, -15.0, 15.0));
 }
@@ -147,7 +203,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             if (sample) {
                 let u1 = u01_open_closed(word(2u * d, env));
                 let u2 = u01(word(2u * d + 1u, env));
-                let z = sqrt(-2.0 * log(u1)) * cos(bitcast<f32>(0x40C90FDBu) * u2);
+                let z = sqrt(-2.0 * pp_ln(u1)) * pp_cos_turns(u2);
                 a = mean + exp(ls) * z;
             }
             let lo = fparams[2u + d];

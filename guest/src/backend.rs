@@ -83,14 +83,35 @@ impl std::str::FromStr for Backend {
 /// The process's wgpu device: initialised once (the first adapter wgpu offers: a GPU, or Mesa's lavapipe on a
 /// machine without one), then shared. No adapter is a typed error, remembered so later loads fail fast.
 #[cfg(feature = "wgpu")]
+static WGPU_DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+
+#[cfg(feature = "wgpu")]
 pub(crate) fn wgpu_device() -> Result<Device, PolicyError> {
-    static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
-    DEVICE
-        .get_or_init(|| {
-            Device::wgpu_options()
-                .init()
-                .map_err(|e| format!("no usable wgpu adapter: {e}"))
-        })
-        .clone()
-        .map_err(PolicyError::Backend)
+    #[cfg(not(target_family = "wasm"))]
+    let device = WGPU_DEVICE.get_or_init(|| {
+        Device::wgpu_options()
+            .init()
+            .map_err(|e| format!("no usable wgpu adapter: {e}"))
+    });
+    // In a browser the adapter is requested asynchronously: only load_async can make the device.
+    #[cfg(target_family = "wasm")]
+    let device = WGPU_DEVICE.get().ok_or_else(|| {
+        PolicyError::Backend("WebGPU initialises asynchronously: load with load_async".into())
+    })?;
+    device.clone().map_err(PolicyError::Backend)
+}
+
+/// The same device, initialised without blocking (required in a browser; fine natively).
+#[cfg(feature = "wgpu")]
+pub(crate) async fn wgpu_device_async() -> Result<Device, PolicyError> {
+    if let Some(d) = WGPU_DEVICE.get() {
+        return d.clone().map_err(PolicyError::Backend);
+    }
+    let made = Device::wgpu_options()
+        .init_async()
+        .await
+        .map_err(|e| format!("no usable WebGPU/wgpu adapter: {e}"));
+    // Another load may have finished first while this one awaited: keep whichever was stored.
+    let _ = WGPU_DEVICE.set(made);
+    wgpu_device()
 }

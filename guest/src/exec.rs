@@ -313,9 +313,10 @@ impl Program {
 
     /// The wgpu path: observations preprocessed on the device, state rows gathered from the device copy, the
     /// program, the sampling kernel writing `[actions | finished params | value]` per row, next state scattered
-    /// back into the device copy; one readback.
+    /// back into the device copy. Returns the packed rows, still on the device: the caller reads them back once
+    /// ([`read_rows`], or [`read_rows_async`] where blocking is impossible).
     #[cfg(feature = "wgpu")]
-    pub(crate) fn run_gpu(
+    pub(crate) fn launch_gpu(
         &self,
         batch: usize,
         obs: Vec<f32>,
@@ -323,8 +324,8 @@ impl Program {
         state: Option<&mut crate::gpu::DeviceState>,
         envs: &[u32],
         sample: Option<(u64, u64)>,
-    ) -> Result<Vec<f32>, String> {
-        let gpu = self.gpu.as_ref().expect("run_gpu on a gpu program");
+    ) -> Tensor<2> {
+        let gpu = self.gpu.as_ref().expect("launch_gpu on a gpu program");
         let ids = crate::gpu::upload_ids(&gpu.sample.fparams, envs);
         let gathered = match &state {
             Some(st) => st
@@ -353,7 +354,7 @@ impl Program {
             }
             st.host_stale = true;
         }
-        read_rows(packed)
+        packed
     }
 
     fn forward(
@@ -509,10 +510,28 @@ fn cat_rows(parts: Vec<Tensor<2>>) -> Tensor<2> {
     }
 }
 
-fn read_rows(all: Tensor<2>) -> Result<Vec<f32>, String> {
+pub(crate) fn read_rows(all: Tensor<2>) -> Result<Vec<f32>, String> {
+    // A blocking read on WebGPU would trap the whole wasm instance: refuse it (async callers use read_rows_async).
+    if cfg!(target_family = "wasm") && cfg!(feature = "wgpu") {
+        return Err("a blocking readback is impossible on WebGPU: use the async API".into());
+    }
     let data = all
         .try_into_data()
         .map_err(|e| format!("readback: {e:?}"))?;
+    rows_of(data)
+}
+
+/// [`read_rows`] without blocking (WebGPU maps buffers asynchronously).
+#[cfg(feature = "wgpu")]
+pub(crate) async fn read_rows_async(all: Tensor<2>) -> Result<Vec<f32>, String> {
+    let data = all
+        .into_data_async()
+        .await
+        .map_err(|e| format!("readback: {e:?}"))?;
+    rows_of(data)
+}
+
+fn rows_of(data: TensorData) -> Result<Vec<f32>, String> {
     match data.as_slice::<f32>() {
         Ok(s) => Ok(s.to_vec()),
         Err(_) => data

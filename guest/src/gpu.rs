@@ -471,6 +471,11 @@ impl DeviceState {
 
     /// Every state tensor read back, `num_envs x n` values each.
     pub(crate) fn read(&self) -> Result<Vec<Vec<f32>>, crate::error::PolicyError> {
+        if cfg!(target_family = "wasm") {
+            return Err(crate::error::PolicyError::Backend(
+                "WebGPU reads back asynchronously: use RecurrentState::sync_async".into(),
+            ));
+        }
         self.tensors
             .iter()
             .zip(&self.sizes)
@@ -487,6 +492,25 @@ impl DeviceState {
                 Ok(v)
             })
             .collect()
+    }
+
+    /// [`DeviceState::read`] without blocking.
+    pub(crate) async fn read_async(&self) -> Result<Vec<Vec<f32>>, crate::error::PolicyError> {
+        let mut all = vec![];
+        for (t, n) in self.tensors.iter().zip(&self.sizes) {
+            let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
+                .into_data_async()
+                .await
+                .map_err(|e| {
+                    crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
+                })?;
+            let mut v = data.try_to_vec::<f32>().map_err(|e| {
+                crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
+            })?;
+            v.truncate(self.num_envs * n);
+            all.push(v);
+        }
+        Ok(all)
     }
 
     /// Zero rows `envs` on the device (scatter of zeros).

@@ -288,39 +288,124 @@ impl Policy {
             scratch_rows: Vec::new(),
             selection: None,
         };
-        policy.warm_up()?;
+        // A WebGPU program in a browser cannot block on its warm-up readback: load_async warms it instead.
+        if !(cfg!(target_family = "wasm") && policy.exec.on_device()) {
+            for batch in policy.warm_up_batches() {
+                let (obs, mut state, mut out) = policy.warm_up_inputs(batch);
+                let st = (!state.tensors.is_empty()).then_some(&mut state);
+                policy.act(
+                    Observations::F32(&obs),
+                    batch,
+                    ActMode::Sample { seed: 0, step: 0 },
+                    EnvIds::Range(0),
+                    st,
+                    &mut out,
+                )?;
+            }
+        }
         Ok(policy)
     }
 
-    fn warm_up(&mut self) -> Result<(), PolicyError> {
-        // GPU programs also warm the large-batch (tiled) kernels, so no batch size meets an uncompiled pipeline.
-        let batches: &[usize] = if self.exec.on_device() {
-            &[1, 64]
+    /// GPU programs also warm the large-batch (tiled) kernels, so no batch size meets an uncompiled pipeline.
+    fn warm_up_batches(&self) -> Vec<usize> {
+        if self.exec.on_device() {
+            vec![1, 64]
         } else {
-            &[1]
-        };
-        for &batch in batches {
-            let obs = match &self.artifact.manifest.observation {
-                ObservationSpace::Box { .. } => vec![0.0f32; batch * self.pre_raw_len()],
-                ObservationSpace::Discrete { .. } => vec![0.0; batch],
-            };
-            let mut state = RecurrentState::new(self, batch);
-            let mut out = ActOutputs::default();
-            let st = if state.tensors.is_empty() {
-                None
-            } else {
-                Some(&mut state)
-            };
-            self.act(
-                Observations::F32(&obs),
-                batch,
-                ActMode::Sample { seed: 0, step: 0 },
-                EnvIds::Range(0),
-                st,
-                &mut out,
-            )?;
+            vec![1]
         }
-        Ok(())
+    }
+
+    fn warm_up_inputs(&self, batch: usize) -> (Vec<f32>, RecurrentState, ActOutputs) {
+        let obs = match &self.artifact.manifest.observation {
+            ObservationSpace::Box { .. } => vec![0.0f32; batch * self.pre_raw_len()],
+            ObservationSpace::Discrete { .. } => vec![0.0; batch],
+        };
+        (obs, RecurrentState::new(self, batch), ActOutputs::default())
+    }
+
+    /// [`Policy::load_on`] for callers that cannot block (the browser): the WebGPU device is initialised
+    /// asynchronously (once per process) and the warm-up acts are awaited, so the first real act() pays no
+    /// pipeline compilation. CPU backends load synchronously.
+    pub async fn load_async(bytes: &[u8], backend: Backend) -> Result<Self, PolicyError> {
+        #[cfg(feature = "wgpu")]
+        if backend == Backend::Wgpu {
+            crate::backend::wgpu_device_async().await?;
+            let mut p = Self::load_on(bytes, backend)?;
+            if cfg!(target_family = "wasm") {
+                for batch in p.warm_up_batches() {
+                    let (obs, mut state, mut out) = p.warm_up_inputs(batch);
+                    let st = (!state.tensors.is_empty()).then_some(&mut state);
+                    p.act_async(
+                        Observations::F32(&obs),
+                        batch,
+                        ActMode::Sample { seed: 0, step: 0 },
+                        EnvIds::Range(0),
+                        st,
+                        &mut out,
+                    )
+                    .await?;
+                }
+            }
+            return Ok(p);
+        }
+        Self::load_on(bytes, backend)
+    }
+
+    /// [`Policy::load_auto`] for callers that cannot block, timed with the caller's clock (`now_us`: a
+    /// monotonic time in microseconds, e.g. `performance.now() * 1000` in a browser, where `std::time::Instant`
+    /// does not exist). Every compiled backend that loads is timed at `batch`; the fastest is kept.
+    pub async fn load_auto_async(
+        bytes: &[u8],
+        batch: usize,
+        now_us: &dyn Fn() -> f64,
+    ) -> Result<Self, PolicyError> {
+        let batch = batch.clamp(1, MAX_BATCH);
+        let mut timed = vec![];
+        for backend in [Backend::Cpu, Backend::Wgpu] {
+            if backend.check_compiled().is_err() {
+                continue;
+            }
+            let result = match Policy::load_async(bytes, backend).await {
+                Ok(mut p) => match p.time_act_async(batch, now_us).await {
+                    Ok(us) => Ok((us, p)),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            timed.push((backend, result));
+        }
+        Self::pick_fastest(timed, batch)
+    }
+
+    /// Keep the fastest of the timed backends; a failed non-cpu backend is named in the note, a failed cpu
+    /// backend (a bad artifact) is the error.
+    fn pick_fastest(
+        timed: Vec<(Backend, Result<(f64, Policy), PolicyError>)>,
+        batch: usize,
+    ) -> Result<Self, PolicyError> {
+        let mut best: Option<(f64, Policy)> = None;
+        let mut notes = vec![];
+        for (backend, result) in timed {
+            match result {
+                Ok((us, p)) => {
+                    notes.push(format!("{} {us:.1} us", backend.name()));
+                    if best.as_ref().is_none_or(|(b, _)| us < *b) {
+                        best = Some((us, p));
+                    }
+                }
+                Err(e) if backend != Backend::Cpu => {
+                    notes.push(format!("{}: unavailable ({e})", backend.name()))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (_, mut p) = best.expect("the cpu backend always loads");
+        p.selection = Some(format!(
+            "auto at batch {batch}: {} -> {}",
+            notes.join(", "),
+            p.backend_name
+        ));
+        Ok(p)
     }
 
     fn pre_raw_len(&self) -> usize {
@@ -364,47 +449,31 @@ impl Policy {
 
     /// Load on every backend worth trying here (native cpu, and wgpu when compiled and an adapter exists),
     /// time act() at the caller's batch size on each, and keep the fastest; `info().selection` says what was
-    /// measured. A backend that fails to load is skipped (and named in the selection note).
+    /// measured. A backend that fails to load is skipped (and named in the selection note). In a browser use
+    /// [`Policy::load_auto_async`] (WebGPU cannot be timed synchronously, and there is no `Instant`).
     pub fn load_auto(bytes: &[u8], batch: usize) -> Result<Self, PolicyError> {
-        let mut best: Option<(f64, Policy)> = None;
-        let mut notes = vec![];
+        let batch = batch.clamp(1, MAX_BATCH);
+        let now_us = monotonic_us();
+        let mut timed = vec![];
         for backend in [Backend::Cpu, Backend::Wgpu] {
             if backend.check_compiled().is_err() {
                 continue;
             }
-            let mut p = match Policy::load_on(bytes, backend) {
-                Ok(p) => p,
-                Err(e) if backend != Backend::Cpu => {
-                    notes.push(format!("{}: unavailable ({e})", backend.name()));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let us = p.time_act(batch.clamp(1, MAX_BATCH))?;
-            notes.push(format!("{} {us:.1} us", backend.name()));
-            if best.as_ref().is_none_or(|(b, _)| us < *b) {
-                best = Some((us, p));
-            }
+            let result = Policy::load_on(bytes, backend)
+                .and_then(|mut p| Ok((p.time_act(batch, &now_us)?, p)));
+            timed.push((backend, result));
         }
-        let (_, mut p) = best.expect("the cpu backend always loads");
-        p.selection = Some(format!(
-            "auto at batch {batch}: {} -> {}",
-            notes.join(", "),
-            p.backend_name
-        ));
-        Ok(p)
+        Self::pick_fastest(timed, batch)
     }
 
-    /// Median µs of a few warm act() calls at `batch` (zero observations, fresh state).
-    fn time_act(&mut self, batch: usize) -> Result<f64, PolicyError> {
-        let obs = vec![0.0f32; batch * self.pre_raw_len()];
-        let mut state = RecurrentState::new(self, batch);
-        let mut out = ActOutputs::default();
+    /// Median µs of a few warm act() calls at `batch` (zero observations, fresh state), under 0.2 s.
+    fn time_act(&mut self, batch: usize, now_us: &dyn Fn() -> f64) -> Result<f64, PolicyError> {
+        let (obs, mut state, mut out) = self.warm_up_inputs(batch);
         let has_state = !state.tensors.is_empty();
         let mut times = vec![];
-        let budget = std::time::Instant::now();
+        let start = now_us();
         for i in 0..25u64 {
-            let t0 = std::time::Instant::now();
+            let t0 = now_us();
             self.act(
                 Observations::F32(&obs),
                 batch,
@@ -413,8 +482,8 @@ impl Policy {
                 has_state.then_some(&mut state),
                 &mut out,
             )?;
-            times.push(t0.elapsed().as_secs_f64() * 1e6);
-            if i >= 2 && budget.elapsed().as_secs_f64() > 0.2 {
+            times.push(now_us() - t0);
+            if i >= 2 && now_us() - start > 2e5 {
                 break;
             }
         }
@@ -422,8 +491,46 @@ impl Policy {
         Ok(times[times.len() / 2])
     }
 
+    /// [`Policy::time_act`] with awaited readbacks.
+    async fn time_act_async(
+        &mut self,
+        batch: usize,
+        now_us: &dyn Fn() -> f64,
+    ) -> Result<f64, PolicyError> {
+        let (obs, mut state, mut out) = self.warm_up_inputs(batch);
+        let has_state = !state.tensors.is_empty();
+        let mut times = vec![];
+        let start = now_us();
+        for i in 0..25u64 {
+            let t0 = now_us();
+            self.act_async(
+                Observations::F32(&obs),
+                batch,
+                ActMode::Sample { seed: 0, step: i },
+                EnvIds::Range(0),
+                has_state.then_some(&mut state),
+                &mut out,
+            )
+            .await?;
+            times.push(now_us() - t0);
+            if i >= 2 && now_us() - start > 2e5 {
+                break;
+            }
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        Ok(times[times.len() / 2])
+    }
+
+    /// Record how the backend was chosen (shown by [`Policy::info`]), for loaders outside this crate.
+    pub fn set_selection(&mut self, note: impl Into<String>) {
+        self.selection = Some(note.into());
+    }
+
     /// One step for `batch` envs: observations in, actions (+ value, distribution parameters, next recurrent
     /// state) out. Sampling draws from the stream (seed, env id, step) of each row, as SPEC.md defines.
+    ///
+    /// In a browser the WebGPU backend cannot block on its readback: use [`Policy::act_async`] there (this
+    /// returns a typed error for a WebGPU policy on wasm).
     pub fn act(
         &mut self,
         obs: Observations<'_>,
@@ -435,6 +542,72 @@ impl Policy {
         >,
         out: &mut ActOutputs,
     ) -> Result<(), PolicyError> {
+        #[cfg(target_family = "wasm")]
+        if self.exec.on_device() {
+            return Err(PolicyError::Backend(
+                "WebGPU reads back asynchronously: call act_async".into(),
+            ));
+        }
+        let (obs_buf, states) = self.act_prepare(obs, batch, envs, state.as_deref())?;
+        let mut rows = std::mem::take(&mut self.scratch_rows);
+        #[cfg(feature = "wgpu")]
+        let result = if self.exec.on_device() {
+            self.launch_device(batch, &obs_buf, state.as_deref_mut(), mode, envs)
+                .and_then(|packed| crate::exec::read_rows(packed).map_err(PolicyError::Backend))
+                .map(|r| rows = r)
+        } else {
+            self.exec
+                .run(batch, &obs_buf, states, &mut rows, mode, envs)
+        };
+        #[cfg(not(feature = "wgpu"))]
+        let result = self
+            .exec
+            .run(batch, &obs_buf, states, &mut rows, mode, envs);
+        self.scratch_obs = obs_buf;
+        if let Err(e) = result {
+            self.scratch_rows = rows;
+            return Err(e);
+        }
+        self.act_finish(rows, batch, mode, envs, state, out);
+        Ok(())
+    }
+
+    /// [`Policy::act`] for callers that cannot block (the browser): identical results; on the wgpu backend the
+    /// one readback is awaited instead of waited for. CPU backends finish synchronously.
+    pub async fn act_async(
+        &mut self,
+        obs: Observations<'_>,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))] mut state: Option<
+            &mut RecurrentState,
+        >,
+        out: &mut ActOutputs,
+    ) -> Result<(), PolicyError> {
+        #[cfg(feature = "wgpu")]
+        if self.exec.on_device() {
+            let (obs_buf, _) = self.act_prepare(obs, batch, envs, state.as_deref())?;
+            let launched = self.launch_device(batch, &obs_buf, state.as_deref_mut(), mode, envs);
+            self.scratch_obs = obs_buf;
+            let rows = crate::exec::read_rows_async(launched?)
+                .await
+                .map_err(PolicyError::Backend)?;
+            self.act_finish(rows, batch, mode, envs, state, out);
+            return Ok(());
+        }
+        self.act(obs, batch, mode, envs, state, out)
+    }
+
+    /// The host side before execution: batch, env id and observation checks, preprocessing (or raw copies for
+    /// a device that preprocesses), and the gathered state rows of CPU executors.
+    fn act_prepare(
+        &mut self,
+        obs: Observations<'_>,
+        batch: usize,
+        envs: EnvIds<'_>,
+        state: Option<&RecurrentState>,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>), PolicyError> {
         if batch == 0 || batch > MAX_BATCH {
             return Err(PolicyError::Batch {
                 batch,
@@ -456,28 +629,38 @@ impl Policy {
             _ => {}
         }
         let mut obs_buf = std::mem::take(&mut self.scratch_obs);
-        if self.exec.wants_raw_obs() {
+        let checked = if self.exec.wants_raw_obs() {
             // The device preprocesses; the host only checks (same typed errors on every backend).
             crate::observations::check_observations(
                 &self.artifact.manifest.observation,
                 &crate::observations::one_hot_width(&self.artifact),
                 obs,
                 batch,
-            )?;
-            obs_buf.clear();
-            match obs {
-                Observations::F32(x) => obs_buf.extend_from_slice(x),
-                Observations::U8(x) => obs_buf.extend(x.iter().map(|&b| b as f32)),
-            }
+            )
+            .map(|()| {
+                obs_buf.clear();
+                match obs {
+                    Observations::F32(x) => obs_buf.extend_from_slice(x),
+                    Observations::U8(x) => obs_buf.extend(x.iter().map(|&b| b as f32)),
+                }
+            })
+            .map_err(PolicyError::from)
         } else {
-            self.pre.run(obs, batch, &mut obs_buf)?;
+            self.pre
+                .run(obs, batch, &mut obs_buf)
+                .map_err(PolicyError::from)
+        };
+        if let Err(e) = checked {
+            self.scratch_obs = obs_buf;
+            return Err(e);
         }
 
         // Gather recurrent state rows.
         let n_states = self.exec.state_slots().len();
-        let states: Vec<Vec<f32>> = match (n_states, &state) {
+        let states: Vec<Vec<f32>> = match (n_states, state) {
             (0, _) => vec![],
             (_, None) => {
+                self.scratch_obs = obs_buf;
                 return Err(PolicyError::State(
                     "this policy is recurrent: pass a RecurrentState".into(),
                 ));
@@ -486,6 +669,7 @@ impl Policy {
                 for row in 0..batch {
                     let e = envs.get(row) as usize;
                     if e >= st.num_envs {
+                        self.scratch_obs = obs_buf;
                         return Err(PolicyError::State(format!(
                             "env {e} out of range (state holds {} envs)",
                             st.num_envs
@@ -509,26 +693,21 @@ impl Policy {
                 }
             }
         };
+        Ok((obs_buf, states))
+    }
 
-        let mut rows = std::mem::take(&mut self.scratch_rows);
-        #[cfg(feature = "wgpu")]
-        let result = if self.exec.on_device() {
-            self.run_device(batch, &obs_buf, state.as_deref_mut(), &mut rows, mode, envs)
-        } else {
-            self.exec
-                .run(batch, &obs_buf, states, &mut rows, mode, envs)
-        };
-        #[cfg(not(feature = "wgpu"))]
-        let result = self
-            .exec
-            .run(batch, &obs_buf, states, &mut rows, mode, envs);
-        self.scratch_obs = obs_buf;
-        if let Err(e) = result {
-            self.scratch_rows = rows;
-            return Err(e);
-        }
+    /// The host side after execution: unpack the readback rows into `out` (sampling on the host for CPU
+    /// executors) and scatter next states into host rows (device programs did that on the device).
+    fn act_finish(
+        &mut self,
+        rows: Vec<f32>,
+        batch: usize,
+        mode: ActMode,
+        envs: EnvIds<'_>,
+        state: Option<&mut RecurrentState>,
+        out: &mut ActOutputs,
+    ) {
         debug_assert_eq!(rows.len(), batch * self.row_width);
-
         let k = self.sampler.action_len();
         let p = self.sampler.dist_params_len();
         out.batch = batch;
@@ -559,9 +738,8 @@ impl Policy {
                 };
                 self.sampler.act_row(params, mode, envs.get(row), d, c);
             }
-        }
-        if on_device {
-            // Rows are [actions | finished params | value | next states]: actions were drawn on the device.
+        } else {
+            // Rows are [actions | finished params | value]: actions were drawn on the device.
             let disc = self.sampler.is_discrete();
             for row in 0..batch {
                 let src = &rows[row * self.row_width..(row + 1) * self.row_width];
@@ -582,13 +760,9 @@ impl Policy {
             }
         }
 
-        // Scatter next states (device programs did that on the device).
+        // Scatter next states into the host rows (device programs did that on the device).
         if let Some(st) = state.filter(|_| !on_device) {
-            let mut off = if on_device {
-                k + p + self.has_value as usize
-            } else {
-                self.raw_params + self.has_value as usize
-            };
+            let mut off = self.raw_params + self.has_value as usize;
             for (n, data) in st.tensors.iter_mut() {
                 for row in 0..batch {
                     let e = envs.get(row) as usize;
@@ -599,21 +773,20 @@ impl Policy {
             }
         }
         self.scratch_rows = rows;
-        Ok(())
     }
 
-    /// One step of a wgpu program: state rows stay on the device (uploaded once per state, then gathered and
-    /// scattered there); env ids of a recurrent batch must be distinct (device writes would race).
+    /// Launch one step of a wgpu program and return the packed `[actions | params | value]` rows still on the
+    /// device. State rows stay on the device (uploaded once per state, then gathered and scattered there); env
+    /// ids of a recurrent batch must be distinct (device writes would race).
     #[cfg(feature = "wgpu")]
-    fn run_device(
+    fn launch_device(
         &mut self,
         batch: usize,
         obs: &[f32],
         state: Option<&mut RecurrentState>,
-        rows: &mut Vec<f32>,
         mode: ActMode,
         envs: EnvIds<'_>,
-    ) -> Result<(), PolicyError> {
+    ) -> Result<burn::tensor::Tensor<2>, PolicyError> {
         let Exec::Burn(p) = &self.exec else {
             unreachable!("on_device programs are burn programs")
         };
@@ -650,10 +823,7 @@ impl Policy {
             ActMode::Sample { seed, step } => Some((seed, step)),
             ActMode::Deterministic => None,
         };
-        *rows = p
-            .run_gpu(batch, obs.to_vec(), obs.len() / batch, dev, &ids, sample)
-            .map_err(PolicyError::Backend)?;
-        Ok(())
+        Ok(p.launch_gpu(batch, obs.to_vec(), obs.len() / batch, dev, &ids, sample))
     }
 
     /// Check every golden vector of the artifact on this policy's backend.
@@ -662,47 +832,79 @@ impl Policy {
         cases.iter().map(|c| self.verify_case(c)).collect()
     }
 
-    fn verify_case(&mut self, case: &GoldenCase) -> Result<GoldenReport, PolicyError> {
-        let m = self.artifact.manifest.clone();
-        let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
-        let mut out = ActOutputs::default();
-        let envs = EnvIds::Range(case.env_offset);
-        let obs = Observations::F32(&case.obs);
-        let has_state = !state.tensors.is_empty();
-        self.act(
-            obs,
-            case.batch,
-            ActMode::Deterministic,
-            envs,
-            has_state.then_some(&mut state),
-            &mut out,
-        )?;
-        let det = out.clone();
-        let mut state2 = RecurrentState::new(self, case.env_offset as usize + case.batch);
-        let mode = ActMode::Sample {
-            seed: case.seed,
-            step: case.step,
-        };
-        self.act(
-            obs,
-            case.batch,
-            mode,
-            envs,
-            has_state.then_some(&mut state2),
-            &mut out,
-        )?;
+    /// [`Policy::verify`] for callers that cannot block (the browser's WebGPU backend). Golden values that
+    /// are not act() outputs (intermediate values) need a blocking probe there and are reported as errors.
+    pub async fn verify_async(&mut self) -> Result<Vec<GoldenReport>, PolicyError> {
+        let cases = self.artifact.manifest.golden.clone();
+        let mut reports = vec![];
+        for case in &cases {
+            let (mut det, mut sampled) = (ActOutputs::default(), ActOutputs::default());
+            for (mode, out) in [
+                (ActMode::Deterministic, &mut det),
+                (
+                    ActMode::Sample {
+                        seed: case.seed,
+                        step: case.step,
+                    },
+                    &mut sampled,
+                ),
+            ] {
+                let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
+                let has_state = !state.tensors.is_empty();
+                self.act_async(
+                    Observations::F32(&case.obs),
+                    case.batch,
+                    mode,
+                    EnvIds::Range(case.env_offset),
+                    has_state.then_some(&mut state),
+                    out,
+                )
+                .await?;
+            }
+            reports.push(self.score_case(case, &det, &sampled)?);
+        }
+        Ok(reports)
+    }
 
-        let (k, p, disc) = (
-            self.sampler.action_len(),
-            self.sampler.dist_params_len(),
-            self.sampler.is_discrete(),
-        );
+    fn verify_case(&mut self, case: &GoldenCase) -> Result<GoldenReport, PolicyError> {
+        let (mut det, mut sampled) = (ActOutputs::default(), ActOutputs::default());
+        for (mode, out) in [
+            (ActMode::Deterministic, &mut det),
+            (
+                ActMode::Sample {
+                    seed: case.seed,
+                    step: case.step,
+                },
+                &mut sampled,
+            ),
+        ] {
+            let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
+            let has_state = !state.tensors.is_empty();
+            self.act(
+                Observations::F32(&case.obs),
+                case.batch,
+                mode,
+                EnvIds::Range(case.env_offset),
+                has_state.then_some(&mut state),
+                out,
+            )?;
+        }
+        self.score_case(case, &det, &sampled)
+    }
+
+    fn score_case(
+        &mut self,
+        case: &GoldenCase,
+        det: &ActOutputs,
+        sampled: &ActOutputs,
+    ) -> Result<GoldenReport, PolicyError> {
+        let m = self.artifact.manifest.clone();
         let shape = GoldenShape {
-            action_len: k,
-            dist_params_len: p,
-            discrete: disc,
+            action_len: self.sampler.action_len(),
+            dist_params_len: self.sampler.dist_params_len(),
+            discrete: self.sampler.is_discrete(),
         };
-        compare_golden(case, &m, shape, &det, &out, &mut |name| {
+        compare_golden(case, &m, shape, det, sampled, &mut |name| {
             self.probe(case, name)
         })
     }
@@ -736,6 +938,20 @@ impl Policy {
             EnvIds::Range(0),
         )?;
         Ok(rows)
+    }
+}
+
+/// A monotonic microsecond clock: `Instant` natively; on wasm (no clock without JS) a counter that makes every
+/// timed call look equal, so the sync [`Policy::load_auto`] keeps the cpu backend there.
+fn monotonic_us() -> impl Fn() -> f64 {
+    #[cfg(not(target_family = "wasm"))]
+    {
+        let t0 = std::time::Instant::now();
+        move || t0.elapsed().as_secs_f64() * 1e6
+    }
+    #[cfg(target_family = "wasm")]
+    {
+        || 0.0
     }
 }
 

@@ -66,6 +66,20 @@ impl RecurrentState {
         Ok(())
     }
 
+    /// [`RecurrentState::sync`] without blocking (a browser's WebGPU device).
+    pub async fn sync_async(&mut self) -> Result<(), PolicyError> {
+        #[cfg(feature = "wgpu")]
+        if let Some(d) = &mut self.device
+            && d.host_stale
+        {
+            for ((_, host), data) in self.tensors.iter_mut().zip(d.read_async().await?) {
+                *host = data;
+            }
+            d.host_stale = false;
+        }
+        Ok(())
+    }
+
     /// Grow to hold at least `num_envs` envs (new envs start at zero); never shrinks.
     pub fn ensure_envs(&mut self, num_envs: usize) {
         if num_envs > self.num_envs {

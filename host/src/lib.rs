@@ -2,11 +2,13 @@
 //! `policyport` CLI that are worth testing as a library (demo episodes, benchmarks).
 
 pub mod demo;
-pub mod envs;
+/// The demo environments (shared with the browser bundle).
+pub use policyport_envs as envs;
 pub mod import;
 pub mod inspect;
 pub mod npy;
 pub mod reference;
+pub mod serve;
 pub mod torch;
 pub mod wasm;
 

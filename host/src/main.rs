@@ -1,4 +1,4 @@
-//! The `policyport` command line: compile, inspect, run, verify, demo, bench.
+//! The `policyport` command line: compile, inspect, run, verify, demo, trace, serve-web, bench.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -99,6 +99,37 @@ enum Cmd {
         /// Where to write the compiled artifacts.
         #[arg(long, default_value = "target/policyport-demo")]
         out_dir: PathBuf,
+    },
+    /// Step many envs with one batched act() per tick and record every observation and action (JSON): the
+    /// native reference the browser tests compare against (same seeds, same env code).
+    Trace {
+        artifact: PathBuf,
+        /// cartpole or pendulum
+        #[arg(long)]
+        env: String,
+        #[arg(long, default_value_t = 256)]
+        envs: usize,
+        #[arg(long, default_value_t = 100)]
+        steps: usize,
+        #[arg(long, default_value_t = 1)]
+        env_seed: u64,
+        #[arg(long, default_value_t = 7)]
+        policy_seed: u64,
+        #[arg(long, default_value = "cpu")]
+        backend: Backend,
+        #[arg(short, long)]
+        out: PathBuf,
+    },
+    /// Serve the browser demo (web/) with the bundled trained policies compiled in memory: the demo at /, the
+    /// benchmark page at /bench.html. Build the wasm bundles first: bash tests/scripts/web-build.sh.
+    ServeWeb {
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: String,
+        /// The web/ directory of a checkout.
+        #[arg(long, default_value = "web")]
+        root: PathBuf,
     },
     /// Time act() at given batch sizes; prints one JSON line per batch.
     Bench {
@@ -360,6 +391,25 @@ fn main() -> Result<()> {
             backend,
             out_dir,
         } => demo(episodes, backend, &out_dir)?,
+        Cmd::Trace {
+            artifact,
+            env,
+            envs,
+            steps,
+            env_seed,
+            policy_seed,
+            backend,
+            out,
+        } => trace(
+            &read(&artifact)?,
+            env.parse().map_err(anyhow::Error::msg)?,
+            envs,
+            steps,
+            (env_seed, policy_seed),
+            backend,
+            &out,
+        )?,
+        Cmd::ServeWeb { port, bind, root } => serve_web(&bind, port, &root)?,
         Cmd::BenchTorch {
             artifact,
             batches,
@@ -573,6 +623,15 @@ struct Bundled {
     io: &'static [u8],
 }
 
+/// The two trained policies of the demos, plus the benchmark MLP (64-256-256, untrained) the browser benchmark
+/// compares against onnxruntime-web.
+const BENCH_MODEL: Bundled = Bundled {
+    name: "mlp64",
+    onnx: include_bytes!("../../tests/fixtures/mlp64/policy.onnx"),
+    spec: include_bytes!("../../tests/fixtures/mlp64/import.json"),
+    io: include_bytes!("../../tests/fixtures/mlp64/io.json"),
+};
+
 const BUNDLED: [Bundled; 2] = [
     Bundled {
         name: "cartpole",
@@ -587,6 +646,132 @@ const BUNDLED: [Bundled; 2] = [
         io: include_bytes!("../../tests/fixtures/pendulum/io.json"),
     },
 ];
+
+fn compile_bundled(b: &Bundled) -> Result<Vec<u8>> {
+    let spec: ImportSpec = serde_json::from_slice(b.spec)?;
+    let io: FixtureIo = serde_json::from_slice(b.io)?;
+    Ok(compile_onnx(
+        b.onnx,
+        &spec,
+        &format!("tests/fixtures/{}/policy.onnx", b.name),
+        Some(&io),
+        Storage::F32,
+    )?)
+}
+
+fn trace(
+    bytes: &[u8],
+    kind: policyport_host::envs::EnvKind,
+    n: usize,
+    steps: usize,
+    (env_seed, policy_seed): (u64, u64),
+    backend: Backend,
+    out: &Path,
+) -> Result<()> {
+    use policyport_host::envs::VecEnv;
+    let mut policy = Policy::load_on(bytes, backend)?;
+    let info = policy.info();
+    if info.obs_len != kind.obs_len() {
+        bail!(
+            "{:?} observations have {} numbers, this policy takes {}",
+            kind,
+            kind.obs_len(),
+            info.obs_len
+        );
+    }
+    let mut env = VecEnv::new(kind, n, env_seed);
+    let mut acts = ActOutputs::default();
+    let (mut obs, mut actions, mut values) = (vec![], vec![], vec![]);
+    for t in 0..steps {
+        let o = env.observations().to_vec();
+        policy.act(
+            Observations::F32(&o),
+            n,
+            ActMode::Sample {
+                seed: policy_seed,
+                step: t as u64,
+            },
+            EnvIds::Range(0),
+            None,
+            &mut acts,
+        )?;
+        env.step(&acts.discrete, &acts.continuous)
+            .map_err(anyhow::Error::msg)?;
+        obs.push(o);
+        actions.push(if kind.discrete() {
+            serde_json::to_value(&acts.discrete)?
+        } else {
+            serde_json::to_value(&acts.continuous)?
+        });
+        values.push(acts.value.clone());
+    }
+    let doc = serde_json::json!({
+        "env": format!("{kind:?}").to_lowercase(),
+        "envs": n,
+        "steps": steps,
+        "env_seed": env_seed,
+        "policy_seed": policy_seed,
+        "backend": backend.name(),
+        "discrete": kind.discrete(),
+        "obs": obs,
+        "actions": actions,
+        "value": values,
+        "finished_returns": env.finished_returns(),
+    });
+    std::fs::write(out, serde_json::to_vec(&doc)?)?;
+    println!(
+        "trace: {n} {kind:?} envs x {steps} steps on {} -> {} ({} episodes finished)",
+        backend.name(),
+        out.display(),
+        env.finished_returns().len()
+    );
+    Ok(())
+}
+
+fn serve_web(bind: &str, port: u16, root: &Path) -> Result<()> {
+    for bundle in ["cpu", "webgpu"] {
+        if !root
+            .join(format!("pkg/{bundle}/policyport_web.js"))
+            .exists()
+        {
+            eprintln!(
+                "note: {}/pkg/{bundle} is missing: build the bundles with `bash tests/scripts/web-build.sh`",
+                root.display()
+            );
+        }
+    }
+    if !root.join("index.html").exists() {
+        bail!(
+            "{} has no index.html: pass --root <checkout>/web",
+            root.display()
+        );
+    }
+    let mut memory = std::collections::BTreeMap::new();
+    for b in BUNDLED.iter().chain([&BENCH_MODEL]) {
+        memory.insert(format!("/policies/{}.policy", b.name), compile_bundled(b)?);
+        memory.insert(format!("/models/{}.onnx", b.name), b.onnx.to_vec());
+    }
+    let shaders: Vec<serde_json::Value> = policyport_shaders::all_sources()
+        .into_iter()
+        .map(|(name, source)| serde_json::json!({ "name": name, "source": source }))
+        .collect();
+    memory.insert("/shaders.json".into(), serde_json::to_vec(&shaders)?);
+    let listener = std::net::TcpListener::bind((bind, port))
+        .with_context(|| format!("binding {bind}:{port}"))?;
+    let addr = listener.local_addr()?;
+    println!(
+        "serving {} on http://{addr}/ (demo) and http://{addr}/bench.html (benchmark); Ctrl-C stops",
+        root.display()
+    );
+    policyport_host::serve::serve(
+        listener,
+        policyport_host::serve::Site {
+            root: root.to_path_buf(),
+            memory,
+        },
+    )?;
+    Ok(())
+}
 
 fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
     std::fs::create_dir_all(out_dir)?;

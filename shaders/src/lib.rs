@@ -161,6 +161,41 @@ pub fn preprocess_source(steps: &[PreStep]) -> String {
     PREPROCESS.replace("{{STEPS}}", &body)
 }
 
+/// Every kernel variant the runtime can generate, by name: every dense variant × activation, the sampler, the
+/// state mover, and representative preprocessing chains. The naga tests below validate each; the browser tests
+/// (`tests/browser/run.mjs`, through `policyport serve-web`'s `/shaders.json`) compile each with Chrome's Tint,
+/// which enforces WGSL rules naga does not (uniformity analysis).
+pub fn all_sources() -> Vec<(String, String)> {
+    let mut out = vec![];
+    for v in [DenseVariant::Small, DenseVariant::Tiled] {
+        for a in Activation::ALL {
+            out.push((format!("dense {v:?} {a:?}"), dense_source(v, a)));
+        }
+    }
+    out.push(("sample".into(), SAMPLE.into()));
+    out.push(("state".into(), STATE.into()));
+    for steps in [
+        vec![],
+        vec![PreStep::Scale(1.0 / 255.0)],
+        vec![
+            PreStep::Scale(0.5),
+            PreStep::Normalize {
+                mean_offset: 0,
+                std_offset: 4,
+                clip: Some(10.0),
+            },
+        ],
+        vec![PreStep::Normalize {
+            mean_offset: 3,
+            std_offset: 9,
+            clip: None,
+        }],
+    ] {
+        out.push((format!("preprocess {steps:?}"), preprocess_source(&steps)));
+    }
+    out
+}
+
 /// Workgroups for an elementwise pass over `total` values (256 per workgroup; 2-D past the 65535 limit).
 pub fn elementwise_workgroups(total: usize) -> (u32, u32, u32) {
     let groups = total.div_ceil(256).max(1);
@@ -305,44 +340,11 @@ mod tests {
     }
 
     #[test]
-    fn every_dense_variant_validates() {
-        for v in [DenseVariant::Small, DenseVariant::Tiled] {
-            for a in Activation::ALL {
-                validate(&format!("dense {v:?} {a:?}"), &dense_source(v, a));
-            }
-        }
-    }
-
-    #[test]
-    fn sample_validates() {
-        validate("sample", SAMPLE);
-    }
-
-    #[test]
-    fn state_validates() {
-        validate("state", STATE);
-    }
-
-    #[test]
-    fn preprocess_variants_validate() {
-        for steps in [
-            vec![],
-            vec![PreStep::Scale(1.0 / 255.0)],
-            vec![
-                PreStep::Scale(0.5),
-                PreStep::Normalize {
-                    mean_offset: 0,
-                    std_offset: 4,
-                    clip: Some(10.0),
-                },
-            ],
-            vec![PreStep::Normalize {
-                mean_offset: 3,
-                std_offset: 9,
-                clip: None,
-            }],
-        ] {
-            validate(&format!("preprocess {steps:?}"), &preprocess_source(&steps));
+    fn every_variant_validates() {
+        let all = all_sources();
+        assert_eq!(all.len(), 2 * Activation::ALL.len() + 2 + 4);
+        for (name, src) in &all {
+            validate(name, src);
         }
     }
 

@@ -37,3 +37,13 @@ torch_env() {
   export LIBTORCH_USE_PYTORCH=1 VIRTUAL_ENV="$PP_VENV" PATH="$PP_VENV/bin:$PATH"
   export LD_LIBRARY_PATH="$site/torch/lib:$(ls -d "$site"/nvidia/cu*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}"
 }
+
+# For running an already-built CLI: a CLI built with the `tch` feature needs the venv's libtorch on the loader
+# path (set when the venv exists; nothing is installed here).
+cli_env() {
+  if [ -x "$PP_VENV/bin/python" ]; then
+    local site
+    site=$("$PP_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    export LD_LIBRARY_PATH="$site/torch/lib:$(ls -d "$site"/nvidia/cu*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}"
+  fi
+}

@@ -32,6 +32,9 @@ cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknow
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
 
+step "browser bundles (guest/web: CPU-only and full with WebGPU; sizes printed, CPU goal enforced)"
+bash tests/scripts/web-build.sh
+
 step "cargo test: unit tests + the conformance suite on every compiled backend"
 cargo test --release --workspace "${FEATURES[@]}" 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test.log"
 passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test.log")))
@@ -69,6 +72,12 @@ rc=$?
 set -e
 grep -q "truncated" "$out/err.txt" && [ "$rc" = 1 ] || { echo "truncated artifact: want a typed error and exit 1, got $rc"; cat "$out/err.txt"; exit 1; }
 passed=$((passed + 1))
+
+step "browser: headless Chromium (WebGPU on SwiftShader) against policyport serve-web"
+source tests/scripts/web-deps.sh
+ensure_browser_deps
+node tests/browser/run.mjs "$PP_BIN" "$out/browser" 2>&1 | tee "$out/browser.log"
+passed=$((passed + $(grep -c '^ok  ' "$out/browser.log")))
 
 step "demo (the README's first command)"
 "$PP_BIN" demo --episodes 20 --out-dir "$out/demo"

@@ -1,0 +1,683 @@
+//! policyport in the browser: the guest runtime as a wasm-bindgen package.
+//!
+//! ```js
+//! import init, { Policy } from "./pkg/policyport_web.js";
+//! await init();
+//! const policy = await Policy.load(bytes, { backend: "auto", batch: 256 });
+//! const { actions, value } = await policy.act(obs, { seed: 7, step: t });
+//! ```
+//!
+//! Two bundles come from this crate: CPU-only (the native kernels compiled to wasm SIMD128; small) and, with the
+//! `webgpu` feature, the full one (burn-wgpu on the browser's WebGPU with the WGSL kernels of `shaders/`). The
+//! API is the same in both: asking the CPU bundle for `"webgpu"` is a typed error, and `"auto"` falls back to CPU.
+//!
+//! Why the shapes below:
+//! - WebGPU cannot block, so loading (adapter request, pipeline warm-up) and act() are async. act() returns a
+//!   Promise on every backend so callers never branch; `actSync` is there for CPU-only callers who want to skip
+//!   a microtask per step.
+//! - The policy lives behind `Rc<RefCell<…>>` because a JS caller may start a second act() before the first
+//!   resolves; that gets a typed error ("busy") instead of a borrow panic. Nothing here panics on bad input:
+//!   every failure is a JS `Error` whose `name` says which kind (`PolicyportArtifactError`, …).
+//! - `std::time::Instant` does not exist on wasm32-unknown-unknown: timing (auto selection, first-act latency)
+//!   uses `performance.now()`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::{
+    Float32Array, Float64Array, Int32Array, Object, Promise, Reflect, Uint8Array, Uint32Array,
+};
+use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, PolicyError, RecurrentState};
+use wasm_bindgen::prelude::*;
+
+#[wasm_bindgen(typescript_custom_section)]
+const TS_TYPES: &str = r#"
+/** Which backend to run on. `auto` times every available backend at `batch` and keeps the fastest. */
+export type BackendChoice = "auto" | "webgpu" | "cpu";
+
+export interface LoadOptions {
+  /** Default "auto". */
+  backend?: BackendChoice;
+  /** The batch size `auto` times at (default 1). */
+  batch?: number;
+  /** Envs the recurrent state holds (recurrent policies only; default 1024). */
+  numEnvs?: number;
+}
+
+export interface ActOptions {
+  /** "sample" (default) draws from the seeded stream (seed, env id, step); "deterministic" takes the mode. */
+  mode?: "sample" | "deterministic";
+  seed?: number | bigint;
+  step?: number | bigint;
+  /** Env id of row 0 (rows are envStart, envStart + 1, ...); default 0. Ignored when envIds is given. */
+  envStart?: number;
+  /** One env id per row. */
+  envIds?: Uint32Array;
+}
+
+export interface ActResult {
+  batch: number;
+  discrete: boolean;
+  /** `batch x actionLen`: Int32Array for discrete / multi-discrete spaces, Float32Array for continuous ones. */
+  actions: Int32Array | Float32Array;
+  /** Value estimate per row, or null without a critic. */
+  value: Float32Array | null;
+  /** Distribution parameters per row (logits, or mean then log-std). */
+  distParams: Float32Array;
+}
+
+export interface PolicyInfo {
+  name: string;
+  backend: "cpu" | "webgpu";
+  /** How `auto` chose (the measured latencies), or null when a backend was asked for. */
+  selection: string | null;
+  formatVersion: [number, number];
+  observation: unknown;
+  action: unknown;
+  obsLen: number;
+  actionLen: number;
+  distParamsLen: number;
+  discrete: boolean;
+  hasValue: boolean;
+  recurrentStates: number;
+  parameters: number;
+  dispatchesPerAct: number | null;
+  /** load() wall time, warm-up included (ms). */
+  loadMs: number;
+  /** The first act() after load (µs), null before it. */
+  firstActUs: number | null;
+  bundle: "cpu" | "webgpu";
+  simd128: boolean;
+}
+
+export interface GoldenResult {
+  name: string;
+  passed: boolean;
+  sampledMismatches: number;
+  deterministicMismatches: number;
+  maxRelErr: number;
+}
+"#;
+
+#[wasm_bindgen]
+extern "C" {
+    /// `performance.now()` in ms (window and workers).
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn performance_now() -> f64;
+}
+
+fn now_us() -> f64 {
+    performance_now() * 1000.0
+}
+
+/// Which bundle this is: "webgpu" (full) or "cpu".
+#[wasm_bindgen]
+pub fn bundle() -> String {
+    if cfg!(feature = "webgpu") {
+        "webgpu"
+    } else {
+        "cpu"
+    }
+    .into()
+}
+
+/// True when the CPU kernels were compiled for wasm SIMD128.
+#[wasm_bindgen]
+pub fn simd128() -> bool {
+    cfg!(target_feature = "simd128")
+}
+
+/// The package version.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").into()
+}
+
+/// A JS `Error` whose `name` says the kind of failure.
+fn error(kind: &str, message: impl std::fmt::Display) -> JsValue {
+    let e = js_sys::Error::new(&message.to_string());
+    e.set_name(kind);
+    e.into()
+}
+
+fn policy_error(e: &PolicyError) -> JsValue {
+    let kind = match e {
+        PolicyError::Artifact(_) => "PolicyportArtifactError",
+        PolicyError::Observation(_) => "PolicyportObservationError",
+        PolicyError::Batch { .. } | PolicyError::EnvIds(_) => "PolicyportArgumentError",
+        PolicyError::State(_) => "PolicyportStateError",
+        PolicyError::Backend(_) => "PolicyportBackendError",
+        PolicyError::NotCompiled { .. } => "PolicyportNotCompiledError",
+    };
+    error(kind, e)
+}
+
+fn arg_error(message: impl std::fmt::Display) -> JsValue {
+    error("PolicyportArgumentError", message)
+}
+
+/// `options[key]` when it is neither undefined nor null.
+fn field(options: &JsValue, key: &str) -> Result<Option<JsValue>, JsValue> {
+    if options.is_undefined() || options.is_null() {
+        return Ok(None);
+    }
+    if !options.is_object() {
+        return Err(arg_error("options must be an object"));
+    }
+    let v = Reflect::get(options, &JsValue::from_str(key))?;
+    Ok((!v.is_undefined() && !v.is_null()).then_some(v))
+}
+
+/// A non-negative integer option (number or bigint) up to `max`.
+fn uint_field(options: &JsValue, key: &str, max: u64) -> Result<Option<u64>, JsValue> {
+    let Some(v) = field(options, key)? else {
+        return Ok(None);
+    };
+    let n = if v.is_bigint() {
+        u64::try_from(js_sys::BigInt::from(v.clone()))
+            .map_err(|_| arg_error(format!("{key} must be a non-negative integer below 2^64")))?
+    } else if let Some(f) = v.as_f64() {
+        if !(f >= 0.0 && f.fract() == 0.0 && f <= 9_007_199_254_740_991.0) {
+            return Err(arg_error(format!(
+                "{key} must be a non-negative safe integer, got {f}"
+            )));
+        }
+        f as u64
+    } else {
+        return Err(arg_error(format!("{key} must be a number or a bigint")));
+    };
+    if n > max {
+        return Err(arg_error(format!("{key} = {n} exceeds {max}")));
+    }
+    Ok(Some(n))
+}
+
+enum ObsBuf {
+    F32(Vec<f32>),
+    U8(Vec<u8>),
+}
+
+/// Everything act() needs, copied out of JS before any await (JS may reuse its arrays meanwhile).
+struct ActArgs {
+    obs: ObsBuf,
+    batch: usize,
+    mode: ActMode,
+    env_start: u32,
+    env_ids: Option<Vec<u32>>,
+}
+
+struct Inner {
+    policy: policyport::Policy,
+    state: Option<RecurrentState>,
+    out: ActOutputs,
+    obs_len: usize,
+    load_ms: f64,
+    first_act_us: Option<f64>,
+    backend: &'static str,
+}
+
+impl Inner {
+    fn parse(&self, obs: &JsValue, options: &JsValue) -> Result<ActArgs, JsValue> {
+        let obs = if let Some(a) = obs.dyn_ref::<Float32Array>() {
+            ObsBuf::F32(a.to_vec())
+        } else if let Some(a) = obs.dyn_ref::<Uint8Array>() {
+            ObsBuf::U8(a.to_vec())
+        } else if let Some(a) = obs.dyn_ref::<Float64Array>() {
+            ObsBuf::F32(a.to_vec().into_iter().map(|v| v as f32).collect())
+        } else if js_sys::Array::is_array(obs) {
+            let a = js_sys::Array::from(obs);
+            let mut v = Vec::with_capacity(a.length() as usize);
+            for x in a.iter() {
+                v.push(
+                    x.as_f64()
+                        .ok_or_else(|| arg_error("observations must be numbers"))?
+                        as f32,
+                );
+            }
+            ObsBuf::F32(v)
+        } else {
+            return Err(arg_error(
+                "observations must be a Float32Array, Uint8Array, Float64Array or an array of numbers",
+            ));
+        };
+        let len = match &obs {
+            ObsBuf::F32(v) => v.len(),
+            ObsBuf::U8(v) => v.len(),
+        };
+        if len == 0 || len % self.obs_len != 0 {
+            return Err(error(
+                "PolicyportObservationError",
+                format!(
+                    "{len} numbers are not a whole number of observations of {} numbers each",
+                    self.obs_len
+                ),
+            ));
+        }
+        let batch = len / self.obs_len;
+        let sample = || -> Result<ActMode, JsValue> {
+            Ok(ActMode::Sample {
+                seed: uint_field(options, "seed", u64::MAX)?.unwrap_or(0),
+                step: uint_field(options, "step", u64::MAX)?.unwrap_or(0),
+            })
+        };
+        let mode = match field(options, "mode")? {
+            None => sample()?,
+            Some(m) => match m.as_string().as_deref() {
+                Some("sample") => sample()?,
+                Some("deterministic") => ActMode::Deterministic,
+                _ => {
+                    return Err(arg_error(format!(
+                        "mode must be \"sample\" or \"deterministic\", got {m:?}"
+                    )));
+                }
+            },
+        };
+        let env_start = uint_field(options, "envStart", u32::MAX as u64)?.unwrap_or(0) as u32;
+        let env_ids = match field(options, "envIds")? {
+            None => None,
+            Some(v) => Some(
+                v.dyn_ref::<Uint32Array>()
+                    .ok_or_else(|| arg_error("envIds must be a Uint32Array"))?
+                    .to_vec(),
+            ),
+        };
+        Ok(ActArgs {
+            obs,
+            batch,
+            mode,
+            env_start,
+            env_ids,
+        })
+    }
+
+    fn envs<'a>(&self, args: &'a ActArgs) -> EnvIds<'a> {
+        match &args.env_ids {
+            Some(ids) => EnvIds::List(ids),
+            None => EnvIds::Range(args.env_start),
+        }
+    }
+
+    /// Recurrent policies: the envs the state must hold for this batch (None when it already does).
+    fn state_growth(&self, args: &ActArgs) -> Option<usize> {
+        let st = self.state.as_ref()?;
+        let max = match &args.env_ids {
+            Some(ids) => ids.iter().copied().max().unwrap_or(0) as usize,
+            None => args.env_start as usize + args.batch - 1,
+        };
+        (max >= st.num_envs()).then_some(max + 1)
+    }
+    fn result(&self) -> Result<JsValue, JsValue> {
+        let out = &self.out;
+        let r = Object::new();
+        let discrete = out.continuous.is_empty() && !out.discrete.is_empty();
+        let actions: JsValue = if discrete {
+            let a: Vec<i32> = out.discrete.iter().map(|&d| d as i32).collect();
+            Int32Array::from(&a[..]).into()
+        } else {
+            Float32Array::from(&out.continuous[..]).into()
+        };
+        Reflect::set(&r, &"batch".into(), &(out.batch as u32).into())?;
+        Reflect::set(&r, &"discrete".into(), &discrete.into())?;
+        Reflect::set(&r, &"actions".into(), &actions)?;
+        let value: JsValue = if out.value.is_empty() {
+            JsValue::NULL
+        } else {
+            Float32Array::from(&out.value[..]).into()
+        };
+        Reflect::set(&r, &"value".into(), &value)?;
+        Reflect::set(
+            &r,
+            &"distParams".into(),
+            &Float32Array::from(&out.dist_params[..]).into(),
+        )?;
+        Ok(r.into())
+    }
+
+    fn note_first_act(&mut self, t0: f64) {
+        if self.first_act_us.is_none() {
+            self.first_act_us = Some(now_us() - t0);
+        }
+    }
+}
+
+/// A loaded, validated policy bound to one backend (`cpu` = wasm SIMD128 kernels, `webgpu`).
+#[wasm_bindgen]
+pub struct Policy {
+    inner: Rc<RefCell<Inner>>,
+}
+
+#[wasm_bindgen]
+impl Policy {
+    /// Read, checksum and validate a `.policy` artifact, set up the backend and warm it (so the first act() pays
+    /// no pipeline compilation). Rejects with a typed Error on a bad artifact or an unavailable backend.
+    pub async fn load(
+        bytes: Vec<u8>,
+        #[wasm_bindgen(unchecked_param_type = "LoadOptions")] options: Option<Object>,
+    ) -> Result<Policy, JsValue> {
+        let options: JsValue = options.map_or(JsValue::UNDEFINED, JsValue::from);
+        let t0 = performance_now();
+        let backend = field(&options, "backend")?
+            .map(|b| b.as_string().unwrap_or_default())
+            .unwrap_or_else(|| "auto".into());
+        let batch =
+            uint_field(&options, "batch", policyport::MAX_BATCH as u64)?.unwrap_or(1) as usize;
+        let num_envs = uint_field(&options, "numEnvs", 1 << 20)?.unwrap_or(1024) as usize;
+        let policy = match backend.as_str() {
+            "auto" => policyport::Policy::load_auto_async(&bytes, batch.max(1), &now_us).await,
+            "cpu" => policyport::Policy::load_async(&bytes, Backend::Cpu).await,
+            "webgpu" | "wgpu" => policyport::Policy::load_async(&bytes, Backend::Wgpu).await,
+            other => {
+                return Err(arg_error(format!(
+                    "backend must be \"auto\", \"webgpu\" or \"cpu\", got {other:?}"
+                )));
+            }
+        }
+        .map_err(|e| policy_error(&e))?;
+        let info = policy.info();
+        let state = (info.recurrent_states > 0).then(|| RecurrentState::new(&policy, num_envs));
+        let backend = if info.backend == "wgpu" {
+            "webgpu"
+        } else {
+            "cpu"
+        };
+        Ok(Policy {
+            inner: Rc::new(RefCell::new(Inner {
+                obs_len: info.obs_len.max(1),
+                policy,
+                state,
+                out: ActOutputs::default(),
+                load_ms: performance_now() - t0,
+                first_act_us: None,
+                backend,
+            })),
+        })
+    }
+
+    /// One step for a batch of envs: `obs` holds `batch x obsLen` numbers (batch is inferred). Resolves to the
+    /// actions (+ value, distribution parameters); recurrent state advances inside the policy.
+    #[wasm_bindgen(unchecked_return_type = "Promise<ActResult>")]
+    pub fn act(
+        &self,
+        #[wasm_bindgen(
+            unchecked_param_type = "Float32Array | Uint8Array | Float64Array | number[]"
+        )]
+        obs: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ActOptions")] options: Option<Object>,
+    ) -> Promise {
+        let options: JsValue = options.map_or(JsValue::UNDEFINED, JsValue::from);
+        let inner = self.inner.clone();
+        let args = match inner.try_borrow() {
+            Ok(i) => i.parse(&obs, &options),
+            Err(_) => Err(busy()),
+        };
+        wasm_bindgen_futures::future_to_promise(async move {
+            let args = args?;
+            let mut guard = inner.try_borrow_mut().map_err(|_| busy())?;
+            let i = &mut *guard;
+            if let (Some(n), Some(st)) = (i.state_growth(&args), i.state.as_mut()) {
+                // A device copy is read back (without blocking) before the host rows grow.
+                #[allow(clippy::await_holding_refcell_ref)]
+                st.sync_async().await.map_err(|e| policy_error(&e))?;
+                st.ensure_envs(n);
+            }
+            let t0 = now_us();
+            let envs = i.envs(&args);
+            let obs = match &args.obs {
+                ObsBuf::F32(v) => Observations::F32(v),
+                ObsBuf::U8(v) => Observations::U8(v),
+            };
+            #[allow(clippy::await_holding_refcell_ref)]
+            // single-threaded; a second caller gets "busy"
+            i.policy
+                .act_async(
+                    obs,
+                    args.batch,
+                    args.mode,
+                    envs,
+                    i.state.as_mut(),
+                    &mut i.out,
+                )
+                .await
+                .map_err(|e| policy_error(&e))?;
+            i.note_first_act(t0);
+            i.result()
+        })
+    }
+
+    /// act() without a Promise, for the CPU backend (a WebGPU policy answers with a typed error: its readback
+    /// is asynchronous).
+    #[wasm_bindgen(js_name = actSync, unchecked_return_type = "ActResult")]
+    pub fn act_sync(
+        &self,
+        #[wasm_bindgen(
+            unchecked_param_type = "Float32Array | Uint8Array | Float64Array | number[]"
+        )]
+        obs: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "ActOptions")] options: Option<Object>,
+    ) -> Result<JsValue, JsValue> {
+        let options: JsValue = options.map_or(JsValue::UNDEFINED, JsValue::from);
+        let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        let i = &mut *guard;
+        if i.backend != "cpu" {
+            return Err(error(
+                "PolicyportBackendError",
+                "actSync runs on the cpu backend only; await act() on webgpu",
+            ));
+        }
+        let args = i.parse(&obs, &options)?;
+        if let (Some(n), Some(st)) = (i.state_growth(&args), i.state.as_mut()) {
+            st.ensure_envs(n);
+        }
+        let t0 = now_us();
+        let envs = i.envs(&args);
+        let obs = match &args.obs {
+            ObsBuf::F32(v) => Observations::F32(v),
+            ObsBuf::U8(v) => Observations::U8(v),
+        };
+        i.policy
+            .act(
+                obs,
+                args.batch,
+                args.mode,
+                envs,
+                i.state.as_mut(),
+                &mut i.out,
+            )
+            .map_err(|e| policy_error(&e))?;
+        i.note_first_act(t0);
+        i.result()
+    }
+
+    /// Zero the recurrent state of these envs (episode boundaries); a no-op for feed-forward policies.
+    pub fn reset(&self, env_ids: Uint32Array) -> Result<(), JsValue> {
+        let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        if let Some(st) = &mut guard.state {
+            st.reset(&env_ids.to_vec()).map_err(|e| policy_error(&e))?;
+        }
+        Ok(())
+    }
+
+    /// What this policy is and how it runs.
+    #[wasm_bindgen(unchecked_return_type = "PolicyInfo")]
+    pub fn info(&self) -> Result<JsValue, JsValue> {
+        let guard = self.inner.try_borrow().map_err(|_| busy())?;
+        let info = guard.policy.info();
+        let o = Object::new();
+        let set = |k: &str, v: JsValue| Reflect::set(&o, &k.into(), &v).map(|_| ());
+        set("name", info.name.as_str().into())?;
+        set("backend", guard.backend.into())?;
+        set(
+            "selection",
+            info.selection
+                .as_deref()
+                .map_or(JsValue::NULL, JsValue::from),
+        )?;
+        let fv = js_sys::Array::of2(&info.format_version.0.into(), &info.format_version.1.into());
+        set("formatVersion", fv.into())?;
+        set("observation", to_js(&info.observation)?)?;
+        set("action", to_js(&info.action)?)?;
+        set("obsLen", (info.obs_len as u32).into())?;
+        set("actionLen", (info.action_len as u32).into())?;
+        set("distParamsLen", (info.dist_params_len as u32).into())?;
+        let discrete = !matches!(info.action, policyport::format::ActionSpace::Box { .. });
+        set("discrete", discrete.into())?;
+        set("hasValue", info.has_value.into())?;
+        set("recurrentStates", (info.recurrent_states as u32).into())?;
+        set("parameters", (info.parameters as f64).into())?;
+        set(
+            "dispatchesPerAct",
+            info.dispatches_per_act
+                .map_or(JsValue::NULL, |d| (d as u32).into()),
+        )?;
+        set("loadMs", guard.load_ms.into())?;
+        set(
+            "firstActUs",
+            guard.first_act_us.map_or(JsValue::NULL, JsValue::from),
+        )?;
+        set("bundle", bundle().into())?;
+        set("simd128", simd128().into())?;
+        Ok(o.into())
+    }
+
+    /// Run the artifact's embedded golden cases (expected outputs from PyTorch in float64) on this backend.
+    #[wasm_bindgen(unchecked_return_type = "Promise<GoldenResult[]>")]
+    pub fn verify(&self) -> Promise {
+        let inner = self.inner.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let mut guard = inner.try_borrow_mut().map_err(|_| busy())?;
+            #[allow(clippy::await_holding_refcell_ref)]
+            let reports = guard
+                .policy
+                .verify_async()
+                .await
+                .map_err(|e| policy_error(&e))?;
+            let arr = js_sys::Array::new();
+            for r in reports {
+                let o = Object::new();
+                Reflect::set(&o, &"name".into(), &r.name.as_str().into())?;
+                Reflect::set(&o, &"passed".into(), &r.passed.into())?;
+                Reflect::set(
+                    &o,
+                    &"sampledMismatches".into(),
+                    &(r.sampled_mismatches as u32).into(),
+                )?;
+                Reflect::set(
+                    &o,
+                    &"deterministicMismatches".into(),
+                    &(r.deterministic_mismatches as u32).into(),
+                )?;
+                let worst = r
+                    .values
+                    .iter()
+                    .map(|(_, e)| *e)
+                    .chain([r.sampled_action_err, r.deterministic_action_err])
+                    .fold(0.0f64, f64::max);
+                Reflect::set(&o, &"maxRelErr".into(), &worst.into())?;
+                arr.push(&o);
+            }
+            Ok(arr.into())
+        })
+    }
+}
+
+fn busy() -> JsValue {
+    error(
+        "PolicyportBusyError",
+        "another call on this policy is in flight: await it first",
+    )
+}
+
+fn to_js<T: serde::Serialize>(v: &T) -> Result<JsValue, JsValue> {
+    let s = serde_json::to_string(v).map_err(|e| arg_error(e))?;
+    js_sys::JSON::parse(&s)
+}
+
+/// `n` CartPole-v1 or Pendulum-v1 envs stepped together (the demo's environments, the same Rust code as the
+/// native demo, so trajectories match native runs bit for bit).
+#[wasm_bindgen]
+pub struct VecEnv {
+    inner: policyport_envs::VecEnv,
+    discrete: Vec<i64>,
+}
+
+#[wasm_bindgen]
+impl VecEnv {
+    /// `kind`: "cartpole" or "pendulum"; env `i` plays episodes `i, i + n, …` from reset stream `seed`.
+    #[wasm_bindgen(constructor)]
+    pub fn new(kind: &str, n: u32, seed: f64) -> Result<VecEnv, JsValue> {
+        let kind: policyport_envs::EnvKind = kind.parse().map_err(arg_error)?;
+        if n == 0 || n > 1 << 20 {
+            return Err(arg_error(format!("{n} envs: want 1 ..= 2^20")));
+        }
+        if !(seed >= 0.0 && seed.fract() == 0.0 && seed <= 9_007_199_254_740_991.0) {
+            return Err(arg_error("seed must be a non-negative safe integer"));
+        }
+        Ok(VecEnv {
+            inner: policyport_envs::VecEnv::new(kind, n as usize, seed as u64),
+            discrete: vec![],
+        })
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn length(&self) -> u32 {
+        self.inner.len() as u32
+    }
+
+    #[wasm_bindgen(getter, js_name = obsLen)]
+    pub fn obs_len(&self) -> u32 {
+        self.inner.kind().obs_len() as u32
+    }
+
+    /// Ticks so far: the `step` to sample the next act() with.
+    #[wasm_bindgen(getter)]
+    pub fn ticks(&self) -> f64 {
+        self.inner.ticks() as f64
+    }
+
+    /// Current observations, `length x obsLen` (a copy).
+    pub fn observations(&self) -> Float32Array {
+        Float32Array::from(self.inner.observations())
+    }
+
+    /// Apply one action per env (Int32Array for CartPole, Float32Array for Pendulum, as act() returns them);
+    /// returns the returns of the episodes that ended this tick (those envs were reset).
+    pub fn step(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "Int32Array | Float32Array")] actions: JsValue,
+    ) -> Result<Float64Array, JsValue> {
+        let report = if self.inner.kind().discrete() {
+            let a = actions
+                .dyn_ref::<Int32Array>()
+                .ok_or_else(|| arg_error("CartPole takes an Int32Array of actions"))?;
+            self.discrete.clear();
+            self.discrete.extend(a.to_vec().into_iter().map(i64::from));
+            self.inner.step(&self.discrete, &[])
+        } else {
+            let a = actions
+                .dyn_ref::<Float32Array>()
+                .ok_or_else(|| arg_error("Pendulum takes a Float32Array of torques"))?;
+            self.inner.step(&[], &a.to_vec())
+        }
+        .map_err(arg_error)?;
+        let r: Vec<f64> = report.finished.iter().map(|(_, r)| *r).collect();
+        Ok(Float64Array::from(&r[..]))
+    }
+
+    /// Per env: the return so far in the current episode.
+    #[wasm_bindgen(js_name = runningReturns)]
+    pub fn running_returns(&self) -> Float64Array {
+        Float64Array::from(self.inner.running_returns())
+    }
+
+    /// Per env: steps into the current episode.
+    #[wasm_bindgen(js_name = episodeSteps)]
+    pub fn episode_steps(&self) -> Uint32Array {
+        Uint32Array::from(self.inner.episode_steps())
+    }
+
+    /// Number of finished episodes so far.
+    #[wasm_bindgen(getter, js_name = episodesFinished)]
+    pub fn episodes_finished(&self) -> u32 {
+        self.inner.finished_returns().len() as u32
+    }
+}

@@ -1,0 +1,266 @@
+// The browser tests: real headless Chromium (Debian's, driven by playwright-core) against `policyport serve-web`.
+//
+//   node tests/browser/run.mjs <policyport CLI> <output dir>
+//
+// 0. Every WGSL variant of shaders/ compiles in Chrome's WebGPU (Tint), not only in naga.
+// 1. Golden vectors: every bundled artifact's embedded PyTorch-float64 cases pass on cpu (CPU bundle), cpu (full
+//    bundle) and webgpu.
+// 2. Native traces: `policyport trace` steps 256 CartPoles / 64 Pendulums natively; the page acts on the same
+//    observations with the same seeds and must produce the same actions (discrete: all equal; continuous:
+//    within 1e-4) on cpu and webgpu; on cpu the page's own envs (the same Rust code in wasm) must retrace the
+//    native CartPole trajectory bit for bit.
+// 3. Typed errors through the JS API (bad artifact, bad observations, webgpu in the CPU bundle, a second act()
+//    while one is in flight).
+// 4. The demo page runs on cpu and webgpu until episode returns show, takes a dropped .policy, and is
+//    screenshotted into the output dir.
+// Exits non-zero on the first failed check; writes browser-results.json (sizes, first-act latency, load times).
+
+import { spawn, execFileSync } from "node:child_process";
+import { createRequire } from "node:module";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const require = createRequire(path.join(ROOT, "web/package.json"));
+const { chromium } = require("playwright-core");
+
+const [bin, outDir] = process.argv.slice(2);
+if (!bin || !outDir) {
+  console.error("usage: node tests/browser/run.mjs <policyport CLI> <output dir>");
+  process.exit(2);
+}
+fs.mkdirSync(outDir, { recursive: true });
+const results = { checks: [], sizes: JSON.parse(fs.readFileSync(path.join(ROOT, "web/pkg/sizes.json"), "utf8")) };
+let failed = 0;
+function check(name, ok, detail = "") {
+  results.checks.push({ name, ok, detail });
+  console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? ` — ${detail}` : ""}`);
+  if (!ok) failed++;
+}
+
+// ---- the server ----
+const server = spawn(bin, ["serve-web", "--port", "0", "--root", path.join(ROOT, "web")], { stdio: ["ignore", "pipe", "inherit"] });
+const base = await new Promise((resolve, reject) => {
+  let buf = "";
+  server.stdout.on("data", (d) => {
+    buf += d;
+    const m = buf.match(/on (http:\/\/[0-9.:]+)\//);
+    if (m) resolve(m[1]);
+  });
+  server.on("exit", (code) => reject(new Error(`serve-web exited with ${code}`)));
+  setTimeout(() => reject(new Error("serve-web did not start in 60 s")), 60000);
+});
+console.log(`server: ${base}`);
+
+// ---- native traces of the bundled policies ----
+const traces = {};
+for (const [env, n, steps] of [["cartpole", 256, 60], ["pendulum", 64, 60]]) {
+  const bytes = Buffer.from(await (await fetch(`${base}/policies/${env}.policy`)).arrayBuffer());
+  const file = path.join(outDir, `${env}.policy`);
+  fs.writeFileSync(file, bytes);
+  const out = path.join(outDir, `${env}.trace.json`);
+  execFileSync(bin, ["trace", file, "--env", env, "--envs", String(n), "--steps", String(steps), "--env-seed", "1", "--policy-seed", "7", "-o", out], { stdio: "inherit" });
+  traces[env] = JSON.parse(fs.readFileSync(out, "utf8"));
+}
+
+// ---- the browser ----
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: [
+    "--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage",
+  ],
+});
+const context = await browser.newContext({ viewport: { width: 1400, height: 1000 } });
+const page = await context.newPage();
+const consoleErrors = [];
+page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+page.on("pageerror", (e) => consoleErrors.push(String(e)));
+
+try {
+  await page.goto(`${base}/?idle=1`);
+  const env = await page.evaluate(async () => {
+    const a = navigator.gpu ? await navigator.gpu.requestAdapter() : null;
+    return { webgpu: !!a, adapter: a?.info ? `${a.info.vendor} ${a.info.architecture} ${a.info.description}` : null, coi: self.crossOriginIsolated, ua: navigator.userAgent };
+  });
+  results.browser = env;
+  check("WebGPU adapter present (--enable-unsafe-webgpu)", env.webgpu, env.adapter ?? "");
+  check("page is cross-origin isolated (precise timers)", env.coi);
+
+  // 0. every WGSL variant through Chrome's own compiler (Tint enforces rules naga does not, e.g. uniformity)
+  const wgsl = await page.evaluate(async () => {
+    const shaders = await (await fetch("./shaders.json")).json();
+    const adapter = await navigator.gpu?.requestAdapter();
+    if (!adapter) return { count: shaders.length, errors: ["no adapter"] };
+    const device = await adapter.requestDevice();
+    const errors = [];
+    for (const { name, source } of shaders) {
+      const info = await device.createShaderModule({ code: source }).getCompilationInfo();
+      for (const m of info.messages) if (m.type === "error") errors.push(`${name} ${m.lineNum}:${m.linePos} ${m.message}`);
+    }
+    device.destroy();
+    return { count: shaders.length, errors };
+  });
+  check(`every WGSL variant compiles in Chrome (${wgsl.count} variants)`, wgsl.count > 20 && wgsl.errors.length === 0, wgsl.errors.slice(0, 3).join(" | "));
+
+  // 1. golden vectors
+  const setups = [["cpu", "cpu"], ["webgpu", "cpu"], ["webgpu", "webgpu"]];
+  results.load = [];
+  for (const [bundle, backend] of setups) {
+    for (const name of ["cartpole", "pendulum", "mlp64"]) {
+      const r = await page.evaluate(async ({ bundle, backend, name }) => {
+        const pp = await window.demo.loadBundle(bundle);
+        const bytes = new Uint8Array(await (await fetch(`./policies/${name}.policy`)).arrayBuffer());
+        const p = await pp.Policy.load(bytes, { backend });
+        const reports = await p.verify();
+        const info = p.info();
+        const x = new Float32Array(info.obsLen);
+        const t0 = performance.now();
+        const p2 = await pp.Policy.load(bytes, { backend });
+        const loadMs = performance.now() - t0;
+        await p2.act(x, { seed: 1, step: 0 });
+        const first = p2.info().firstActUs;
+        p.free(); p2.free();
+        return { reports, backend: info.backend, dispatches: info.dispatchesPerAct, loadMs, firstActUs: first, simd: info.simd128 };
+      }, { bundle, backend, name });
+      const bad = r.reports.filter((c) => !c.passed);
+      const worst = Math.max(...r.reports.map((c) => c.maxRelErr));
+      check(`golden ${name} on ${backend} (${bundle} bundle)`, r.backend === backend && r.reports.length > 0 && bad.length === 0,
+        `${r.reports.length} cases, max rel err ${worst.toExponential(2)}, first act ${(r.firstActUs / 1000).toFixed(2)} ms, load ${r.loadMs.toFixed(0)} ms` +
+        (bad.length ? `; failed: ${JSON.stringify(bad)}` : ""));
+      results.load.push({ bundle, backend, name, loadMs: r.loadMs, firstActUs: r.firstActUs, dispatchesPerAct: r.dispatches, simd128: r.simd });
+    }
+  }
+
+  // 2. native traces, step by step, same seeds
+  for (const [bundle, backend] of [["cpu", "cpu"], ["webgpu", "webgpu"]]) {
+    for (const envName of ["cartpole", "pendulum"]) {
+      const trace = traces[envName];
+      const r = await page.evaluate(async ({ bundle, backend, trace }) => {
+        const pp = await window.demo.loadBundle(bundle);
+        const bytes = new Uint8Array(await (await fetch(`./policies/${trace.env}.policy`)).arrayBuffer());
+        const p = await pp.Policy.load(bytes, { backend, batch: trace.envs });
+        let mismatches = 0, maxErr = 0, maxValueErr = 0;
+        for (let t = 0; t < trace.steps; t++) {
+          const res = await p.act(Float32Array.from(trace.obs[t]), { seed: trace.policy_seed, step: t });
+          const want = trace.actions[t];
+          for (let i = 0; i < want.length; i++) {
+            if (trace.discrete) mismatches += res.actions[i] !== want[i];
+            else maxErr = Math.max(maxErr, Math.abs(res.actions[i] - want[i]));
+            maxValueErr = Math.max(maxValueErr, Math.abs(res.value[i] - trace.value[t][i]) / Math.max(1, Math.abs(trace.value[t][i])));
+          }
+        }
+        // The page's own envs (guest/envs in wasm) driven by the page's policy: the native trajectory again.
+        let obsDiffs = -1;
+        if (trace.discrete && backend === "cpu") {
+          obsDiffs = 0;
+          const env = new pp.VecEnv(trace.env, trace.envs, trace.env_seed);
+          for (let t = 0; t < trace.steps; t++) {
+            const o = env.observations();
+            const want = trace.obs[t];
+            for (let i = 0; i < want.length; i++) obsDiffs += o[i] !== Math.fround(want[i]);
+            const res = p.actSync(o, { seed: trace.policy_seed, step: t });
+            env.step(res.actions);
+          }
+          env.free();
+        }
+        p.free();
+        return { mismatches, maxErr, maxValueErr, obsDiffs };
+      }, { bundle, backend, trace });
+      const ok = r.mismatches === 0 && r.maxErr <= 1e-4 && r.maxValueErr <= 1e-4 && r.obsDiffs <= 0;
+      check(`native trace ${envName} x ${trace.envs} x ${trace.steps} steps on ${backend}`, ok,
+        `action mismatches ${r.mismatches}, max action err ${r.maxErr.toExponential(2)}, max value err ${r.maxValueErr.toExponential(2)}` +
+        (r.obsDiffs >= 0 ? `, page-env obs differing from native ${r.obsDiffs}` : ""));
+    }
+  }
+
+  // 3. typed errors, never a panic
+  const errs = await page.evaluate(async () => {
+    const out = {};
+    const cpu = await window.demo.loadBundle("cpu");
+    const full = await window.demo.loadBundle("webgpu");
+    const bytes = new Uint8Array(await (await fetch("./policies/cartpole.policy")).arrayBuffer());
+    const name = async (f) => { try { await f(); return "no error"; } catch (e) { return `${e.name}: ${e.message}`; } };
+    out.garbage = await name(() => cpu.Policy.load(new Uint8Array([1, 2, 3, 4]), { backend: "cpu" }));
+    out.truncated = await name(() => cpu.Policy.load(bytes.slice(0, 1000), { backend: "cpu" }));
+    out.notCompiled = await name(() => cpu.Policy.load(bytes, { backend: "webgpu" }));
+    out.badBackend = await name(() => cpu.Policy.load(bytes, { backend: "tpu" }));
+    const p = await cpu.Policy.load(bytes, { backend: "cpu" });
+    out.obsLen = await name(() => p.act(new Float32Array(5)));
+    out.nan = await name(() => p.act(new Float32Array([0, NaN, 0, 0])));
+    out.badMode = await name(() => p.act(new Float32Array(4), { mode: "greedy" }));
+    out.badSeed = await name(() => p.act(new Float32Array(4), { seed: -1 }));
+    out.stillWorks = (await p.act(new Float32Array(4), { mode: "deterministic" })).actions.length;
+    p.free();
+    const g = await full.Policy.load(bytes, { backend: "webgpu" });
+    const both = await Promise.allSettled([g.act(new Float32Array(4)), g.act(new Float32Array(4))]);
+    out.busy = both.map((s) => (s.status === "fulfilled" ? "ok" : s.reason.name)).join(",");
+    out.syncOnGpu = await name(() => g.actSync(new Float32Array(4)));
+    out.gpuStillWorks = (await g.act(new Float32Array(8))).actions.length;
+    const auto = await full.Policy.load(bytes, { backend: "auto", batch: 256 });
+    out.autoSelection = auto.info().selection;
+    g.free(); auto.free();
+    return out;
+  });
+  results.errors = errs;
+  check("bad artifact -> PolicyportArtifactError", errs.garbage.startsWith("PolicyportArtifactError") && errs.truncated.startsWith("PolicyportArtifactError"), `${errs.garbage} | ${errs.truncated}`);
+  check("webgpu in the CPU bundle -> PolicyportNotCompiledError", errs.notCompiled.startsWith("PolicyportNotCompiledError"), errs.notCompiled);
+  check("bad options -> PolicyportArgumentError", [errs.badBackend, errs.badMode, errs.badSeed].every((e) => e.startsWith("PolicyportArgumentError")), `${errs.badBackend} | ${errs.badMode} | ${errs.badSeed}`);
+  check("bad observations -> PolicyportObservationError", errs.obsLen.startsWith("PolicyportObservationError") && errs.nan.startsWith("PolicyportObservationError"), `${errs.obsLen} | ${errs.nan}`);
+  check("policy usable after errors", errs.stillWorks === 1 && errs.gpuStillWorks === 2);
+  check("concurrent act() on webgpu -> one PolicyportBusyError", errs.busy === "ok,PolicyportBusyError" || errs.busy === "PolicyportBusyError,ok", errs.busy);
+  check("actSync on webgpu -> PolicyportBackendError", errs.syncOnGpu.startsWith("PolicyportBackendError"), errs.syncOnGpu);
+  check("auto times cpu and webgpu and says so", /cpu [0-9.]+ us/.test(errs.autoSelection ?? "") && /wgpu [0-9.]+ us/.test(errs.autoSelection ?? ""), errs.autoSelection ?? "null");
+
+  // 4. the demo page
+  results.demo = [];
+  for (const [backend, envName, minEpisodes] of [["cpu", "cartpole", 1], ["webgpu", "pendulum", 1], ["auto", "cartpole", 1]]) {
+    await page.goto(`${base}/?backend=${backend}&env=${envName}`);
+    await page.waitForFunction((k) => window.demo.error || window.demo.episodes >= k, minEpisodes, { timeout: 240000 });
+    await page.waitForTimeout(1500); // let the charts fill
+    const d = await page.evaluate(() => ({
+      error: window.demo.error, episodes: window.demo.episodes, meanReturn: window.demo.meanReturn, ticks: window.demo.ticks,
+      backend: window.demo.info?.backend, bundle: window.demo.bundle, selection: window.demo.info?.selection,
+      latencyMs: [...window.demo.latencies].sort((a, b) => a - b)[window.demo.latencies.length >> 1], firstActMs: window.demo.firstActMs,
+      shown: document.getElementById("s-ret").textContent,
+    }));
+    results.demo.push({ backend, envName, ...d });
+    const shot = path.join(outDir, `demo-${envName}-${backend}.png`);
+    await page.screenshot({ path: shot });
+    const goodReturn = envName === "cartpole" ? d.meanReturn >= 195 : d.meanReturn >= -400;
+    check(`demo ${envName} on ${backend}`, !d.error && d.episodes >= minEpisodes && d.shown !== "–" && goodReturn && (backend === "auto" || d.backend === backend),
+      d.error ?? `${d.episodes} episodes, mean return ${d.meanReturn?.toFixed(1)} (shown "${d.shown}"), ${d.ticks} ticks, act ${d.latencyMs?.toFixed(3)} ms median on ${d.backend} (${d.bundle} bundle), screenshot ${path.basename(shot)}`);
+  }
+
+  // drag-and-drop of a user's .policy onto a running CartPole demo: the page switches to Pendulum
+  await page.goto(`${base}/?backend=cpu&env=cartpole`);
+  await page.waitForFunction(() => window.demo.ready, null, { timeout: 60000 });
+  const dropped = fs.readFileSync(path.join(outDir, "pendulum.policy")).toString("base64");
+  const dt = await page.evaluateHandle((b64) => {
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    const d = new DataTransfer();
+    d.items.add(new File([bytes], "my-pendulum.policy"));
+    return d;
+  }, dropped);
+  await page.dispatchEvent("#drop", "drop", { dataTransfer: dt });
+  await page.waitForFunction(() => window.demo.error || (window.demo.env === "pendulum" && window.demo.ready && window.demo.ticks > 10), null, { timeout: 60000 });
+  const afterDrop = await page.evaluate(() => ({ env: window.demo.env, error: window.demo.error, ticks: window.demo.ticks }));
+  check("drag-and-drop of a .policy switches the demo", afterDrop.env === "pendulum" && !afterDrop.error, JSON.stringify(afterDrop));
+  const junk = await page.evaluateHandle(() => { const d = new DataTransfer(); d.items.add(new File([new Uint8Array([9, 9, 9])], "junk.policy")); return d; });
+  await page.dispatchEvent("#drop", "drop", { dataTransfer: junk });
+  await page.waitForFunction(() => window.demo.error, null, { timeout: 30000 });
+  const junkErr = await page.evaluate(() => window.demo.error);
+  check("a dropped bad file shows a typed error", junkErr.startsWith("PolicyportArtifactError"), junkErr);
+
+  check("no uncaught errors in the page", consoleErrors.filter((e) => !/favicon/.test(e)).length === 0, consoleErrors.slice(0, 3).join(" | "));
+} catch (e) {
+  check("browser tests ran to the end", false, String(e?.stack || e));
+} finally {
+  fs.writeFileSync(path.join(outDir, "browser-results.json"), JSON.stringify(results, null, 1));
+  await browser.close();
+  server.kill();
+}
+console.log(`browser tests: ${results.checks.length - failed} passed, ${failed} failed (results and screenshots in ${outDir})`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Build the two browser bundles of guest/web into web/pkg/{cpu,webgpu} (wasm-bindgen, --target web) and print
+# their sizes. CPU-only: the native kernels on wasm SIMD128 (goal <= 500 KB gzipped, enforced). Full: + burn-wgpu
+# on WebGPU. Installs wasm-bindgen-cli at exactly the crate's version (cached under ~/.cache/policyport/tools).
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+need_cargo
+WB_VERSION=$(awk -F'"' '/^wasm-bindgen = / {print $2}' Cargo.toml | tr -d '=')
+TOOLS="$HOME/.cache/policyport/tools"
+WB="$TOOLS/bin/wasm-bindgen"
+if [ ! -x "$WB" ] || [ "$("$WB" --version | awk '{print $2}')" != "$WB_VERSION" ]; then
+  echo "== installing wasm-bindgen-cli $WB_VERSION (~4-8 min, once)"
+  # Not --locked: its lockfile names a webpki-roots the registry here does not carry.
+  cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS" --force
+fi
+rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+WASM_DIR="$CARGO_TARGET_DIR/wasm32-unknown-unknown"
+
+echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.toml)"
+cargo build --profile web -p policyport-web --target wasm32-unknown-unknown
+rm -rf web/pkg/cpu && "$WB" --target web --out-dir web/pkg/cpu "$WASM_DIR/web/policyport_web.wasm"
+
+if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
+  echo "== full bundle (policyport-web --features webgpu)"
+  # cubecl-runtime 0.12.0-pre.1 (burn 0.23.0-pre.1's) does not compile for wasm: tune/tuner.rs imports a helper
+  # from a module gated to non-wasm targets. Build against a copy of the registry crate with the one-line fix in
+  # guest/web/patches/ (native builds keep the registry crate). The patch rewrites Cargo.lock's entry for the
+  # crate (a path source); the committed lockfile is restored afterwards.
+  SRC=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cubecl-runtime-0.12.0-pre.1 2>/dev/null | head -1)
+  if [ -z "$SRC" ]; then
+    cargo fetch --target wasm32-unknown-unknown >/dev/null
+    SRC=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cubecl-runtime-0.12.0-pre.1 | head -1)
+  fi
+  PATCHED="$CARGO_TARGET_DIR/patched/cubecl-runtime"
+  PATCH="$ROOT/guest/web/patches/cubecl-runtime-0.12.0-pre.1-wasm.patch"
+  if [ ! -f "$PATCHED/.patched" ] || ! cmp -s "$PATCH" "$PATCHED/.patched"; then
+    rm -rf "$PATCHED" && mkdir -p "$(dirname "$PATCHED")" && cp -r "$SRC" "$PATCHED"
+    (cd "$PATCHED" && patch -s -p1 < "$PATCH") && cp "$PATCH" "$PATCHED/.patched"
+  fi
+  cp Cargo.lock "$CARGO_TARGET_DIR/Cargo.lock.saved"
+  trap 'cp "$CARGO_TARGET_DIR/Cargo.lock.saved" "$ROOT/Cargo.lock"' EXIT
+  cargo build --profile web-gpu -p policyport-web --features webgpu --target wasm32-unknown-unknown \
+    --config "patch.crates-io.cubecl-runtime.path=\"$PATCHED\""
+  cp "$CARGO_TARGET_DIR/Cargo.lock.saved" Cargo.lock
+  rm -rf web/pkg/webgpu && "$WB" --target web --out-dir web/pkg/webgpu "$WASM_DIR/web-gpu/policyport_web.wasm"
+fi
+
+echo
+echo "== bundle sizes (what a page downloads: the .wasm and its JS glue)"
+python3 - <<'PY'
+import gzip, json, os
+out = {}
+for name in ("cpu", "webgpu"):
+    d = f"web/pkg/{name}"
+    if not os.path.isdir(d):
+        continue
+    files = [f for f in ("policyport_web_bg.wasm", "policyport_web.js") if os.path.exists(f"{d}/{f}")]
+    raw = sum(os.path.getsize(f"{d}/{f}") for f in files)
+    gz = sum(len(gzip.compress(open(f"{d}/{f}", "rb").read(), 9)) for f in files)
+    out[name] = {"raw_bytes": raw, "gzip_bytes": gz}
+    print(f"{name:7s} bundle: {raw / 1e6:7.2f} MB raw, {gz / 1e3:8.1f} KB gzipped")
+json.dump(out, open("web/pkg/sizes.json", "w"), indent=1)
+limit = 500_000
+if out["cpu"]["gzip_bytes"] > limit:
+    raise SystemExit(f"CPU bundle {out['cpu']['gzip_bytes']} B gzipped exceeds the {limit} B goal")
+PY
