@@ -480,16 +480,10 @@ impl DeviceState {
             .iter()
             .zip(&self.sizes)
             .map(|(t, n)| {
-                let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
-                    .try_into_data()
-                    .map_err(|e| {
-                        crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
-                    })?;
-                let mut v = data.try_to_vec::<f32>().map_err(|e| {
-                    crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
-                })?;
-                v.truncate(self.num_envs * n);
-                Ok(v)
+                self.rows(
+                    Tensor::<2>::from_primitive::<Cube>(t.clone()).try_into_data(),
+                    *n,
+                )
             })
             .collect()
     }
@@ -500,17 +494,27 @@ impl DeviceState {
         for (t, n) in self.tensors.iter().zip(&self.sizes) {
             let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
                 .into_data_async()
-                .await
-                .map_err(|e| {
-                    crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
-                })?;
-            let mut v = data.try_to_vec::<f32>().map_err(|e| {
-                crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
-            })?;
-            v.truncate(self.num_envs * n);
-            all.push(v);
+                .await;
+            all.push(self.rows(data, *n)?);
         }
         Ok(all)
+    }
+
+    /// The `num_envs x n` live values of one read-back state tensor.
+    fn rows<E: std::fmt::Debug>(
+        &self,
+        data: Result<burn::tensor::TensorData, E>,
+        n: usize,
+    ) -> Result<Vec<f32>, crate::error::PolicyError> {
+        let err = |e: &dyn std::fmt::Debug| {
+            crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
+        };
+        let mut v = data
+            .map_err(|e| err(&e))?
+            .try_to_vec::<f32>()
+            .map_err(|e| err(&e))?;
+        v.truncate(self.num_envs * n);
+        Ok(v)
     }
 
     /// Zero rows `envs` on the device (scatter of zeros).

@@ -839,27 +839,11 @@ impl Policy {
         let mut reports = vec![];
         for case in &cases {
             let (mut det, mut sampled) = (ActOutputs::default(), ActOutputs::default());
-            for (mode, out) in [
-                (ActMode::Deterministic, &mut det),
-                (
-                    ActMode::Sample {
-                        seed: case.seed,
-                        step: case.step,
-                    },
-                    &mut sampled,
-                ),
-            ] {
-                let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
-                let has_state = !state.tensors.is_empty();
-                self.act_async(
-                    Observations::F32(&case.obs),
-                    case.batch,
-                    mode,
-                    EnvIds::Range(case.env_offset),
-                    has_state.then_some(&mut state),
-                    out,
-                )
-                .await?;
+            for (mode, out) in golden_modes(case).into_iter().zip([&mut det, &mut sampled]) {
+                let mut state = self.golden_state(case);
+                let (obs, envs) = (Observations::F32(&case.obs), EnvIds::Range(case.env_offset));
+                self.act_async(obs, case.batch, mode, envs, state.as_mut(), out)
+                    .await?;
             }
             reports.push(self.score_case(case, &det, &sampled)?);
         }
@@ -868,28 +852,18 @@ impl Policy {
 
     fn verify_case(&mut self, case: &GoldenCase) -> Result<GoldenReport, PolicyError> {
         let (mut det, mut sampled) = (ActOutputs::default(), ActOutputs::default());
-        for (mode, out) in [
-            (ActMode::Deterministic, &mut det),
-            (
-                ActMode::Sample {
-                    seed: case.seed,
-                    step: case.step,
-                },
-                &mut sampled,
-            ),
-        ] {
-            let mut state = RecurrentState::new(self, case.env_offset as usize + case.batch);
-            let has_state = !state.tensors.is_empty();
-            self.act(
-                Observations::F32(&case.obs),
-                case.batch,
-                mode,
-                EnvIds::Range(case.env_offset),
-                has_state.then_some(&mut state),
-                out,
-            )?;
+        for (mode, out) in golden_modes(case).into_iter().zip([&mut det, &mut sampled]) {
+            let mut state = self.golden_state(case);
+            let (obs, envs) = (Observations::F32(&case.obs), EnvIds::Range(case.env_offset));
+            self.act(obs, case.batch, mode, envs, state.as_mut(), out)?;
         }
         self.score_case(case, &det, &sampled)
+    }
+
+    /// A fresh state covering a golden case's envs (None for feed-forward policies).
+    fn golden_state(&self, case: &GoldenCase) -> Option<RecurrentState> {
+        let state = RecurrentState::new(self, case.env_offset as usize + case.batch);
+        (!state.tensors.is_empty()).then_some(state)
     }
 
     fn score_case(
@@ -939,6 +913,17 @@ impl Policy {
         )?;
         Ok(rows)
     }
+}
+
+/// A golden case runs twice: deterministic, then sampled with its (seed, step).
+fn golden_modes(case: &GoldenCase) -> [ActMode; 2] {
+    [
+        ActMode::Deterministic,
+        ActMode::Sample {
+            seed: case.seed,
+            step: case.step,
+        },
+    ]
 }
 
 /// A monotonic microsecond clock: `Instant` natively; on wasm (no clock without JS) a counter that makes every

@@ -106,6 +106,24 @@ extern "C" {
     fn performance_now() -> f64;
 }
 
+// Static constructors (burn's stack registers IR dialects with `inventory` through pliron) run once, at
+// instantiation. Without an export that calls `__wasm_call_ctors`, wasm-ld treats the module as a "command" and
+// wraps *every* export in a constructor call: measured 0.25-1 ms added to each JS -> wasm call of the full bundle
+// (a bool getter took 260 us). Calling it from the start function makes the module a "reactor": ctors run once.
+#[cfg(target_family = "wasm")]
+unsafe extern "C" {
+    fn __wasm_call_ctors();
+}
+
+#[wasm_bindgen(start)]
+fn start() {
+    #[cfg(target_family = "wasm")]
+    // SAFETY: called once, by wasm-bindgen's glue right after instantiation, before any other export runs.
+    unsafe {
+        __wasm_call_ctors();
+    }
+}
+
 fn now_us() -> f64 {
     performance_now() * 1000.0
 }
@@ -156,20 +174,38 @@ fn arg_error(message: impl std::fmt::Display) -> JsValue {
     error("PolicyportArgumentError", message)
 }
 
+thread_local! {
+    static KEYS: RefCell<Vec<(&'static str, JsValue)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A property name as a JS string, made once: act() reads and writes about ten properties per call, and
+/// decoding each name from wasm memory again cost more than the act() of a small policy.
+fn key(name: &'static str) -> JsValue {
+    KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        if let Some((_, v)) = keys.iter().find(|(n, _)| *n == name) {
+            return v.clone();
+        }
+        let v = JsValue::from_str(name);
+        keys.push((name, v.clone()));
+        v
+    })
+}
+
 /// `options[key]` when it is neither undefined nor null.
-fn field(options: &JsValue, key: &str) -> Result<Option<JsValue>, JsValue> {
+fn field(options: &JsValue, key_name: &'static str) -> Result<Option<JsValue>, JsValue> {
     if options.is_undefined() || options.is_null() {
         return Ok(None);
     }
     if !options.is_object() {
         return Err(arg_error("options must be an object"));
     }
-    let v = Reflect::get(options, &JsValue::from_str(key))?;
+    let v = Reflect::get(options, &key(key_name))?;
     Ok((!v.is_undefined() && !v.is_null()).then_some(v))
 }
 
 /// A non-negative integer option (number or bigint) up to `max`.
-fn uint_field(options: &JsValue, key: &str, max: u64) -> Result<Option<u64>, JsValue> {
+fn uint_field(options: &JsValue, key: &'static str, max: u64) -> Result<Option<u64>, JsValue> {
     let Some(v) = field(options, key)? else {
         return Ok(None);
     };
@@ -290,6 +326,13 @@ impl Inner {
         })
     }
 
+    fn obs<'a>(&self, args: &'a ActArgs) -> Observations<'a> {
+        match &args.obs {
+            ObsBuf::F32(v) => Observations::F32(v),
+            ObsBuf::U8(v) => Observations::U8(v),
+        }
+    }
+
     fn envs<'a>(&self, args: &'a ActArgs) -> EnvIds<'a> {
         match &args.env_ids {
             Some(ids) => EnvIds::List(ids),
@@ -316,18 +359,18 @@ impl Inner {
         } else {
             Float32Array::from(&out.continuous[..]).into()
         };
-        Reflect::set(&r, &"batch".into(), &(out.batch as u32).into())?;
-        Reflect::set(&r, &"discrete".into(), &discrete.into())?;
-        Reflect::set(&r, &"actions".into(), &actions)?;
+        Reflect::set(&r, &key("batch"), &(out.batch as u32).into())?;
+        Reflect::set(&r, &key("discrete"), &discrete.into())?;
+        Reflect::set(&r, &key("actions"), &actions)?;
         let value: JsValue = if out.value.is_empty() {
             JsValue::NULL
         } else {
             Float32Array::from(&out.value[..]).into()
         };
-        Reflect::set(&r, &"value".into(), &value)?;
+        Reflect::set(&r, &key("value"), &value)?;
         Reflect::set(
             &r,
-            &"distParams".into(),
+            &key("distParams"),
             &Float32Array::from(&out.dist_params[..]).into(),
         )?;
         Ok(r.into())
@@ -421,11 +464,7 @@ impl Policy {
                 st.ensure_envs(n);
             }
             let t0 = now_us();
-            let envs = i.envs(&args);
-            let obs = match &args.obs {
-                ObsBuf::F32(v) => Observations::F32(v),
-                ObsBuf::U8(v) => Observations::U8(v),
-            };
+            let (obs, envs) = (i.obs(&args), i.envs(&args));
             #[allow(clippy::await_holding_refcell_ref)]
             // single-threaded; a second caller gets "busy"
             i.policy
@@ -469,11 +508,7 @@ impl Policy {
             st.ensure_envs(n);
         }
         let t0 = now_us();
-        let envs = i.envs(&args);
-        let obs = match &args.obs {
-            ObsBuf::F32(v) => Observations::F32(v),
-            ObsBuf::U8(v) => Observations::U8(v),
-        };
+        let (obs, envs) = (i.obs(&args), i.envs(&args));
         i.policy
             .act(
                 obs,
