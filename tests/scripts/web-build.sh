@@ -5,7 +5,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 WB_VERSION=$(awk -F'"' '/^wasm-bindgen = / {print $2}' Cargo.toml | tr -d '=')
-TOOLS="$HOME/.cache/policyport/tools"
+TOOLS="${POLICYPORT_TOOLS:-$HOME/.cache/policyport/tools}"
 WB="$TOOLS/bin/wasm-bindgen"
 if [ ! -x "$WB" ] || [ "$("$WB" --version | awk '{print $2}')" != "$WB_VERSION" ]; then
   echo "== installing wasm-bindgen-cli $WB_VERSION (~4-8 min, once)"
