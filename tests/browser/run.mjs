@@ -13,6 +13,7 @@
 //    while one is in flight).
 // 4. The demo page runs on cpu and webgpu until episode returns show, takes a dropped .policy, and is
 //    screenshotted into the output dir.
+// 5. Without a WebGPU adapter, `auto` falls back to CPU-wasm (and says why) and the demo still runs.
 // Exits non-zero on the first failed check; writes browser-results.json (sizes, first-act latency, load times).
 
 import { spawn, execFileSync } from "node:child_process";
@@ -253,6 +254,39 @@ try {
   await page.waitForFunction(() => window.demo.error, null, { timeout: 30000 });
   const junkErr = await page.evaluate(() => window.demo.error);
   check("a dropped bad file shows a typed error", junkErr.startsWith("PolicyportArtifactError"), junkErr);
+
+  // 5. A browser without a WebGPU adapter (no --enable-unsafe-webgpu): auto falls back to CPU-wasm and says
+  // why, webgpu is a typed error, the demo runs on cpu.
+  const plain = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"],
+  });
+  try {
+    const p2 = await plain.newPage();
+    await p2.goto(`${base}/?idle=1`);
+    const nogpu = await p2.evaluate(async () => {
+      const out = { adapter: navigator.gpu ? !!(await navigator.gpu.requestAdapter()) : false };
+      const full = await window.demo.loadBundle("webgpu");
+      const bytes = new Uint8Array(await (await fetch("./policies/cartpole.policy")).arrayBuffer());
+      const p = await full.Policy.load(bytes, { backend: "auto", batch: 64 });
+      out.selection = p.info().selection;
+      out.backend = p.info().backend;
+      out.actions = (await p.act(new Float32Array(4))).actions.length;
+      p.free();
+      try { await full.Policy.load(bytes, { backend: "webgpu" }); out.webgpu = "loaded"; } catch (e) { out.webgpu = e.name; }
+      return out;
+    });
+    check("no WebGPU adapter: auto falls back to cpu and says why; webgpu is a typed error",
+      !nogpu.adapter && nogpu.backend === "cpu" && /wgpu: unavailable/.test(nogpu.selection) && nogpu.actions === 1 && nogpu.webgpu === "PolicyportBackendError",
+      `${nogpu.selection} | webgpu: ${nogpu.webgpu}`);
+    await p2.goto(`${base}/?backend=auto&env=cartpole`);
+    await p2.waitForFunction(() => window.demo.error || window.demo.ticks > 20, null, { timeout: 60000 });
+    const d = await p2.evaluate(() => ({ error: window.demo.error, backend: window.demo.info?.backend, bundle: window.demo.bundle }));
+    check("no WebGPU adapter: the demo runs on auto -> cpu", !d.error && d.backend === "cpu", JSON.stringify(d));
+  } finally {
+    await plain.close();
+  }
 
   check("no uncaught errors in the page", consoleErrors.filter((e) => !/favicon/.test(e)).length === 0, consoleErrors.slice(0, 3).join(" | "));
 } catch (e) {
