@@ -45,7 +45,8 @@ async function loadBundle(name) {
 
 async function bundleFor(choice) {
   if (choice === "cpu") return ["cpu", await loadBundle("cpu")];
-  if (choice === "auto" && !navigator.gpu) return ["cpu", await loadBundle("cpu")]; // no WebGPU API at all
+  // No WebGPU adapter: auto can only pick cpu, so skip the 4.5 MB full bundle.
+  if (choice === "auto" && !(navigator.gpu && (await navigator.gpu.requestAdapter()))) return ["cpu", await loadBundle("cpu")];
   try {
     return ["webgpu", await loadBundle("webgpu")];
   } catch (e) {

@@ -283,7 +283,7 @@ try {
     await p2.goto(`${base}/?backend=auto&env=cartpole`);
     await p2.waitForFunction(() => window.demo.error || window.demo.ticks > 20, null, { timeout: 60000 });
     const d = await p2.evaluate(() => ({ error: window.demo.error, backend: window.demo.info?.backend, bundle: window.demo.bundle }));
-    check("no WebGPU adapter: the demo runs on auto -> cpu", !d.error && d.backend === "cpu", JSON.stringify(d));
+    check("no WebGPU adapter: the demo runs on auto -> cpu (small bundle)", !d.error && d.backend === "cpu" && d.bundle === "cpu", JSON.stringify(d));
   } finally {
     await plain.close();
   }
