@@ -470,25 +470,24 @@ impl Policy {
     fn time_act(&mut self, batch: usize, now_us: &dyn Fn() -> f64) -> Result<f64, PolicyError> {
         let (obs, mut state, mut out) = self.warm_up_inputs(batch);
         let has_state = !state.tensors.is_empty();
-        let mut times = vec![];
-        let start = now_us();
-        for i in 0..25u64 {
+        let mut timer = ActTimer::new(now_us);
+        for step in timer.steps() {
             let t0 = now_us();
+            let mode = ActMode::Sample { seed: 0, step };
+            let st = has_state.then_some(&mut state);
             self.act(
                 Observations::F32(&obs),
                 batch,
-                ActMode::Sample { seed: 0, step: i },
+                mode,
                 EnvIds::Range(0),
-                has_state.then_some(&mut state),
+                st,
                 &mut out,
             )?;
-            times.push(now_us() - t0);
-            if i >= 2 && now_us() - start > 2e5 {
+            if timer.record(t0) {
                 break;
             }
         }
-        times.sort_by(|a, b| a.total_cmp(b));
-        Ok(times[times.len() / 2])
+        Ok(timer.median())
     }
 
     /// [`Policy::time_act`] with awaited readbacks.
@@ -499,26 +498,25 @@ impl Policy {
     ) -> Result<f64, PolicyError> {
         let (obs, mut state, mut out) = self.warm_up_inputs(batch);
         let has_state = !state.tensors.is_empty();
-        let mut times = vec![];
-        let start = now_us();
-        for i in 0..25u64 {
+        let mut timer = ActTimer::new(now_us);
+        for step in timer.steps() {
             let t0 = now_us();
+            let mode = ActMode::Sample { seed: 0, step };
+            let st = has_state.then_some(&mut state);
             self.act_async(
                 Observations::F32(&obs),
                 batch,
-                ActMode::Sample { seed: 0, step: i },
+                mode,
                 EnvIds::Range(0),
-                has_state.then_some(&mut state),
+                st,
                 &mut out,
             )
             .await?;
-            times.push(now_us() - t0);
-            if i >= 2 && now_us() - start > 2e5 {
+            if timer.record(t0) {
                 break;
             }
         }
-        times.sort_by(|a, b| a.total_cmp(b));
-        Ok(times[times.len() / 2])
+        Ok(timer.median())
     }
 
     /// Record how the backend was chosen (shown by [`Policy::info`]), for loaders outside this crate.
@@ -912,6 +910,41 @@ impl Policy {
             EnvIds::Range(0),
         )?;
         Ok(rows)
+    }
+}
+
+/// The timing rule of backend selection, shared by the blocking and the async loop: up to 25 acts, at least 3,
+/// stop once 0.2 s have passed; the median counts.
+struct ActTimer<'a> {
+    now_us: &'a dyn Fn() -> f64,
+    start: f64,
+    times: Vec<f64>,
+}
+
+impl<'a> ActTimer<'a> {
+    fn new(now_us: &'a dyn Fn() -> f64) -> Self {
+        ActTimer {
+            start: now_us(),
+            now_us,
+            times: vec![],
+        }
+    }
+
+    /// Sampling steps of the timed acts.
+    fn steps(&self) -> std::ops::Range<u64> {
+        0..25
+    }
+
+    /// Record one act that started at `t0`; true when enough were timed.
+    fn record(&mut self, t0: f64) -> bool {
+        let now = (self.now_us)();
+        self.times.push(now - t0);
+        self.times.len() >= 3 && now - self.start > 2e5
+    }
+
+    fn median(mut self) -> f64 {
+        self.times.sort_by(|a, b| a.total_cmp(b));
+        self.times[self.times.len() / 2]
     }
 }
 

@@ -376,8 +376,13 @@ impl Inner {
         Ok(r.into())
     }
 
-    fn note_first_act(&mut self, t0: f64) {
-        if self.first_act_us.is_none() {
+    /// The clock reading to time the first act() with; later acts skip the JS call.
+    fn first_act_start(&self) -> Option<f64> {
+        self.first_act_us.is_none().then(now_us)
+    }
+
+    fn note_first_act(&mut self, t0: Option<f64>) {
+        if let Some(t0) = t0 {
             self.first_act_us = Some(now_us() - t0);
         }
     }
@@ -463,7 +468,7 @@ impl Policy {
                 st.sync_async().await.map_err(|e| policy_error(&e))?;
                 st.ensure_envs(n);
             }
-            let t0 = now_us();
+            let t0 = i.first_act_start();
             let (obs, envs) = (i.obs(&args), i.envs(&args));
             #[allow(clippy::await_holding_refcell_ref)]
             // single-threaded; a second caller gets "busy"
@@ -507,7 +512,7 @@ impl Policy {
         if let (Some(n), Some(st)) = (i.state_growth(&args), i.state.as_mut()) {
             st.ensure_envs(n);
         }
-        let t0 = now_us();
+        let t0 = i.first_act_start();
         let (obs, envs) = (i.obs(&args), i.envs(&args));
         i.policy
             .act(
