@@ -7,20 +7,11 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 PP_VENV="${POLICYPORT_VENV:-$HOME/.cache/policyport/venv}"
 PP_BIN="$CARGO_TARGET_DIR/release/policyport"
 cd "$ROOT"
+# Every install step (ensure_venv, ensure_lavapipe, ensure_browser_deps, ...): idempotent, one piece at a time.
+source "$ROOT/tests/scripts/deps.sh"
 
 need_cargo() {
   command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
-}
-
-# The Python side (torch==2.11.0 CPU/CUDA-13 wheel from PyPI, onnx, onnxruntime): only the fixture generator
-# and the benchmark need it; tests read committed fixtures.
-ensure_venv() {
-  if [ ! -x "$PP_VENV/bin/python" ] || ! "$PP_VENV/bin/python" -c "import torch, onnx, onnxruntime, onnxscript, importlib.metadata as m; m.version('nvidia-cuda-crt')" 2>/dev/null; then
-    echo "== creating $PP_VENV (torch 2.11.0, onnx, onnxruntime; ~3 min, ~5 GB)"
-    python3 -m venv "$PP_VENV"
-    "$PP_VENV/bin/pip" install -q --upgrade pip
-    "$PP_VENV/bin/pip" install -q -r "$ROOT/tests/requirements-torch.txt"
-  fi
 }
 
 step() {

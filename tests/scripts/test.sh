@@ -4,7 +4,57 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 t0=$(date +%s)
-passed=0
+
+# Counted, never typed in: every test step adds what it really ran. A failing test step is counted and the run
+# goes on (so one report shows every failure); a failing build or install stops the run at once. A step that could
+# not run is counted as skipped with its reason, and under CI (CI=true) a skip is a failure.
+passed=0 failed=0 skipped=0
+failures=() skips=()
+# count_cargo LOG: adds the "test result:" lines of a cargo test log (passed, failed, ignored = skipped).
+count_cargo() {
+  local p f i
+  read -r p f i < <(awk '/^test result:/ {p += $4; f += $6; i += $8} END {print p + 0, f + 0, i + 0}' "$1")
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + i))
+  [ "$f" = 0 ] || failures+=("$f failed in $(basename "$1")")
+  [ "$i" = 0 ] || skips+=("$i ignored tests in $(basename "$1") (see the log for which)")
+}
+# check NAME COMMAND...: one counted check. The command runs in a subshell with errexit on (inside `if` bash
+# would ignore errexit, so a failing line in the middle of a check function would go unnoticed).
+check() {
+  local name=$1 rc
+  shift
+  set +e
+  (set -e; "$@")
+  rc=$?
+  set -e
+  if [ "$rc" = 0 ]; then
+    passed=$((passed + 1))
+  else
+    echo "FAILED: $name" >&2
+    failed=$((failed + 1))
+    failures+=("$name")
+  fi
+}
+# cargo_test LOG ARGS...: `cargo test ARGS` (all targets run, no fail-fast), counted from its log. A cargo that
+# fails without a failing test (a build error, a crashed test binary) counts as one failure.
+cargo_test() {
+  local log=$1 rc f_before=$failed
+  shift
+  set +e
+  cargo test --no-fail-fast "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  count_cargo "$log"
+  if [ "$rc" != 0 ] && [ "$failed" = "$f_before" ]; then
+    failed=$((failed + 1))
+    failures+=("cargo test $* exited $rc with no failing test counted (see $log)")
+  fi
+}
+skip() {
+  echo "SKIPPED: $1" >&2
+  skipped=$((skipped + 1))
+  skips+=("$1")
+}
 
 step "python venv with torch 2.11.0 (the libtorch executor links it; ~3 min and ~5 GB the first time)"
 torch_env
@@ -13,20 +63,15 @@ FEATURES=(--features policyport-host/tch,policyport/wgpu)
 export POLICYPORT_REQUIRE_TCH=1 POLICYPORT_REQUIRE_WGPU=1
 
 step "Vulkan on the CPU (Mesa lavapipe) for the wgpu backend"
-if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
-  fi
-fi
+ensure_lavapipe
 ls /usr/share/vulkan/icd.d/
-# Mesa's WSI wants a runtime dir even for compute-only use (else a warning per device open).
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$CARGO_TARGET_DIR/xdg-runtime}"
-mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+
+step "headless Chromium, node and npm for the browser tests (each installed only when missing)"
+ensure_browser_deps
+echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
 step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
-rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+ensure_wasm_target
 cargo build --release --workspace --all-targets "${FEATURES[@]}"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
@@ -36,71 +81,90 @@ step "browser bundles (guest/web: CPU-only and full with WebGPU; sizes printed, 
 bash tests/scripts/web-build.sh
 
 step "cargo test: unit tests + the conformance suite on every compiled backend"
-cargo test --release --workspace "${FEATURES[@]}" 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test.log"
-passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test.log")))
+cargo_test "$CARGO_TARGET_DIR/cargo-test.log" --release --workspace "${FEATURES[@]}"
 
 step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX-512)"
-POLICYPORT_CPU_BASELINE=1 cargo test --release --workspace "${FEATURES[@]}" --test conformance 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-baseline.log"
-passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test-baseline.log")))
+POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance
 
 step "without the tch feature: the same API, a typed 'not compiled' error (host library tests)"
-cargo test --release -p policyport-host --lib 2>&1 | tee "$CARGO_TARGET_DIR/cargo-test-notch.log"
-grep -q "compiled_out_is_a_typed_error ... ok" "$CARGO_TARGET_DIR/cargo-test-notch.log"
-passed=$((passed + $(awk '/^test result:/ {n += $4} END {print n + 0}' "$CARGO_TARGET_DIR/cargo-test-notch.log")))
+cargo_test "$CARGO_TARGET_DIR/cargo-test-notch.log" --release -p policyport-host --lib
+# The typed error must really have been checked in that build (not filtered out or renamed away).
+grep -q "compiled_out_is_a_typed_error ... ok" "$CARGO_TARGET_DIR/cargo-test-notch.log" ||
+  { echo "FAILED: compiled_out_is_a_typed_error did not run and pass without tch" >&2; failed=$((failed + 1)); failures+=("no-tch typed error test"); }
 
 step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
 out="$CARGO_TARGET_DIR/cli-test"
 rm -rf "$out" && mkdir -p "$out"
-for d in tests/fixtures/*/; do
+cli_fixture() {
+  local d=$1 name
   name=$(basename "$d")
-  [ -f "$d/policy.onnx" ] || continue
   "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --golden "$d/io.json" -o "$out/$name.policy"
   "$PP_BIN" inspect "$out/$name.policy" >/dev/null
   "$PP_BIN" verify "$out/$name.policy"
   "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --storage bf16 -o "$out/$name.bf16.policy"
   "$PP_BIN" verify "$out/$name.bf16.policy" >/dev/null
+}
+for d in tests/fixtures/*/; do
+  [ -f "$d/policy.onnx" ] || continue
+  check "CLI compile/inspect/verify $(basename "$d") (f32 and bf16)" cli_fixture "$d"
 done
-"$PP_BIN" compile tests/fixtures/mlp64/policy.onnx --preset logits-value -o "$out/preset.policy"
-"$PP_BIN" verify "$out/preset.policy"
-echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
-"$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"
-grep -q '"batch":2' "$out/run.json"
-head -c 1000 "$out/cartpole.policy" > "$out/truncated.policy"
-set +e
-"$PP_BIN" verify "$out/truncated.policy" 2> "$out/err.txt"
-rc=$?
-set -e
-grep -q "truncated" "$out/err.txt" && [ "$rc" = 1 ] || { echo "truncated artifact: want a typed error and exit 1, got $rc"; cat "$out/err.txt"; exit 1; }
-passed=$((passed + 1))
+cli_preset() {
+  "$PP_BIN" compile tests/fixtures/mlp64/policy.onnx --preset logits-value -o "$out/preset.policy"
+  "$PP_BIN" verify "$out/preset.policy"
+}
+check "CLI compile --preset logits-value" cli_preset
+cli_run() {
+  echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
+  "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"
+  grep -q '"batch":2' "$out/run.json"
+}
+check "CLI run on a JSON batch" cli_run
+cli_truncated() {
+  local rc=0
+  head -c 1000 "$out/cartpole.policy" > "$out/truncated.policy"
+  "$PP_BIN" verify "$out/truncated.policy" 2> "$out/err.txt" || rc=$?
+  grep -q "truncated" "$out/err.txt" && [ "$rc" = 1 ] ||
+    { echo "truncated artifact: want a typed error and exit 1, got $rc"; cat "$out/err.txt"; return 1; }
+}
+check "CLI: a truncated artifact is a typed error with exit 1" cli_truncated
 
 step "browser: headless Chromium (WebGPU on SwiftShader) against policyport serve-web"
-source tests/scripts/web-deps.sh
-ensure_browser_deps
-node tests/browser/run.mjs "$PP_BIN" "$out/browser" 2>&1 | tee "$out/browser.log"
-passed=$((passed + $(grep -c '^ok  ' "$out/browser.log")))
+# Each check of run.mjs is counted from its own "ok  " / "FAIL" line; a crash before any check is one failure.
+node tests/browser/run.mjs "$PP_BIN" "$out/browser" 2>&1 | tee "$out/browser.log" || true
+b_ok=$(grep -c '^ok  ' "$out/browser.log" || true)
+b_fail=$(grep -c '^FAIL' "$out/browser.log" || true)
+passed=$((passed + b_ok)) failed=$((failed + b_fail))
+[ "$b_fail" = 0 ] || failures+=("$b_fail browser checks")
+if ! grep -q '^browser tests: ' "$out/browser.log"; then
+  failed=$((failed + 1)) && failures+=("browser test run did not finish")
+fi
 
 step "demo (the README's first command)"
-"$PP_BIN" demo --episodes 20 --out-dir "$out/demo"
-passed=$((passed + 1))
+check "demo" "$PP_BIN" demo --episodes 20 --out-dir "$out/demo"
 
-step "fuzz the artifact reader (cargo fuzz, 30 s)"
-# cargo fuzz needs a nightly toolchain (sanitizer flags); these machines ship one. If a machine has none and
-# cannot install one, say so loudly: the in-suite mutation test still covers the reader, but this step did not run.
-if ! cargo +nightly --version >/dev/null 2>&1; then
-  rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
-fi
-if cargo +nightly --version >/dev/null 2>&1; then
-  if ! command -v cargo-fuzz >/dev/null; then
-    cargo install cargo-fuzz --locked --version 0.13.2
-  fi
+step "fuzz the artifact reader (cargo fuzz, ${POLICYPORT_FUZZ_SECONDS:-30} s)"
+fuzz_artifact() {
   mkdir -p "$CARGO_TARGET_DIR/fuzz-corpus"
   cp "$out/cartpole.policy" "$out/pendulum.bf16.policy" "$CARGO_TARGET_DIR/fuzz-corpus/"
-  (cd guest/format/fuzz && cargo +nightly fuzz run artifact "$CARGO_TARGET_DIR/fuzz-corpus" -- -max_total_time="${POLICYPORT_FUZZ_SECONDS:-30}" -rss_limit_mb=2048)
-  passed=$((passed + 1))
+  cd guest/format/fuzz
+  cargo +nightly fuzz run artifact "$CARGO_TARGET_DIR/fuzz-corpus" -- -max_total_time="${POLICYPORT_FUZZ_SECONDS:-30}" -rss_limit_mb=2048
+}
+if ensure_fuzz_tools; then
+  check "cargo fuzz: artifact reader" fuzz_artifact
 else
-  echo "WARNING: no nightly toolchain: cargo fuzz did NOT run (the conformance suite's mutation test did)"
+  skip "cargo fuzz: no nightly toolchain could be had (the conformance suite's mutation test still ran)"
 fi
 
 echo
+deps_summary
 echo "test.sh finished in $(( $(date +%s) - t0 )) s"
-echo "test.sh: $passed passed, 0 failed"
+for f in "${failures[@]}"; do echo "  failed: $f"; done
+for k in "${skips[@]}"; do echo "  skipped: $k"; done
+status=0
+[ "$failed" = 0 ] || status=1
+if [ "$skipped" != 0 ] && [ "${CI:-}" = true ]; then
+  echo "CI=true: a skipped check is a failure here (every backend and tool this script installs must run)"
+  status=1
+fi
+echo "test.sh: $passed passed, $failed failed, $skipped skipped"
+exit "$status"

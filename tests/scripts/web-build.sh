@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # Build the two browser bundles of guest/web into web/pkg/{cpu,webgpu} (wasm-bindgen, --target web) and print
 # their sizes. CPU-only: the native kernels on wasm SIMD128 (goal <= 500 KB gzipped, enforced). Full: + burn-wgpu
-# on WebGPU. Installs wasm-bindgen-cli at exactly the crate's version (cached under ~/.cache/policyport/tools).
+# on WebGPU. Installs wasm-bindgen-cli at exactly the crate's version (cached under ~/.cache/policyport/tools)
+# when it is missing.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
-WB_VERSION=$(awk -F'"' '/^wasm-bindgen = / {print $2}' Cargo.toml | tr -d '=')
-TOOLS="${POLICYPORT_TOOLS:-$HOME/.cache/policyport/tools}"
-WB="$TOOLS/bin/wasm-bindgen"
-if [ ! -x "$WB" ] || [ "$("$WB" --version | awk '{print $2}')" != "$WB_VERSION" ]; then
-  echo "== installing wasm-bindgen-cli $WB_VERSION (~4-8 min, once)"
-  # Not --locked: its lockfile names a webpki-roots the registry here does not carry.
-  cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS" --force
-fi
-rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+ensure_wasm_bindgen
+ensure_wasm_target
+WB="$PP_WASM_BINDGEN"
 WASM_DIR="$CARGO_TARGET_DIR/wasm32-unknown-unknown"
 
 echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.toml)"

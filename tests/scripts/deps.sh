@@ -1,0 +1,183 @@
+# Every install step the project scripts take, in one place (sourced after common.sh, not run).
+#
+# The rule for each `ensure_*`: look for the one thing that is needed, install only that, each piece on its own,
+# and say what was installed and why -- or, when it cannot be installed, what is missing and what to do, then fail.
+# Nothing is reinstalled when it is already there, so every step is safe to run on every run (CI re-runs on the
+# same machine, a developer's machine with half of it installed by hand, a brand-new machine).
+#
+# Why each piece is separate (issue 12): on a machine whose node comes from nodesource (it ships its own npm),
+# `apt-get install chromium nodejs npm` is refused as a whole because Debian's `npm` conflicts with that `nodejs`;
+# CI only passed where Chromium had been installed by hand. Installing only what `command -v` cannot find avoids
+# touching a working node at all.
+#
+# POLICYPORT_DEPS_LOG (default $CARGO_TARGET_DIR/deps.log) collects the package managers' own output; a failing
+# install prints its tail.
+
+PP_TOOLS="${POLICYPORT_TOOLS:-$HOME/.cache/policyport/tools}"
+PP_DEPS_LOG="${POLICYPORT_DEPS_LOG:-$CARGO_TARGET_DIR/deps.log}"
+PP_APT_UPDATED=0
+
+# What the scripts installed in this run, printed by `deps_summary`.
+PP_INSTALLED=()
+
+_deps_log_tail() {
+  echo "---- last lines of $PP_DEPS_LOG ----" >&2
+  tail -n 25 "$PP_DEPS_LOG" >&2 || true
+  echo "----" >&2
+}
+
+# apt_install WHY PACKAGE...: installs exactly these Debian packages (and what they depend on), nothing else.
+apt_install() {
+  local why=$1
+  shift
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  mkdir -p "$(dirname "$PP_DEPS_LOG")"
+  echo "== installing $* from Debian's packages: $why"
+  if ! command -v apt-get >/dev/null; then
+    echo "ERROR: $* missing ($why) and this machine has no apt-get: install $* by hand" >&2
+    return 1
+  fi
+  if [ "$PP_APT_UPDATED" = 0 ]; then
+    if ! $sudo apt-get update -qq >>"$PP_DEPS_LOG" 2>&1; then
+      echo "ERROR: apt-get update failed (needed for $*)" >&2
+      _deps_log_tail
+      return 1
+    fi
+    PP_APT_UPDATED=1
+  fi
+  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >>"$PP_DEPS_LOG" 2>&1; then
+    echo "ERROR: apt-get install $* failed ($why); apt said:" >&2
+    _deps_log_tail
+    return 1
+  fi
+  PP_INSTALLED+=("$* (apt: $why)")
+}
+
+# Mesa lavapipe (Vulkan on the CPU) for the wgpu backend's tests.
+ensure_lavapipe() {
+  if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    apt_install "Vulkan on the CPU (Mesa lavapipe) for the wgpu backend's tests" mesa-vulkan-drivers libvulkan1
+  fi
+  # Mesa's WSI wants a runtime dir even for compute-only use (else a warning per device open).
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$CARGO_TARGET_DIR/xdg-runtime}"
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+}
+
+# Headless Chromium for tests/browser (Debian's package: no browser download, which this workplace forbids).
+ensure_chromium() {
+  if [ -n "${CHROMIUM:-}" ] && [ -x "$CHROMIUM" ]; then
+    return 0
+  fi
+  if ! command -v chromium >/dev/null; then
+    apt_install "headless Chromium for the browser tests (tests/browser/run.mjs)" chromium
+  fi
+  chromium --version >/dev/null 2>&1 || { echo "ERROR: chromium is installed but 'chromium --version' fails" >&2; return 1; }
+}
+
+# node (>= 18, for playwright-core) and npm. Each only when absent: a node that is already there (nodesource's,
+# nvm's, Debian's) is used as it is; Debian's npm is installed only when there is no npm at all.
+ensure_node() {
+  if ! command -v node >/dev/null; then
+    apt_install "node for the browser tests and the benchmark page" nodejs
+  fi
+  if ! command -v npm >/dev/null; then
+    if ! apt_install "npm for the browser tests' packages (web/package-lock.json)" npm; then
+      echo "ERROR: there is a node ($(command -v node), $(node --version)) but no npm, and Debian's npm cannot be" >&2
+      echo "       installed beside it (it conflicts with node builds that ship their own npm, e.g. nodesource's)." >&2
+      echo "       Install the npm that belongs to that node, then re-run." >&2
+      return 1
+    fi
+  fi
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]')
+  if [ "$major" -lt 18 ]; then
+    echo "ERROR: node $(node --version) at $(command -v node) is older than 18 (playwright-core needs 18+)" >&2
+    return 1
+  fi
+}
+
+# The pinned npm packages (playwright-core, onnxruntime-web) in web/node_modules, re-installed only when
+# web/package-lock.json changed.
+ensure_node_modules() {
+  if [ ! -f web/node_modules/.package-lock.json ] || ! cmp -s web/package-lock.json web/node_modules/.pp-lock; then
+    echo "== npm ci in web/ (playwright-core, onnxruntime-web as pinned in web/package-lock.json)"
+    (cd web && npm ci --no-audit --no-fund --loglevel=error) && cp web/package-lock.json web/node_modules/.pp-lock
+    PP_INSTALLED+=("web/node_modules (npm ci)")
+  fi
+}
+
+ensure_browser_deps() {
+  ensure_chromium
+  ensure_node
+  ensure_node_modules
+}
+
+ensure_wasm_target() {
+  if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+    echo "== rustup target add wasm32-unknown-unknown (the plugin and the browser bundles)"
+    rustup target add wasm32-unknown-unknown
+    PP_INSTALLED+=("rust target wasm32-unknown-unknown (rustup)")
+  fi
+}
+
+# wasm-bindgen-cli at exactly the version of the wasm-bindgen crate in Cargo.toml (they must match), under
+# $PP_TOOLS so it does not shadow another version on PATH.
+ensure_wasm_bindgen() {
+  local version
+  version=$(awk -F'"' '/^wasm-bindgen = / {print $2}' "$ROOT/Cargo.toml" | tr -d '=')
+  PP_WASM_BINDGEN="$PP_TOOLS/bin/wasm-bindgen"
+  if [ ! -x "$PP_WASM_BINDGEN" ] || [ "$("$PP_WASM_BINDGEN" --version | awk '{print $2}')" != "$version" ]; then
+    echo "== installing wasm-bindgen-cli $version under $PP_TOOLS (must equal the wasm-bindgen crate; ~3-8 min, once)"
+    # Not --locked: its lockfile names a webpki-roots the registry here does not carry.
+    cargo install wasm-bindgen-cli --version "=$version" --root "$PP_TOOLS" --force
+    PP_INSTALLED+=("wasm-bindgen-cli $version (cargo install)")
+  fi
+}
+
+# cargo fuzz needs a nightly toolchain (sanitizer flags). Returns 1 (after saying why) when none can be had.
+ensure_fuzz_tools() {
+  if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "== rustup toolchain install nightly --profile minimal (cargo fuzz needs nightly)"
+    if ! rustup toolchain install nightly --profile minimal >>"$PP_DEPS_LOG" 2>&1; then
+      echo "ERROR: no nightly toolchain and 'rustup toolchain install nightly' failed" >&2
+      _deps_log_tail
+      return 1
+    fi
+    PP_INSTALLED+=("nightly toolchain (rustup)")
+  fi
+  if ! cargo fuzz --version 2>/dev/null | grep -q ' 0\.13\.2'; then
+    echo "== cargo install cargo-fuzz 0.13.2 (~2 min, once)"
+    cargo install cargo-fuzz --locked --version 0.13.2
+    PP_INSTALLED+=("cargo-fuzz 0.13.2 (cargo install)")
+  fi
+}
+
+# The Python side (torch==2.11.0 CPU/CUDA-13 wheel from PyPI, onnx, onnxruntime): the libtorch executor links the
+# venv's torch; the fixture generator and the benchmark run in it. Re-installed when tests/requirements-torch.txt
+# changes (a copy is kept in the venv).
+ensure_venv() {
+  local req="$ROOT/tests/requirements-torch.txt"
+  if [ -x "$PP_VENV/bin/python" ] && cmp -s "$req" "$PP_VENV/.pp-requirements" &&
+    "$PP_VENV/bin/python" -c "import torch, onnx, onnxruntime, onnxscript" 2>/dev/null; then
+    return 0
+  fi
+  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+    apt_install "python3 -m venv (the torch venv)" python3-venv
+  fi
+  echo "== python venv $PP_VENV from tests/requirements-torch.txt (torch 2.11.0, onnx, onnxruntime; ~3 min, ~5 GB)"
+  python3 -m venv "$PP_VENV"
+  "$PP_VENV/bin/pip" install -q --upgrade pip
+  "$PP_VENV/bin/pip" install -q -r "$req"
+  cp "$req" "$PP_VENV/.pp-requirements"
+  PP_INSTALLED+=("python venv $PP_VENV (pip -r tests/requirements-torch.txt)")
+}
+
+deps_summary() {
+  if [ ${#PP_INSTALLED[@]} = 0 ]; then
+    echo "installed by this run: nothing (everything was already there)"
+  else
+    echo "installed by this run:"
+    printf '  - %s\n' "${PP_INSTALLED[@]}"
+  fi
+}
