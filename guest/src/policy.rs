@@ -38,6 +38,22 @@ impl EnvIds<'_> {
             EnvIds::List(ids) => ids[row],
         }
     }
+
+    /// An env id naming two rows of this batch, if any (the smallest such id). With per-env recurrent state two
+    /// rows of one env would read the same state and race to write the next one (on a CPU the last write would
+    /// silently win, on a GPU which write wins is unspecified), so every backend refuses such a batch for a
+    /// recurrent policy: one rule, checked here for the guest's backends, the plugin and the libtorch executor.
+    /// `scratch` is reused across calls (no allocation once warm); sorting a copy keeps the cost O(batch log
+    /// batch) whatever the ids' range.
+    pub fn duplicate(&self, batch: usize, scratch: &mut Vec<u32>) -> Option<u32> {
+        let EnvIds::List(ids) = self else {
+            return None; // distinct by construction
+        };
+        scratch.clear();
+        scratch.extend_from_slice(&ids[..batch.min(ids.len())]);
+        scratch.sort_unstable();
+        scratch.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+    }
 }
 
 /// Results of one act(), reused across calls (buffers keep their capacity: no allocation once warm).
@@ -186,6 +202,8 @@ pub struct Policy {
     has_value: bool,
     scratch_obs: Vec<f32>,
     scratch_rows: Vec<f32>,
+    /// Env ids of the current batch, sorted (the duplicate check of recurrent batches).
+    scratch_ids: Vec<u32>,
     selection: Option<String>,
 }
 
@@ -286,6 +304,7 @@ impl Policy {
             row_width,
             scratch_obs: Vec::new(),
             scratch_rows: Vec::new(),
+            scratch_ids: Vec::new(),
             selection: None,
         };
         // A WebGPU program in a browser cannot block on its warm-up readback: load_async warms it instead.
@@ -674,6 +693,12 @@ impl Policy {
                         )));
                     }
                 }
+                if let Some(d) = envs.duplicate(batch, &mut self.scratch_ids) {
+                    self.scratch_obs = obs_buf;
+                    return Err(PolicyError::EnvIds(format!(
+                        "env {d} appears twice in one batch of a recurrent policy"
+                    )));
+                }
                 if self.exec.on_device() {
                     vec![] // gathered on the device from its copy of the state
                 } else {
@@ -774,8 +799,8 @@ impl Policy {
     }
 
     /// Launch one step of a wgpu program and return the packed `[actions | params | value]` rows still on the
-    /// device. State rows stay on the device (uploaded once per state, then gathered and scattered there); env
-    /// ids of a recurrent batch must be distinct (device writes would race).
+    /// device. State rows stay on the device (uploaded once per state, then gathered and scattered there). Always
+    /// after `act_prepare`, which checked the env ids.
     #[cfg(feature = "wgpu")]
     fn launch_device(
         &mut self,
@@ -792,14 +817,7 @@ impl Policy {
         let ids: Vec<u32> = (0..batch).map(|r| envs.get(r)).collect();
         let dev = match state {
             Some(st) => {
-                let mut seen = vec![false; st.num_envs];
-                for &e in &ids {
-                    if std::mem::replace(&mut seen[e as usize], true) {
-                        return Err(PolicyError::EnvIds(format!(
-                            "env {e} appears twice in one batch of a recurrent policy"
-                        )));
-                    }
-                }
+                // Env ids were checked by act_prepare (in range, no duplicates: EnvIds::duplicate).
                 let fresh = st
                     .device
                     .as_ref()

@@ -18,8 +18,9 @@ use wasmtime::{
     Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
 };
 
-/// The plugin ABI version this host speaks.
-pub const ABI_VERSION: u32 = 1;
+/// The plugin ABI version this host speaks (the one definition: `policyport_abi`).
+pub use policyport_abi::ABI_VERSION;
+use policyport_abi::{ErrorCode, ObsDType, PluginInfo, export};
 
 #[derive(Debug, Error)]
 pub enum WasmError {
@@ -40,11 +41,24 @@ pub enum WasmError {
     MemoryCap { cap_bytes: usize },
     #[error("plugin trapped in '{call}': {message}")]
     Trap { call: &'static str, message: String },
-    #[error("plugin error {code} in '{call}': {message}")]
+    #[error("plugin error in '{call}' ({}): {message}", code.description())]
     Guest {
         call: &'static str,
-        code: i32,
+        code: ErrorCode,
         message: String,
+    },
+    #[error("plugin returned {code} from '{call}', which is no ABI error code (a broken plugin)")]
+    UnknownCode { call: &'static str, code: i32 },
+    #[error("plugin's pp_info word {index} is {value}, not 0 or 1 (a broken plugin)")]
+    BadInfo { index: usize, value: u32 },
+    #[error(
+        "plugin's pp_alloc returned {len} bytes at {ptr}, outside its {memory_bytes}-byte memory or not 16-aligned \
+         (a broken plugin)"
+    )]
+    BadAllocation {
+        ptr: u32,
+        len: u32,
+        memory_bytes: usize,
     },
     #[error("bad call: {0}")]
     Call(String),
@@ -196,8 +210,7 @@ struct Exports {
     free: TypedFunc<(u32, u32), ()>,
     load: TypedFunc<(u32, u32), i32>,
     info: TypedFunc<(i32, u32), i32>,
-    #[allow(clippy::type_complexity)]
-    act: TypedFunc<(i32, u32, u32, u32, u32, u32, u32, u64, u64, u32, u32, u32), i32>,
+    act: TypedFunc<policyport_abi::ActParams, i32>,
     reset: TypedFunc<(i32, u32, u32), i32>,
     last_error: TypedFunc<(u32, u32), u32>,
 }
@@ -249,16 +262,16 @@ impl WasmPolicy {
             .instantiate(&mut store, &rt.module)
             .map_err(|e| classify(e, &store, "instantiate", limits))?;
         let memory = instance
-            .get_memory(&mut store, "memory")
-            .ok_or(WasmError::MissingExport("memory"))?;
+            .get_memory(&mut store, export::MEMORY)
+            .ok_or(WasmError::MissingExport(export::MEMORY))?;
         macro_rules! func {
-            ($name:literal) => {
+            ($name:expr) => {
                 instance
                     .get_typed_func(&mut store, $name)
                     .map_err(|_| WasmError::MissingExport($name))?
             };
         }
-        let version: TypedFunc<(), u32> = func!("pp_abi_version");
+        let version: TypedFunc<(), u32> = func!(export::ABI_VERSION);
         let found = version
             .call(&mut store, ())
             .map_err(|e| classify(e, &store, "pp_abi_version", limits))?;
@@ -269,13 +282,13 @@ impl WasmPolicy {
             });
         }
         let x = Exports {
-            alloc: func!("pp_alloc"),
-            free: func!("pp_free"),
-            load: func!("pp_load"),
-            info: func!("pp_info"),
-            act: func!("pp_act"),
-            reset: func!("pp_reset"),
-            last_error: func!("pp_last_error"),
+            alloc: func!(export::ALLOC),
+            free: func!(export::FREE),
+            load: func!(export::LOAD),
+            info: func!(export::INFO),
+            act: func!(export::ACT),
+            reset: func!(export::RESET),
+            last_error: func!(export::LAST_ERROR),
         };
         let mut p = WasmPolicy {
             store,
@@ -309,26 +322,27 @@ impl WasmPolicy {
         let handle = p.call("pp_load", |s, x| x.load.call(s, (ptr, len)))?;
         p.call("pp_free", |s, x| x.free.call(s, (ptr, len)))?;
         p.handle = p.check("pp_load", handle)?;
-        let out = p.call("pp_alloc", |s, x| x.alloc.call(s, 32))?;
+        const INFO_BYTES: u32 = policyport_abi::INFO_WORDS as u32 * 4;
+        let out = p.call("pp_alloc", |s, x| x.alloc.call(s, INFO_BYTES))?;
         let rc = p.call("pp_info", |s, x| x.info.call(s, (handle, out)))?;
         p.check("pp_info", rc)?;
-        let mut raw = [0u8; 32];
+        let mut raw = [0u8; INFO_BYTES as usize];
         p.memory
             .read(&p.store, out as usize, &mut raw)
             .map_err(|e| WasmError::Call(e.to_string()))?;
-        p.call("pp_free", |s, x| x.free.call(s, (out, 32)))?;
-        let v: Vec<u32> = raw
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        p.call("pp_free", |s, x| x.free.call(s, (out, INFO_BYTES)))?;
+        let info = PluginInfo::from_le_bytes(raw).map_err(|b| WasmError::BadInfo {
+            index: b.index,
+            value: b.value,
+        })?;
         p.info = WasmInfo {
-            obs_len: v[0] as usize,
-            action_len: v[1] as usize,
-            dist_params_len: v[2] as usize,
-            has_value: v[3] != 0,
-            discrete: v[4] != 0,
-            recurrent_states: v[5] as usize,
-            u8_obs: v[6] != 0,
+            obs_len: info.obs_len as usize,
+            action_len: info.action_len as usize,
+            dist_params_len: info.dist_params_len as usize,
+            has_value: info.has_value,
+            discrete: info.discrete,
+            recurrent_states: info.recurrent_states as usize,
+            u8_obs: info.u8_obs,
         };
         Ok(p)
     }
@@ -358,10 +372,14 @@ impl WasmPolicy {
         let mut msg = vec![0u8; n as usize];
         let _ = self.memory.read(&self.store, p as usize, &mut msg);
         let _ = self.call("pp_free", |s, x| x.free.call(s, (p, n)));
-        Err(WasmError::Guest {
-            call,
-            code: rc,
-            message: String::from_utf8_lossy(&msg).into_owned(),
+        let message = String::from_utf8_lossy(&msg).into_owned();
+        Err(match ErrorCode::from_code(rc) {
+            Some(code) => WasmError::Guest {
+                call,
+                code,
+                message,
+            },
+            None => WasmError::UnknownCode { call, code: rc },
         })
     }
 
@@ -398,6 +416,17 @@ impl WasmPolicy {
         if p == 0 {
             return Err(WasmError::MemoryCap {
                 cap_bytes: self.limits.memory_bytes,
+            });
+        }
+        // The host slices guest memory at this buffer directly (zero-copy reads and `obs_buffer`): a broken or
+        // hostile plugin returning a buffer outside its memory, or misaligned, must be a typed error, not a
+        // slice panic in the host. Checked once: wasm memory never shrinks, so a buffer inside stays inside.
+        let end = p as usize + total as usize;
+        if p % 16 != 0 || end > self.memory.data_size(&self.store) {
+            return Err(WasmError::BadAllocation {
+                ptr: p,
+                len: total,
+                memory_bytes: self.memory.data_size(&self.store),
             });
         }
         self.buf = Some((p, total));
@@ -444,13 +473,13 @@ impl WasmPolicy {
                 self.memory
                     .write(&mut self.store, ptr as usize, bytes)
                     .map_err(|e| WasmError::Call(e.to_string()))?;
-                0
+                ObsDType::F32
             }
             Observations::U8(x) => {
                 self.memory
                     .write(&mut self.store, ptr as usize, x)
                     .map_err(|e| WasmError::Call(e.to_string()))?;
-                1
+                ObsDType::U8
             }
         };
         self.run(batch, dtype, mode, envs, out)
@@ -465,13 +494,13 @@ impl WasmPolicy {
         out: &mut ActOutputs,
     ) -> Result<(), WasmError> {
         self.ensure_capacity(batch.max(1))?;
-        self.run(batch, 0, mode, envs, out)
+        self.run(batch, ObsDType::F32, mode, envs, out)
     }
 
     fn run(
         &mut self,
         batch: usize,
-        dtype: u32,
+        dtype: ObsDType,
         mode: ActMode,
         envs: EnvIds<'_>,
         out: &mut ActOutputs,
@@ -497,18 +526,18 @@ impl WasmPolicy {
             }
         };
         let (m, seed, step) = match mode {
-            ActMode::Deterministic => (0u32, 0u64, 0u64),
-            ActMode::Sample { seed, step } => (1, seed, step),
+            ActMode::Deterministic => (policyport_abi::Mode::Deterministic, 0u64, 0u64),
+            ActMode::Sample { seed, step } => (policyport_abi::Mode::Sample, seed, step),
         };
         let h = self.handle;
-        let args = (
+        let args: policyport_abi::ActParams = (
             h,
             at(0),
-            dtype,
+            dtype as u32,
             batch as u32,
             ids_ptr,
             env_offset,
-            m,
+            m as u32,
             seed,
             step,
             at(2),

@@ -72,7 +72,9 @@ fn half_precision_storage_round_trips_within_its_tolerance() {
     }
 }
 
-/// `policyport inspect` output is pinned; re-bless with POLICYPORT_BLESS=1 after a deliberate change.
+/// `policyport inspect` output is pinned; re-bless with POLICYPORT_BLESS=1 after a deliberate change (the file is
+/// rewritten only when it differs, and only for exactly `1`; the test still fails on that run, so a bless is never
+/// silent).
 #[test]
 fn inspect_summaries_match_blessed_snapshots() {
     for name in ["cartpole", "mlp64"] {
@@ -85,15 +87,7 @@ fn inspect_summaries_match_blessed_snapshots() {
             .unwrap()
             .join("expected")
             .join(format!("{name}.inspect.txt"));
-        if std::env::var_os("POLICYPORT_BLESS").is_some() {
-            std::fs::write(&path, &got).unwrap();
-        }
-        let want = std::fs::read_to_string(&path)
-            .unwrap_or_else(|_| panic!("{} missing: run with POLICYPORT_BLESS=1", path.display()));
-        assert_eq!(
-            got, want,
-            "inspect output changed; re-bless with POLICYPORT_BLESS=1 if intended"
-        );
+        policyport_conformance::assert_snapshot(&path, &got);
     }
     // The benchmark model's cost, as inspect reports it: 2 * (64*256 + 256*256 + 256*5) MACs + biases + tanh.
     let art = read_artifact(&compile_fixture(&load_fixture("mlp64"))).unwrap();

@@ -2,6 +2,7 @@ use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
 use policyport_capi::*;
 use policyport_conformance::{compile_fixture, load_fixture};
 
@@ -77,7 +78,10 @@ fn c_abi_errors_are_typed_and_never_panic() {
         assert_eq!(st, PpStatus::BadObservation);
         assert!(last_error().contains("non-finite"));
         let ok = [0.01f32, 0.0, 0.02, 0.0];
-        let mut v = [0f32; 1];
+        // Sentinels no policy writes: the call must overwrite both (a zeroed action was indistinguishable from
+        // "nothing written" for CartPole, whose actions are 0 and 1).
+        a[0] = -1;
+        let mut v = [f32::NAN; 1];
         let st = pp_policy_act(
             p,
             ok.as_ptr(),
@@ -92,7 +96,20 @@ fn c_abi_errors_are_typed_and_never_panic() {
             std::ptr::null_mut(),
         );
         assert_eq!(st, PpStatus::Ok);
-        assert!(a[0] == 0 || a[0] == 1);
+        let mut native = Policy::load_on(&bytes, Backend::Cpu).unwrap();
+        let mut want = ActOutputs::default();
+        native
+            .act(
+                Observations::F32(&ok),
+                1,
+                ActMode::Sample { seed: 1, step: 1 },
+                EnvIds::Range(0),
+                None,
+                &mut want,
+            )
+            .unwrap();
+        assert_eq!(a.as_slice(), want.discrete.as_slice(), "C ABI action = the runtime's");
+        assert_eq!(v.as_slice(), want.value.as_slice(), "C ABI value = the runtime's");
         assert_eq!(
             pp_policy_act(
                 p,

@@ -4,6 +4,7 @@
 //!   PyTorch float64, seeded samples equal to the independent Python sampler's, on every backend.
 //! - `fixtures`: the committed fixture files are exactly what tests/fixtures/generate.py declared.
 //! - `artifact`: round trips, storage precisions, inspect snapshots (re-bless with POLICYPORT_BLESS=1).
+//! - `frozen`: artifacts written by earlier format versions (tests/frozen) load and answer the same, everywhere.
 //! - `bad_input`: the hostile-input corpus: every case a typed error, never a panic.
 //! - `episodes`: the trained policies replay the PyTorch policy's evaluation episodes.
 //! - `recurrent`: per-env recurrent state on every backend.
@@ -19,6 +20,7 @@ mod bad_input;
 mod capi;
 mod episodes;
 mod fixtures;
+mod frozen;
 mod gpu;
 mod parity;
 mod recurrent;

@@ -192,3 +192,77 @@ fn recurrent_state_is_per_env_and_carried_between_steps() {
         assert!(matches!(state.reset(&[7]), Err(PolicyError::State(_))));
     }
 }
+
+/// Regression (one env-id rule for every runtime): a recurrent batch naming one env twice was refused on wgpu and
+/// libtorch, but on cpu, flex and the wasm plugin the second row's next state silently overwrote the first's.
+/// Now every runtime refuses it with the same typed error, changes no state, and still accepts the same ids for
+/// a feed-forward policy (no state, nothing to race on).
+#[test]
+fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
+    let (bytes, _) = elman();
+    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7, 0.1, 0.2, 0.3];
+    let dup = [2u32, 0, 2];
+    for backend in backends() {
+        let mut p = Policy::load_on(&bytes, backend).unwrap();
+        let mut st = RecurrentState::new(&p, 4);
+        let mut out = ActOutputs::default();
+        p.act(
+            Observations::F32(&obs[..6]),
+            2,
+            ActMode::Deterministic,
+            EnvIds::List(&[2, 0]),
+            Some(&mut st),
+            &mut out,
+        )
+        .unwrap();
+        let before: Vec<Vec<f32>> = (0..4u32).map(|e| st.get(0, e).unwrap().to_vec()).collect();
+        let err = p
+            .act(
+                Observations::F32(&obs),
+                3,
+                ActMode::Deterministic,
+                EnvIds::List(&dup),
+                Some(&mut st),
+                &mut out,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::EnvIds(m) if m.contains("env 2 appears twice")),
+            "{backend:?}: {err}"
+        );
+        let after: Vec<Vec<f32>> = (0..4u32).map(|e| st.get(0, e).unwrap().to_vec()).collect();
+        assert_eq!(before, after, "{backend:?}: a refused batch changed the state");
+    }
+    // The sandboxed plugin: the same rule through the ABI (bad call).
+    let rt = policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let mut w = policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
+    let mut out = ActOutputs::default();
+    match w.act(
+        Observations::F32(&obs),
+        3,
+        ActMode::Deterministic,
+        EnvIds::List(&dup),
+        &mut out,
+    ) {
+        Err(policyport_host::wasm::WasmError::Guest { code, message, .. }) => {
+            assert_eq!(code, policyport_abi::ErrorCode::Call, "{message}");
+            assert!(message.contains("env 2 appears twice"), "{message}");
+        }
+        other => panic!("plugin: {other:?}"),
+    }
+    // libtorch (when compiled): the same typed error.
+    if policyport_host::torch::COMPILED {
+        use policyport_host::torch::{TorchOptions, TorchPolicy};
+        let mut t = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
+        let err = t
+            .act(
+                Observations::F32(&obs),
+                3,
+                ActMode::Deterministic,
+                EnvIds::List(&dup),
+                &mut out,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("env 2 appears twice"), "libtorch: {err}");
+    }
+}

@@ -1,8 +1,9 @@
 //! The libtorch executor (`policyport_host::torch`, cargo feature `tch`) against the same fixtures and the guest.
 //!
-//! Without the feature these tests check the typed "not compiled" error and stop, unless
-//! `POLICYPORT_REQUIRE_TCH=1` (set by tests/scripts/test.sh), which makes a build without libtorch a failure.
-//! CUDA tests run when libtorch sees a GPU; `POLICYPORT_REQUIRE_CUDA=1` makes a missing GPU a failure.
+//! Built without the suite's `tch` feature these tests are *ignored* with that reason (reported as skipped, never
+//! as passed), and `a_build_without_tch_says_not_compiled` checks the typed error instead. The CUDA test is ignored
+//! everywhere ("needs a CUDA device"): tests/scripts/gpu-check.sh runs it with `--include-ignored` on a GPU
+//! machine, where a missing device is a failure.
 
 use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
@@ -17,21 +18,21 @@ fn flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
 }
 
-/// False (after checking the compiled-out error) when this build has no libtorch.
-fn torch_here() -> bool {
-    if COMPILED {
-        return true;
-    }
+/// Without libtorch: the same API, a typed "not compiled" error. With it: the suite's `tch` feature and the host's
+/// agree (a build where they differ would skip or run the wrong set).
+#[test]
+fn a_build_without_tch_says_not_compiled() {
+    assert_eq!(COMPILED, cfg!(feature = "tch"), "policyport-host/tch and the suite's tch feature disagree");
     assert!(
-        !flag("POLICYPORT_REQUIRE_TCH"),
+        COMPILED || !flag("POLICYPORT_REQUIRE_TCH"),
         "POLICYPORT_REQUIRE_TCH=1 but policyport-host was built without the `tch` feature"
     );
-    assert_eq!(
-        TorchPolicy::load(b"", &TorchOptions::default()).unwrap_err(),
-        TorchError::NotCompiled
-    );
-    eprintln!("libtorch executor not compiled: torch tests skipped");
-    false
+    if !COMPILED {
+        assert_eq!(
+            TorchPolicy::load(b"", &TorchOptions::default()).unwrap_err(),
+            TorchError::NotCompiled
+        );
+    }
 }
 
 fn opts(precision: Precision, launch: Launch, sampling: Sampling) -> TorchOptions {
@@ -70,7 +71,8 @@ fn cpu_configs() -> Vec<(&'static str, TorchOptions, Option<f64>)> {
         (
             "f16 eager",
             opts(Precision::F16, Launch::Eager, Sampling::Host),
-            Some(1e-2),
+            // f16 keeps 10 mantissa bits (measured 8.9e-4 on CPU): bf16's 1e-2 would hide a 10x regression.
+            Some(2e-3),
         ),
     ]
 }
@@ -108,10 +110,8 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
 }
 
 #[test]
+#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
 fn every_fixture_matches_pytorch_on_tch_cpu() {
-    if !torch_here() {
-        return;
-    }
     check_fixtures(TorchDevice::Cpu, cpu_configs());
 }
 
@@ -144,6 +144,7 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
                         got.discrete, want.discrete,
                         "{name} {launch:?} {sampling:?} seed {seed} step {step}"
                     );
+                    assert_eq!(got.continuous.len(), want.continuous.len(), "{name}");
                     let scale = want.continuous.iter().fold(1e-12f32, |m, v| m.max(v.abs()));
                     for (g, w) in got.continuous.iter().zip(&want.continuous) {
                         assert!(
@@ -160,10 +161,8 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
 }
 
 #[test]
+#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
 fn sampled_actions_equal_the_guest_for_the_same_seeds() {
-    if !torch_here() {
-        return;
-    }
     check_actions_equal_guest(
         TorchDevice::Cpu,
         &[
@@ -177,10 +176,8 @@ fn sampled_actions_equal_the_guest_for_the_same_seeds() {
 /// The CUDA-graph code path without the capture: every batch size pads to its bucket or splits into chunks and
 /// still gives exactly the eager answers.
 #[test]
+#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
 fn static_buckets_pad_and_chunk_like_eager() {
-    if !torch_here() {
-        return;
-    }
     let f = load_fixture("mlp64");
     let bytes = compile_fixture(&f);
     let obs: Vec<f32> = (0..64 * 64).map(|i| ((i as f32) * 0.37).sin()).collect();
@@ -212,6 +209,12 @@ fn static_buckets_pad_and_chunk_like_eager() {
                 .unwrap();
             assert_eq!(a.discrete, b.discrete, "batch {batch}");
             assert_eq!(b.batch, batch);
+            assert_eq!(
+                (a.dist_params.len(), a.value.len()),
+                (b.dist_params.len(), b.value.len()),
+                "batch {batch}"
+            );
+            assert!(!a.dist_params.is_empty(), "batch {batch}: nothing compared");
             for (x, y) in a
                 .dist_params
                 .iter()
@@ -230,10 +233,8 @@ fn static_buckets_pad_and_chunk_like_eager() {
 /// Per-env recurrent state kept on the device: carried between steps, only for the rows' envs, reset to zero,
 /// grown on demand; padded bucket rows never touch a real env.
 #[test]
+#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
 fn recurrent_state_lives_on_the_device() {
-    if !torch_here() {
-        return;
-    }
     let (bytes, t) = elman();
     for launch in [Launch::Eager, Launch::StaticBuffers] {
         let o = TorchOptions {
@@ -300,10 +301,8 @@ fn recurrent_state_lives_on_the_device() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
 fn bad_input_is_a_typed_error() {
-    if !torch_here() {
-        return;
-    }
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
     let mut p = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
@@ -387,18 +386,15 @@ fn bad_input_is_a_typed_error() {
 }
 
 /// On a CUDA machine: the suite in f32 / f16 / bf16, eager and as CUDA graphs, and graph actions equal to the
-/// guest's. Skipped without a GPU unless `POLICYPORT_REQUIRE_CUDA=1`.
+/// guest's. Ignored unless asked for (`--include-ignored`, as gpu-check.sh does): then a missing device fails.
 #[test]
+#[ignore = "needs a CUDA device: tests/scripts/gpu-check.sh runs it with --include-ignored"]
 fn cuda_eager_and_graphs_match() {
     let gpus = cuda_device_count();
-    if gpus == 0 {
-        assert!(
-            !flag("POLICYPORT_REQUIRE_CUDA"),
-            "POLICYPORT_REQUIRE_CUDA=1 but libtorch sees no CUDA device (compiled with tch: {COMPILED})"
-        );
-        eprintln!("no CUDA device: CUDA tests skipped");
-        return;
-    }
+    assert!(
+        gpus > 0,
+        "no CUDA device seen by libtorch (compiled with tch: {COMPILED})"
+    );
     let cuda = TorchDevice::Cuda(0);
     check_fixtures(
         cuda,

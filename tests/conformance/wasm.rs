@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+use policyport_abi::ErrorCode;
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture, plugin_wasm};
 use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
@@ -13,6 +14,7 @@ fn runtime() -> Arc<WasmRuntime> {
 }
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "outputs of different lengths");
     let scale = b
         .iter()
         .fold(0.0f64, |m, v| m.max(v.abs() as f64))
@@ -114,7 +116,9 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
         &mut out,
     ) {
         Err(WasmError::Guest {
-            code: -2, message, ..
+            code: ErrorCode::Observation,
+            message,
+            ..
         }) => assert!(message.contains("non-finite"), "{message}"),
         other => panic!("{other:?}"),
     }
@@ -142,7 +146,9 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
     bad[200] ^= 1;
     match WasmPolicy::load(&rt, &bad, WasmLimits::default()) {
         Err(WasmError::Guest {
-            code: -1, message, ..
+            code: ErrorCode::Artifact,
+            message,
+            ..
         }) => assert!(message.contains("checksum"), "{message}"),
         other => panic!("{:?}", other.err()),
     }
@@ -220,6 +226,55 @@ fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
     assert!(matches!(
         WasmPolicy::load(&runtime(), &bytes, limits),
         Err(WasmError::MemoryCap { .. })
+    ));
+}
+
+/// Regression (ABI defined once, `policyport_abi`): a result code outside the ABI and a `pp_info` flag that is
+/// neither 0 nor 1 are typed errors naming the broken plugin, not misread as some other error or as `true`.
+#[test]
+fn a_plugin_breaking_the_abi_is_a_typed_error() {
+    let rt = WasmRuntime::new(hostile(1, "i32.const -99").as_bytes()).unwrap();
+    assert!(matches!(
+        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
+        Err(WasmError::UnknownCode {
+            call: "pp_load",
+            code: -99
+        })
+    ));
+    let bad_info = hostile(1, "i32.const 0").replace(
+        r#"(func (export "pp_info") (param i32 i32) (result i32) i32.const 0)"#,
+        r#"(func (export "pp_info") (param i32 i32) (result i32)
+             (i32.store (i32.add (local.get 1) (i32.const 16)) (i32.const 5)) i32.const 0)"#,
+    );
+    let rt = WasmRuntime::new(bad_info.as_bytes()).unwrap();
+    assert!(matches!(
+        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
+        Err(WasmError::BadInfo { index: 4, value: 5 })
+    ));
+    // pp_alloc hands small buffers out properly, then the batch buffer 16 bytes before the end of its 2 pages:
+    // the host used to slice its memory there and panic.
+    let bad_alloc = hostile(1, "i32.const 0").replace(
+        r#"(func (export "pp_alloc") (param i32) (result i32) i32.const 1024)"#,
+        r#"(func (export "pp_alloc") (param i32) (result i32)
+             (select (i32.const 1024) (i32.const 0x1FFF0) (i32.le_u (local.get 0) (i32.const 32))))"#,
+    );
+    let rt = WasmRuntime::new(bad_alloc.as_bytes()).unwrap();
+    let mut p = WasmPolicy::load(&rt, b"x", WasmLimits::default()).unwrap();
+    let mut out = ActOutputs::default();
+    let r = p.act(
+        Observations::F32(&[]),
+        1,
+        ActMode::Deterministic,
+        EnvIds::Range(0),
+        &mut out,
+    );
+    assert!(
+        matches!(r, Err(WasmError::BadAllocation { ptr: 0x1FFF0, .. })),
+        "{r:?}"
+    );
+    assert!(matches!(
+        p.obs_buffer(4),
+        Err(WasmError::BadAllocation { .. })
     ));
 }
 

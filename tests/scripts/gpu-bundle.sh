@@ -7,8 +7,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 ensure_venv
 torch_env
-cargo build --release --workspace --features policyport-host/tch,policyport/wgpu
-test_bin=$(cargo test --release --workspace --features policyport-host/tch,policyport/wgpu --test conformance --no-run --message-format=json 2>/dev/null \
+cargo build --release --workspace --features "$PP_FEATURES"
+test_bin=$(cargo test --release --workspace --features "$PP_FEATURES" --test conformance --no-run --message-format=json 2>/dev/null \
   | "$PP_VENV/bin/python" -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

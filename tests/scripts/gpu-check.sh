@@ -25,7 +25,7 @@ ldd $BIN/policyport | grep -E "torch|c10|not found" || true
 
 echo "== conformance (torch tests) on CUDA"
 POLICYPORT_FIXTURES="$PWD/tests/fixtures" POLICYPORT_REQUIRE_CUDA=1 POLICYPORT_REQUIRE_TCH=1 \
-  timeout 240 $BIN/conformance torch:: --test-threads 1 --nocapture 2>&1 | tee "$OUT/conformance.txt" | tail -n 60
+  timeout 240 $BIN/conformance torch:: --include-ignored --test-threads 1 --nocapture 2>&1 | tee "$OUT/conformance.txt" | tail -n 60
 conf_rc=${PIPESTATUS[0]}
 
 echo "== wgpu backend on this machine's Vulkan adapter (informative: needs the NVIDIA Vulkan ICD)"

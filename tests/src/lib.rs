@@ -63,6 +63,11 @@ pub fn backends() -> Vec<Backend> {
         b.contains(&Backend::Cpu) && b.contains(&Backend::Flex),
         "cpu and flex must always run the suite: {b:?}"
     );
+    assert_eq!(
+        b.contains(&Backend::Wgpu),
+        cfg!(feature = "wgpu"),
+        "the guest's wgpu feature and the suite's disagree: the wgpu-only tests would be skipped or mis-run"
+    );
     if std::env::var("POLICYPORT_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
         assert!(
             b.contains(&Backend::Wgpu),
@@ -85,4 +90,30 @@ pub fn plugin_wasm() -> Vec<u8> {
             path.display()
         )
     })
+}
+
+/// Compares `got` with the blessed snapshot at `path`. Re-blessing (wasmtime's rule) happens only on a mismatch,
+/// only with `POLICYPORT_BLESS=1` exactly, and never under CI (`CI=true`): the file is rewritten and the test says
+/// so. Any other value of the variable is ignored.
+pub fn assert_snapshot(path: &Path, got: &str) {
+    let want = std::fs::read_to_string(path).ok();
+    if want.as_deref() == Some(got) {
+        return;
+    }
+    let bless = std::env::var("POLICYPORT_BLESS").is_ok_and(|v| v == "1")
+        && !std::env::var("CI").is_ok_and(|v| v == "true");
+    if bless {
+        std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        eprintln!("re-blessed {} (POLICYPORT_BLESS=1): review the diff before committing", path.display());
+        return;
+    }
+    match want {
+        None => panic!("{} missing: run once with POLICYPORT_BLESS=1", path.display()),
+        Some(want) => assert_eq!(
+            got,
+            want,
+            "{} changed; re-bless with POLICYPORT_BLESS=1 if intended",
+            path.display()
+        ),
+    }
 }

@@ -9,15 +9,15 @@ use policyport::{
     ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState,
 };
 
-pub const ABI_VERSION: u32 = 1;
+use policyport_abi::{ABI_VERSION, ErrorCode, Mode, ObsDType, PluginInfo};
 
-pub const ERR_ARTIFACT: i32 = -1;
-pub const ERR_OBSERVATION: i32 = -2;
-pub const ERR_CALL: i32 = -3;
-pub const ERR_STATE: i32 = -4;
-pub const ERR_BACKEND: i32 = -5;
-pub const ERR_HANDLE: i32 = -6;
-pub const ERR_MEMORY: i32 = -7;
+// The codes as `i32`s, for the export bodies (the one definition is `policyport_abi::ErrorCode`).
+const ERR_ARTIFACT: i32 = ErrorCode::Artifact.code();
+const ERR_OBSERVATION: i32 = ErrorCode::Observation.code();
+const ERR_CALL: i32 = ErrorCode::Call.code();
+const ERR_STATE: i32 = ErrorCode::State.code();
+const ERR_BACKEND: i32 = ErrorCode::Backend.code();
+const ERR_HANDLE: i32 = ErrorCode::Handle.code();
 
 struct Slot {
     policy: Policy,
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
     with_slot(handle, |slot| {
-        let Some(out) = (unsafe { slice_mut(out, 8) }) else {
+        let Some(out) = (unsafe { slice_mut(out, policyport_abi::INFO_WORDS) }) else {
             return Err(fail(ERR_CALL, "info pointer is null or misaligned"));
         };
         let i = &slot.info;
@@ -161,16 +161,17 @@ pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
                 ..
             }
         );
-        out.copy_from_slice(&[
-            i.obs_len as u32,
-            i.action_len as u32,
-            i.dist_params_len as u32,
-            i.has_value as u32,
-            i.action.is_discrete() as u32,
-            i.recurrent_states as u32,
-            u8_obs as u32,
-            ABI_VERSION,
-        ]);
+        let info = PluginInfo {
+            obs_len: i.obs_len as u32,
+            action_len: i.action_len as u32,
+            dist_params_len: i.dist_params_len as u32,
+            has_value: i.has_value,
+            discrete: i.action.is_discrete(),
+            recurrent_states: i.recurrent_states as u32,
+            u8_obs,
+            abi_version: ABI_VERSION,
+        };
+        out.copy_from_slice(&info.to_words());
         Ok(0)
     })
     .unwrap_or_else(|code| code)
@@ -203,24 +204,30 @@ pub unsafe extern "C" fn pp_act(
                 format!("{what} pointer is null, misaligned or out of range"),
             )
         };
-        let observations = match obs_dtype {
-            0 => Observations::F32(
+        let observations = match ObsDType::from_u32(obs_dtype) {
+            Some(ObsDType::F32) => Observations::F32(
                 unsafe { slice(obs as *const f32, b * info.obs_len) }.ok_or_else(|| bad("obs"))?,
             ),
-            1 => {
+            Some(ObsDType::U8) => {
                 Observations::U8(unsafe { slice(obs, b * info.obs_len) }.ok_or_else(|| bad("obs"))?)
             }
-            d => return Err(fail(ERR_CALL, format!("obs dtype {d} (0 = f32, 1 = u8)"))),
+            None => {
+                return Err(fail(
+                    ERR_CALL,
+                    format!("obs dtype {obs_dtype} (0 = f32, 1 = u8)"),
+                ));
+            }
         };
         let ids = if env_ids.is_null() {
             EnvIds::Range(env_offset)
         } else {
             EnvIds::List(unsafe { slice(env_ids, b) }.ok_or_else(|| bad("env ids"))?)
         };
-        let mode = match mode {
-            0 => ActMode::Deterministic,
-            1 => ActMode::Sample { seed, step },
-            m => {
+        let mode = match Mode::from_u32(mode) {
+            Some(Mode::Deterministic) => ActMode::Deterministic,
+            Some(Mode::Sample) => ActMode::Sample { seed, step },
+            None => {
+                let m = mode;
                 return Err(fail(
                     ERR_CALL,
                     format!("mode {m} (0 = deterministic, 1 = sample)"),

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use policyport::{
     ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState,
 };
+use policyport_abi::ErrorCode;
 use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
 /// Path of the generated header (for build scripts and tests).
@@ -105,10 +106,17 @@ fn status_of(e: &PolicyError) -> PpStatus {
 
 fn wasm_status(e: &WasmError) -> PpStatus {
     match e {
-        WasmError::Guest { code: -1, .. } => PpStatus::InvalidArtifact,
-        WasmError::Guest { code: -2, .. } => PpStatus::BadObservation,
-        WasmError::Guest { code: -3, .. } | WasmError::Call(_) => PpStatus::BadCall,
-        WasmError::Guest { code: -4, .. } => PpStatus::State,
+        // Exhaustive over the ABI's codes (policyport_abi::ErrorCode): a new code must be mapped here.
+        WasmError::Guest { code, .. } => match code {
+            ErrorCode::Artifact => PpStatus::InvalidArtifact,
+            ErrorCode::Observation => PpStatus::BadObservation,
+            ErrorCode::Call => PpStatus::BadCall,
+            ErrorCode::State => PpStatus::State,
+            ErrorCode::Backend => PpStatus::Backend,
+            // The host's own handle or the sandbox's memory: a failure of the sandbox, not of the caller's input.
+            ErrorCode::Handle | ErrorCode::Memory => PpStatus::Sandbox,
+        },
+        WasmError::Call(_) => PpStatus::BadCall,
         _ => PpStatus::Sandbox,
     }
 }

@@ -94,22 +94,6 @@ pub fn pad_rows<T: Copy>(src: &[T], row_len: usize, dst: &mut [T]) {
     debug_assert_eq!(dst.len() % row_len.max(1), 0);
 }
 
-/// First duplicated env id, if any: with per-env recurrent state two rows of one env in one batch would race
-/// (which write wins is unspecified on a GPU), so the libtorch executor refuses them.
-pub fn first_duplicate(ids: impl Iterator<Item = u32>, num_envs: usize) -> Option<u32> {
-    let mut seen = vec![false; num_envs];
-    for e in ids {
-        let i = e as usize;
-        if i < num_envs {
-            if seen[i] {
-                return Some(e);
-            }
-            seen[i] = true;
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,11 +167,5 @@ mod tests {
         let mut dst = vec![-1.0f32; 8 * 2];
         pad_rows(&[1.0, 2.0, 3.0, 4.0], 2, &mut dst);
         assert_eq!(&dst[..5], &[1.0, 2.0, 3.0, 4.0, -1.0]);
-    }
-
-    #[test]
-    fn duplicates_are_found() {
-        assert_eq!(first_duplicate([1u32, 2, 3].into_iter(), 4), None);
-        assert_eq!(first_duplicate([1u32, 2, 1].into_iter(), 4), Some(1));
     }
 }

@@ -20,7 +20,7 @@ use policyport::{
 };
 use tch::{Device, Kind, Tensor};
 
-use super::buckets::{BucketPlan, first_duplicate, padded_env_ids};
+use super::buckets::{BucketPlan, padded_env_ids};
 use super::graph::CudaGraph;
 use super::philox::{DevicePhilox, RNG_LEN, rng_input, u01, u01_open_closed};
 use super::{Launch, Precision, Sampling, TorchDevice, TorchError, TorchInfo, TorchOptions};
@@ -878,9 +878,7 @@ impl TorchExec {
             return Ok(());
         }
         let max = (0..batch).map(|r| envs.get(r)).max().unwrap_or(0) as usize;
-        if let EnvIds::List(_) = envs
-            && let Some(d) = first_duplicate((0..batch).map(|r| envs.get(r)), max + 1)
-        {
+        if let Some(d) = envs.duplicate(batch, &mut Vec::new()) {
             return Err(PolicyError::EnvIds(format!(
                 "env {d} appears twice in one batch of a recurrent policy"
             ))

@@ -1,0 +1,269 @@
+//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 1) as code: one definition of the version, the export
+//! names, the error codes, the `pp_info` words and the `pp_act` argument encodings, shared by the plugin (inside the
+//! sandbox), the wasmtime host and the C ABI. Before this crate each side kept its own copy (the plugin's `ERR_*`
+//! constants were unused by the host, which matched literal `-1`..`-4`, and decoded `pp_info` by index).
+
+#![no_std]
+
+/// The ABI version a plugin reports from `pp_abi_version` and a host requires.
+pub const ABI_VERSION: u32 = 1;
+
+/// Export names (and the one exported memory).
+pub mod export {
+    pub const MEMORY: &str = "memory";
+    pub const ABI_VERSION: &str = "pp_abi_version";
+    pub const ALLOC: &str = "pp_alloc";
+    pub const FREE: &str = "pp_free";
+    pub const LOAD: &str = "pp_load";
+    pub const INFO: &str = "pp_info";
+    pub const ACT: &str = "pp_act";
+    pub const RESET: &str = "pp_reset";
+    pub const LAST_ERROR: &str = "pp_last_error";
+    pub const DROP: &str = "pp_drop";
+}
+
+/// `pp_act(handle, obs, obs_dtype, batch, env_ids, env_offset, mode, seed, step, actions, value, dist) -> i32`:
+/// the wasm parameter types in order (pointers are `u32` offsets into the plugin's memory).
+pub type ActParams = (i32, u32, u32, u32, u32, u32, u32, u64, u64, u32, u32, u32);
+
+/// The negative result codes of the exports (`0` is ok, `≥ 0` from `pp_load` is a handle).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The artifact is not a valid `.policy` file (format, checksums, limits, unsupported version).
+    Artifact = -1,
+    /// Observations of the wrong length, NaN / Inf, or the wrong dtype.
+    Observation = -2,
+    /// A bad call: batch, env ids, a null / misaligned / out-of-range pointer, an unknown mode or dtype.
+    Call = -3,
+    /// Recurrent state.
+    State = -4,
+    /// The runtime's backend failed.
+    Backend = -5,
+    /// No policy with that handle.
+    Handle = -6,
+    /// The plugin ran out of memory.
+    Memory = -7,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 7] = [
+        ErrorCode::Artifact,
+        ErrorCode::Observation,
+        ErrorCode::Call,
+        ErrorCode::State,
+        ErrorCode::Backend,
+        ErrorCode::Handle,
+        ErrorCode::Memory,
+    ];
+
+    pub const fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The code for a negative export result; `None` for a value the ABI does not define.
+    pub fn from_code(code: i32) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.code() == code)
+    }
+
+    /// The words ABI.md uses for this code.
+    pub const fn description(self) -> &'static str {
+        match self {
+            ErrorCode::Artifact => "invalid artifact",
+            ErrorCode::Observation => "bad observations",
+            ErrorCode::Call => "bad call",
+            ErrorCode::State => "recurrent state",
+            ErrorCode::Backend => "backend",
+            ErrorCode::Handle => "unknown handle",
+            ErrorCode::Memory => "out of memory",
+        }
+    }
+}
+
+/// How many `u32` words `pp_info` writes.
+pub const INFO_WORDS: usize = 8;
+
+/// What `pp_info` reports about a loaded policy, in word order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PluginInfo {
+    /// Observation numbers per env.
+    pub obs_len: u32,
+    /// Action numbers per env.
+    pub action_len: u32,
+    /// Distribution parameters per env.
+    pub dist_params_len: u32,
+    pub has_value: bool,
+    /// Discrete / multi-discrete actions (`i32` in `pp_act`'s actions buffer) rather than a box (`f32`).
+    pub discrete: bool,
+    /// Recurrent state tensors.
+    pub recurrent_states: u32,
+    /// Observations are `u8` (`ObsDType::U8`) rather than `f32`.
+    pub u8_obs: bool,
+    /// The plugin's ABI version (repeated for hosts that only read `pp_info`).
+    pub abi_version: u32,
+}
+
+/// `pp_info` words that are not a valid [`PluginInfo`] (a flag other than 0/1): a broken or hostile plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadInfoWord {
+    pub index: usize,
+    pub value: u32,
+}
+
+impl PluginInfo {
+    /// Names of the words, in order (as ABI.md lists them).
+    pub const WORD_NAMES: [&'static str; INFO_WORDS] = [
+        "obs numbers per env",
+        "action numbers per env",
+        "dist params per env",
+        "has value (0/1)",
+        "discrete actions (0/1)",
+        "recurrent state tensors",
+        "obs dtype (0 f32, 1 u8)",
+        "ABI version",
+    ];
+
+    pub fn to_words(&self) -> [u32; INFO_WORDS] {
+        [
+            self.obs_len,
+            self.action_len,
+            self.dist_params_len,
+            self.has_value as u32,
+            self.discrete as u32,
+            self.recurrent_states,
+            self.u8_obs as u32,
+            self.abi_version,
+        ]
+    }
+
+    pub fn from_words(w: [u32; INFO_WORDS]) -> Result<PluginInfo, BadInfoWord> {
+        let flag = |index: usize| match w[index] {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(BadInfoWord { index, value }),
+        };
+        Ok(PluginInfo {
+            obs_len: w[0],
+            action_len: w[1],
+            dist_params_len: w[2],
+            has_value: flag(3)?,
+            discrete: flag(4)?,
+            recurrent_states: w[5],
+            u8_obs: flag(6)?,
+            abi_version: w[7],
+        })
+    }
+
+    /// Little-endian bytes of the words (what the host reads out of the plugin's memory).
+    pub fn from_le_bytes(b: [u8; INFO_WORDS * 4]) -> Result<PluginInfo, BadInfoWord> {
+        let mut w = [0u32; INFO_WORDS];
+        for (i, word) in w.iter_mut().enumerate() {
+            *word = u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+        }
+        PluginInfo::from_words(w)
+    }
+}
+
+/// `pp_act`'s `obs_dtype`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObsDType {
+    F32 = 0,
+    U8 = 1,
+}
+
+impl ObsDType {
+    pub fn from_u32(v: u32) -> Option<ObsDType> {
+        match v {
+            0 => Some(ObsDType::F32),
+            1 => Some(ObsDType::U8),
+            _ => None,
+        }
+    }
+}
+
+/// `pp_act`'s `mode`: deterministic, or seeded sampling with `(seed, env id, step)`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Deterministic = 0,
+    Sample = 1,
+}
+
+impl Mode {
+    pub fn from_u32(v: u32) -> Option<Mode> {
+        match v {
+            0 => Some(Mode::Deterministic),
+            1 => Some(Mode::Sample),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+    use std::string::String;
+    use std::vec::Vec;
+
+    const ABI_MD: &str = include_str!("../../plugin/ABI.md");
+
+    /// The prose contract names every code with its number, every info word in order, and every export.
+    #[test]
+    fn abi_md_matches_the_code() {
+        // Line breaks in the prose are not differences.
+        let md: String = ABI_MD.split_whitespace().collect::<Vec<_>>().join(" ");
+        let md = md.as_str();
+        assert!(md.starts_with(&format!("# policyport plugin ABI, version {ABI_VERSION}")));
+        for c in ErrorCode::ALL {
+            let text = format!("`{}` {}", c.code(), c.description());
+            assert!(md.contains(&text), "ABI.md lacks {text:?}");
+        }
+        let words = PluginInfo::WORD_NAMES.join(", ");
+        assert!(md.contains(&words), "ABI.md's pp_info words differ from {words:?}");
+        for name in [
+            export::ABI_VERSION,
+            export::ALLOC,
+            export::FREE,
+            export::LOAD,
+            export::INFO,
+            export::ACT,
+            export::RESET,
+            export::LAST_ERROR,
+            export::DROP,
+        ] {
+            assert!(md.contains(&format!("| `{name}` |")), "ABI.md lacks export {name}");
+        }
+    }
+
+    #[test]
+    fn codes_and_words_round_trip() {
+        for c in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_code(c.code()), Some(c));
+        }
+        assert_eq!(ErrorCode::from_code(0), None);
+        assert_eq!(ErrorCode::from_code(-8), None);
+        assert_eq!(ErrorCode::from_code(i32::MIN), None);
+        let info = PluginInfo {
+            obs_len: 4,
+            action_len: 1,
+            dist_params_len: 2,
+            has_value: true,
+            discrete: true,
+            recurrent_states: 3,
+            u8_obs: false,
+            abi_version: ABI_VERSION,
+        };
+        assert_eq!(PluginInfo::from_words(info.to_words()), Ok(info));
+        let mut w = info.to_words();
+        w[4] = 7;
+        assert_eq!(PluginInfo::from_words(w), Err(BadInfoWord { index: 4, value: 7 }));
+        let mut b = [0u8; 32];
+        for (i, x) in info.to_words().iter().enumerate() {
+            b[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        assert_eq!(PluginInfo::from_le_bytes(b), Ok(info));
+    }
+}
