@@ -261,8 +261,9 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
     let rt = WasmRuntime::new(bad_alloc.as_bytes()).unwrap();
     let mut p = WasmPolicy::load(&rt, b"x", WasmLimits::default()).unwrap();
     let mut out = ActOutputs::default();
+    let obs = vec![0.0f32; p.info().obs_len];
     let r = p.act(
-        Observations::F32(&[]),
+        Observations::F32(&obs),
         1,
         ActMode::Deterministic,
         EnvIds::Range(0),
