@@ -75,8 +75,12 @@ ensure_chromium() {
   chromium --version >/dev/null 2>&1 || { echo "ERROR: chromium is installed but 'chromium --version' fails" >&2; return 1; }
 }
 
-# node (>= 18, for playwright-core) and npm. Each only when absent: a node that is already there (nodesource's,
-# nvm's, Debian's) is used as it is; Debian's npm is installed only when there is no npm at all.
+# node (>= 20, for playwright-core 1.65) and npm. Each only when absent: a node that is already there
+# (nodesource's, nvm's, Debian's) is used as it is; Debian's npm is installed only when there is no npm at all.
+# A node older than 20 (Debian 12's nodejs is 18) is not replaced: node $PP_NODE_VERSION from the npm registry
+# (package node-linux-<arch>, the official binaries) is installed under $PP_TOOLS and put first on PATH for this
+# run (found again by later runs, not reinstalled).
+PP_NODE_VERSION=20.20.2
 ensure_node() {
   if ! command -v node >/dev/null; then
     apt_install "node for the browser tests and the benchmark page" nodejs
@@ -89,10 +93,30 @@ ensure_node() {
       return 1
     fi
   fi
+  if [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
+    local arch
+    case "$(uname -m)" in
+      x86_64) arch=x64 ;;
+      aarch64) arch=arm64 ;;
+      *) echo "ERROR: node $(node --version) is older than 20 and no node-linux package for $(uname -m)" >&2; return 1 ;;
+    esac
+    local dir="$PP_TOOLS/node-$PP_NODE_VERSION"
+    local bin="$dir/node_modules/node-linux-$arch/bin"
+    if [ ! -x "$bin/node" ]; then
+      echo "== node $(node --version) at $(command -v node) is older than 20 (playwright-core needs 20+):"
+      echo "   installing node $PP_NODE_VERSION from the npm registry (node-linux-$arch) under $dir"
+      if ! npm install --prefix "$dir" --no-save --no-audit --no-fund --loglevel=error "node-linux-$arch@$PP_NODE_VERSION"; then
+        echo "ERROR: could not install node-linux-$arch@$PP_NODE_VERSION from the npm registry" >&2
+        return 1
+      fi
+      PP_INSTALLED+=("node $PP_NODE_VERSION under $dir (npm package node-linux-$arch: the machine's node is older than 20)")
+    fi
+    export PATH="$bin:$PATH"
+  fi
   local major
   major=$(node -p 'process.versions.node.split(".")[0]')
-  if [ "$major" -lt 18 ]; then
-    echo "ERROR: node $(node --version) at $(command -v node) is older than 18 (playwright-core needs 18+)" >&2
+  if [ "$major" -lt 20 ]; then
+    echo "ERROR: node $(node --version) at $(command -v node) is older than 20 (playwright-core needs 20+)" >&2
     return 1
   fi
 }
@@ -102,7 +126,14 @@ ensure_node() {
 ensure_node_modules() {
   if [ ! -f web/node_modules/.package-lock.json ] || ! cmp -s web/package-lock.json web/node_modules/.pp-lock; then
     echo "== npm ci in web/ (playwright-core, onnxruntime-web as pinned in web/package-lock.json)"
-    (cd web && npm ci --no-audit --no-fund --loglevel=error) && cp web/package-lock.json web/node_modules/.pp-lock
+    # Not `npm ci && cp ...`: bash's errexit skips a failing command on the left of `&&`, and a failed install
+    # was then reported as installed (caught by fresh-check.sh).
+    if ! (cd web && npm ci --no-audit --no-fund --loglevel=error); then
+      echo "ERROR: npm ci in web/ failed (registry unreachable, or a TLS proxy whose CA npm does not trust:" >&2
+      echo "       NODE_EXTRA_CA_CERTS / npm's cafile)" >&2
+      return 1
+    fi
+    cp web/package-lock.json web/node_modules/.pp-lock
     PP_INSTALLED+=("web/node_modules (npm ci)")
   fi
 }

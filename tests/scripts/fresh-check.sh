@@ -30,12 +30,43 @@ for tool in node npm chromium nodejs; do
     exit 1
   fi
 done
+# The machine's network setup, which a new machine of this kind has before anything is installed (not tools):
+# name resolution, Debian's package sources (debootstrap knows only bookworm main; the machine also has -updates
+# and -security, where the current Chromium is), apt's settings, and the CA bundle of the workplace's TLS proxy
+# that npm and pip trust through NODE_EXTRA_CA_CERTS / SSL_CERT_FILE / npmrc.
 cp /etc/resolv.conf "$FRESH/etc/resolv.conf"
+if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+  cp /etc/apt/sources.list.d/debian.sources "$FRESH/etc/apt/sources.list.d/" && rm -f "$FRESH/etc/apt/sources.list"
+fi
+cp /etc/apt/apt.conf.d/99* "$FRESH/etc/apt/apt.conf.d/" 2>/dev/null || true
+# The proxy's CA bundle goes to a path Debian's ca-certificates does not manage (installing nodejs pulls that
+# package, which rewrites /etc/ssl/certs/ca-certificates.crt without it), and every variable and npm's cafile
+# point there.
+ca_env=()
+for var in NODE_EXTRA_CA_CERTS SSL_CERT_FILE; do
+  f="${!var:-}"
+  if [ -n "$f" ] && [ -f "$f" ]; then
+    mkdir -p "$FRESH/pp/ca" && cp "$f" "$FRESH/pp/ca/bundle.crt"
+    for v in NODE_EXTRA_CA_CERTS SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE; do
+      ca_env+=("$v=/pp/ca/bundle.crt")
+    done
+    break
+  fi
+done
+if [ -f /etc/npmrc ]; then
+  if [ ${#ca_env[@]} != 0 ]; then
+    sed 's|^cafile=.*|cafile=/pp/ca/bundle.crt|' /etc/npmrc > "$FRESH/etc/npmrc"
+  else
+    cp /etc/npmrc "$FRESH/etc/npmrc"
+  fi
+fi
 
 # A fresh clone (no node_modules), plus what test.sh built here: the bundles, the CLI, and the venv the CLI's
 # libtorch comes from (read-only).
 rm -rf "$FRESH/repo" && git clone -q "$ROOT" "$FRESH/repo"
-mkdir -p "$FRESH/repo/web/pkg" && cp -r web/pkg/cpu web/pkg/webgpu "$FRESH/repo/web/pkg/"
+# The scripts as they are in this working tree (what is being checked may not be committed yet).
+cp -r "$ROOT/tests/scripts/." "$FRESH/repo/tests/scripts/"
+mkdir -p "$FRESH/repo/web/pkg" && cp -r web/pkg/cpu web/pkg/webgpu web/pkg/sizes.json "$FRESH/repo/web/pkg/"
 mkdir -p "$FRESH/pp/bin" && cp "$PP_BIN" "$FRESH/pp/bin/policyport"
 site=$("$PP_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # The CLI (built with tch) loads libtorch and the CUDA runtime wheels' libraries: the same dirs cli_env uses.
@@ -57,7 +88,7 @@ mount_bind "$site" /pp/site ro
 
 echo "== in the fresh root: the project's install steps, then the browser suite"
 chroot "$FRESH" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  CARGO_TARGET_DIR=/pp/target LD_LIBRARY_PATH="$libpath" /bin/bash -c '
+  CARGO_TARGET_DIR=/pp/target LD_LIBRARY_PATH="$libpath" "${ca_env[@]}" /bin/bash -c '
     set -euo pipefail
     cd /repo
     mkdir -p /pp/target
