@@ -8,7 +8,9 @@
 # runs the project's own install steps (tests/scripts/deps.sh: ensure_browser_deps, ensure_lavapipe) and then the
 # whole browser suite (tests/browser/run.mjs) with the node, npm and Chromium they installed, against the CLI and
 # the bundles built on this machine (test.sh must have run here first: same glibc, Debian 12 both).
-# Needs root (debootstrap, chroot, mounts). Usage: bash tests/scripts/fresh-check.sh [--keep]
+# With POLICYPORT_FRESH_VENV=1 it also makes the torch venv there from Debian's python3 (ensure_venv: python3-venv
+# from apt, then pip; ~5 GB more). Needs root (debootstrap, chroot, mounts).
+# Usage: bash tests/scripts/fresh-check.sh [--keep]
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 [ "$(id -u)" = 0 ] || { echo "fresh-check.sh needs root (debootstrap, chroot)" >&2; exit 1; }
 [ -x "$PP_BIN" ] && [ -f web/pkg/cpu/policyport_web.js ] && [ -f web/pkg/webgpu/policyport_web.js ] ||
@@ -88,7 +90,8 @@ mount_bind "$site" /pp/site ro
 
 echo "== in the fresh root: the project's install steps, then the browser suite"
 chroot "$FRESH" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  CARGO_TARGET_DIR=/pp/target LD_LIBRARY_PATH="$libpath" "${ca_env[@]}" /bin/bash -c '
+  CARGO_TARGET_DIR=/pp/target LD_LIBRARY_PATH="$libpath" PP_FRESH_VENV="${POLICYPORT_FRESH_VENV:-0}" "${ca_env[@]}" \
+  /bin/bash -c '
     set -euo pipefail
     cd /repo
     mkdir -p /pp/target
@@ -96,6 +99,13 @@ chroot "$FRESH" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/
     source tests/scripts/deps.sh
     ensure_browser_deps
     ensure_lavapipe
+    if [ "${PP_FRESH_VENV:-0}" = 1 ]; then
+      command -v python3 >/dev/null ||
+        apt_install "Python 3 (a stated prerequisite; a new machine of CI'"'"'s kind has one)" python3
+      PP_VENV=/pp/venv
+      ensure_venv
+      /pp/venv/bin/python -c "import torch, onnx, onnxruntime; print(\"fresh root venv: torch\", torch.__version__)"
+    fi
     deps_summary
     echo "fresh root: $(chromium --version | head -1); node $(node --version); npm $(npm --version)"
     node tests/browser/run.mjs /pp/bin/policyport /pp/target/browser
