@@ -7,20 +7,28 @@
 //! them there directly); traps, deadlines and memory-cap hits come back as typed errors, after which the policy
 //! must be re-created (a trapped instance is not trusted again).
 
+//!
+//! Built only with the cargo feature `wasm` (default; it brings wasmtime and cranelift). Without it every type here
+//! still exists and [`WasmRuntime::new`] returns [`WasmError::NotCompiled`] (the lean demo build uses that).
+
 use std::path::Path;
 use std::sync::Arc;
+#[cfg(feature = "wasm")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use policyport::{ActMode, ActOutputs, EnvIds, Observations};
 use thiserror::Error;
+#[cfg(feature = "wasm")]
 use wasmtime::{
     Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
 };
 
 /// The plugin ABI version this host speaks (the one definition: `policyport_abi`).
 pub use policyport_abi::ABI_VERSION;
-use policyport_abi::{ErrorCode, ObsDType, PluginInfo, export};
+use policyport_abi::ErrorCode;
+#[cfg(feature = "wasm")]
+use policyport_abi::{ObsDType, PluginInfo, export};
 
 #[derive(Debug, Error)]
 pub enum WasmError {
@@ -64,6 +72,8 @@ pub enum WasmError {
     Call(String),
     #[error("module cache: {0}")]
     Cache(String),
+    #[error("this build has no wasm sandbox (built without the `wasm` feature of policyport-host)")]
+    NotCompiled,
 }
 
 /// Limits applied to every instance.
@@ -85,6 +95,7 @@ impl Default for WasmLimits {
 }
 
 /// Engine + compiled plugin + epoch ticker, shared by every [`WasmPolicy`] made from it.
+#[cfg(feature = "wasm")]
 pub struct WasmRuntime {
     engine: Engine,
     module: Module,
@@ -93,18 +104,21 @@ pub struct WasmRuntime {
     pub from_cache: bool,
 }
 
+#[cfg(feature = "wasm")]
 impl Drop for WasmRuntime {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
 
+#[cfg(feature = "wasm")]
 fn engine() -> Result<Engine, WasmError> {
     let mut config = Config::new();
     config.epoch_interruption(true);
     Engine::new(&config).map_err(|e| WasmError::Module(format!("{e:#}")))
 }
 
+#[cfg(feature = "wasm")]
 impl WasmRuntime {
     /// Compile a plugin (`.wasm` bytes, or WAT text).
     pub fn new(wasm: &[u8]) -> Result<Arc<Self>, WasmError> {
@@ -177,11 +191,13 @@ impl WasmRuntime {
     }
 }
 
+#[cfg(feature = "wasm")]
 struct Limiter {
     cap: usize,
     denied: bool,
 }
 
+#[cfg(feature = "wasm")]
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
@@ -205,6 +221,7 @@ impl ResourceLimiter for Limiter {
     }
 }
 
+#[cfg(feature = "wasm")]
 struct Exports {
     alloc: TypedFunc<u32, u32>,
     free: TypedFunc<(u32, u32), ()>,
@@ -228,6 +245,7 @@ pub struct WasmInfo {
 }
 
 /// One sandboxed instance with one loaded policy.
+#[cfg(feature = "wasm")]
 pub struct WasmPolicy {
     store: Store<Limiter>,
     memory: Memory,
@@ -240,6 +258,7 @@ pub struct WasmPolicy {
     capacity: usize,
 }
 
+#[cfg(feature = "wasm")]
 impl WasmPolicy {
     /// Instantiate the plugin and load an artifact into it.
     pub fn load(
@@ -594,10 +613,12 @@ impl WasmPolicy {
     }
 }
 
+#[cfg(feature = "wasm")]
 fn deadline_ticks(l: WasmLimits) -> u64 {
     (l.deadline.as_millis() as u64).max(1) + 1
 }
 
+#[cfg(feature = "wasm")]
 fn classify(
     e: wasmtime::Error,
     store: &Store<Limiter>,
@@ -620,3 +641,86 @@ fn classify(
         },
     }
 }
+
+/// The same API without wasmtime (feature `wasm` off): nothing can be loaded, every entry point says so.
+#[cfg(not(feature = "wasm"))]
+mod compiled_out {
+    use super::*;
+
+    /// Uninhabited without the `wasm` feature: [`WasmRuntime::new`] never returns one.
+    pub struct WasmRuntime {
+        pub from_cache: bool,
+        never: std::convert::Infallible,
+    }
+
+    impl WasmRuntime {
+        pub fn new(_wasm: &[u8]) -> Result<Arc<Self>, WasmError> {
+            Err(WasmError::NotCompiled)
+        }
+
+        pub fn with_cache(_wasm: &[u8], _cache: &Path) -> Result<Arc<Self>, WasmError> {
+            Err(WasmError::NotCompiled)
+        }
+    }
+
+    /// Uninhabited without the `wasm` feature.
+    pub struct WasmPolicy {
+        never: std::convert::Infallible,
+    }
+
+    impl WasmPolicy {
+        pub fn load(
+            rt: &Arc<WasmRuntime>,
+            _artifact: &[u8],
+            _limits: WasmLimits,
+        ) -> Result<Self, WasmError> {
+            match rt.never {}
+        }
+
+        pub fn info(&self) -> WasmInfo {
+            match self.never {}
+        }
+
+        pub fn obs_buffer(&mut self, _batch: usize) -> Result<&mut [f32], WasmError> {
+            match self.never {}
+        }
+
+        pub fn act(
+            &mut self,
+            _obs: Observations<'_>,
+            _batch: usize,
+            _mode: ActMode,
+            _envs: EnvIds<'_>,
+            _out: &mut ActOutputs,
+        ) -> Result<(), WasmError> {
+            match self.never {}
+        }
+
+        pub fn act_prepared(
+            &mut self,
+            _batch: usize,
+            _mode: ActMode,
+            _envs: EnvIds<'_>,
+            _out: &mut ActOutputs,
+        ) -> Result<(), WasmError> {
+            match self.never {}
+        }
+
+        pub fn reset(&mut self, _envs: &[u32]) -> Result<(), WasmError> {
+            match self.never {}
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn wasm_compiled_out_is_a_typed_error() {
+            assert!(matches!(
+                super::WasmRuntime::new(b"\0asm"),
+                Err(super::WasmError::NotCompiled)
+            ));
+        }
+    }
+}
+#[cfg(not(feature = "wasm"))]
+pub use compiled_out::{WasmPolicy, WasmRuntime};

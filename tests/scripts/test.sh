@@ -98,11 +98,15 @@ cargo_test "$CARGO_TARGET_DIR/cargo-test.log" --release --workspace "${FEATURES[
 step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX-512)"
 POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance
 
-step "without the tch feature: the same API, a typed 'not compiled' error (host library tests)"
-cargo_test "$CARGO_TARGET_DIR/cargo-test-notch.log" --release -p policyport-host --lib
-# The typed error must really have been checked in that build (not filtered out or renamed away).
-grep -q "compiled_out_is_a_typed_error ... ok" "$CARGO_TARGET_DIR/cargo-test-notch.log" ||
-  { echo "FAILED: compiled_out_is_a_typed_error did not run and pass without tch" >&2; failed=$((failed + 1)); failures+=("no-tch typed error test"); }
+step "without tch, flex and wasm: the same API, typed 'not compiled' errors (host library tests, lean graph)"
+# --no-default-features: the host without libtorch, burn-flex and wasmtime (what the demo builds): a small graph
+# (~1 min cold) where the compiled-out executors must answer with typed errors.
+cargo_test "$CARGO_TARGET_DIR/cargo-test-lean.log" --release -p policyport-host --lib --no-default-features
+# The typed errors must really have been checked in that build (not filtered out or renamed away).
+for t in torch::tests::compiled_out_is_a_typed_error wasm::compiled_out::tests::wasm_compiled_out_is_a_typed_error; do
+  grep -q "$t ... ok" "$CARGO_TARGET_DIR/cargo-test-lean.log" ||
+    { echo "FAILED: $t did not run and pass in the lean build" >&2; failed=$((failed + 1)); failures+=("lean build: $t"); }
+done
 
 step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
 out="$CARGO_TARGET_DIR/cli-test"
