@@ -155,8 +155,8 @@ if ! grep -q '^browser tests: ' "$out/browser.log"; then
   failed=$((failed + 1)) && failures+=("browser test run did not finish")
 fi
 
-step "demo (the README's first command)"
-check "demo" "$PP_BIN" demo --episodes 20 --out-dir "$out/demo"
+step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, its own small graph)"
+check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
 
 step "fuzz the artifact reader (cargo fuzz, ${POLICYPORT_FUZZ_SECONDS:-30} s)"
 fuzz_artifact() {
