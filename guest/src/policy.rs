@@ -54,6 +54,16 @@ impl EnvIds<'_> {
         scratch.sort_unstable();
         scratch.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
     }
+
+    /// [`EnvIds::duplicate`] as the typed error every runtime returns (the one place its message is written).
+    pub fn check_distinct(&self, batch: usize, scratch: &mut Vec<u32>) -> Result<(), PolicyError> {
+        match self.duplicate(batch, scratch) {
+            Some(d) => Err(PolicyError::EnvIds(format!(
+                "env {d} appears twice in one batch of a recurrent policy"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Results of one act(), reused across calls (buffers keep their capacity: no allocation once warm).
@@ -693,11 +703,9 @@ impl Policy {
                         )));
                     }
                 }
-                if let Some(d) = envs.duplicate(batch, &mut self.scratch_ids) {
+                if let Err(e) = envs.check_distinct(batch, &mut self.scratch_ids) {
                     self.scratch_obs = obs_buf;
-                    return Err(PolicyError::EnvIds(format!(
-                        "env {d} appears twice in one batch of a recurrent policy"
-                    )));
+                    return Err(e);
                 }
                 if self.exec.on_device() {
                     vec![] // gathered on the device from its copy of the state

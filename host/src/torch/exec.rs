@@ -878,12 +878,7 @@ impl TorchExec {
             return Ok(());
         }
         let max = (0..batch).map(|r| envs.get(r)).max().unwrap_or(0) as usize;
-        if let Some(d) = envs.duplicate(batch, &mut Vec::new()) {
-            return Err(PolicyError::EnvIds(format!(
-                "env {d} appears twice in one batch of a recurrent policy"
-            ))
-            .into());
-        }
+        envs.check_distinct(batch, &mut Vec::new())?;
         if max >= self.num_envs {
             self.grow_state((max + 1).max(self.num_envs * 2))?;
         }
