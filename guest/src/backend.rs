@@ -1,12 +1,16 @@
-//! Which backend a policy runs on. A backend compiled out still has its variant; asking for it returns
-//! [`PolicyError::NotCompiled`] (the API is the same in every build).
+//! Which backend a policy runs on, and the one place that builds each backend's [`Executor`]. A backend
+//! compiled out still has its variant; asking for it returns [`PolicyError::NotCompiled`] (the API is the same
+//! in every build). This file and the executors themselves are the only places that know which backends a build
+//! has: the session and act() path never does.
 
-#[cfg(feature = "burn")]
-use burn::tensor::Device;
+use policyport_format::{Artifact, ValidatedPlan};
 
 use crate::error::PolicyError;
+#[cfg(feature = "burn")]
+use crate::error::BackendError;
+use crate::executor::Executor;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Backend {
     /// Native CPU kernels (fused dense + activation, runtime ISA dispatch): the fast CPU path.
     Cpu,
@@ -16,7 +20,14 @@ pub enum Backend {
     Wgpu,
 }
 
+/// A backend name that is none of `cpu`, `flex`, `wgpu`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend '{0}' (cpu, flex, wgpu)")]
+pub struct UnknownBackend(pub String);
+
 impl Backend {
+    pub const ALL: [Backend; 3] = [Backend::Cpu, Backend::Flex, Backend::Wgpu];
+
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
@@ -27,7 +38,7 @@ impl Backend {
 
     /// Every backend this build can run.
     pub fn compiled() -> Vec<Backend> {
-        [Backend::Cpu, Backend::Flex, Backend::Wgpu]
+        Self::ALL
             .into_iter()
             .filter(|b| b.check_compiled().is_ok())
             .collect()
@@ -35,83 +46,116 @@ impl Backend {
 
     /// Ok if this build has the backend, else the typed "not compiled with X" error.
     pub fn check_compiled(self) -> Result<(), PolicyError> {
-        match self {
-            Backend::Cpu => Ok(()),
-            Backend::Flex if cfg!(feature = "flex") => Ok(()),
-            Backend::Flex => Err(PolicyError::NotCompiled {
-                backend: "flex",
-                feature: "flex",
-            }),
-            Backend::Wgpu if cfg!(feature = "wgpu") => Ok(()),
-            Backend::Wgpu => Err(PolicyError::NotCompiled {
-                backend: "wgpu",
-                feature: "wgpu",
-            }),
+        let (compiled, feature) = match self {
+            Backend::Cpu => (true, ""),
+            Backend::Flex => (cfg!(feature = "flex"), "flex"),
+            Backend::Wgpu => (cfg!(feature = "wgpu"), "wgpu"),
+        };
+        if compiled {
+            Ok(())
+        } else {
+            Err(PolicyError::NotCompiled {
+                backend: self,
+                feature,
+            })
         }
     }
 
-    /// The burn device of a burn backend (the native CPU backend has none).
-    #[cfg(feature = "burn")]
-    pub fn device(self) -> Result<Device, PolicyError> {
+    /// The one lowering of `art` for this backend: an executor whose step reads back the head values
+    /// (distribution values, value estimate) and the next recurrent states; with `readback` given instead, just
+    /// those values (golden probes of intermediate values).
+    pub(crate) fn build(
+        self,
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback: Option<&[&str]>,
+    ) -> Result<Box<dyn Executor>, PolicyError> {
         self.check_compiled()?;
+        let head_and_states = crate::lower::step_readback(art, plan);
+        let values = readback.unwrap_or(&head_and_states);
         match self {
-            Backend::Cpu => Err(PolicyError::Backend(
-                "the native cpu backend does not run on a burn device".into(),
-            )),
+            Backend::Cpu => Ok(Box::new(crate::cpu::CpuProgram::new(art, plan, values))),
             #[cfg(feature = "flex")]
-            Backend::Flex => Ok(Device::flex()),
+            Backend::Flex => Ok(Box::new(crate::exec::Program::new(
+                art,
+                plan,
+                values,
+                &burn::tensor::Device::flex(),
+                self,
+            ))),
             #[cfg(feature = "wgpu")]
-            Backend::Wgpu => wgpu_device(),
+            Backend::Wgpu => {
+                let device = wgpu_device()?;
+                Ok(match readback {
+                    // Probes of intermediate values run op by op on the same device.
+                    Some(values) => Box::new(crate::exec::Program::new(art, plan, values, &device, self)),
+                    None => Box::new(crate::wgpu_setup::program(art, plan, values, &device)),
+                })
+            }
             #[allow(unreachable_patterns)]
             _ => unreachable!("check_compiled refused backends this build lacks"),
         }
     }
 }
 
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Backend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "cpu" => Ok(Backend::Cpu),
-            "flex" => Ok(Backend::Flex),
-            "wgpu" => Ok(Backend::Wgpu),
-            _ => Err(format!("unknown backend '{s}' (cpu, flex, wgpu)")),
-        }
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, UnknownBackend> {
+        Self::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| UnknownBackend(s.to_string()))
     }
 }
 
 /// The process's wgpu device: initialised once (the first adapter wgpu offers: a GPU, or Mesa's lavapipe on a
 /// machine without one), then shared. No adapter is a typed error, remembered so later loads fail fast.
 #[cfg(feature = "wgpu")]
-static WGPU_DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+static WGPU_DEVICE: std::sync::OnceLock<Result<burn::tensor::Device, BackendError>> =
+    std::sync::OnceLock::new();
 
 #[cfg(feature = "wgpu")]
-pub(crate) fn wgpu_device() -> Result<Device, PolicyError> {
+pub(crate) fn wgpu_device() -> Result<burn::tensor::Device, PolicyError> {
     #[cfg(not(target_family = "wasm"))]
     let device = WGPU_DEVICE.get_or_init(|| {
-        Device::wgpu_options()
+        burn::tensor::Device::wgpu_options()
             .init()
-            .map_err(|e| format!("no usable wgpu adapter: {e}"))
+            .map_err(|e| BackendError::NoAdapter(e.to_string()))
     });
     // In a browser the adapter is requested asynchronously: only load_async can make the device.
     #[cfg(target_family = "wasm")]
-    let device = WGPU_DEVICE.get().ok_or_else(|| {
-        PolicyError::Backend("WebGPU initialises asynchronously: load with load_async".into())
+    let device = WGPU_DEVICE.get().ok_or(BackendError::NeedsAsync {
+        use_instead: "CompiledPolicy::load_async",
     })?;
-    device.clone().map_err(PolicyError::Backend)
+    Ok(device.clone()?)
 }
 
 /// The same device, initialised without blocking (required in a browser; fine natively).
 #[cfg(feature = "wgpu")]
-pub(crate) async fn wgpu_device_async() -> Result<Device, PolicyError> {
-    if let Some(d) = WGPU_DEVICE.get() {
-        return d.clone().map_err(PolicyError::Backend);
+pub(crate) async fn wgpu_device_async() -> Result<(), PolicyError> {
+    if WGPU_DEVICE.get().is_none() {
+        let made = burn::tensor::Device::wgpu_options()
+            .init_async()
+            .await
+            .map_err(|e| BackendError::NoAdapter(e.to_string()));
+        // Another load may have finished first while this one awaited: keep whichever was stored.
+        let _ = WGPU_DEVICE.set(made);
     }
-    let made = Device::wgpu_options()
-        .init_async()
-        .await
-        .map_err(|e| format!("no usable WebGPU/wgpu adapter: {e}"));
-    // Another load may have finished first while this one awaited: keep whichever was stored.
-    let _ = WGPU_DEVICE.set(made);
-    wgpu_device()
+    wgpu_device().map(|_| ())
+}
+
+/// Makes the backend's device ready without blocking (WebGPU in a browser); nothing to do elsewhere.
+pub(crate) async fn prepare_async(backend: Backend) -> Result<(), PolicyError> {
+    backend.check_compiled()?;
+    #[cfg(feature = "wgpu")]
+    if backend == Backend::Wgpu {
+        wgpu_device_async().await?;
+    }
+    Ok(())
 }

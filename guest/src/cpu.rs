@@ -1,11 +1,15 @@
 //! The native CPU executor: the lowered graph run by hand-written kernels ([`crate::dense`],
-//! [`crate::kernels`]) over buffers allocated once per batch size. Dense layers are fused with their bias and the
-//! activation that follows them, with weights packed at load for the CPU's vector width, so an MLP step is one
-//! pass per layer. No allocation once warm.
+//! [`crate::kernels`]) over per-session buffers allocated once per batch size. Dense layers are fused with their
+//! bias and the activation the lowering fused into them, with weights packed at load for the CPU's vector width,
+//! so an MLP step is one pass per layer. The program (packed weights) is immutable and shared by every session;
+//! a session's [`CpuScratch`] holds the buffers. No allocation once warm.
 
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
+use crate::backend::Backend;
 use crate::dense::PackedDense;
+use crate::error::PolicyError;
+use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
 use crate::lower::{act_of, affine_group, expand_affine, lower};
 
@@ -67,49 +71,33 @@ pub(crate) struct CpuProgram {
     isa: Isa,
     instrs: Vec<Instr>,
     slot_numel: Vec<usize>,
-    bufs: Vec<Vec<f32>>,
     obs_slot: usize,
-    pub(crate) state_slots: Vec<(usize, usize)>,
-    pub(crate) readback: Vec<(usize, usize)>,
+    state_slots: Vec<(usize, usize)>,
+    state_sizes: Vec<usize>,
+    readback: Vec<(usize, usize)>,
+    row_width: usize,
+}
+
+/// One session's buffers: one per value slot, grown to the largest batch seen.
+pub(crate) struct CpuScratch {
+    bufs: Vec<Vec<f32>>,
 }
 
 impl CpuProgram {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
         let low = lower(art, plan, readback_values);
         let isa = kernels::detect();
-        let read_back: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
-        let mut fused_away = vec![false; low.nodes.len()];
         let mut instrs = vec![];
-        for (i, n) in low.nodes.iter().enumerate() {
-            if fused_away[i] {
-                continue;
-            }
+        for n in &low.nodes {
             let (ins, out, last) = (&n.ins, n.out, n.in_last[0]);
             instrs.push(match n.op {
                 Op::Dense { weight, bias } => {
                     let t = &art.tensors[weight];
-                    let (mut act, mut out) = (Act::Identity, out);
-                    // Fuse the activation that is this product's only reader (and not itself read back).
-                    if low.readers[n.out] == 1 && !read_back.contains(&n.out) {
-                        if let Some((j, next)) = low
-                            .nodes
-                            .iter()
-                            .enumerate()
-                            .skip(i + 1)
-                            .find(|(_, m)| m.ins.contains(&n.out))
-                        {
-                            if let Some(f) = act_of(next.op) {
-                                act = f;
-                                out = next.out;
-                                fused_away[j] = true;
-                            }
-                        }
-                    }
                     let b = bias.as_ref().map(|b| &art.tensors[b].data[..]);
                     Instr::Dense {
                         x: ins[0],
                         dense: PackedDense::new(isa, &t.data, t.shape[0], t.shape[1], b),
-                        act,
+                        act: n.act,
                         out,
                     }
                 }
@@ -171,30 +159,32 @@ impl CpuProgram {
         CpuProgram {
             isa,
             instrs,
-            bufs: vec![vec![]; low.slot_numel.len()],
             slot_numel: low.slot_numel,
             obs_slot: low.obs_slot,
+            state_sizes: low.state_slots.iter().map(|(_, n)| *n).collect(),
             state_slots: low.state_slots,
+            row_width: low.readback.iter().map(|(_, n)| n).sum(),
             readback: low.readback,
         }
     }
 
     /// One step; the readback values concatenated per row go to `rows` (cleared first).
-    pub(crate) fn run(
-        &mut self,
+    fn run(
+        &self,
+        bufs: &mut [Vec<f32>],
         batch: usize,
         obs: &[f32],
         states: &[Vec<f32>],
         rows: &mut Vec<f32>,
     ) {
-        for (buf, n) in self.bufs.iter_mut().zip(&self.slot_numel) {
+        for (buf, n) in bufs.iter_mut().zip(&self.slot_numel) {
             if buf.len() < batch * n {
                 buf.resize(batch * n, 0.0);
             }
         }
-        self.bufs[self.obs_slot][..obs.len()].copy_from_slice(obs);
+        bufs[self.obs_slot][..obs.len()].copy_from_slice(obs);
         for ((slot, _), data) in self.state_slots.iter().zip(states) {
-            self.bufs[*slot][..data.len()].copy_from_slice(data);
+            bufs[*slot][..data.len()].copy_from_slice(data);
         }
         let isa = self.isa;
         for instr in &self.instrs {
@@ -210,9 +200,9 @@ impl CpuProgram {
                 | Instr::Copy { out, .. } => *out,
             };
             // Take the output buffer out so inputs can be borrowed alongside it (values are SSA: never the same).
-            let mut y_buf = std::mem::take(&mut self.bufs[out_slot]);
+            let mut y_buf = std::mem::take(&mut bufs[out_slot]);
             let y = &mut y_buf[..batch * self.slot_numel[out_slot]];
-            let input = |s: usize| &self.bufs[s][..batch * self.slot_numel[s]];
+            let input = |s: usize| &bufs[s][..batch * self.slot_numel[s]];
             match instr {
                 Instr::Dense { x, dense, act, .. } => dense.run(input(*x), y, batch, *act),
                 Instr::Act { x, f, .. } => {
@@ -273,13 +263,44 @@ impl CpuProgram {
                 }
                 Instr::Copy { x, .. } => y.copy_from_slice(input(*x)),
             }
-            self.bufs[out_slot] = y_buf;
+            bufs[out_slot] = y_buf;
         }
         rows.clear();
         for r in 0..batch {
             for (slot, n) in &self.readback {
-                rows.extend_from_slice(&self.bufs[*slot][r * n..(r + 1) * n]);
+                rows.extend_from_slice(&bufs[*slot][r * n..(r + 1) * n]);
             }
         }
+    }
+}
+
+impl Executor for CpuProgram {
+    fn backend(&self) -> Backend {
+        Backend::Cpu
+    }
+
+    fn state_sizes(&self) -> &[usize] {
+        &self.state_sizes
+    }
+
+    fn row_width(&self) -> usize {
+        self.row_width
+    }
+
+    fn new_scratch(&self) -> ExecScratch {
+        Box::new(CpuScratch {
+            bufs: vec![vec![]; self.slot_numel.len()],
+        })
+    }
+
+    fn launch(
+        &self,
+        scratch: &mut ExecScratch,
+        step: &StepInput<'_>,
+        rows: &mut Vec<f32>,
+    ) -> Result<Pending, PolicyError> {
+        let bufs = &mut scratch_of::<CpuScratch>(scratch).bufs;
+        self.run(bufs, step.batch, step.obs, step.states, rows);
+        Ok(Pending::Ready)
     }
 }

@@ -1,7 +1,10 @@
-//! The runtime's typed errors.
+//! The runtime's typed errors: enums all the way down, so callers (the plugin's error codes, the C ABI's
+//! statuses, the browser's error names) match on kinds, never on message text.
 
 use policyport_format::FormatError;
 use thiserror::Error;
+
+use crate::backend::Backend;
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PolicyError {
@@ -13,20 +16,65 @@ pub enum PolicyError {
     #[error("batch size {batch} is not supported (1 ..= {max})")]
     Batch { batch: usize, max: usize },
     #[error("env ids: {0}")]
-    EnvIds(String),
+    EnvIds(#[from] EnvIdError),
     #[error("recurrent state: {0}")]
-    State(String),
-    /// The backend failed (device lost, readback error). The policy stays usable when the cause is transient.
+    State(#[from] StateError),
+    /// The backend failed (no adapter, device lost, readback error). The policy stays usable when the cause is
+    /// transient.
     #[error("backend error: {0}")]
-    Backend(String),
+    Backend(#[from] BackendError),
     /// Like candle: the API stays the same when a backend is compiled out.
     #[error(
-        "policyport was not compiled with the {backend} backend (enable the cargo feature `{feature}`)"
+        "policyport was not compiled with the {} backend (enable the cargo feature `{feature}`)",
+        backend.name()
     )]
     NotCompiled {
-        backend: &'static str,
+        backend: Backend,
         feature: &'static str,
     },
+}
+
+/// The env ids of one request are unusable.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum EnvIdError {
+    #[error("range {start} + {batch} overflows u32")]
+    RangeOverflow { start: u32, batch: usize },
+    #[error("{found} ids for a batch of {batch}")]
+    Count { found: usize, batch: usize },
+    /// With per-env recurrent state two rows of one env would read the same state and race to write the next.
+    #[error("env {env} appears twice in one batch of a recurrent policy")]
+    Duplicate { env: u32 },
+    /// A recurrent session holds state for envs below its limit (memory is allocated per env id).
+    #[error("env {env} is beyond this session's limit of {limit} envs (Session::set_max_envs)")]
+    BeyondLimit { env: u32, limit: usize },
+}
+
+/// A recurrent-state operation was refused.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum StateError {
+    #[error("env {env} out of range (state holds {num_envs} envs)")]
+    EnvOutOfRange { env: u32, num_envs: usize },
+    #[error("state tensor {index} does not exist (the policy has {count})")]
+    NoSuchTensor { index: usize, count: usize },
+    #[error("{found} episode-start flags for a batch of {batch}")]
+    EpisodeStarts { found: usize, batch: usize },
+}
+
+/// A backend could not do what was asked.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum BackendError {
+    /// No wgpu / WebGPU adapter (no GPU and no software Vulkan such as Mesa lavapipe).
+    #[error("no usable wgpu adapter: {0}")]
+    NoAdapter(String),
+    /// Reading results back from the device failed.
+    #[error("readback: {0}")]
+    Readback(String),
+    /// WebGPU in a browser cannot block: this call has an async form that must be used instead.
+    #[error("WebGPU cannot block in a browser: use {use_instead}")]
+    NeedsAsync { use_instead: &'static str },
+    /// A value the device program cannot produce on this path (e.g. a blocking golden probe on WebGPU).
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -9,8 +9,12 @@ use std::collections::HashMap;
 
 use burn::tensor::activation;
 use burn::tensor::{Device, Tensor, TensorData};
+use policyport_format::sampling::ActMode;
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
+use crate::backend::Backend;
+use crate::error::{BackendError, PolicyError};
+use crate::executor::{ExecScratch, Executor, Pending, Placement, StepInput};
 use crate::kernels::Act;
 use crate::lower::{act_of, affine_group, expand_affine, lower};
 
@@ -27,6 +31,7 @@ enum Instr {
         x: usize,
         w: Tensor<2>,
         b: Option<Tensor<2>>,
+        act: Act,
         out: usize,
     },
     /// `last`: size of the last feature axis (softmax-like ops work along it).
@@ -78,9 +83,6 @@ enum Instr {
         kernels: crate::gpu::DenseKernels,
         out: usize,
     },
-    /// Nothing to do (an activation fused into the dense before it).
-    #[cfg(feature = "wgpu")]
-    Fused,
 }
 
 /// The device-side head and preprocessing of the wgpu path.
@@ -91,23 +93,32 @@ pub(crate) struct GpuParts {
     pub(crate) sample: crate::gpu::SampleKernel,
     /// Readback slots that form the raw head row (distribution values, value) before the next states.
     pub(crate) head_slots: usize,
-    /// Identity of this program for device-resident recurrent state (see gpu::DeviceState).
-    pub(crate) owner: u64,
+    /// `action_len + dist_params_len + has_value`: the sampling kernel's packed row.
+    pub(crate) row_width: usize,
 }
 
-/// A lowered artifact ready to run on one device.
+/// A lowered artifact ready to run on one device: immutable (weights uploaded once), shared by every session.
 #[derive(Debug, Clone)]
 pub(crate) struct Program {
     device: Device,
+    backend: Backend,
     instrs: Vec<Instr>,
     n_slots: usize,
     obs_slot: usize,
     /// (slot, numel) of each recurrent state input.
     pub(crate) state_slots: Vec<(usize, usize)>,
+    state_sizes: Vec<usize>,
     /// (slot, numel) read back after a step: distribution values, then the value estimate, then next states.
     pub(crate) readback: Vec<(usize, usize)>,
     #[cfg(feature = "wgpu")]
     pub(crate) gpu: Option<GpuParts>,
+}
+
+/// One session's data: on wgpu, the device copy of its recurrent state.
+#[derive(Default)]
+pub(crate) struct BurnScratch {
+    #[cfg(feature = "wgpu")]
+    state: Option<crate::gpu::DeviceState>,
 }
 
 fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
@@ -115,46 +126,29 @@ fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
 }
 
 impl Program {
-    /// Translate the lowered graph into burn instructions; `readback_values`: what act() needs on the host.
+    /// Translate the lowered graph into burn instructions; `readback_values`: what a step reads back.
     pub(crate) fn new(
         art: &Artifact,
         plan: &ValidatedPlan,
         readback_values: &[&str],
         device: &Device,
+        backend: Backend,
     ) -> Self {
-        Self::build(art, plan, readback_values, device, false)
+        Self::build(art, plan, readback_values, device, backend, false)
     }
 
-    /// `fused_dense`: run Dense (+ a following activation only it reads) as one WGSL kernel (wgpu devices).
+    /// `fused_dense`: run each Dense (with the activation the lowering fused into it) as one WGSL kernel (wgpu
+    /// devices).
     pub(crate) fn build(
         art: &Artifact,
         plan: &ValidatedPlan,
         readback_values: &[&str],
         device: &Device,
+        backend: Backend,
         fused_dense: bool,
     ) -> Self {
         let _ = fused_dense;
         let low = lower(art, plan, readback_values);
-        // Activations fused into the dense before them: (dense node index -> activation node index).
-        #[cfg(feature = "wgpu")]
-        let mut fuse_next: std::collections::HashMap<usize, usize> = Default::default();
-        #[cfg(feature = "wgpu")]
-        if fused_dense {
-            let pinned: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
-            for i in 0..low.nodes.len().saturating_sub(1) {
-                let (d, a) = (&low.nodes[i], &low.nodes[i + 1]);
-                if matches!(d.op, Op::Dense { .. })
-                    && act_of(a.op).is_some()
-                    && a.ins[0] == d.out
-                    && low.readers[d.out] == 1
-                    && !pinned.contains(&d.out)
-                {
-                    fuse_next.insert(i, i + 1);
-                }
-            }
-        }
-        #[cfg(feature = "wgpu")]
-        let fused_acts: std::collections::HashSet<usize> = fuse_next.values().copied().collect();
         let mut weights: HashMap<String, Tensor<2>> = HashMap::new();
         let mut row = |name: &String| -> Tensor<2> {
             weights
@@ -163,14 +157,10 @@ impl Program {
                 .clone()
         };
         let mut instrs = Vec::new();
-        for (ni, n) in low.nodes.iter().enumerate() {
+        for n in &low.nodes {
             let (ins, out, x_last) = (&n.ins, n.out, n.in_last[0]);
             #[cfg(feature = "wgpu")]
             if fused_dense {
-                if fused_acts.contains(&ni) {
-                    instrs.push(Instr::Fused);
-                    continue;
-                }
                 if let Op::Dense { weight, bias } = n.op {
                     let t = &art.tensors[weight];
                     let (o, i) = (t.shape[0], t.shape[1]);
@@ -181,26 +171,17 @@ impl Program {
                     let b = bias
                         .as_ref()
                         .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device)));
-                    let (act, out) = match fuse_next.get(&ni) {
-                        Some(a) => (
-                            act_of(low.nodes[*a].op).expect("fusable"),
-                            low.nodes[*a].out,
-                        ),
-                        None => (policyport_shaders::Activation::Identity, out),
-                    };
                     instrs.push(Instr::DenseAct {
                         x: ins[0],
                         w: crate::gpu::cube(w),
                         b,
                         n: o,
-                        kernels: crate::gpu::DenseKernels::new(act),
+                        kernels: crate::gpu::DenseKernels::new(n.act),
                         out,
                     });
                     continue;
                 }
             }
-            #[cfg(not(feature = "wgpu"))]
-            let _ = ni;
             let unary = |f| Instr::Unary {
                 x: ins[0],
                 f,
@@ -220,6 +201,7 @@ impl Program {
                         x: ins[0],
                         w,
                         b: bias.as_ref().map(&mut row),
+                        act: n.act,
                         out,
                     }
                 }
@@ -268,9 +250,11 @@ impl Program {
         }
         Program {
             device: device.clone(),
+            backend,
             instrs,
             n_slots: low.slot_numel.len(),
             obs_slot: low.obs_slot,
+            state_sizes: low.state_slots.iter().map(|(_, n)| *n).collect(),
             state_slots: low.state_slots,
             readback: low.readback,
             #[cfg(feature = "wgpu")]
@@ -278,19 +262,10 @@ impl Program {
         }
     }
 
-    pub(crate) fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// Run one step. `obs`: preprocessed `[batch, obs_len]`; `states`: per state slot, `[batch, numel]`.
-    /// Returns the readback values concatenated per row: `[batch, sum(readback numel)]`, row-major.
-    pub(crate) fn run(
-        &self,
-        batch: usize,
-        obs: Vec<f32>,
-        obs_len: usize,
-        states: Vec<Vec<f32>>,
-    ) -> Result<Vec<f32>, String> {
+    /// Run one step on the host-placement path. `obs`: preprocessed `[batch, obs_len]`; `states`: per state slot,
+    /// `[batch, numel]`. Returns the readback values concatenated per row, `[batch, sum(readback numel)]`, still
+    /// on the device.
+    fn run(&self, batch: usize, obs: Vec<f32>, obs_len: usize, states: &[Vec<f32>]) -> Tensor<2> {
         let states = self.upload_states(batch, states);
         let slots = self.forward(batch, obs, obs_len, states);
         let parts: Vec<Tensor<2>> = self
@@ -298,15 +273,15 @@ impl Program {
             .iter()
             .map(|(s, _)| slots[*s].clone().expect("validated: computed"))
             .collect();
-        read_rows(cat_rows(parts))
+        cat_rows(parts)
     }
 
-    fn upload_states(&self, batch: usize, states: Vec<Vec<f32>>) -> Vec<Tensor<2>> {
+    fn upload_states(&self, batch: usize, states: &[Vec<f32>]) -> Vec<Tensor<2>> {
         self.state_slots
             .iter()
             .zip(states)
             .map(|((_, n), data)| {
-                Tensor::from_data(TensorData::new(data, [batch, *n]), &self.device)
+                Tensor::from_data(TensorData::new(data.clone(), [batch, *n]), &self.device)
             })
             .collect()
     }
@@ -325,6 +300,7 @@ impl Program {
         envs: &[u32],
         sample: Option<(u64, u64)>,
     ) -> Tensor<2> {
+        // Only wgpu programs (built by wgpu_setup::program) take this path.
         let gpu = self.gpu.as_ref().expect("launch_gpu on a gpu program");
         let ids = crate::gpu::upload_ids(&gpu.sample.fparams, envs);
         let gathered = match &state {
@@ -352,7 +328,6 @@ impl Program {
             {
                 st.kernel().scatter(t, take(next), &ids, batch, *n);
             }
-            st.host_stale = true;
         }
         packed
     }
@@ -381,30 +356,19 @@ impl Program {
         };
         for instr in &self.instrs {
             let (out, t) = match instr {
-                Instr::Dense { x, w, b, out } => {
+                Instr::Dense { x, w, b, act, out } => {
                     let y = get(&slots, *x).matmul(w.clone());
-                    (
-                        *out,
-                        match b {
-                            Some(b) => y + b.clone(),
-                            None => y,
-                        },
-                    )
+                    let y = match b {
+                        Some(b) => y + b.clone(),
+                        None => y,
+                    };
+                    (*out, activate(*act, y))
                 }
                 Instr::Unary { x, f, last, out } => {
                     let t = get(&slots, *x);
                     let [rows, width] = t.dims();
                     let y = match f {
-                        Unary::Act(Act::Identity) => t,
-                        Unary::Act(Act::Relu) => activation::relu(t),
-                        Unary::Act(Act::Tanh) => activation::tanh(t),
-                        Unary::Act(Act::Sigmoid) => activation::sigmoid(t),
-                        Unary::Act(Act::Silu) => activation::silu(t),
-                        Unary::Act(Act::Elu(a)) => activation::elu(t, *a as f64),
-                        Unary::Act(Act::LeakyRelu(a)) => activation::leaky_relu(t, *a as f64),
-                        Unary::Act(Act::Gelu) => activation::gelu(t),
-                        Unary::Act(Act::GeluTanh) => activation::gelu_approximate(t),
-                        Unary::Act(Act::Erf) => t.erf(),
+                        Unary::Act(a) => activate(*a, t),
                         Unary::Softmax | Unary::LogSoftmax => {
                             let grouped = t.reshape([rows * width / last, *last]);
                             let y = if matches!(f, Unary::Softmax) {
@@ -472,8 +436,6 @@ impl Program {
                     kernels,
                     out,
                 } => (*out, kernels.run(get(&slots, *x), w, b.as_ref(), *n)),
-                #[cfg(feature = "wgpu")]
-                Instr::Fused => continue,
             };
             #[cfg(feature = "wgpu")]
             if self.gpu.is_some() && !matches!(instr, Instr::DenseAct { .. } | Instr::Alias { .. })
@@ -491,7 +453,7 @@ impl Program {
         let ops = self
             .instrs
             .iter()
-            .filter(|i| !matches!(i, Instr::Fused | Instr::Alias { .. }))
+            .filter(|i| !matches!(i, Instr::Alias { .. }))
             .count();
         let gpu = self.gpu.as_ref();
         let pre = gpu.is_some_and(|g| g.preprocess.is_some()) as usize;
@@ -499,6 +461,124 @@ impl Program {
         // A gather before and a scatter after the step per recurrent state.
         let state_moves = 2 * self.state_slots.len();
         ops + pre + head_cat + 1 + state_moves
+    }
+}
+
+/// An elementwise activation as burn ops.
+fn activate(f: Act, t: Tensor<2>) -> Tensor<2> {
+    match f {
+        Act::Identity => t,
+        Act::Relu => activation::relu(t),
+        Act::Tanh => activation::tanh(t),
+        Act::Sigmoid => activation::sigmoid(t),
+        Act::Silu => activation::silu(t),
+        Act::Elu(a) => activation::elu(t, a as f64),
+        Act::LeakyRelu(a) => activation::leaky_relu(t, a as f64),
+        Act::Gelu => activation::gelu(t),
+        Act::GeluTanh => activation::gelu_approximate(t),
+        Act::Erf => t.erf(),
+    }
+}
+
+impl Executor for Program {
+    fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// wgpu programs preprocess (unless a one-hot needs the host), keep state and sample on the device.
+    fn placement(&self) -> Placement {
+        #[cfg(feature = "wgpu")]
+        if let Some(g) = &self.gpu {
+            return Placement {
+                preprocess: g.preprocess.is_some(),
+                state: true,
+                sampling: true,
+            };
+        }
+        Placement::default()
+    }
+
+    fn state_sizes(&self) -> &[usize] {
+        &self.state_sizes
+    }
+
+    fn row_width(&self) -> usize {
+        #[cfg(feature = "wgpu")]
+        if let Some(g) = &self.gpu {
+            return g.row_width;
+        }
+        self.readback.iter().map(|(_, n)| n).sum()
+    }
+
+    fn dispatches_per_act(&self) -> Option<usize> {
+        #[cfg(feature = "wgpu")]
+        if self.gpu.is_some() {
+            return Some(Program::dispatches_per_act(self));
+        }
+        None
+    }
+
+    fn new_scratch(&self) -> ExecScratch {
+        Box::new(BurnScratch::default())
+    }
+
+    fn launch(
+        &self,
+        scratch: &mut ExecScratch,
+        step: &StepInput<'_>,
+        rows: &mut Vec<f32>,
+    ) -> Result<Pending, PolicyError> {
+        let _ = (&scratch, &rows);
+        let obs_len = step.obs.len() / step.batch;
+        #[cfg(feature = "wgpu")]
+        if self.gpu.is_some() {
+            let st = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state;
+            let state = if self.state_sizes.is_empty() {
+                None
+            } else {
+                let d = st.get_or_insert_with(|| {
+                    crate::gpu::DeviceState::zeros(&self.state_sizes, step.num_envs, &self.device)
+                });
+                d.grow(step.num_envs);
+                Some(d)
+            };
+            let sample = match step.mode {
+                ActMode::Sample { seed, step } => Some((seed, step)),
+                ActMode::Deterministic => None,
+            };
+            return Ok(Pending::Device(self.launch_gpu(
+                step.batch,
+                step.obs.to_vec(),
+                obs_len,
+                state,
+                step.env_ids,
+                sample,
+            )));
+        }
+        Ok(Pending::Device(self.run(
+            step.batch,
+            step.obs.to_vec(),
+            obs_len,
+            step.states,
+        )))
+    }
+
+    fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
+        let _ = (scratch, envs);
+        #[cfg(feature = "wgpu")]
+        if let Some(d) = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state {
+            d.zero_rows(envs);
+        }
+        Ok(())
+    }
+
+    fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
+        let _ = &scratch;
+        #[cfg(feature = "wgpu")]
+        if let Some(d) = &crate::executor::scratch_of::<BurnScratch>(scratch).state {
+            return d.read().map(Some);
+        }
+        Ok(None)
     }
 }
 
@@ -510,34 +590,35 @@ fn cat_rows(parts: Vec<Tensor<2>>) -> Tensor<2> {
     }
 }
 
-pub(crate) fn read_rows(all: Tensor<2>) -> Result<Vec<f32>, String> {
+pub(crate) fn read_rows(all: Tensor<2>) -> Result<Vec<f32>, PolicyError> {
     // A blocking read on WebGPU would trap the whole wasm instance: refuse it (async callers use read_rows_async).
     if cfg!(target_family = "wasm") && cfg!(feature = "wgpu") {
-        return Err("a blocking readback is impossible on WebGPU: use the async API".into());
+        return Err(BackendError::NeedsAsync {
+            use_instead: "Session::act_async",
+        }
+        .into());
     }
-    let data = all
-        .try_into_data()
-        .map_err(|e| format!("readback: {e:?}"))?;
+    let data = all.try_into_data().map_err(readback_error)?;
     rows_of(data)
 }
 
 /// [`read_rows`] without blocking (WebGPU maps buffers asynchronously).
-#[cfg(feature = "wgpu")]
-pub(crate) async fn read_rows_async(all: Tensor<2>) -> Result<Vec<f32>, String> {
-    let data = all
-        .into_data_async()
-        .await
-        .map_err(|e| format!("readback: {e:?}"))?;
+pub(crate) async fn read_rows_async(all: Tensor<2>) -> Result<Vec<f32>, PolicyError> {
+    let data = all.into_data_async().await.map_err(readback_error)?;
     rows_of(data)
 }
 
-fn rows_of(data: TensorData) -> Result<Vec<f32>, String> {
+pub(crate) fn readback_error(e: impl std::fmt::Debug) -> PolicyError {
+    BackendError::Readback(format!("{e:?}")).into()
+}
+
+fn rows_of(data: TensorData) -> Result<Vec<f32>, PolicyError> {
     match data.as_slice::<f32>() {
         Ok(s) => Ok(s.to_vec()),
         Err(_) => data
             .convert::<f32>()
             .try_to_vec::<f32>()
-            .map_err(|e| format!("readback: {e:?}")),
+            .map_err(readback_error),
     }
 }
 

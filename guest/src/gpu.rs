@@ -405,64 +405,64 @@ pub(crate) fn upload_ids(like: &CubeTensor, ids: &[u32]) -> Handle {
     like.client.create_from_slice(&u32_bytes(ids))
 }
 
-static NEXT_OWNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// A fresh id for a program whose states live on the device (a state uploaded for one program is re-uploaded
-/// before another program uses it).
-pub(crate) fn new_owner() -> u64 {
-    NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// The device copy of a `RecurrentState`: one `[num_envs, n]` tensor per state, written in place by scatters.
+/// The device copy of one session's recurrent state: one `[num_envs, n]` tensor per state, written in place by
+/// scatters, never read back per step (only when the session is asked for its state).
 #[derive(Clone)]
 pub(crate) struct DeviceState {
-    pub(crate) owner: u64,
     pub(crate) tensors: Vec<CubeTensor>,
     pub(crate) sizes: Vec<usize>,
     pub(crate) num_envs: usize,
-    pub(crate) host_stale: bool,
     kernel: StateKernel,
 }
 
 impl std::fmt::Debug for DeviceState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceState")
-            .field("owner", &self.owner)
             .field("sizes", &self.sizes)
             .field("num_envs", &self.num_envs)
-            .field("host_stale", &self.host_stale)
             .finish()
     }
 }
 
+fn zeros(rows: usize, n: usize, device: &burn::tensor::Device) -> CubeTensor {
+    cube(Tensor::<2>::from_data(
+        burn::tensor::TensorData::new(vec![0.0f32; rows * n], [rows, n]),
+        device,
+    ))
+}
+
 impl DeviceState {
-    pub(crate) fn upload(
-        owner: u64,
-        host: &[(usize, Vec<f32>)],
-        num_envs: usize,
-        device: &burn::tensor::Device,
-    ) -> Self {
-        let tensors = host
-            .iter()
-            .map(|(n, data)| {
-                // Never empty (a zero-env state still needs a buffer to bind).
-                let rows = num_envs.max(1);
-                let mut d = data.clone();
-                d.resize(rows * n, 0.0);
-                cube(Tensor::<2>::from_data(
-                    burn::tensor::TensorData::new(d, [rows, *n]),
-                    device,
-                ))
-            })
-            .collect();
+    /// Zero state for `num_envs` envs.
+    pub(crate) fn zeros(sizes: &[usize], num_envs: usize, device: &burn::tensor::Device) -> Self {
         DeviceState {
-            owner,
-            tensors,
-            sizes: host.iter().map(|(n, _)| *n).collect(),
+            // Never empty (a zero-env state still needs a buffer to bind).
+            tensors: sizes.iter().map(|n| zeros(num_envs.max(1), *n, device)).collect(),
+            sizes: sizes.to_vec(),
             num_envs,
-            host_stale: false,
             kernel: StateKernel::new(),
         }
+    }
+
+    /// Grow to `num_envs` envs on the device (new rows zero; no readback); never shrinks.
+    pub(crate) fn grow(&mut self, num_envs: usize) {
+        if num_envs <= self.num_envs {
+            return;
+        }
+        for (t, n) in self.tensors.iter_mut().zip(&self.sizes) {
+            let old = Tensor::<2>::from_primitive::<Cube>(t.clone());
+            let device = old.device();
+            *t = if self.num_envs == 0 {
+                zeros(num_envs, *n, &device)
+            } else {
+                let fresh = Tensor::<2>::from_primitive::<Cube>(zeros(
+                    num_envs - self.num_envs,
+                    *n,
+                    &device,
+                ));
+                cube(Tensor::cat(vec![old.narrow(0, 0, self.num_envs), fresh], 0))
+            };
+        }
+        self.num_envs = num_envs;
     }
 
     pub(crate) fn kernel(&self) -> &StateKernel {
@@ -472,74 +472,41 @@ impl DeviceState {
     /// Every state tensor read back, `num_envs x n` values each.
     pub(crate) fn read(&self) -> Result<Vec<Vec<f32>>, crate::error::PolicyError> {
         if cfg!(target_family = "wasm") {
-            return Err(crate::error::PolicyError::Backend(
-                "WebGPU reads back asynchronously: use RecurrentState::sync_async".into(),
-            ));
+            return Err(crate::error::BackendError::NeedsAsync {
+                use_instead: "an async state read (not available yet)",
+            }
+            .into());
         }
         self.tensors
             .iter()
             .zip(&self.sizes)
             .map(|(t, n)| {
-                self.rows(
-                    Tensor::<2>::from_primitive::<Cube>(t.clone()).try_into_data(),
-                    *n,
-                )
+                let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
+                    .try_into_data()
+                    .map_err(crate::exec::readback_error)?;
+                let mut v = data
+                    .try_to_vec::<f32>()
+                    .map_err(crate::exec::readback_error)?;
+                v.truncate(self.num_envs * n);
+                Ok(v)
             })
             .collect()
     }
 
-    /// [`DeviceState::read`] without blocking.
-    pub(crate) async fn read_async(&self) -> Result<Vec<Vec<f32>>, crate::error::PolicyError> {
-        let mut all = vec![];
-        for (t, n) in self.tensors.iter().zip(&self.sizes) {
-            let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
-                .into_data_async()
-                .await;
-            all.push(self.rows(data, *n)?);
-        }
-        Ok(all)
-    }
-
-    /// The `num_envs x n` live values of one read-back state tensor.
-    fn rows<E: std::fmt::Debug>(
-        &self,
-        data: Result<burn::tensor::TensorData, E>,
-        n: usize,
-    ) -> Result<Vec<f32>, crate::error::PolicyError> {
-        let err = |e: &dyn std::fmt::Debug| {
-            crate::error::PolicyError::Backend(format!("state readback: {e:?}"))
-        };
-        let mut v = data
-            .map_err(|e| err(&e))?
-            .try_to_vec::<f32>()
-            .map_err(|e| err(&e))?;
-        v.truncate(self.num_envs * n);
-        Ok(v)
-    }
-
-    /// Zero rows `envs` on the device (scatter of zeros).
-    pub(crate) fn zero_rows(&mut self, envs: &[u32]) -> Result<(), crate::error::PolicyError> {
-        if envs.is_empty() {
-            return Ok(());
-        }
-        for (t, n) in self.tensors.iter().zip(&self.sizes) {
-            let ids = upload_ids(t, envs);
-            let zeros = t.client.create_from_slice(&vec![0u8; envs.len() * n * 4]);
-            self.kernel.launch(t, &zeros, &ids, envs.len(), *n, 1);
-        }
-        Ok(())
-    }
-
-    /// An independent copy (new buffers) of this device state.
-    pub(crate) fn deep_copy(&self) -> Self {
-        let tensors = self
-            .tensors
+    /// Zero rows `envs` on the device (scatter of zeros); ids beyond the device copy are zero already.
+    pub(crate) fn zero_rows(&mut self, envs: &[u32]) {
+        let ids: Vec<u32> = envs
             .iter()
-            .map(|t| cube(Tensor::<2>::from_primitive::<Cube>(t.clone()).add_scalar(0.0)))
+            .copied()
+            .filter(|e| (*e as usize) < self.num_envs)
             .collect();
-        DeviceState {
-            tensors,
-            ..self.clone()
+        if ids.is_empty() {
+            return;
+        }
+        for (t, n) in self.tensors.iter().zip(&self.sizes) {
+            let handle = upload_ids(t, &ids);
+            let zeros = t.client.create_from_slice(&vec![0u8; ids.len() * n * 4]);
+            self.kernel.launch(t, &zeros, &handle, ids.len(), *n, 1);
         }
     }
 }

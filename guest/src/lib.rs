@@ -2,46 +2,53 @@
 //! Without the `burn` feature (e.g. the sandboxed wasm plugin) only the native `cpu` backend is compiled.
 //!
 //! ```no_run
-//! use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+//! use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
 //! let bytes = std::fs::read("cartpole.policy").unwrap();
-//! let mut policy = Policy::load_on(&bytes, Backend::Cpu).unwrap();
-//! let mut out = ActOutputs::default();
+//! // Immutable and Send + Sync: share it between threads, one Session per caller.
+//! let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+//! let mut session = policy.session();
 //! let obs = [0.01f32, 0.0, -0.02, 0.0];
-//! policy.act(Observations::F32(&obs), 1, ActMode::Sample { seed: 7, step: 0 }, EnvIds::Range(0), None, &mut out).unwrap();
+//! let req = Request::new(Observations::F32(&obs), 1, ActMode::Sample { seed: 7, step: 0 }).envs(EnvIds::Range(0));
+//! let out = session.act(&req).unwrap();
 //! println!("action {}", out.discrete[0]);
 //! ```
 //! Importers never live here: this crate only reads artifacts (through `policyport-format`).
+//!
+//! Where things go: a backend is one [`Executor`] impl plus one arm in [`Backend`]'s builder (`backend.rs`); an
+//! op is one IR entry (format crate), one arm per executor (`cpu.rs`, `exec.rs`, the libtorch host) and one
+//! reference; the request check, preprocessing, state and sampling around the graph are the session's
+//! (`session.rs`), the same for every backend.
 
 mod backend;
+mod compiled;
 mod cpu;
 mod dense;
 mod error;
 #[cfg(feature = "burn")]
 mod exec;
+pub mod executor;
+mod golden;
 #[cfg(feature = "wgpu")]
 mod gpu;
 mod kernels;
-mod lower;
+pub mod lower;
 mod observations;
-mod policy;
+mod session;
 mod state;
 #[cfg(feature = "wgpu")]
 mod wgpu_setup;
 
-pub use backend::Backend;
-#[cfg(feature = "burn")]
-pub use burn::tensor::Device;
-pub use error::{ObservationError, PolicyError};
+pub use backend::{Backend, UnknownBackend};
+pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
+pub use error::{BackendError, EnvIdError, ObservationError, PolicyError, StateError};
+pub use executor::{Executor, Placement};
+pub use golden::{GoldenReport, GoldenShape, compare_golden, golden_modes, rel_err};
 pub use lower::act_of as activation_of;
 pub use observations::{Observations, check_observations, one_hot_width};
-pub use policy::{
-    ActOutputs, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Policy, PolicyInfo, compare_golden,
-    rel_err,
-};
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
 pub use policyport_shaders::Activation;
-pub use state::RecurrentState;
+pub use session::{ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, Request, Session};
 
 /// GPU dispatches issued by wgpu programs from this thread so far (compare against
 /// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature.

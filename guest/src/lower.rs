@@ -1,6 +1,8 @@
-//! Lowering shared by every executor: each value of the namespace gets a slot index, each node becomes
-//! (op, input slots, output slot) with the sizes its kernels need. Executors (burn, native CPU) only translate
-//! these into their own instructions, so both run exactly the same graph.
+//! The one lowering and the one fusion pass, shared by every executor (native CPU, burn flex, burn-wgpu, and the
+//! libtorch host): each value of the namespace gets a slot index, each node becomes (op, input slots, output
+//! slot) with the sizes its kernels need, and a Dense whose only reader is an elementwise activation absorbs it
+//! ([`LoweredNode::act`]). Executors only translate these nodes into their own instructions, so all of them run
+//! exactly the same graph with the same fusion. Adding an op: one IR entry (format), one arm per executor.
 
 use std::collections::HashMap;
 
@@ -8,15 +10,19 @@ use policyport_format::{Artifact, OBS_VALUE, Op, STATE_PREFIX, ValidatedPlan};
 
 use crate::kernels::Act;
 
-pub(crate) struct LoweredNode<'a> {
+pub struct LoweredNode<'a> {
     pub op: &'a Op,
     pub ins: Vec<usize>,
+    /// Where the result goes: the node's own output, or, when an activation was fused into it, the activation's.
     pub out: usize,
     /// Size of the last feature axis of each input.
     pub in_last: Vec<usize>,
+    /// The activation applied to the result (fused from the activation node that was the only reader of this
+    /// node's output; `Identity` when none). Only Dense nodes absorb activations.
+    pub act: Act,
 }
 
-pub(crate) struct Lowered<'a> {
+pub struct Lowered<'a> {
     pub nodes: Vec<LoweredNode<'a>>,
     /// Per-env element count of every slot.
     pub slot_numel: Vec<usize>,
@@ -25,11 +31,26 @@ pub(crate) struct Lowered<'a> {
     pub state_slots: Vec<(usize, usize)>,
     /// (slot, numel) of each value read back after a step, in the order asked for.
     pub readback: Vec<(usize, usize)>,
-    /// How many nodes read each slot (fusion may only consume a value nobody else reads).
+    /// How many nodes read each slot (before fusion).
     pub readers: Vec<usize>,
 }
 
-pub(crate) fn lower<'a>(
+/// What one step reads back: the head's values (distribution values, then the value estimate), then the next
+/// value of every recurrent state, in manifest order.
+pub fn step_readback<'a>(art: &'a Artifact, plan: &'a ValidatedPlan) -> Vec<&'a str> {
+    let mut values = plan.head.readback_values();
+    values.extend(
+        art.manifest
+            .recurrent
+            .iter()
+            .flat_map(|r| &r.states)
+            .map(|s| s.next.as_str()),
+    );
+    values
+}
+
+/// Lower the artifact's graph (validated by `plan`) for a step that reads back `readback_values`.
+pub fn lower<'a>(
     art: &'a Artifact,
     plan: &ValidatedPlan,
     readback_values: &[&str],
@@ -78,9 +99,10 @@ pub(crate) fn lower<'a>(
             ins,
             out,
             in_last,
+            act: Act::Identity,
         });
     }
-    let readback = readback_values
+    let readback: Vec<(usize, usize)> = readback_values
         .iter()
         .map(|v| {
             let s = slot_of(v, &mut slots, &mut slot_numel);
@@ -93,6 +115,7 @@ pub(crate) fn lower<'a>(
             readers[*i] += 1;
         }
     }
+    let nodes = fuse_dense_activations(nodes, &readers, &readback);
     Lowered {
         nodes,
         slot_numel,
@@ -101,6 +124,51 @@ pub(crate) fn lower<'a>(
         readback,
         readers,
     }
+}
+
+/// The fusion pass: a Dense whose output is read by exactly one node, an elementwise activation, and is not
+/// read back, computes that activation itself (the activation node disappears; the Dense writes the
+/// activation's output slot). Moving the activation up to the Dense is sound because values are SSA: its only
+/// input is ready there. Every executor runs the fused graph (one rule for all; before, the cpu backend fused
+/// with a later reader anywhere and wgpu only with the very next node).
+fn fuse_dense_activations<'a>(
+    nodes: Vec<LoweredNode<'a>>,
+    readers: &[usize],
+    readback: &[(usize, usize)],
+) -> Vec<LoweredNode<'a>> {
+    let mut absorbed = vec![None; nodes.len()];
+    let mut gone = vec![false; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        if !matches!(n.op, Op::Dense { .. })
+            || readers[n.out] != 1
+            || readback.iter().any(|(s, _)| *s == n.out)
+        {
+            continue;
+        }
+        if let Some((j, reader)) = nodes
+            .iter()
+            .enumerate()
+            .skip(i + 1)
+            .find(|(_, m)| m.ins.contains(&n.out))
+            && let Some(f) = act_of(reader.op)
+        {
+            absorbed[i] = Some((f, reader.out));
+            gone[j] = true;
+        }
+    }
+    nodes
+        .into_iter()
+        .zip(absorbed)
+        .zip(gone)
+        .filter(|(_, gone)| !gone)
+        .map(|((mut n, fused), _)| {
+            if let Some((f, out)) = fused {
+                n.act = f;
+                n.out = out;
+            }
+            n
+        })
+        .collect()
 }
 
 /// The elementwise activation an op is, if it is one (every executor maps these the same way; public so
@@ -121,7 +189,7 @@ pub fn act_of(op: &Op) -> Option<Act> {
 }
 
 /// Affine tensors broadcast over the whole feature vector (numel == total) or over the last axis.
-pub(crate) fn affine_group(
+pub fn affine_group(
     art: &Artifact,
     scale: &Option<String>,
     shift: &Option<String>,
@@ -139,7 +207,7 @@ pub(crate) fn affine_group(
 }
 
 /// A one-element affine tensor repeated over its group.
-pub(crate) fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
+pub fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
     if d.len() == 1 {
         vec![d[0]; group]
     } else {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use policyport::{ActMode, ActOutputs, EnvIds, Observations, Policy, PolicyError};
+use policyport::{ActMode, EnvIds, Observations, PolicyError, Request, Session};
 
 use crate::envs::Env;
 
@@ -29,13 +29,12 @@ impl EpisodeStats {
 /// Episode e starts from reset(env_seed, e); step t of episode e samples with (policy_seed, env e, step t) —
 /// the same streams the fixture script used to evaluate the PyTorch policy.
 pub fn run_episodes<E: Env>(
-    policy: &mut Policy,
+    session: &mut Session,
     episodes: u32,
     env_seed: u64,
     policy_seed: u64,
     sampled: bool,
 ) -> Result<EpisodeStats, PolicyError> {
-    let mut out = ActOutputs::default();
     let mut obs = vec![0.0f32; E::OBS_LEN];
     let mut stats = EpisodeStats {
         returns: vec![],
@@ -56,14 +55,7 @@ pub fn run_episodes<E: Env>(
                 ActMode::Deterministic
             };
             let t0 = Instant::now();
-            policy.act(
-                Observations::F32(&obs),
-                1,
-                mode,
-                EnvIds::Range(e),
-                None,
-                &mut out,
-            )?;
+            let out = session.act(&Request::new(Observations::F32(&obs), 1, mode).envs(EnvIds::Range(e)))?;
             stats.act_us.push(t0.elapsed().as_secs_f64() * 1e6);
             let d = out.discrete.first().copied().unwrap_or(0);
             let (r, term) = env.step(d, &out.continuous);

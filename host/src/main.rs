@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_format::{Limits, read_artifact, validate};
 use policyport_host::demo::run_episodes;
 use policyport_host::envs::{CartPole, Pendulum};
@@ -317,7 +317,8 @@ fn main() -> Result<()> {
             step,
             env_offset,
         } => {
-            let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
+            let policy = CompiledPolicy::load(&read(&artifact)?, backend)?;
+            let mut session = policy.session();
             let raw = read(&obs)?;
             let (shape, data) = if obs.extension().is_some_and(|e| e == "npy") {
                 npy::read_npy(&raw)?
@@ -331,14 +332,8 @@ fn main() -> Result<()> {
                 seed,
                 step,
             });
-            let mut out = ActOutputs::default();
-            policy.act(
-                Observations::F32(&data),
-                batch,
-                mode,
-                EnvIds::Range(env_offset),
-                None,
-                &mut out,
+            let out = session.act(
+                &Request::new(Observations::F32(&data), batch, mode).envs(EnvIds::Range(env_offset)),
             )?;
             let actions = if out.discrete.is_empty() {
                 serde_json::json!(out.continuous)
@@ -351,7 +346,7 @@ fn main() -> Result<()> {
             );
         }
         Cmd::Verify { artifact, backend } => {
-            let mut policy = Policy::load_on(&read(&artifact)?, backend)?;
+            let policy = CompiledPolicy::load(&read(&artifact)?, backend)?;
             let reports = policy.verify()?;
             let mut ok = true;
             for r in &reports {
@@ -437,7 +432,8 @@ fn main() -> Result<()> {
             plugin,
         } => {
             let bytes = read(&artifact)?;
-            let mut policy = Policy::load_on(&bytes, backend)?;
+            let policy = CompiledPolicy::load(&bytes, backend)?;
+            let mut session = policy.session();
             let raw_len = policy.info().obs_len;
             let mut sandboxed = match &plugin {
                 Some(p) => {
@@ -459,40 +455,29 @@ fn main() -> Result<()> {
                 let obs = policyport_host::random_obs(&policy.manifest().observation, batch, 1);
                 let mut out = ActOutputs::default();
                 let mut step = 0u64;
-                let mut run = |n: u64, policy: &mut Policy| -> Result<f64> {
+                let mut run = |n: u64, session: &mut policyport::Session| -> Result<f64> {
                     let t0 = Instant::now();
                     for _ in 0..n {
                         let mode = ActMode::Sample { seed: 1, step };
                         match sandboxed.as_mut() {
-                            Some(w) => w.act(
-                                Observations::F32(&obs),
-                                batch,
-                                mode,
-                                EnvIds::Range(0),
-                                &mut out,
-                            )?,
-                            None => policy.act(
-                                Observations::F32(&obs),
-                                batch,
-                                mode,
-                                EnvIds::Range(0),
-                                None,
-                                &mut out,
-                            )?,
+                            Some(w) => w.act(&Request::new(Observations::F32(&obs), batch, mode), &mut out)?,
+                            None => {
+                                session.act(&Request::new(Observations::F32(&obs), batch, mode))?;
+                            }
                         }
                         step += 1;
                     }
                     Ok(t0.elapsed().as_secs_f64())
                 };
-                run(3, &mut policy)?;
+                run(3, &mut session)?;
                 // Calibrate, then time repeated blocks and keep the median per-call time.
                 let mut n = 1u64;
-                while run(n, &mut policy)? < 0.05 {
+                while run(n, &mut session)? < 0.05 {
                     n *= 2;
                 }
-                let blocks = ((seconds / (run(n, &mut policy)?)).ceil() as usize).clamp(3, 50);
+                let blocks = ((seconds / (run(n, &mut session)?)).ceil() as usize).clamp(3, 50);
                 let mut per_call: Vec<f64> = (0..blocks)
-                    .map(|_| run(n, &mut policy).map(|s| s / n as f64 * 1e6))
+                    .map(|_| run(n, &mut session).map(|s| s / n as f64 * 1e6))
                     .collect::<Result<_>>()?;
                 per_call.sort_by(|a, b| a.total_cmp(b));
                 let median = per_call[per_call.len() / 2];
@@ -592,13 +577,7 @@ fn bench_torch(
         let mut step = 0u64;
         let us = median_us(seconds, |_| {
             step += 1;
-            policy.act(
-                Observations::F32(&obs),
-                batch,
-                ActMode::Sample { seed: 1, step },
-                EnvIds::Range(0),
-                &mut out,
-            )?;
+            policy.act(&Request::new(Observations::F32(&obs), batch, ActMode::Sample { seed: 1, step }), &mut out)?;
             Ok(())
         })?;
         println!(
@@ -669,7 +648,8 @@ fn trace(
     out: &Path,
 ) -> Result<()> {
     use policyport_host::envs::VecEnv;
-    let mut policy = Policy::load_on(bytes, backend)?;
+    let policy = CompiledPolicy::load(bytes, backend)?;
+    let mut session = policy.session();
     let info = policy.info();
     if info.obs_len != kind.obs_len() {
         bail!(
@@ -680,21 +660,17 @@ fn trace(
         );
     }
     let mut env = VecEnv::new(kind, n, env_seed);
-    let mut acts = ActOutputs::default();
     let (mut obs, mut actions, mut values) = (vec![], vec![], vec![]);
     for t in 0..steps {
         let o = env.observations().to_vec();
-        policy.act(
+        let acts = session.act(&Request::new(
             Observations::F32(&o),
             n,
             ActMode::Sample {
                 seed: policy_seed,
                 step: t as u64,
             },
-            EnvIds::Range(0),
-            None,
-            &mut acts,
-        )?;
+        ))?;
         env.step(&acts.discrete, &acts.continuous)
             .map_err(anyhow::Error::msg)?;
         obs.push(o);
@@ -795,7 +771,8 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
         std::fs::write(&path, &bytes)?;
         let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
-        let mut policy = Policy::load_on(&std::fs::read(&path)?, backend)?;
+        let policy = CompiledPolicy::load(&std::fs::read(&path)?, backend)?;
+        let mut session = policy.session();
         let load_ms = t1.elapsed().as_secs_f64() * 1e3;
         let env_seed = eval["env_seed"].as_u64().context("env_seed")?;
         let policy_seed = eval["policy_seed"].as_u64().context("policy_seed")?;
@@ -813,9 +790,9 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
         for (sampled, torch) in [(true, &torch_sampled), (false, &torch_det)] {
             let stats = match b.name {
                 "cartpole" => {
-                    run_episodes::<CartPole>(&mut policy, n, env_seed, policy_seed, sampled)?
+                    run_episodes::<CartPole>(&mut session, n, env_seed, policy_seed, sampled)?
                 }
-                _ => run_episodes::<Pendulum>(&mut policy, n, env_seed, policy_seed, sampled)?,
+                _ => run_episodes::<Pendulum>(&mut session, n, env_seed, policy_seed, sampled)?,
             };
             let torch_mean = torch[..n as usize].iter().sum::<f64>() / n as f64;
             let same = stats

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use policyport_format::container::Tensor;
-use policyport_format::sampling::{ActMode, Sampler};
+use policyport_format::sampling::ActMode;
 use policyport_format::{
     Artifact, GoldenCase, Limits, Manifest, OBS_VALUE, ObservationSpace, Op, Preprocess,
     STATE_PREFIX, validate,
@@ -215,8 +215,8 @@ pub fn make_golden(
         tensors: tensors.clone(),
         version: (1, 0),
     };
-    validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
-    let sampler = Sampler::new(&art);
+    let plan = validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
+    let sampler = plan.head;
     let dist_values: Vec<&str> = manifest.distribution.param_values();
     let mut out = vec![];
     for (name, obs, batch, seed, step, env_offset) in cases {

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use policyport::{ActMode, ActOutputs, EnvIds, Observations};
+#[cfg_attr(not(feature = "wasm"), allow(unused_imports))]
+use policyport::{ActMode, ActOutputs, EnvIds, Observations, Request};
 use thiserror::Error;
 #[cfg(feature = "wasm")]
 use wasmtime::{
@@ -403,7 +404,9 @@ impl WasmPolicy {
     }
 
     /// Layout of the batch buffer for `cap` rows: obs | env ids | actions | value | dist (each 16-aligned).
-    fn layout(&self, cap: usize) -> [usize; 6] {
+    /// Offsets of the regions of one guest buffer for `cap` rows: observations, env ids, actions, values,
+    /// distribution parameters, episode-start flags, and the end.
+    fn layout(&self, cap: usize) -> [usize; 7] {
         let a = |x: usize| x.div_ceil(16) * 16;
         let i = &self.info;
         let obs = a(cap * i.obs_len.max(8) * 4);
@@ -411,6 +414,7 @@ impl WasmPolicy {
         let act = a(cap * i.action_len.max(1) * 4);
         let val = a(cap * 4);
         let dist = a(cap * i.dist_params_len.max(1) * 4);
+        let starts = a(cap);
         [
             0,
             obs,
@@ -418,6 +422,7 @@ impl WasmPolicy {
             obs + ids + act,
             obs + ids + act + val,
             obs + ids + act + val + dist,
+            obs + ids + act + val + dist + starts,
         ]
     }
 
@@ -426,7 +431,7 @@ impl WasmPolicy {
             return Ok(());
         }
         let cap = batch.max(self.capacity * 2).max(1);
-        let total = u32::try_from(self.layout(cap)[5].max(64))
+        let total = u32::try_from(self.layout(cap)[6].max(64))
             .map_err(|_| WasmError::Call(format!("batch {batch} too large")))?;
         if let Some((p, l)) = self.buf.take() {
             self.call("pp_free", |s, x| x.free.call(s, (p, l)))?;
@@ -465,15 +470,11 @@ impl WasmPolicy {
         Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, n) })
     }
 
-    /// act() with observations copied into the guest (f32 or u8), outputs read back into `out`.
-    pub fn act(
-        &mut self,
-        obs: Observations<'_>,
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        out: &mut ActOutputs,
-    ) -> Result<(), WasmError> {
+    /// act() with observations copied into the guest (f32 or u8), outputs read back into `out`. The same
+    /// [`Request`] as the native [`policyport::Session::act`] (env ids, episode starts), checked in the guest by the
+    /// same code.
+    pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
+        let (obs, batch, mode, envs) = (req.obs, req.batch, req.mode, req.envs);
         let (n, want) = match obs {
             Observations::F32(x) => (x.len(), batch * self.info.obs_len),
             Observations::U8(x) => (x.len(), batch * self.info.obs_len),
@@ -501,7 +502,7 @@ impl WasmPolicy {
                 ObsDType::U8
             }
         };
-        self.run(batch, dtype, mode, envs, out)
+        self.run(batch, dtype, mode, envs, req.episode_starts, out)
     }
 
     /// act() on observations already written through [`obs_buffer`](Self::obs_buffer).
@@ -513,7 +514,7 @@ impl WasmPolicy {
         out: &mut ActOutputs,
     ) -> Result<(), WasmError> {
         self.ensure_capacity(batch.max(1))?;
-        self.run(batch, ObsDType::F32, mode, envs, out)
+        self.run(batch, ObsDType::F32, mode, envs, None, out)
     }
 
     fn run(
@@ -522,11 +523,28 @@ impl WasmPolicy {
         dtype: ObsDType,
         mode: ActMode,
         envs: EnvIds<'_>,
+        episode_starts: Option<&[bool]>,
         out: &mut ActOutputs,
     ) -> Result<(), WasmError> {
         let (ptr, _) = self.buf.unwrap();
         let l = self.layout(self.capacity);
         let at = |i: usize| ptr + l[i] as u32;
+        let starts_ptr = match episode_starts {
+            None => 0u32,
+            Some(flags) => {
+                if flags.len() != batch {
+                    return Err(WasmError::Call(format!(
+                        "{} episode-start flags for a batch of {batch}",
+                        flags.len()
+                    )));
+                }
+                let bytes: Vec<u8> = flags.iter().map(|f| *f as u8).collect();
+                self.memory
+                    .write(&mut self.store, at(5) as usize, &bytes)
+                    .map_err(|e| WasmError::Call(e.to_string()))?;
+                at(5)
+            }
+        };
         let (ids_ptr, env_offset) = match envs {
             EnvIds::Range(start) => (0u32, start),
             EnvIds::List(ids) => {
@@ -562,6 +580,7 @@ impl WasmPolicy {
             at(2),
             at(3),
             at(4),
+            starts_ptr,
         );
         let rc = self.call("pp_act", |s, x| x.act.call(s, args))?;
         self.check("pp_act", rc)?;
@@ -685,14 +704,7 @@ mod compiled_out {
             match self.never {}
         }
 
-        pub fn act(
-            &mut self,
-            _obs: Observations<'_>,
-            _batch: usize,
-            _mode: ActMode,
-            _envs: EnvIds<'_>,
-            _out: &mut ActOutputs,
-        ) -> Result<(), WasmError> {
+        pub fn act(&mut self, _req: &Request<'_>, _out: &mut ActOutputs) -> Result<(), WasmError> {
             match self.never {}
         }
 

@@ -1,4 +1,4 @@
-use policyport::{Backend, Policy, PolicyError};
+use policyport::{Backend, CompiledPolicy, PolicyError};
 use policyport_conformance::{compile_fixture, fixture_names, fixtures_dir, load_fixture};
 use policyport_format::{Limits, read_artifact, validate, write_artifact};
 use policyport_host::{Storage, compile_onnx, inspect, reference};
@@ -48,7 +48,7 @@ fn compile_without_golden_uses_the_reference_interpreter() {
             .all(|g| g.name.starts_with("reference_"))
     );
     for b in policyport_conformance::backends() {
-        let reports = Policy::load_on(&bytes, b).unwrap().verify().unwrap();
+        let reports = CompiledPolicy::load(&bytes, b).unwrap().verify().unwrap();
         assert!(reports.iter().all(|r| r.passed), "{reports:?}");
     }
 }
@@ -64,7 +64,7 @@ fn half_precision_storage_round_trips_within_its_tolerance() {
             "{storage:?}: {} vs {f32_len}",
             bytes.len()
         );
-        let reports = Policy::load_on(&bytes, Backend::Flex)
+        let reports = CompiledPolicy::load(&bytes, Backend::Flex)
             .unwrap()
             .verify()
             .unwrap();
@@ -101,13 +101,13 @@ fn inspect_summaries_match_blessed_snapshots() {
 #[test]
 fn a_backend_compiled_out_is_a_typed_error() {
     let bytes = compile_fixture(&load_fixture("cartpole"));
-    match Policy::load_on(&bytes, Backend::Wgpu) {
+    match CompiledPolicy::load(&bytes, Backend::Wgpu) {
         Ok(_) => assert!(Backend::compiled().contains(&Backend::Wgpu)),
         Err(e) => assert!(
             matches!(
                 e,
                 PolicyError::NotCompiled {
-                    backend: "wgpu",
+                    backend: Backend::Wgpu,
                     ..
                 }
             ),
@@ -118,7 +118,7 @@ fn a_backend_compiled_out_is_a_typed_error() {
 
 #[test]
 fn info_describes_the_policy() {
-    let p = Policy::load_on(&compile_fixture(&load_fixture("pendulum")), Backend::Flex).unwrap();
+    let p = CompiledPolicy::load(&compile_fixture(&load_fixture("pendulum")), Backend::Flex).unwrap();
     let i = p.info();
     assert_eq!(
         (

@@ -2,7 +2,8 @@
 //! policy keeps working after a refused call.
 
 use policyport::{
-    ActMode, ActOutputs, Backend, EnvIds, ObservationError, Observations, Policy, PolicyError,
+    ActMode, Backend, CompiledPolicy, EnvIds, ObservationError, Observations, PolicyError, Request,
+    Session,
 };
 use policyport_conformance::{compile_fixture, load_fixture};
 use policyport_format::container::{assemble, sections};
@@ -14,7 +15,7 @@ fn cartpole() -> Vec<u8> {
 }
 
 fn load_err(bytes: &[u8]) -> FormatError {
-    match Policy::load_on(bytes, Backend::Flex) {
+    match CompiledPolicy::load(bytes, Backend::Flex) {
         Err(PolicyError::Artifact(e)) => e,
         Err(other) => panic!("expected an artifact error, got {other}"),
         Ok(_) => panic!("hostile artifact accepted"),
@@ -185,11 +186,12 @@ fn bad_observations_and_calls() {
 }
 
 fn bad_observations_and_calls_on(backend: Backend) {
-    let mut p = Policy::load_on(&cartpole(), backend).unwrap();
-    let mut out = ActOutputs::default();
+    let policy = CompiledPolicy::load(&cartpole(), backend).unwrap();
+    let mut p = policy.session();
     let mode = ActMode::Sample { seed: 1, step: 2 };
-    let mut act = |p: &mut Policy, obs: Observations, batch: usize, envs: EnvIds| {
-        p.act(obs, batch, mode, envs, None, &mut out)
+    let act = |p: &mut Session, obs: Observations, batch: usize, envs: EnvIds| {
+        p.act(&Request::new(obs, batch, mode).envs(envs))
+            .map(|_| ())
     };
     let nan = [0.0, f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
     assert!(matches!(
@@ -245,7 +247,7 @@ fn bad_observations_and_calls_on(backend: Backend) {
     ));
     // Nothing lost: the policy still answers, and still passes its golden vectors.
     assert!(act(&mut p, Observations::F32(&[0.01; 8]), 2, EnvIds::Range(0)).is_ok());
-    assert!(p.verify().unwrap().iter().all(|r| r.passed));
+    assert!(policy.verify().unwrap().iter().all(|r| r.passed));
 }
 
 /// A seeded mutation fuzz of the manifest behind valid checksums (the checksum would otherwise stop almost
@@ -265,7 +267,7 @@ fn mutated_manifests_never_panic() {
         }
         let bytes = assemble(&mm, w);
         for backend in policyport_conformance::backends() {
-            match std::panic::catch_unwind(|| Policy::load_on(&bytes, backend).map(|_| ())) {
+            match std::panic::catch_unwind(|| CompiledPolicy::load(&bytes, backend).map(|_| ())) {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => refused += 1,
                 Err(_) => panic!(

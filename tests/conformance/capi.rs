@@ -2,7 +2,7 @@ use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+use policyport::{ActMode, Backend, CompiledPolicy, Observations, Request};
 use policyport_capi::*;
 use policyport_conformance::{compile_fixture, load_fixture};
 
@@ -96,17 +96,13 @@ fn c_abi_errors_are_typed_and_never_panic() {
             std::ptr::null_mut(),
         );
         assert_eq!(st, PpStatus::Ok);
-        let mut native = Policy::load_on(&bytes, Backend::Cpu).unwrap();
-        let mut want = ActOutputs::default();
-        native
-            .act(
+        let mut native = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
+        let want = native
+            .act(&Request::new(
                 Observations::F32(&ok),
                 1,
                 ActMode::Sample { seed: 1, step: 1 },
-                EnvIds::Range(0),
-                None,
-                &mut want,
-            )
+            ))
             .unwrap();
         assert_eq!(a.as_slice(), want.discrete.as_slice(), "C ABI action = the runtime's");
         assert_eq!(v.as_slice(), want.value.as_slice(), "C ABI value = the runtime's");

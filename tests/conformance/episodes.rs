@@ -1,4 +1,4 @@
-use policyport::Policy;
+use policyport::CompiledPolicy;
 use policyport_conformance::{backends, compile_fixture, load_fixture};
 use policyport_host::demo::{EpisodeStats, run_episodes};
 use policyport_host::envs::{CartPole, Env, Pendulum};
@@ -9,7 +9,7 @@ fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStat
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
     for b in backends() {
-        let mut p = Policy::load_on(&bytes, b).unwrap();
+        let mut p = CompiledPolicy::load(&bytes, b).unwrap().session();
         for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
             let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
             let seeds = (

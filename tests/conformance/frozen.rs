@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, RecurrentState};
+use policyport::{ActMode, Backend, CompiledPolicy, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_format::read_artifact;
 use serde_json::{Value, json};
@@ -50,23 +50,17 @@ fn frozen_files() -> Vec<(String, PathBuf)> {
 /// The outputs of one backend on the seeded batch: per mode, one or two steps (two for recurrent policies, so the
 /// carried state is covered too).
 fn outputs(bytes: &[u8], backend: Backend) -> Value {
-    let mut p = Policy::load_on(bytes, backend).unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
+    let p = CompiledPolicy::load(bytes, backend).unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
     let obs = policyport_host::random_obs(&p.manifest().observation, BATCH, OBS_SEED);
     let recurrent = p.info().recurrent_states > 0;
     let mut cases = vec![];
     for mode in MODES {
-        let mut state = recurrent.then(|| RecurrentState::new(&p, BATCH));
+        // A fresh session per mode: state starts at zero.
+        let mut s = p.session();
         for step in 0..if recurrent { 2 } else { 1 } {
-            let mut out = ActOutputs::default();
-            p.act(
-                Observations::F32(&obs),
-                BATCH,
-                mode,
-                EnvIds::Range(0),
-                state.as_mut(),
-                &mut out,
-            )
-            .unwrap_or_else(|e| panic!("act on {backend:?}: {e}"));
+            let out = s
+                .act(&Request::new(Observations::F32(&obs), BATCH, mode))
+                .unwrap_or_else(|e| panic!("act on {backend:?}: {e}"));
             cases.push(json!({
                 "mode": format!("{mode:?}"),
                 "step": step,
@@ -141,7 +135,7 @@ fn every_frozen_artifact_loads_and_answers_the_same_on_every_backend() {
             }
         }
         for backend in backends() {
-            let mut p = Policy::load_on(&bytes, backend).unwrap();
+            let p = CompiledPolicy::load(&bytes, backend).unwrap();
             for r in p.verify().unwrap() {
                 assert!(r.passed, "{} golden case on {backend:?}: {r:?}", file.display());
             }

@@ -3,7 +3,7 @@
 //! *ignored* with that reason (reported as skipped, never as passed); test.sh builds with it, and under CI any
 //! skip fails the run.
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_conformance::{backends, compile_fixture, load_fixture};
 
 fn wgpu_here() -> bool {
@@ -18,19 +18,16 @@ fn act_costs_a_handful_of_dispatches() {
     let mut report = vec![];
     for name in ["mlp64", "pendulum", "ops"] {
         let bytes = compile_fixture(&load_fixture(name));
-        let mut p = Policy::load_on(&bytes, Backend::Wgpu).unwrap();
+        let p = CompiledPolicy::load(&bytes, Backend::Wgpu).unwrap();
+        let mut s = p.session();
         let per_act = p.info().dispatches_per_act.expect("a gpu program");
         let obs = vec![0.1f32; 8 * p.info().obs_len];
-        let mut out = ActOutputs::default();
         let before = policyport::wgpu_dispatches_issued();
-        p.act(
+        s.act(&Request::new(
             Observations::F32(&obs),
             8,
             ActMode::Sample { seed: 1, step: 2 },
-            EnvIds::Range(0),
-            None,
-            &mut out,
-        )
+        ))
         .unwrap();
         let issued = policyport::wgpu_dispatches_issued() - before;
         report.push(format!("{name}: {issued} dispatches per act()"));
@@ -44,7 +41,7 @@ fn act_costs_a_handful_of_dispatches() {
     // The benchmark MLP: 4 fused dense layers (2 with tanh), one concatenation of logits+value, one sampler.
     let bytes = compile_fixture(&load_fixture("mlp64"));
     assert!(
-        Policy::load_on(&bytes, Backend::Wgpu)
+        CompiledPolicy::load(&bytes, Backend::Wgpu)
             .unwrap()
             .info()
             .dispatches_per_act
@@ -61,35 +58,21 @@ fn act_costs_a_handful_of_dispatches() {
 fn batch_sizes_from_1_to_65536_match_the_cpu_backend() {
     for name in ["mlp64", "pendulum"] {
         let bytes = compile_fixture(&load_fixture(name));
-        let mut gpu = Policy::load_on(&bytes, Backend::Wgpu).unwrap();
-        let mut cpu = Policy::load_on(&bytes, Backend::Cpu).unwrap();
-        let obs_len = cpu.info().obs_len;
+        let cpu_policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+        let mut gpu = CompiledPolicy::load(&bytes, Backend::Wgpu).unwrap().session();
+        let mut cpu = cpu_policy.session();
+        let obs_len = cpu_policy.info().obs_len;
         for batch in [1usize, 3, 47, 48, 64, 1000, 65536] {
-            let obs = policyport_host::random_obs(&cpu.manifest().observation, batch, batch as u64);
-            let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
+            let obs =
+                policyport_host::random_obs(&cpu_policy.manifest().observation, batch, batch as u64);
             let mode = ActMode::Sample {
                 seed: 5,
                 step: batch as u64,
             };
             assert_eq!(obs.len(), batch * obs_len);
-            cpu.act(
-                Observations::F32(&obs),
-                batch,
-                mode,
-                EnvIds::Range(3),
-                None,
-                &mut a,
-            )
-            .unwrap();
-            gpu.act(
-                Observations::F32(&obs),
-                batch,
-                mode,
-                EnvIds::Range(3),
-                None,
-                &mut b,
-            )
-            .unwrap();
+            let req = Request::new(Observations::F32(&obs), batch, mode).envs(EnvIds::Range(3));
+            let a = cpu.act(&req).unwrap();
+            let b = gpu.act(&req).unwrap();
             assert_eq!(
                 (a.discrete.len(), a.continuous.len(), a.dist_params.len(), a.value.len()),
                 (b.discrete.len(), b.continuous.len(), b.dist_params.len(), b.value.len()),
@@ -130,81 +113,59 @@ fn batch_sizes_from_1_to_65536_match_the_cpu_backend() {
 #[test]
 fn auto_picks_the_faster_backend_and_says_why() {
     let bytes = compile_fixture(&load_fixture("mlp64"));
-    let p = Policy::load_auto(&bytes, 1).unwrap();
+    let p = CompiledPolicy::load_auto(&bytes, 1).unwrap();
     let info = p.info();
-    let why = info.selection.clone().unwrap();
-    println!("{why}");
-    assert!(
-        why.contains("cpu") && why.contains(&format!("-> {}", info.backend)),
-        "{why}"
-    );
+    let sel = info.selection.clone().unwrap();
+    println!("{sel}");
+    assert_eq!(sel.chosen, info.backend);
+    assert_eq!(sel.batch, 1);
+    let cpu_us = sel.micros(Backend::Cpu).expect("cpu was timed");
     if wgpu_here() {
-        assert!(why.contains("wgpu"), "{why}");
+        // Timed, or recorded as unavailable with its typed error: either way it was considered.
+        assert!(sel.measured.iter().any(|(b, _)| *b == Backend::Wgpu), "{sel}");
+        if let Some(gpu_us) = sel.micros(Backend::Wgpu) {
+            let faster = if gpu_us < cpu_us { Backend::Wgpu } else { Backend::Cpu };
+            assert_eq!(sel.chosen, faster, "{sel}");
+        }
     }
+    let why = sel.to_string();
+    assert!(why.contains(&format!("-> {}", info.backend)), "{why}");
 }
 
 /// Recurrent state on wgpu lives on the device between steps: gathered and scattered there (2 dispatches per
-/// state per act), read back only when asked; clones are independent; reset zeroes device rows; a batch naming one
-/// env twice is refused.
+/// state per act), read back only when asked, grown on the device when new env ids appear; sessions of one policy
+/// are independent; reset zeroes device rows; a batch naming one env twice is refused.
 #[test]
 #[cfg_attr(not(feature = "wgpu"), ignore = "built without the wgpu backend (feature wgpu)")]
 fn recurrent_state_stays_on_the_device() {
     let (bytes, _) = crate::recurrent::elman();
-    let mut gpu = Policy::load_on(&bytes, Backend::Wgpu).unwrap();
-    let mut cpu = Policy::load_on(&bytes, Backend::Cpu).unwrap();
-    let mut sg = policyport::RecurrentState::new(&gpu, 4);
-    let mut sc = policyport::RecurrentState::new(&cpu, 4);
+    let gpu_policy = CompiledPolicy::load(&bytes, Backend::Wgpu).unwrap();
+    let mut gpu = gpu_policy.session();
+    let mut other = gpu_policy.session();
+    let mut cpu = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
-    let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
     let det = ActMode::Deterministic;
+    let req = |ids: &'static [u32]| {
+        Request::new(Observations::F32(&obs), 2, det).envs(EnvIds::List(ids))
+    };
     let before = policyport::wgpu_dispatches_issued();
     for _ in 0..3 {
-        gpu.act(
-            Observations::F32(&obs),
-            2,
-            det,
-            EnvIds::List(&[3, 1]),
-            Some(&mut sg),
-            &mut a,
-        )
-        .unwrap();
-        cpu.act(
-            Observations::F32(&obs),
-            2,
-            det,
-            EnvIds::List(&[3, 1]),
-            Some(&mut sc),
-            &mut b,
-        )
-        .unwrap();
+        gpu.act(&req(&[3, 1])).unwrap();
+        cpu.act(&req(&[3, 1])).unwrap();
     }
     assert_eq!(
         policyport::wgpu_dispatches_issued() - before,
-        3 * gpu.info().dispatches_per_act.unwrap()
+        3 * gpu_policy.info().dispatches_per_act.unwrap()
     );
-    let snapshot = sg.clone();
-    gpu.act(
-        Observations::F32(&obs),
-        2,
-        det,
-        EnvIds::List(&[3, 1]),
-        Some(&mut sg),
-        &mut a,
-    )
-    .unwrap();
-    cpu.act(
-        Observations::F32(&obs),
-        2,
-        det,
-        EnvIds::List(&[3, 1]),
-        Some(&mut sc),
-        &mut b,
-    )
-    .unwrap();
-    for env in 0..4u32 {
+    other.act(&req(&[3, 1])).unwrap();
+    // New env ids grow the state on the device (rows 4..6 start at zero; 3 and 1 keep theirs).
+    gpu.act(&req(&[5, 3])).unwrap();
+    cpu.act(&req(&[5, 3])).unwrap();
+    assert_eq!(gpu.num_envs(), 6);
+    for env in 0..6u32 {
         let (g, c) = (
-            sg.get(0, env).unwrap().to_vec(),
-            sc.get(0, env).unwrap().to_vec(),
+            gpu.state(0, env).unwrap().to_vec(),
+            cpu.state(0, env).unwrap().to_vec(),
         );
         assert_eq!(g.len(), c.len(), "env {env}: state lengths");
         assert!(!g.is_empty());
@@ -212,24 +173,16 @@ fn recurrent_state_stays_on_the_device() {
             assert!((x - y).abs() < 1e-5, "env {env}: {g:?} vs {c:?}");
         }
     }
-    let mut snapshot = snapshot;
     assert_ne!(
-        snapshot.get(0, 3).unwrap(),
-        sg.get(0, 3).unwrap().to_vec().as_slice(),
-        "clone is independent"
+        other.state(0, 3).unwrap().to_vec(),
+        gpu.state(0, 3).unwrap().to_vec(),
+        "sessions are independent"
     );
-    sg.reset(&[3]).unwrap();
-    assert_eq!(sg.get(0, 3).unwrap(), &[0.0; 4]);
-    assert_ne!(sg.get(0, 1).unwrap(), &[0.0; 4]);
+    gpu.reset(&[3]).unwrap();
+    assert_eq!(gpu.state(0, 3).unwrap(), &[0.0; 4]);
+    assert_ne!(gpu.state(0, 1).unwrap(), &[0.0; 4]);
     assert!(matches!(
-        gpu.act(
-            Observations::F32(&obs),
-            2,
-            det,
-            EnvIds::List(&[2, 2]),
-            Some(&mut sg),
-            &mut a
-        ),
+        gpu.act(&req(&[2, 2])),
         Err(policyport::PolicyError::EnvIds(_))
     ));
 }

@@ -1,4 +1,4 @@
-use policyport::{ActMode, ActOutputs, EnvIds, Observations, Policy};
+use policyport::{ActMode, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_conformance::{backends, compile_fixture, fixture_names, load_fixture};
 
 /// Every fixture, every backend: golden vectors (PyTorch float64 + Python Philox samples) within tolerance.
@@ -14,7 +14,7 @@ fn every_fixture_matches_pytorch_on_every_backend() {
         );
         let bytes = compile_fixture(&f);
         for backend in backends() {
-            let mut p = Policy::load_on(&bytes, backend).unwrap();
+            let p = CompiledPolicy::load(&bytes, backend).unwrap();
             let reports = p.verify().unwrap();
             assert_eq!(reports.len(), f.io.cases.len());
             for r in reports {
@@ -35,32 +35,22 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
     let bytes = compile_fixture(&f);
     let case = &f.io.cases[2];
     for backend in backends() {
-        let mut p = Policy::load_on(&bytes, backend).unwrap();
+        let mut p = CompiledPolicy::load(&bytes, backend).unwrap().session();
         let mode = ActMode::Sample {
             seed: case.seed,
             step: case.step,
         };
-        let mut all = ActOutputs::default();
-        p.act(
-            Observations::F32(&case.obs),
-            case.batch,
-            mode,
-            EnvIds::Range(0),
-            None,
-            &mut all,
-        )
-        .unwrap();
-        let mut one = ActOutputs::default();
+        let all = p
+            .act(&Request::new(Observations::F32(&case.obs), case.batch, mode))
+            .unwrap()
+            .clone();
         for r in 0..case.batch {
-            p.act(
-                Observations::F32(&case.obs[r * 64..(r + 1) * 64]),
-                1,
-                mode,
-                EnvIds::Range(r as u32),
-                None,
-                &mut one,
-            )
-            .unwrap();
+            let one = p
+                .act(
+                    &Request::new(Observations::F32(&case.obs[r * 64..(r + 1) * 64]), 1, mode)
+                        .envs(EnvIds::Range(r as u32)),
+                )
+                .unwrap();
             assert_eq!(one.discrete[0], all.discrete[r], "row {r}");
         }
         // Reverse the rows and their ids together: same action per env.
@@ -69,70 +59,53 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
             .iter()
             .flat_map(|&i| case.obs[i as usize * 64..(i as usize + 1) * 64].to_vec())
             .collect();
-        let mut rev = ActOutputs::default();
-        p.act(
-            Observations::F32(&obs),
-            case.batch,
-            mode,
-            EnvIds::List(&ids),
-            None,
-            &mut rev,
-        )
-        .unwrap();
+        let rev = p
+            .act(&Request::new(Observations::F32(&obs), case.batch, mode).envs(EnvIds::List(&ids)))
+            .unwrap();
         for (r, &id) in ids.iter().enumerate() {
             assert_eq!(rev.discrete[r], all.discrete[id as usize]);
         }
         // A different step gives different draws somewhere in 64 envs.
-        let mut other = ActOutputs::default();
-        p.act(
-            Observations::F32(&case.obs),
-            case.batch,
-            ActMode::Sample {
-                seed: case.seed,
-                step: case.step + 1,
-            },
-            EnvIds::Range(0),
-            None,
-            &mut other,
-        )
-        .unwrap();
+        let other = p
+            .act(&Request::new(
+                Observations::F32(&case.obs),
+                case.batch,
+                ActMode::Sample {
+                    seed: case.seed,
+                    step: case.step + 1,
+                },
+            ))
+            .unwrap();
         assert_ne!(other.discrete, all.discrete);
     }
 }
 
-/// Output buffers are reused: a warm act() keeps their allocations.
+/// A session's output buffers are reused: a warm act() keeps their allocations.
 #[test]
 fn outputs_are_reused_without_reallocation() {
     let f = load_fixture("cartpole");
     for backend in backends() {
-        let mut p = Policy::load_on(&compile_fixture(&f), backend).unwrap();
+        let mut p = CompiledPolicy::load(&compile_fixture(&f), backend)
+            .unwrap()
+            .session();
         let obs = vec![0.01f32; 4 * 8];
-        let mut out = ActOutputs::default();
-        p.act(
-            Observations::F32(&obs),
-            8,
-            ActMode::Deterministic,
-            EnvIds::Range(0),
-            None,
-            &mut out,
-        )
-        .unwrap();
+        let out = p
+            .act(&Request::new(Observations::F32(&obs), 8, ActMode::Deterministic))
+            .unwrap();
         let ptrs = (
             out.discrete.as_ptr(),
             out.value.as_ptr(),
             out.dist_params.as_ptr(),
         );
         for step in 0..10 {
-            p.act(
+            p.act(&Request::new(
                 Observations::F32(&obs),
                 8,
                 ActMode::Sample { seed: 1, step },
-                EnvIds::Range(0),
-                None,
-                &mut out,
-            )
+            ))
             .unwrap();
         }
+        let out = p.outputs();
         assert_eq!(
             ptrs,
             (
@@ -153,32 +126,18 @@ fn outputs_are_reused_without_reallocation() {
 fn warm_cpu_act_does_not_allocate() {
     for name in ["mlp64", "pendulum"] {
         let f = load_fixture(&name);
-        let mut p = Policy::load_on(&compile_fixture(&f), policyport::Backend::Cpu).unwrap();
-        let raw = p.info().obs_len;
+        let policy = CompiledPolicy::load(&compile_fixture(&f), policyport::Backend::Cpu).unwrap();
+        let mut p = policy.session();
+        let raw = policy.info().obs_len;
         for batch in [1usize, 64] {
             let obs: Vec<f32> = (0..batch * raw).map(|i| (i as f32 * 0.01).sin()).collect();
-            let mut out = ActOutputs::default();
             let mode = |step| ActMode::Sample { seed: 5, step };
-            p.act(
-                Observations::F32(&obs),
-                batch,
-                mode(0),
-                EnvIds::Range(0),
-                None,
-                &mut out,
-            )
-            .unwrap();
+            p.act(&Request::new(Observations::F32(&obs), batch, mode(0)))
+                .unwrap();
             let before = crate::alloc_count::count();
             for step in 1..50 {
-                p.act(
-                    Observations::F32(&obs),
-                    batch,
-                    mode(step),
-                    EnvIds::Range(0),
-                    None,
-                    &mut out,
-                )
-                .unwrap();
+                p.act(&Request::new(Observations::F32(&obs), batch, mode(step)))
+                    .unwrap();
             }
             let allocs = crate::alloc_count::count() - before;
             assert_eq!(
@@ -186,5 +145,53 @@ fn warm_cpu_act_does_not_allocate() {
                 "{name} batch {batch}: {allocs} allocations in 49 warm act() calls"
             );
         }
+    }
+}
+
+/// The plan / state split: eight threads share one `CompiledPolicy` (one copy of the weights, behind an `Arc`),
+/// each with its own `Session`, and every thread gets exactly the single-threaded answers on every backend.
+#[test]
+fn eight_threads_share_one_compiled_policy() {
+    fn assert_shareable<T: Send + Sync>() {}
+    assert_shareable::<CompiledPolicy>();
+    let f = load_fixture("mlp64");
+    let bytes = compile_fixture(&f);
+    let case = f.io.cases[2].clone();
+    for backend in backends() {
+        let policy = CompiledPolicy::load(&bytes, backend).unwrap();
+        let mut single = policy.session();
+        let expected: Vec<Vec<i64>> = (0..20u64)
+            .map(|step| {
+                let mode = ActMode::Sample { seed: 3, step };
+                single
+                    .act(&Request::new(Observations::F32(&case.obs), case.batch, mode))
+                    .unwrap()
+                    .discrete
+                    .clone()
+            })
+            .collect();
+        let expected = std::sync::Arc::new(expected);
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (policy, expected, obs) = (policy.clone(), expected.clone(), case.obs.clone());
+                std::thread::spawn(move || {
+                    let mut s = policy.session();
+                    for i in 0..20u64 {
+                        let step = (i + t * 3) % 20;
+                        let mode = ActMode::Sample { seed: 3, step };
+                        let out = s
+                            .act(&Request::new(Observations::F32(&obs), obs.len() / 64, mode))
+                            .unwrap();
+                        assert_eq!(out.discrete, expected[step as usize], "thread {t} step {step}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // One policy, one copy of its weights: the sessions hold references, and all of them are gone now.
+        drop(single);
+        assert_eq!(std::sync::Arc::strong_count(&policy), 1, "{backend:?}");
     }
 }

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use policyport::{ActMode, ActOutputs, EnvIds, Observations, Policy, PolicyError, RecurrentState};
+use policyport::{
+    ActMode, ActOutputs, CompiledPolicy, EnvIdError, EnvIds, Observations, PolicyError, Request,
+    StateError,
+};
 use policyport_conformance::backends;
 use policyport_format::container::{StorageDType, Tensor};
 use policyport_format::*;
@@ -130,47 +133,30 @@ pub(crate) fn step64(t: &BTreeMap<String, Tensor>, x: &[f32], h: &[f64]) -> (Vec
 fn recurrent_state_is_per_env_and_carried_between_steps() {
     let (bytes, t) = elman();
     for backend in backends() {
-        let mut p = Policy::load_on(&bytes, backend).unwrap();
-        assert_eq!(p.info().recurrent_states, 1);
-        let mut state = RecurrentState::new(&p, 3);
-        let mut out = ActOutputs::default();
-        // Without state: a typed error.
+        let policy = CompiledPolicy::load(&bytes, backend).unwrap();
+        assert_eq!(policy.info().recurrent_states, 1);
+        let mut s = policy.session();
+        s.set_max_envs(3);
         let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
+        // Env ids past the session's limit: a typed error, nothing allocated.
         assert!(matches!(
-            p.act(
-                Observations::F32(&obs),
-                2,
-                ActMode::Deterministic,
-                EnvIds::List(&[0, 2]),
-                None,
-                &mut out
+            s.act(
+                &Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)
+                    .envs(EnvIds::List(&[0, 3]))
             ),
-            Err(PolicyError::State(_))
+            Err(PolicyError::EnvIds(EnvIdError::BeyondLimit { env: 3, limit: 3 }))
         ));
-        // Env ids past the state's envs: a typed error.
-        assert!(matches!(
-            p.act(
-                Observations::F32(&obs),
-                2,
-                ActMode::Deterministic,
-                EnvIds::List(&[0, 3]),
-                Some(&mut state),
-                &mut out
-            ),
-            Err(PolicyError::State(_))
-        ));
+        assert_eq!(s.num_envs(), 0);
         let mut h = [vec![0.0f64; 4], vec![0.0f64; 4], vec![0.0f64; 4]];
         for step in 0..4u64 {
             let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
-            p.act(
-                Observations::F32(&x),
-                2,
-                ActMode::Sample { seed: 3, step },
-                EnvIds::List(&[2, 0]),
-                Some(&mut state),
-                &mut out,
-            )
-            .unwrap();
+            let out = s
+                .act(
+                    &Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step })
+                        .envs(EnvIds::List(&[2, 0])),
+                )
+                .unwrap()
+                .clone();
             for (row, env) in [(0usize, 2usize), (1, 0)] {
                 let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
                 h[env] = h1;
@@ -181,15 +167,96 @@ fn recurrent_state_is_per_env_and_carried_between_steps() {
                     );
                 }
                 for i in 0..4 {
-                    assert!((state.get(0, env as u32).unwrap()[i] as f64 - h[env][i]).abs() < 1e-5);
+                    assert!((s.state(0, env as u32).unwrap()[i] as f64 - h[env][i]).abs() < 1e-5);
                 }
             }
-            assert_eq!(state.get(0, 1).unwrap(), &[0.0; 4], "env 1 never stepped");
+            assert_eq!(s.state(0, 1).unwrap(), &[0.0; 4], "env 1 never stepped");
         }
-        state.reset(&[2]).unwrap();
-        assert_eq!(state.get(0, 2).unwrap(), &[0.0; 4]);
-        assert_ne!(state.get(0, 0).unwrap(), &[0.0; 4]);
-        assert!(matches!(state.reset(&[7]), Err(PolicyError::State(_))));
+        s.reset(&[2]).unwrap();
+        assert_eq!(s.state(0, 2).unwrap(), &[0.0; 4]);
+        assert_ne!(s.state(0, 0).unwrap(), &[0.0; 4]);
+        assert!(matches!(
+            s.reset(&[7]),
+            Err(PolicyError::EnvIds(EnvIdError::BeyondLimit { .. }))
+        ));
+        assert!(matches!(
+            s.state(1, 0),
+            Err(PolicyError::State(StateError::NoSuchTensor { .. }))
+        ));
+    }
+}
+
+/// The state model's episode-start mask (SB3's `episode_starts`): a flagged row's state is zeroed before the
+/// step, the others carry on, exactly as if `reset` had been called first — on every backend.
+#[test]
+fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
+    let (bytes, t) = elman();
+    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
+    for backend in backends() {
+        let policy = CompiledPolicy::load(&bytes, backend).unwrap();
+        let (mut masked, mut reset) = (policy.session(), policy.session());
+        let mut h = [vec![0.0f64; 4], vec![0.0f64; 4]];
+        for step in 0..5u64 {
+            let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+            // Env 1 starts an episode at steps 2 and 4, env 0 at step 3.
+            let starts = [step == 3, step == 2 || step == 4];
+            let req = Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 9, step })
+                .envs(EnvIds::List(&[0, 1]));
+            let a = masked.act(&req.episode_starts(&starts)).unwrap().clone();
+            let ids: Vec<u32> = (0..2u32).filter(|e| starts[*e as usize]).collect();
+            reset.reset(&ids).unwrap();
+            let b = reset.act(&req).unwrap().clone();
+            assert_eq!(a, b, "{backend:?} step {step}: mask and reset disagree");
+            for env in 0..2 {
+                if starts[env] {
+                    h[env] = vec![0.0; 4];
+                }
+                let (h1, logits) = step64(&t, &x[env * 3..env * 3 + 3], &h[env]);
+                h[env] = h1;
+                for k in 0..2 {
+                    assert!(
+                        (a.dist_params[env * 2 + k] as f64 - logits[k]).abs() < 1e-5,
+                        "{backend:?} step {step} env {env}"
+                    );
+                }
+            }
+        }
+        // The mask must have one flag per row.
+        let req = Request::new(Observations::F32(&obs), 2, ActMode::Deterministic);
+        assert!(matches!(
+            masked.act(&req.episode_starts(&[true])),
+            Err(PolicyError::State(StateError::EpisodeStarts { found: 1, batch: 2 }))
+        ));
+    }
+    // The same mask through the sandboxed plugin (ABI v2) and the libtorch executor: the cpu session's answers.
+    let cpu = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
+    let rt = policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let mut plugin = policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
+    let mut torch = policyport_host::torch::COMPILED.then(|| {
+        policyport_host::torch::TorchPolicy::load(&bytes, &Default::default()).unwrap()
+    });
+    let mut want = cpu.session();
+    let mut got = ActOutputs::default();
+    for step in 0..5u64 {
+        let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+        let starts = [step == 3, step == 2 || step == 4];
+        let req = Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 9, step })
+            .envs(EnvIds::List(&[0, 1]))
+            .episode_starts(&starts);
+        let w = want.act(&req).unwrap();
+        plugin.act(&req, &mut got).unwrap();
+        assert_eq!(got.discrete, w.discrete, "plugin step {step}");
+        assert_eq!(got.dist_params.len(), w.dist_params.len());
+        for (a, b) in got.dist_params.iter().zip(&w.dist_params) {
+            assert!((a - b).abs() < 1e-5, "plugin step {step}: {a} vs {b}");
+        }
+        if let Some(t) = torch.as_mut() {
+            t.act(&req, &mut got).unwrap();
+            assert_eq!(got.discrete, w.discrete, "libtorch step {step}");
+            for (a, b) in got.dist_params.iter().zip(&w.dist_params) {
+                assert!((a - b).abs() < 1e-5, "libtorch step {step}: {a} vs {b}");
+            }
+        }
     }
 }
 
@@ -203,47 +270,32 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7, 0.1, 0.2, 0.3];
     let dup = [2u32, 0, 2];
     for backend in backends() {
-        let mut p = Policy::load_on(&bytes, backend).unwrap();
-        let mut st = RecurrentState::new(&p, 4);
-        let mut out = ActOutputs::default();
+        let mut p = CompiledPolicy::load(&bytes, backend).unwrap().session();
         p.act(
-            Observations::F32(&obs[..6]),
-            2,
-            ActMode::Deterministic,
-            EnvIds::List(&[2, 0]),
-            Some(&mut st),
-            &mut out,
+            &Request::new(Observations::F32(&obs[..6]), 2, ActMode::Deterministic)
+                .envs(EnvIds::List(&[2, 0])),
         )
         .unwrap();
-        let before: Vec<Vec<f32>> = (0..4u32).map(|e| st.get(0, e).unwrap().to_vec()).collect();
+        let before: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
         let err = p
             .act(
-                Observations::F32(&obs),
-                3,
-                ActMode::Deterministic,
-                EnvIds::List(&dup),
-                Some(&mut st),
-                &mut out,
+                &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic)
+                    .envs(EnvIds::List(&dup)),
             )
             .unwrap_err();
         assert!(
-            matches!(&err, PolicyError::EnvIds(m) if m.contains("env 2 appears twice")),
+            matches!(&err, PolicyError::EnvIds(EnvIdError::Duplicate { env: 2 })),
             "{backend:?}: {err}"
         );
-        let after: Vec<Vec<f32>> = (0..4u32).map(|e| st.get(0, e).unwrap().to_vec()).collect();
+        assert!(err.to_string().contains("env 2 appears twice"), "{err}");
+        let after: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
         assert_eq!(before, after, "{backend:?}: a refused batch changed the state");
     }
     // The sandboxed plugin: the same rule through the ABI (bad call).
     let rt = policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut w = policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
     let mut out = ActOutputs::default();
-    match w.act(
-        Observations::F32(&obs),
-        3,
-        ActMode::Deterministic,
-        EnvIds::List(&dup),
-        &mut out,
-    ) {
+    match w.act(&Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)), &mut out) {
         Err(policyport_host::wasm::WasmError::Guest { code, message, .. }) => {
             assert_eq!(code, policyport_abi::ErrorCode::Call, "{message}");
             assert!(message.contains("env 2 appears twice"), "{message}");
@@ -255,13 +307,7 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
         use policyport_host::torch::{TorchOptions, TorchPolicy};
         let mut t = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
         let err = t
-            .act(
-                Observations::F32(&obs),
-                3,
-                ActMode::Deterministic,
-                EnvIds::List(&dup),
-                &mut out,
-            )
+            .act(&Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)), &mut out)
             .unwrap_err();
         assert!(err.to_string().contains("env 2 appears twice"), "libtorch: {err}");
     }

@@ -5,7 +5,9 @@
 //! everywhere ("needs a CUDA device"): tests/scripts/gpu-check.sh runs it with `--include-ignored` on a GPU
 //! machine, where a missing device is a failure.
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError};
+use policyport::{
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
+};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
 use policyport_host::torch::{
     COMPILED, Launch, Precision, Sampling, TorchDevice, TorchError, TorchOptions, TorchPolicy,
@@ -122,24 +124,24 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
         let f = load_fixture(&name);
         let bytes = compile_fixture(&f);
         let case = f.io.cases.iter().max_by_key(|c| c.batch).unwrap();
-        let mut guest = Policy::load_on(&bytes, Backend::Cpu).unwrap();
+        let mut guest = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
         for &(launch, sampling) in launches {
             let o = TorchOptions {
                 device,
                 ..opts(Precision::F32, launch, sampling)
             };
             let mut p = TorchPolicy::load(&bytes, &o).unwrap();
-            let (mut want, mut got) = (ActOutputs::default(), ActOutputs::default());
+            let mut got = ActOutputs::default();
             let mut compared = 0;
             for seed in [0u64, 1, 42, u64::MAX] {
                 for step in [0u64, 7, 1 << 40] {
                     let mode = ActMode::Sample { seed, step };
                     let envs = EnvIds::Range((seed % 1000) as u32);
                     let obs = Observations::F32(&case.obs);
-                    guest
-                        .act(obs, case.batch, mode, envs, None, &mut want)
+                    let want = guest
+                        .act(&Request::new(obs, case.batch, mode).envs(envs))
                         .unwrap();
-                    p.act(obs, case.batch, mode, envs, &mut got).unwrap();
+                    p.act(&Request::new(obs, case.batch, mode).envs(envs), &mut got).unwrap();
                     assert_eq!(
                         got.discrete, want.discrete,
                         "{name} {launch:?} {sampling:?} seed {seed} step {step}"
@@ -203,9 +205,9 @@ fn static_buckets_pad_and_chunk_like_eager() {
         ] {
             let x = Observations::F32(&obs[..batch * 64]);
             eager
-                .act(x, batch, mode, EnvIds::Range(100), &mut a)
+                .act(&Request::new(x, batch, mode).envs(EnvIds::Range(100)), &mut a)
                 .unwrap();
-            stat.act(x, batch, mode, EnvIds::Range(100), &mut b)
+            stat.act(&Request::new(x, batch, mode).envs(EnvIds::Range(100)), &mut b)
                 .unwrap();
             assert_eq!(a.discrete, b.discrete, "batch {batch}");
             assert_eq!(b.batch, batch);
@@ -247,26 +249,14 @@ fn recurrent_state_lives_on_the_device() {
         let mut out = ActOutputs::default();
         // Twice the same env in one batch of a recurrent policy: a typed error.
         assert!(matches!(
-            p.act(
-                Observations::F32(&obs),
-                2,
-                ActMode::Deterministic,
-                EnvIds::List(&[1, 1]),
-                &mut out
-            ),
+            p.act(&Request::new(Observations::F32(&obs), 2, ActMode::Deterministic).envs(EnvIds::List(&[1, 1])), &mut out),
             Err(TorchError::Policy(PolicyError::EnvIds(_)))
         ));
         let mut h = vec![vec![0.0f64; 4]; 6];
         for step in 0..4u64 {
             let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
             // Env 5 is past the initial two envs: the state grows.
-            p.act(
-                Observations::F32(&x),
-                2,
-                ActMode::Sample { seed: 3, step },
-                EnvIds::List(&[5, 0]),
-                &mut out,
-            )
+            p.act(&Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step }).envs(EnvIds::List(&[5, 0])), &mut out)
             .unwrap();
             for (row, env) in [(0usize, 5usize), (1, 0)] {
                 let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
@@ -309,57 +299,27 @@ fn bad_input_is_a_typed_error() {
     let mut out = ActOutputs::default();
     let det = ActMode::Deterministic;
     assert!(matches!(
-        p.act(
-            Observations::F32(&[0.0; 3]),
-            1,
-            det,
-            EnvIds::Range(0),
-            &mut out
-        ),
+        p.act(&Request::new(Observations::F32(&[0.0; 3]), 1, det), &mut out),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
-        p.act(
-            Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]),
-            1,
-            det,
-            EnvIds::Range(0),
-            &mut out
-        ),
+        p.act(&Request::new(Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]), 1, det), &mut out),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
-        p.act(
-            Observations::U8(&[0; 4]),
-            1,
-            det,
-            EnvIds::Range(0),
-            &mut out
-        ),
+        p.act(&Request::new(Observations::U8(&[0; 4]), 1, det), &mut out),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
-        p.act(Observations::F32(&[]), 0, det, EnvIds::Range(0), &mut out),
+        p.act(&Request::new(Observations::F32(&[]), 0, det), &mut out),
         Err(TorchError::Policy(PolicyError::Batch { .. }))
     ));
     assert!(matches!(
-        p.act(
-            Observations::F32(&[0.0; 8]),
-            2,
-            det,
-            EnvIds::List(&[0]),
-            &mut out
-        ),
+        p.act(&Request::new(Observations::F32(&[0.0; 8]), 2, det).envs(EnvIds::List(&[0])), &mut out),
         Err(TorchError::Policy(PolicyError::EnvIds(_)))
     ));
     // Still usable after every refusal.
-    p.act(
-        Observations::F32(&[0.0; 4]),
-        1,
-        det,
-        EnvIds::Range(0),
-        &mut out,
-    )
+    p.act(&Request::new(Observations::F32(&[0.0; 4]), 1, det), &mut out)
     .unwrap();
     assert!(matches!(
         TorchPolicy::load(&bytes[..100], &TorchOptions::default()),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, Policy};
+use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_abi::ErrorCode;
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture, plugin_wasm};
 use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
@@ -31,9 +31,10 @@ fn plugin_matches_native_on_every_fixture() {
     for name in fixture_names() {
         let f = load_fixture(&name);
         let bytes = compile_fixture(&f);
-        let mut native = Policy::load_on(&bytes, Backend::Cpu).unwrap();
+        let native_policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+        let mut native = native_policy.session();
         let mut wasm = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
-        assert_eq!(wasm.info().obs_len, native.info().obs_len);
+        assert_eq!(wasm.info().obs_len, native_policy.info().obs_len);
         for case in &f.io.cases {
             for mode in [
                 ActMode::Deterministic,
@@ -42,19 +43,12 @@ fn plugin_matches_native_on_every_fixture() {
                     step: case.step,
                 },
             ] {
-                let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
+                let mut b = ActOutputs::default();
                 let envs = EnvIds::Range(case.env_offset);
-                native
-                    .act(
-                        Observations::F32(&case.obs),
-                        case.batch,
-                        mode,
-                        envs,
-                        None,
-                        &mut a,
-                    )
+                let a = native
+                    .act(&Request::new(Observations::F32(&case.obs), case.batch, mode).envs(envs))
                     .unwrap();
-                wasm.act(Observations::F32(&case.obs), case.batch, mode, envs, &mut b)
+                wasm.act(&Request::new(Observations::F32(&case.obs), case.batch, mode).envs(envs), &mut b)
                     .unwrap();
                 assert_eq!(
                     a.discrete, b.discrete,
@@ -83,19 +77,12 @@ fn plugin_matches_native_on_every_fixture() {
         wasm.obs_buffer(case.batch)
             .unwrap()
             .copy_from_slice(&case.obs);
-        let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
+        let mut b = ActOutputs::default();
         let mode = ActMode::Sample { seed: 9, step: 4 };
         wasm.act_prepared(case.batch, mode, EnvIds::Range(2), &mut b)
             .unwrap();
-        native
-            .act(
-                Observations::F32(&case.obs),
-                case.batch,
-                mode,
-                EnvIds::Range(2),
-                None,
-                &mut a,
-            )
+        let a = native
+            .act(&Request::new(Observations::F32(&case.obs), case.batch, mode).envs(EnvIds::Range(2)))
             .unwrap();
         assert_eq!(a.discrete, b.discrete);
     }
@@ -108,13 +95,7 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
     let mut p = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
     let mut out = ActOutputs::default();
     let nan = [f32::NAN, 0.0, 0.0, 0.0];
-    match p.act(
-        Observations::F32(&nan),
-        1,
-        ActMode::Deterministic,
-        EnvIds::Range(0),
-        &mut out,
-    ) {
+    match p.act(&Request::new(Observations::F32(&nan), 1, ActMode::Deterministic), &mut out) {
         Err(WasmError::Guest {
             code: ErrorCode::Observation,
             message,
@@ -123,22 +104,10 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(
-        p.act(
-            Observations::F32(&[0.0; 3]),
-            1,
-            ActMode::Deterministic,
-            EnvIds::Range(0),
-            &mut out
-        ),
+        p.act(&Request::new(Observations::F32(&[0.0; 3]), 1, ActMode::Deterministic), &mut out),
         Err(WasmError::Call(_))
     ));
-    p.act(
-        Observations::F32(&[0.01; 8]),
-        2,
-        ActMode::Deterministic,
-        EnvIds::List(&[4, 1]),
-        &mut out,
-    )
+    p.act(&Request::new(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic).envs(EnvIds::List(&[4, 1])), &mut out)
     .unwrap();
     assert_eq!(out.discrete.len(), 2);
     // A malformed artifact through the sandbox.
@@ -262,13 +231,7 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
     let mut p = WasmPolicy::load(&rt, b"x", WasmLimits::default()).unwrap();
     let mut out = ActOutputs::default();
     let obs = vec![0.0f32; p.info().obs_len];
-    let r = p.act(
-        Observations::F32(&obs),
-        1,
-        ActMode::Deterministic,
-        EnvIds::Range(0),
-        &mut out,
-    );
+    let r = p.act(&Request::new(Observations::F32(&obs), 1, ActMode::Deterministic), &mut out);
     assert!(
         matches!(r, Err(WasmError::BadAllocation { ptr: 0x1FFF0, .. })),
         "{r:?}"
@@ -351,21 +314,18 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
     let f = load_fixture("mlp64");
     let bytes = Arc::new(compile_fixture(&f));
     let case = Arc::new(f.io.cases[2].clone());
-    let mut native = Policy::load_on(&bytes, Backend::Cpu).unwrap();
+    let mut native = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
     let expected: Vec<Vec<i64>> = (0..50u64)
         .map(|step| {
-            let mut o = ActOutputs::default();
             native
-                .act(
+                .act(&Request::new(
                     Observations::F32(&case.obs),
                     case.batch,
                     ActMode::Sample { seed: 77, step },
-                    EnvIds::Range(0),
-                    None,
-                    &mut o,
-                )
-                .unwrap();
-            o.discrete
+                ))
+                .unwrap()
+                .discrete
+                .clone()
         })
         .collect();
     let expected = Arc::new(expected);
@@ -379,13 +339,7 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
                 for round in 0..4 {
                     for step in 0..50u64 {
                         let s = (step + t as u64 * 7 + round) % 50;
-                        p.act(
-                            Observations::F32(&case.obs),
-                            case.batch,
-                            ActMode::Sample { seed: 77, step: s },
-                            EnvIds::Range(0),
-                            &mut o,
-                        )
+                        p.act(&Request::new(Observations::F32(&case.obs), case.batch, ActMode::Sample { seed: 77, step: s }), &mut o)
                         .unwrap();
                         assert_eq!(o.discrete, expected[s as usize], "thread {t} step {s}");
                     }

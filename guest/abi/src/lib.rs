@@ -1,12 +1,13 @@
-//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 1) as code: one definition of the version, the export
+//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 2) as code: one definition of the version, the export
 //! names, the error codes, the `pp_info` words and the `pp_act` argument encodings, shared by the plugin (inside the
 //! sandbox), the wasmtime host and the C ABI. Before this crate each side kept its own copy (the plugin's `ERR_*`
 //! constants were unused by the host, which matched literal `-1`..`-4`, and decoded `pp_info` by index).
 
 #![no_std]
 
-/// The ABI version a plugin reports from `pp_abi_version` and a host requires.
-pub const ABI_VERSION: u32 = 1;
+/// The ABI version a plugin reports from `pp_abi_version` and a host requires. Version 2 added `pp_act`'s
+/// `episode_starts` (the one state model: a per-row flag that zeroes the env's state before the step).
+pub const ABI_VERSION: u32 = 2;
 
 /// Export names (and the one exported memory).
 pub mod export {
@@ -22,9 +23,10 @@ pub mod export {
     pub const DROP: &str = "pp_drop";
 }
 
-/// `pp_act(handle, obs, obs_dtype, batch, env_ids, env_offset, mode, seed, step, actions, value, dist) -> i32`:
-/// the wasm parameter types in order (pointers are `u32` offsets into the plugin's memory).
-pub type ActParams = (i32, u32, u32, u32, u32, u32, u32, u64, u64, u32, u32, u32);
+/// `pp_act(handle, obs, obs_dtype, batch, env_ids, env_offset, mode, seed, step, actions, value, dist,
+/// episode_starts) -> i32`: the wasm parameter types in order (pointers are `u32` offsets into the plugin's memory;
+/// `episode_starts` is `batch` bytes, non-zero = the row's env starts a new episode, or 0 for none).
+pub type ActParams = (i32, u32, u32, u32, u32, u32, u32, u64, u64, u32, u32, u32, u32);
 
 /// The negative result codes of the exports (`0` is ok, `≥ 0` from `pp_load` is a handle).
 #[repr(i32)]

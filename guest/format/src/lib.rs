@@ -6,6 +6,7 @@
 
 pub mod container;
 pub mod error;
+pub mod head;
 pub mod manifest;
 pub mod philox;
 pub mod sampling;
@@ -13,5 +14,6 @@ pub mod validate;
 
 pub use container::{Artifact, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, read_artifact, write_artifact};
 pub use error::FormatError;
+pub use head::{HeadKind, HeadPlan, LogStdSource};
 pub use manifest::*;
 pub use validate::{Limits, ValidatedPlan, validate};

@@ -43,6 +43,8 @@ pub struct ValidatedPlan {
     pub action_len: usize,
     /// Numbers per env in `dist_params` (the distribution's parameter values concatenated).
     pub dist_params_len: usize,
+    /// The action head, decoded once (the only decoder of the distribution: every sampler is built from it).
+    pub head: crate::head::HeadPlan,
 }
 
 fn numel(shape: &[usize]) -> u64 {
@@ -581,7 +583,9 @@ impl Checker<'_> {
             }
         }
 
+        let head = crate::head::HeadPlan::new(self.art, &shapes);
         Ok(ValidatedPlan {
+            head,
             shapes,
             obs_shape,
             action_len,

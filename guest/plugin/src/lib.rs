@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 
 use policyport::{
-    ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState,
+    ActMode, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
 };
 
 use policyport_abi::{ABI_VERSION, ErrorCode, Mode, ObsDType, PluginInfo};
@@ -19,12 +19,11 @@ const ERR_STATE: i32 = ErrorCode::State.code();
 const ERR_BACKEND: i32 = ErrorCode::Backend.code();
 const ERR_HANDLE: i32 = ErrorCode::Handle.code();
 
+/// One loaded policy: a runtime session (its state, outputs and scratch) and the policy's info.
 struct Slot {
-    policy: Policy,
-    /// Cached: `Policy::info` clones the spaces, too slow for every act.
+    session: Session,
+    /// Cached: `CompiledPolicy::info` clones the spaces, too slow for every act.
     info: policyport::PolicyInfo,
-    out: ActOutputs,
-    state: Option<RecurrentState>,
 }
 
 thread_local! {
@@ -42,6 +41,8 @@ fn code_of(e: &PolicyError) -> i32 {
         PolicyError::Artifact(_) => ERR_ARTIFACT,
         PolicyError::Observation(_) => ERR_OBSERVATION,
         PolicyError::Batch { .. } | PolicyError::EnvIds(_) => ERR_CALL,
+        // A wrong episode-start length is a malformed call; every other state error is about the state.
+        PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => ERR_CALL,
         PolicyError::State(_) => ERR_STATE,
         PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => ERR_BACKEND,
     }
@@ -117,17 +118,13 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
     let Some(bytes) = (unsafe { slice(ptr, len as usize) }) else {
         return fail(ERR_CALL, "artifact pointer is null or out of range");
     };
-    match Policy::load_on(bytes, Backend::Cpu) {
+    match CompiledPolicy::load(bytes, Backend::Cpu) {
         Ok(policy) => {
-            let state =
-                (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
             SLOTS.with(|s| {
                 let mut slots = s.borrow_mut();
                 let slot = Some(Slot {
                     info: policy.info(),
-                    policy,
-                    out: ActOutputs::default(),
-                    state,
+                    session: policy.session(),
                 });
                 match slots.iter().position(|s| s.is_none()) {
                     Some(i) => {
@@ -194,6 +191,7 @@ pub unsafe extern "C" fn pp_act(
     actions: *mut u8,
     value: *mut f32,
     dist: *mut f32,
+    episode_starts: *const u8,
 ) -> i32 {
     with_slot(handle, |slot| {
         let info = &slot.info;
@@ -234,42 +232,39 @@ pub unsafe extern "C" fn pp_act(
                 ));
             }
         };
-        if let Some(st) = &mut slot.state {
-            let max_env = match ids {
-                EnvIds::Range(start) => start as usize + b,
-                EnvIds::List(l) => l.iter().map(|e| *e as usize + 1).max().unwrap_or(0),
-            };
-            st.ensure_envs(max_env);
+        let starts: Option<Vec<bool>> = if episode_starts.is_null() {
+            None
+        } else {
+            let flags = unsafe { slice(episode_starts, b) }.ok_or_else(|| bad("episode starts"))?;
+            Some(flags.iter().map(|f| *f != 0).collect())
+        };
+        let mut req = Request::new(observations, b, mode).envs(ids);
+        if let Some(s) = &starts {
+            req = req.episode_starts(s);
         }
-        slot.policy
-            .act(
-                observations,
-                b,
-                mode,
-                ids,
-                slot.state.as_mut(),
-                &mut slot.out,
-            )
+        let out = slot
+            .session
+            .act(&req)
             .map_err(|e| fail(code_of(&e), e))?;
         let n = b * info.action_len;
         if info.action.is_discrete() {
             let a = unsafe { slice_mut(actions as *mut i32, n) }.ok_or_else(|| bad("actions"))?;
-            for (d, s) in a.iter_mut().zip(&slot.out.discrete) {
+            for (d, s) in a.iter_mut().zip(&out.discrete) {
                 *d = *s as i32;
             }
         } else {
             let a = unsafe { slice_mut(actions as *mut f32, n) }.ok_or_else(|| bad("actions"))?;
-            a.copy_from_slice(&slot.out.continuous);
+            a.copy_from_slice(&out.continuous);
         }
         if !value.is_null() && info.has_value {
             unsafe { slice_mut(value, b) }
                 .ok_or_else(|| bad("value"))?
-                .copy_from_slice(&slot.out.value);
+                .copy_from_slice(&out.value);
         }
         if !dist.is_null() {
             unsafe { slice_mut(dist, b * info.dist_params_len) }
                 .ok_or_else(|| bad("dist"))?
-                .copy_from_slice(&slot.out.dist_params);
+                .copy_from_slice(&out.dist_params);
         }
         Ok(0)
     })
@@ -283,10 +278,7 @@ pub unsafe extern "C" fn pp_reset(handle: i32, env_ids: *const u32, n: u32) -> i
     with_slot(handle, |slot| {
         let ids = unsafe { slice(env_ids, n as usize) }
             .ok_or_else(|| fail(ERR_CALL, "env ids pointer"))?;
-        if let Some(st) = &mut slot.state {
-            st.ensure_envs(ids.iter().map(|e| *e as usize + 1).max().unwrap_or(0));
-            st.reset(ids).map_err(|e| fail(code_of(&e), e))?;
-        }
+        slot.session.reset(ids).map_err(|e| fail(code_of(&e), e))?;
         Ok(0)
     })
     .unwrap_or_else(|code| code)

@@ -27,7 +27,9 @@ use std::rc::Rc;
 use js_sys::{
     Float32Array, Float64Array, Int32Array, Object, Promise, Reflect, Uint8Array, Uint32Array,
 };
-use policyport::{ActMode, ActOutputs, Backend, EnvIds, Observations, PolicyError, RecurrentState};
+use policyport::{
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
+};
 use wasm_bindgen::prelude::*;
 
 #[wasm_bindgen(typescript_custom_section)]
@@ -40,7 +42,7 @@ export interface LoadOptions {
   backend?: BackendChoice;
   /** The batch size `auto` times at (default 1). */
   batch?: number;
-  /** Envs the recurrent state holds (recurrent policies only; default 1024). */
+  /** Most envs the recurrent state may hold (recurrent policies only; state grows on demand; default 65536). */
   numEnvs?: number;
 }
 
@@ -53,6 +55,8 @@ export interface ActOptions {
   envStart?: number;
   /** One env id per row. */
   envIds?: Uint32Array;
+  /** Per row, non-zero when the env starts a new episode: its recurrent state is zeroed before this step. */
+  episodeStarts?: Uint8Array;
 }
 
 export interface ActResult {
@@ -240,12 +244,32 @@ struct ActArgs {
     mode: ActMode,
     env_start: u32,
     env_ids: Option<Vec<u32>>,
+    episode_starts: Option<Vec<bool>>,
 }
 
+impl ActArgs {
+    fn request(&self) -> Request<'_> {
+        let obs = match &self.obs {
+            ObsBuf::F32(v) => Observations::F32(v),
+            ObsBuf::U8(v) => Observations::U8(v),
+        };
+        let envs = match &self.env_ids {
+            Some(ids) => EnvIds::List(ids),
+            None => EnvIds::Range(self.env_start),
+        };
+        Request {
+            obs,
+            batch: self.batch,
+            mode: self.mode,
+            envs,
+            episode_starts: self.episode_starts.as_deref(),
+        }
+    }
+}
+
+/// The runtime's session (state, outputs, scratch) plus what the page reports.
 struct Inner {
-    policy: policyport::Policy,
-    state: Option<RecurrentState>,
-    out: ActOutputs,
+    session: Session,
     obs_len: usize,
     load_ms: f64,
     first_act_us: Option<f64>,
@@ -317,40 +341,29 @@ impl Inner {
                     .to_vec(),
             ),
         };
+        let episode_starts = match field(options, "episodeStarts")? {
+            None => None,
+            Some(v) => Some(
+                v.dyn_ref::<Uint8Array>()
+                    .ok_or_else(|| arg_error("episodeStarts must be a Uint8Array"))?
+                    .to_vec()
+                    .into_iter()
+                    .map(|b| b != 0)
+                    .collect(),
+            ),
+        };
         Ok(ActArgs {
             obs,
             batch,
             mode,
             env_start,
             env_ids,
+            episode_starts,
         })
     }
 
-    fn obs<'a>(&self, args: &'a ActArgs) -> Observations<'a> {
-        match &args.obs {
-            ObsBuf::F32(v) => Observations::F32(v),
-            ObsBuf::U8(v) => Observations::U8(v),
-        }
-    }
-
-    fn envs<'a>(&self, args: &'a ActArgs) -> EnvIds<'a> {
-        match &args.env_ids {
-            Some(ids) => EnvIds::List(ids),
-            None => EnvIds::Range(args.env_start),
-        }
-    }
-
-    /// Recurrent policies: the envs the state must hold for this batch (None when it already does).
-    fn state_growth(&self, args: &ActArgs) -> Option<usize> {
-        let st = self.state.as_ref()?;
-        let max = match &args.env_ids {
-            Some(ids) => ids.iter().copied().max().unwrap_or(0) as usize,
-            None => args.env_start as usize + args.batch - 1,
-        };
-        (max >= st.num_envs()).then_some(max + 1)
-    }
     fn result(&self) -> Result<JsValue, JsValue> {
-        let out = &self.out;
+        let out: &ActOutputs = self.session.outputs();
         let r = Object::new();
         let discrete = out.continuous.is_empty() && !out.discrete.is_empty();
         let actions: JsValue = if discrete {
@@ -409,11 +422,12 @@ impl Policy {
             .unwrap_or_else(|| "auto".into());
         let batch =
             uint_field(&options, "batch", policyport::MAX_BATCH as u64)?.unwrap_or(1) as usize;
-        let num_envs = uint_field(&options, "numEnvs", 1 << 20)?.unwrap_or(1024) as usize;
+        let max_envs = uint_field(&options, "numEnvs", 1 << 24)?
+            .map_or(policyport::DEFAULT_MAX_ENVS, |n| n as usize);
         let policy = match backend.as_str() {
-            "auto" => policyport::Policy::load_auto_async(&bytes, batch.max(1), &now_us).await,
-            "cpu" => policyport::Policy::load_async(&bytes, Backend::Cpu).await,
-            "webgpu" | "wgpu" => policyport::Policy::load_async(&bytes, Backend::Wgpu).await,
+            "auto" => CompiledPolicy::load_auto_async(&bytes, batch.max(1), &now_us).await,
+            "cpu" => CompiledPolicy::load_async(&bytes, Backend::Cpu).await,
+            "webgpu" | "wgpu" => CompiledPolicy::load_async(&bytes, Backend::Wgpu).await,
             other => {
                 return Err(arg_error(format!(
                     "backend must be \"auto\", \"webgpu\" or \"cpu\", got {other:?}"
@@ -422,18 +436,17 @@ impl Policy {
         }
         .map_err(|e| policy_error(&e))?;
         let info = policy.info();
-        let state = (info.recurrent_states > 0).then(|| RecurrentState::new(&policy, num_envs));
-        let backend = if info.backend == "wgpu" {
+        let backend = if info.backend == Backend::Wgpu {
             "webgpu"
         } else {
             "cpu"
         };
+        let mut session = policy.session();
+        session.set_max_envs(max_envs);
         Ok(Policy {
             inner: Rc::new(RefCell::new(Inner {
                 obs_len: info.obs_len.max(1),
-                policy,
-                state,
-                out: ActOutputs::default(),
+                session,
                 load_ms: performance_now() - t0,
                 first_act_us: None,
                 backend,
@@ -462,25 +475,11 @@ impl Policy {
             let args = args?;
             let mut guard = inner.try_borrow_mut().map_err(|_| busy())?;
             let i = &mut *guard;
-            if let (Some(n), Some(st)) = (i.state_growth(&args), i.state.as_mut()) {
-                // A device copy is read back (without blocking) before the host rows grow.
-                #[allow(clippy::await_holding_refcell_ref)]
-                st.sync_async().await.map_err(|e| policy_error(&e))?;
-                st.ensure_envs(n);
-            }
             let t0 = i.first_act_start();
-            let (obs, envs) = (i.obs(&args), i.envs(&args));
             #[allow(clippy::await_holding_refcell_ref)]
             // single-threaded; a second caller gets "busy"
-            i.policy
-                .act_async(
-                    obs,
-                    args.batch,
-                    args.mode,
-                    envs,
-                    i.state.as_mut(),
-                    &mut i.out,
-                )
+            i.session
+                .act_async(&args.request())
                 .await
                 .map_err(|e| policy_error(&e))?;
             i.note_first_act(t0);
@@ -509,20 +508,9 @@ impl Policy {
             ));
         }
         let args = i.parse(&obs, &options)?;
-        if let (Some(n), Some(st)) = (i.state_growth(&args), i.state.as_mut()) {
-            st.ensure_envs(n);
-        }
         let t0 = i.first_act_start();
-        let (obs, envs) = (i.obs(&args), i.envs(&args));
-        i.policy
-            .act(
-                obs,
-                args.batch,
-                args.mode,
-                envs,
-                i.state.as_mut(),
-                &mut i.out,
-            )
+        i.session
+            .act(&args.request())
             .map_err(|e| policy_error(&e))?;
         i.note_first_act(t0);
         i.result()
@@ -531,17 +519,17 @@ impl Policy {
     /// Zero the recurrent state of these envs (episode boundaries); a no-op for feed-forward policies.
     pub fn reset(&self, env_ids: Uint32Array) -> Result<(), JsValue> {
         let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
-        if let Some(st) = &mut guard.state {
-            st.reset(&env_ids.to_vec()).map_err(|e| policy_error(&e))?;
-        }
-        Ok(())
+        guard
+            .session
+            .reset(&env_ids.to_vec())
+            .map_err(|e| policy_error(&e))
     }
 
     /// What this policy is and how it runs.
     #[wasm_bindgen(unchecked_return_type = "PolicyInfo")]
     pub fn info(&self) -> Result<JsValue, JsValue> {
         let guard = self.inner.try_borrow().map_err(|_| busy())?;
-        let info = guard.policy.info();
+        let info = guard.session.policy().info();
         let o = Object::new();
         let set = |k: &str, v: JsValue| Reflect::set(&o, &k.into(), &v).map(|_| ());
         set("name", info.name.as_str().into())?;
@@ -549,8 +537,8 @@ impl Policy {
         set(
             "selection",
             info.selection
-                .as_deref()
-                .map_or(JsValue::NULL, JsValue::from),
+                .as_ref()
+                .map_or(JsValue::NULL, |s| JsValue::from(s.to_string())),
         )?;
         let fv = js_sys::Array::of2(&info.format_version.0.into(), &info.format_version.1.into());
         set("formatVersion", fv.into())?;
@@ -584,10 +572,11 @@ impl Policy {
     pub fn verify(&self) -> Promise {
         let inner = self.inner.clone();
         wasm_bindgen_futures::future_to_promise(async move {
-            let mut guard = inner.try_borrow_mut().map_err(|_| busy())?;
-            #[allow(clippy::await_holding_refcell_ref)]
-            let reports = guard
-                .policy
+            let policy = {
+                let guard = inner.try_borrow_mut().map_err(|_| busy())?;
+                guard.session.policy().clone()
+            };
+            let reports = policy
                 .verify_async()
                 .await
                 .map_err(|e| policy_error(&e))?;

@@ -12,7 +12,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
 use policyport::{
-    ActMode, ActOutputs, Backend, EnvIds, Observations, Policy, PolicyError, RecurrentState,
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, PolicyInfo,
+    Request, Session,
 };
 use policyport_abi::ErrorCode;
 use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
@@ -69,11 +70,8 @@ pub struct PpInfo {
 }
 
 enum Inner {
-    Native {
-        policy: Policy,
-        out: ActOutputs,
-        state: Option<RecurrentState>,
-    },
+    /// The runtime's session: its state per env id, outputs and scratch.
+    Native { session: Session, info: PolicyInfo },
     Wasm {
         policy: WasmPolicy,
         out: ActOutputs,
@@ -98,7 +96,9 @@ fn status_of(e: &PolicyError) -> PpStatus {
     match e {
         PolicyError::Artifact(_) => PpStatus::InvalidArtifact,
         PolicyError::Observation(_) => PpStatus::BadObservation,
-        PolicyError::Batch { .. } | PolicyError::EnvIds(_) => PpStatus::BadCall,
+        PolicyError::Batch { .. }
+        | PolicyError::EnvIds(_)
+        | PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => PpStatus::BadCall,
         PolicyError::State(_) => PpStatus::State,
         PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => PpStatus::Backend,
     }
@@ -192,13 +192,12 @@ pub unsafe extern "C" fn pp_policy_load(
             PpBackend::Cpu => Backend::Cpu,
             PpBackend::Flex => Backend::Flex,
         };
-        let policy = Policy::load_on(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
-        let state = (policy.info().recurrent_states > 0).then(|| RecurrentState::new(&policy, 0));
+        let policy =
+            CompiledPolicy::load(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
             inner: Inner::Native {
-                policy,
-                out: ActOutputs::default(),
-                state,
+                info: policy.info(),
+                session: policy.session(),
             },
         });
         unsafe { *out = Box::into_raw(p) };
@@ -282,8 +281,7 @@ pub unsafe extern "C" fn pp_policy_info(policy: *const PpPolicy, out: *mut PpInf
         let p = unsafe { policy.as_ref() }.ok_or_else(|| null("policy"))?;
         let out = unsafe { out.as_mut() }.ok_or_else(|| null("out"))?;
         *out = match &p.inner {
-            Inner::Native { policy, .. } => {
-                let i = policy.info();
+            Inner::Native { info: i, .. } => {
                 PpInfo {
                     obs_len: i.obs_len as u32,
                     action_len: i.action_len as u32,
@@ -343,18 +341,14 @@ pub unsafe extern "C" fn pp_policy_act(
         };
         let envs = EnvIds::Range(env_offset);
         let out = match &mut p.inner {
-            Inner::Native { policy, out, state } => {
+            Inner::Native { session, info } => {
                 let n = batch
-                    .checked_mul(policy.info().obs_len)
+                    .checked_mul(info.obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
-                if let Some(st) = state.as_mut() {
-                    st.ensure_envs(env_offset as usize + batch);
-                }
-                policy
-                    .act(o, batch, mode, envs, state.as_mut(), out)
-                    .map_err(|e| (status_of(&e), e.to_string()))?;
-                &*out
+                session
+                    .act(&Request::new(o, batch, mode).envs(envs))
+                    .map_err(|e| (status_of(&e), e.to_string()))?
             }
             Inner::Wasm { policy, out } => {
                 let n = batch
@@ -362,7 +356,7 @@ pub unsafe extern "C" fn pp_policy_act(
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
                 policy
-                    .act(o, batch, mode, envs, out)
+                    .act(&Request::new(o, batch, mode).envs(envs), out)
                     .map_err(|e| (wasm_status(&e), e.to_string()))?;
                 &*out
             }
@@ -417,13 +411,9 @@ pub unsafe extern "C" fn pp_policy_reset(
             unsafe { std::slice::from_raw_parts(envs, n) }
         };
         match &mut p.inner {
-            Inner::Native {
-                state: Some(st), ..
-            } => {
-                st.ensure_envs(ids.iter().map(|e| *e as usize + 1).max().unwrap_or(0));
-                st.reset(ids).map_err(|e| (status_of(&e), e.to_string()))
-            }
-            Inner::Native { state: None, .. } => Ok(()),
+            Inner::Native { session, .. } => session
+                .reset(ids)
+                .map_err(|e| (status_of(&e), e.to_string())),
             Inner::Wasm { policy, .. } => policy
                 .reset(ids)
                 .map_err(|e| (wasm_status(&e), e.to_string())),

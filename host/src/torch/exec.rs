@@ -9,14 +9,15 @@
 
 use std::collections::HashMap;
 
-use policyport::format::sampling::{ActMode, Sampler};
+use policyport::format::sampling::ActMode;
 use policyport::format::{
-    ActionSpace, Artifact, Distribution, LogStd, OBS_VALUE, ObsDType, ObservationSpace, Op,
-    Preprocess, STATE_PREFIX, ValidatedPlan, read_artifact, validate,
+    Artifact, HeadKind as Dist, HeadPlan, OBS_VALUE, ObsDType, ObservationSpace, Op, Preprocess,
+    STATE_PREFIX, ValidatedPlan, read_artifact, validate,
 };
 use policyport::{
-    ActOutputs, Activation, EnvIds, GoldenReport, GoldenShape, MAX_BATCH, Observations,
-    PolicyError, activation_of, check_observations, compare_golden, one_hot_width,
+    ActOutputs, Activation, DEFAULT_MAX_ENVS, EnvIdError, EnvIds, GoldenReport, GoldenShape,
+    MAX_BATCH, Observations, PolicyError, Request, activation_of, check_observations,
+    compare_golden, one_hot_width,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -430,72 +431,24 @@ enum HeadKind {
 }
 
 impl Head {
-    fn new(art: &Artifact, slots: &HashMap<String, usize>, device: Device) -> R<Self> {
-        let m = &art.manifest;
-        let k = m.action.action_len();
-        let param_slots = m
-            .distribution
-            .param_values()
-            .iter()
-            .map(|v| slots[*v])
-            .collect();
-        let value_slot = m.value.as_ref().map(|v| slots[v]);
-        let (dist, log_std, range) = match &m.distribution {
-            Distribution::Categorical { .. } | Distribution::MultiCategorical { .. } => {
-                let nvec = match &m.action {
-                    ActionSpace::Discrete { n } => vec![*n as i64],
-                    ActionSpace::MultiDiscrete { nvec } => nvec.iter().map(|n| *n as i64).collect(),
-                    ActionSpace::Box { .. } => unreachable!("validated"),
-                };
-                (HeadKind::Categorical(nvec), None, None)
+    /// From the artifact's decoded head (the one decoder of the distribution, shared with the guest's samplers).
+    fn new(head: &HeadPlan, slots: &HashMap<String, usize>, device: Device) -> R<Self> {
+        let k = head.action_len;
+        let param_slots = head.param_values.iter().map(|v| slots[v]).collect();
+        let value_slot = head.value.as_ref().map(|v| slots[v]);
+        let dist = match head.kind {
+            Dist::Categorical { .. } | Dist::MultiCategorical { .. } => {
+                HeadKind::Categorical(head.segments.iter().map(|n| *n as i64).collect())
             }
-            Distribution::DiagGaussian {
-                log_std,
-                log_std_range,
-                clip,
-                ..
-            } => (
-                HeadKind::Gaussian {
-                    squashed: false,
-                    clip: *clip,
-                },
-                Some(log_std),
-                *log_std_range,
-            ),
-            Distribution::SquashedGaussian {
-                log_std,
-                log_std_range,
-                ..
-            } => (
-                HeadKind::Gaussian {
-                    squashed: true,
-                    clip: false,
-                },
-                Some(log_std),
-                *log_std_range,
-            ),
+            Dist::Gaussian { squashed, clip } => HeadKind::Gaussian { squashed, clip },
         };
-        let log_std_param = match log_std {
-            Some(LogStd::Parameter { tensor }) => {
-                let d: Vec<f32> = art.tensors[tensor]
-                    .data
-                    .iter()
-                    .map(|v| match range {
-                        Some((lo, hi)) => v.clamp(lo, hi),
-                        None => *v,
-                    })
-                    .collect();
-                Some(upload(&d, &[1, k as i64], Kind::Float, device)?)
-            }
-            _ => None,
+        let log_std_param = match head.log_std_parameter() {
+            Some(d) => Some(upload(d, &[1, k as i64], Kind::Float, device)?),
+            None => None,
         };
-        let (low, high): (Vec<f32>, Vec<f32>) = match &m.action {
-            ActionSpace::Box { low, high, .. } => (
-                low.iter().map(|b| b.unwrap_or(f32::NEG_INFINITY)).collect(),
-                high.iter().map(|b| b.unwrap_or(f32::INFINITY)).collect(),
-            ),
-            _ => (vec![0.0; k], vec![0.0; k]),
-        };
+        let range = head.log_std_range;
+        let bounds = |b: &[f32]| if b.is_empty() { vec![0.0; k] } else { b.to_vec() };
+        let (low, high) = (bounds(&head.low), bounds(&head.high));
         let words = match &dist {
             HeadKind::Categorical(nvec) => nvec.len(),
             HeadKind::Gaussian { .. } => 2 * k,
@@ -629,7 +582,7 @@ pub(crate) struct TorchExec {
     opts: TorchOptions,
     program: Program,
     head: Head,
-    sampler: Sampler,
+    sampler: HeadPlan,
     one_hot: Option<usize>,
     /// Per state: `[num_envs + 1, numel]` f32; the last row is the scratch row padded rows use.
     state: Vec<Tensor>,
@@ -675,8 +628,8 @@ impl TorchExec {
         };
         let _guard = tch::no_grad_guard();
         let program = Program::new(&artifact, &plan, compute, device)?;
-        let head = Head::new(&artifact, &program.slots, device)?;
-        let sampler = Sampler::new(&artifact);
+        let head = Head::new(&plan.head, &program.slots, device)?;
+        let sampler = plan.head.clone();
         let p = sampler.dist_params_len();
         let mut opts = opts.clone();
         if opts.launch != Launch::Eager {
@@ -706,18 +659,9 @@ impl TorchExec {
             let mut out = ActOutputs::default();
             for mode in [ActMode::Deterministic, ActMode::Sample { seed: 0, step: 0 }] {
                 match ex.program.obs_u8 {
-                    true => ex.act(
-                        Observations::U8(&vec![0; obs_len]),
-                        1,
-                        mode,
-                        EnvIds::Range(0),
-                        &mut out,
-                    )?,
+                    true => ex.act(&Request::new(Observations::U8(&vec![0; obs_len]), 1, mode), &mut out)?,
                     false => ex.act(
-                        Observations::F32(&vec![0.0; obs_len]),
-                        1,
-                        mode,
-                        EnvIds::Range(0),
+                        &Request::new(Observations::F32(&vec![0.0; obs_len]), 1, mode),
                         &mut out,
                     )?,
                 }
@@ -858,41 +802,30 @@ impl TorchExec {
         Tensor::f_cat(&parts, 1).map_err(te)
     }
 
+    /// The guest's request check of env ids (one rule for every runtime), then state growth.
     fn check_envs(&mut self, batch: usize, envs: EnvIds<'_>) -> R<()> {
-        match envs {
-            EnvIds::Range(start) if (start as u64 + batch as u64) > u32::MAX as u64 + 1 => {
-                return Err(
-                    PolicyError::EnvIds(format!("range {start} + {batch} overflows u32")).into(),
-                );
-            }
-            EnvIds::List(ids) if ids.len() != batch => {
-                return Err(PolicyError::EnvIds(format!(
-                    "{} ids for a batch of {batch}",
-                    ids.len()
-                ))
-                .into());
-            }
-            _ => {}
-        }
+        let mut ids = vec![];
+        envs.resolve(batch, &mut ids).map_err(PolicyError::from)?;
         if self.program.states.is_empty() {
             return Ok(());
         }
+        envs.check_distinct(batch, &mut ids).map_err(PolicyError::from)?;
         let max = (0..batch).map(|r| envs.get(r)).max().unwrap_or(0) as usize;
-        envs.check_distinct(batch, &mut Vec::new())?;
+        if max >= DEFAULT_MAX_ENVS {
+            return Err(PolicyError::from(EnvIdError::BeyondLimit {
+                env: max as u32,
+                limit: DEFAULT_MAX_ENVS,
+            })
+            .into());
+        }
         if max >= self.num_envs {
             self.grow_state((max + 1).max(self.num_envs * 2))?;
         }
         Ok(())
     }
 
-    pub(crate) fn act(
-        &mut self,
-        obs: Observations<'_>,
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        out: &mut ActOutputs,
-    ) -> R<()> {
+    pub(crate) fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> R<()> {
+        let (obs, batch, mode, envs) = (req.obs, req.batch, req.mode, req.envs);
         if batch == 0 || batch > MAX_BATCH {
             return Err(PolicyError::Batch {
                 batch,
@@ -907,7 +840,28 @@ impl TorchExec {
             batch,
         )
         .map_err(PolicyError::from)?;
+        if let Some(s) = req.episode_starts
+            && s.len() != batch
+        {
+            return Err(PolicyError::from(policyport::StateError::EpisodeStarts {
+                found: s.len(),
+                batch,
+            })
+            .into());
+        }
         self.check_envs(batch, envs)?;
+        // The one state model: a flagged row's env state is zeroed before the step.
+        if let Some(s) = req.episode_starts
+            && !self.program.states.is_empty()
+        {
+            let starting: Vec<u32> = (0..batch)
+                .filter(|r| s[*r])
+                .map(|r| envs.get(r))
+                .collect();
+            if !starting.is_empty() {
+                self.reset(&starting)?;
+            }
+        }
         let width = self.width();
         let mut rows = std::mem::take(&mut self.rows);
         rows.resize(batch * width, 0.0);
@@ -1133,7 +1087,12 @@ impl TorchExec {
         let st = self
             .state
             .get(k)
-            .ok_or_else(|| PolicyError::State(format!("no state tensor {k}")))?;
+            .ok_or_else(|| {
+                PolicyError::from(policyport::StateError::NoSuchTensor {
+                    index: k,
+                    count: self.state.len(),
+                })
+            })?;
         if env as usize >= self.num_envs {
             return Ok(vec![0.0; self.program.states[k].1 as usize]);
         }
@@ -1176,26 +1135,14 @@ impl TorchExec {
             let obs = Observations::F32(&case.obs);
             let mut det = ActOutputs::default();
             self.reset(&envs)?;
-            self.act(
-                obs,
-                case.batch,
-                ActMode::Deterministic,
-                EnvIds::Range(case.env_offset),
-                &mut det,
-            )?;
+            self.act(&Request::new(obs, case.batch, ActMode::Deterministic).envs(EnvIds::Range(case.env_offset)), &mut det)?;
             let mut sampled = ActOutputs::default();
             self.reset(&envs)?;
             let mode = ActMode::Sample {
                 seed: case.seed,
                 step: case.step,
             };
-            self.act(
-                obs,
-                case.batch,
-                mode,
-                EnvIds::Range(case.env_offset),
-                &mut sampled,
-            )?;
+            self.act(&Request::new(obs, case.batch, mode).envs(EnvIds::Range(case.env_offset)), &mut sampled)?;
             self.reset(&envs)?;
             reports.push(compare_golden(
                 case,

@@ -19,7 +19,7 @@ mod graph;
 #[cfg(feature = "tch")]
 mod philox;
 
-use policyport::{ActMode, ActOutputs, EnvIds, GoldenReport, Observations, PolicyError};
+use policyport::{ActOutputs, GoldenReport, PolicyError, Request};
 use policyport_format::FormatError;
 use thiserror::Error;
 
@@ -192,7 +192,7 @@ pub fn set_cpu_threads(n: i32) {
     let _ = n;
 }
 
-/// A policy executed by libtorch. Same act() as [`policyport::Policy`], except that recurrent state lives on the
+/// A policy executed by libtorch. Same act() as [`policyport::Session`], except that recurrent state lives on the
 /// device inside the policy (indexed by env id; see [`TorchPolicy::reset`]).
 pub struct TorchPolicy {
     #[cfg(feature = "tch")]
@@ -217,17 +217,10 @@ impl TorchPolicy {
         })
     }
 
-    /// One step for `batch` envs (see [`policyport::Policy::act`]); recurrent state is read and written on the
-    /// device for the rows' env ids.
-    pub fn act(
-        &mut self,
-        obs: Observations<'_>,
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        out: &mut ActOutputs,
-    ) -> Result<(), TorchError> {
-        self.inner.act(obs, batch, mode, envs, out)
+    /// One step for `req.batch` envs: the same [`Request`] as [`policyport::Session::act`] (env ids, episode
+    /// starts, the same checks); recurrent state is read and written on the device for the rows' env ids.
+    pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), TorchError> {
+        self.inner.act(req, out)
     }
 
     /// Zero the recurrent state of these envs (episode boundaries).
@@ -255,14 +248,7 @@ impl TorchPolicy {
     pub fn load(_bytes: &[u8], _opts: &TorchOptions) -> Result<Self, TorchError> {
         Err(TorchError::NotCompiled)
     }
-    pub fn act(
-        &mut self,
-        _obs: Observations<'_>,
-        _batch: usize,
-        _mode: ActMode,
-        _envs: EnvIds<'_>,
-        _out: &mut ActOutputs,
-    ) -> Result<(), TorchError> {
+    pub fn act(&mut self, _req: &Request<'_>, _out: &mut ActOutputs) -> Result<(), TorchError> {
         match self._never {}
     }
     pub fn reset(&mut self, _envs: &[u32]) -> Result<(), TorchError> {

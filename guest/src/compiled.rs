@@ -1,0 +1,500 @@
+//! [`CompiledPolicy`]: the validated artifact, its decoded head, its preprocessing, and its lowered program on
+//! one backend — immutable, `Send + Sync`, shared behind an `Arc` by every [`Session`] (tract's plan; the
+//! session is the state). Loading, backend selection and golden verification live here; act() lives in the
+//! session.
+
+use std::sync::Arc;
+
+use policyport_format::sampling::ActMode;
+use policyport_format::{
+    ActionSpace, Artifact, GoldenCase, HeadPlan, Limits, Manifest, ObservationSpace,
+    ValidatedPlan, read_artifact, validate,
+};
+
+use crate::backend::Backend;
+use crate::error::{BackendError, PolicyError};
+use crate::executor::{Executor, StepInput};
+use crate::golden::{GoldenReport, GoldenShape, compare_golden, golden_modes};
+use crate::observations::{Observations, Preprocessor, one_hot_width};
+use crate::session::{ActOutputs, EnvIds, MAX_BATCH, Request, Session};
+
+/// What a loaded policy is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyInfo {
+    pub name: String,
+    pub backend: Backend,
+    pub format_version: (u16, u16),
+    pub observation: ObservationSpace,
+    pub action: ActionSpace,
+    pub obs_len: usize,
+    pub action_len: usize,
+    pub dist_params_len: usize,
+    pub has_value: bool,
+    pub recurrent_states: usize,
+    pub parameters: usize,
+    /// How the backend was chosen ([`CompiledPolicy::load_auto`]: the measured latencies).
+    pub selection: Option<Selection>,
+    /// GPU dispatches one act() issues (wgpu backend), None on CPU backends.
+    pub dispatches_per_act: Option<usize>,
+}
+
+/// How [`CompiledPolicy::load_auto`] chose a backend: each candidate's median act() time at `batch`, or why it
+/// could not be timed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    pub batch: usize,
+    pub measured: Vec<(Backend, Result<f64, PolicyError>)>,
+    pub chosen: Backend,
+}
+
+impl Selection {
+    /// The median µs of a backend that was timed.
+    pub fn micros(&self, backend: Backend) -> Option<f64> {
+        self.measured
+            .iter()
+            .find(|(b, _)| *b == backend)
+            .and_then(|(_, r)| r.as_ref().ok().copied())
+    }
+}
+
+impl std::fmt::Display for Selection {
+    /// `auto at batch 1: cpu 5.7 us, wgpu 1832.8 us -> cpu`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "auto at batch {}: ", self.batch)?;
+        for (i, (b, r)) in self.measured.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match r {
+                Ok(us) => write!(f, "{b} {us:.1} us")?,
+                Err(e) => write!(f, "{b}: unavailable ({e})")?,
+            }
+        }
+        write!(f, " -> {}", self.chosen)
+    }
+}
+
+/// A loaded, validated policy bound to one backend. Immutable; share it (`Arc`) and give each caller a
+/// [`Session`].
+pub struct CompiledPolicy {
+    artifact: Artifact,
+    plan: ValidatedPlan,
+    exec: Box<dyn Executor>,
+    pre: Preprocessor,
+    one_hot: Option<usize>,
+    selection: Option<Selection>,
+}
+
+impl std::fmt::Debug for CompiledPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledPolicy")
+            .field("name", &self.artifact.manifest.name)
+            .field("backend", &self.exec.backend())
+            .finish()
+    }
+}
+
+impl CompiledPolicy {
+    /// Read, checksum and validate the artifact, lower it for `backend` (weights packed / uploaded once) and warm
+    /// up (one act at batch 1; on a GPU also batch 64, so every kernel variant's pipeline exists), so the first
+    /// real call pays no setup. A backend compiled out gives [`PolicyError::NotCompiled`].
+    pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<Self>, PolicyError> {
+        Self::from_artifact(read_artifact(bytes)?, backend)
+    }
+
+    /// [`CompiledPolicy::load`] from a decoded artifact.
+    pub fn from_artifact(artifact: Artifact, backend: Backend) -> Result<Arc<Self>, PolicyError> {
+        let policy = Arc::new(Self::build(artifact, backend)?);
+        // A WebGPU program in a browser cannot block on its warm-up readback: load_async warms it instead.
+        if !(cfg!(target_family = "wasm") && policy.exec.placement().sampling) {
+            for batch in policy.warm_up_batches() {
+                policy.warm_up(batch)?;
+            }
+        }
+        Ok(policy)
+    }
+
+    fn build(artifact: Artifact, backend: Backend) -> Result<Self, PolicyError> {
+        backend.check_compiled()?;
+        let plan = validate(&artifact, &Limits::default())?;
+        let exec = backend.build(&artifact, &plan, None)?;
+        let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
+        Ok(CompiledPolicy {
+            one_hot: one_hot_width(&artifact),
+            artifact,
+            plan,
+            exec,
+            pre,
+            selection: None,
+        })
+    }
+
+    /// [`CompiledPolicy::load`] for callers that cannot block (the browser): the WebGPU device is initialised
+    /// asynchronously (once per process) and the warm-up acts are awaited.
+    pub async fn load_async(bytes: &[u8], backend: Backend) -> Result<Arc<Self>, PolicyError> {
+        crate::backend::prepare_async(backend).await?;
+        let policy = Arc::new(Self::build(read_artifact(bytes)?, backend)?);
+        for batch in policy.warm_up_batches() {
+            let mut s = policy.session();
+            let (obs, _) = policy.zero_obs(batch);
+            s.act_async(&policy.zero_request(&obs, batch, 0)).await?;
+        }
+        Ok(policy)
+    }
+
+    /// GPU programs also warm the large-batch (tiled) kernels, so no batch size meets an uncompiled pipeline.
+    fn warm_up_batches(&self) -> Vec<usize> {
+        if self.exec.placement().sampling {
+            vec![1, 64]
+        } else {
+            vec![1]
+        }
+    }
+
+    fn warm_up(self: &Arc<Self>, batch: usize) -> Result<(), PolicyError> {
+        let mut s = self.session();
+        let (obs, _) = self.zero_obs(batch);
+        s.act(&self.zero_request(&obs, batch, 0)).map(|_| ())
+    }
+
+    /// Zero observations for `batch` envs (warm-up and timing).
+    fn zero_obs(&self, batch: usize) -> (Vec<f32>, usize) {
+        let n = match &self.artifact.manifest.observation {
+            ObservationSpace::Discrete { .. } => batch,
+            space => batch * space.raw_len(),
+        };
+        (vec![0.0f32; n], batch)
+    }
+
+    fn zero_request<'a>(&self, obs: &'a [f32], batch: usize, step: u64) -> Request<'a> {
+        Request::new(
+            Observations::F32(obs),
+            batch,
+            ActMode::Sample { seed: 0, step },
+        )
+    }
+
+    /// Load on every backend worth trying here (native cpu, and wgpu when compiled and an adapter exists), time
+    /// act() at the caller's batch size on each, and keep the fastest; `info().selection` says what was measured.
+    /// A backend that fails to load is skipped (and named in the selection). In a browser use
+    /// [`CompiledPolicy::load_auto_async`] (WebGPU cannot be timed synchronously, and there is no `Instant`).
+    pub fn load_auto(bytes: &[u8], batch: usize) -> Result<Arc<Self>, PolicyError> {
+        let batch = batch.clamp(1, MAX_BATCH);
+        let now_us = monotonic_us();
+        let mut timed = vec![];
+        for backend in Self::auto_candidates() {
+            let result = Self::load(bytes, backend)
+                .and_then(|p| Ok((p.time_act(batch, &now_us)?, p)));
+            timed.push((backend, result));
+        }
+        Self::pick_fastest(timed, batch)
+    }
+
+    /// [`CompiledPolicy::load_auto`] for callers that cannot block, timed with the caller's clock (`now_us`: a
+    /// monotonic time in microseconds, e.g. `performance.now() * 1000` in a browser).
+    pub async fn load_auto_async(
+        bytes: &[u8],
+        batch: usize,
+        now_us: &dyn Fn() -> f64,
+    ) -> Result<Arc<Self>, PolicyError> {
+        let batch = batch.clamp(1, MAX_BATCH);
+        let mut timed = vec![];
+        for backend in Self::auto_candidates() {
+            let result = match Self::load_async(bytes, backend).await {
+                Ok(p) => match p.time_act_async(batch, now_us).await {
+                    Ok(us) => Ok((us, p)),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            timed.push((backend, result));
+        }
+        Self::pick_fastest(timed, batch)
+    }
+
+    /// The backends `auto` times: the native cpu kernels and the GPU (flex is burn's reference CPU path, never
+    /// faster than cpu).
+    fn auto_candidates() -> Vec<Backend> {
+        [Backend::Cpu, Backend::Wgpu]
+            .into_iter()
+            .filter(|b| b.check_compiled().is_ok())
+            .collect()
+    }
+
+    /// Keep the fastest of the timed backends; a failed non-cpu backend is recorded in the selection, a failed
+    /// cpu backend (a bad artifact) is the error.
+    fn pick_fastest(
+        timed: Vec<(Backend, Result<(f64, Arc<Self>), PolicyError>)>,
+        batch: usize,
+    ) -> Result<Arc<Self>, PolicyError> {
+        let mut best: Option<(f64, Arc<Self>)> = None;
+        let mut measured = vec![];
+        for (backend, result) in timed {
+            match result {
+                Ok((us, p)) => {
+                    measured.push((backend, Ok(us)));
+                    if best.as_ref().is_none_or(|(b, _)| us < *b) {
+                        best = Some((us, p));
+                    }
+                }
+                Err(e) if backend != Backend::Cpu => measured.push((backend, Err(e))),
+                Err(e) => return Err(e),
+            }
+        }
+        let (_, mut p) = best.expect("the cpu backend always loads");
+        let chosen = p.backend();
+        // The timing sessions are gone and the loser was dropped: this is the only reference.
+        Arc::get_mut(&mut p)
+            .expect("a freshly loaded policy has no other owner")
+            .selection = Some(Selection {
+            batch,
+            measured,
+            chosen,
+        });
+        Ok(p)
+    }
+
+    /// Median µs of a few warm act() calls at `batch` (zero observations, fresh state), under 0.2 s.
+    fn time_act(self: &Arc<Self>, batch: usize, now_us: &dyn Fn() -> f64) -> Result<f64, PolicyError> {
+        let mut s = self.session();
+        let (obs, _) = self.zero_obs(batch);
+        let mut timer = ActTimer::new(now_us);
+        for step in timer.steps() {
+            let t0 = now_us();
+            s.act(&self.zero_request(&obs, batch, step))?;
+            if timer.record(t0) {
+                break;
+            }
+        }
+        Ok(timer.median())
+    }
+
+    async fn time_act_async(
+        self: &Arc<Self>,
+        batch: usize,
+        now_us: &dyn Fn() -> f64,
+    ) -> Result<f64, PolicyError> {
+        let mut s = self.session();
+        let (obs, _) = self.zero_obs(batch);
+        let mut timer = ActTimer::new(now_us);
+        for step in timer.steps() {
+            let t0 = now_us();
+            s.act_async(&self.zero_request(&obs, batch, step)).await?;
+            if timer.record(t0) {
+                break;
+            }
+        }
+        Ok(timer.median())
+    }
+
+    /// A new session (its own scratch, state and outputs) on this policy.
+    pub fn session(self: &Arc<Self>) -> Session {
+        Session::new(self.clone())
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.exec.backend()
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.artifact.manifest
+    }
+
+    pub fn artifact(&self) -> &Artifact {
+        &self.artifact
+    }
+
+    pub fn plan(&self) -> &ValidatedPlan {
+        &self.plan
+    }
+
+    /// The decoded action head (the one decoder of the distribution).
+    pub fn head(&self) -> &HeadPlan {
+        &self.plan.head
+    }
+
+    pub fn selection(&self) -> Option<&Selection> {
+        self.selection.as_ref()
+    }
+
+    pub(crate) fn executor(&self) -> &dyn Executor {
+        &*self.exec
+    }
+
+    pub(crate) fn preprocessor(&self) -> &Preprocessor {
+        &self.pre
+    }
+
+    pub(crate) fn one_hot_width(&self) -> Option<usize> {
+        self.one_hot
+    }
+
+    pub fn info(&self) -> PolicyInfo {
+        let m = &self.artifact.manifest;
+        let head = self.head();
+        PolicyInfo {
+            name: m.name.clone(),
+            backend: self.backend(),
+            format_version: self.artifact.version,
+            observation: m.observation.clone(),
+            action: m.action.clone(),
+            obs_len: m.observation.raw_len(),
+            action_len: head.action_len,
+            dist_params_len: head.dist_params_len,
+            has_value: head.has_value(),
+            recurrent_states: self.exec.state_sizes().len(),
+            parameters: self.artifact.tensors.values().map(|t| t.data.len()).sum(),
+            selection: self.selection.clone(),
+            dispatches_per_act: self.exec.dispatches_per_act(),
+        }
+    }
+
+    /// Check every golden vector of the artifact on this policy's backend (each case in a fresh session).
+    pub fn verify(self: &Arc<Self>) -> Result<Vec<GoldenReport>, PolicyError> {
+        let cases = &self.artifact.manifest.golden;
+        let mut reports = vec![];
+        for case in cases {
+            let (mut det, mut sampled) = (ActOutputs::default(), ActOutputs::default());
+            for (mode, out) in golden_modes(case).into_iter().zip([&mut det, &mut sampled]) {
+                let mut s = self.session();
+                *out = s.act(&golden_request(case, mode))?.clone();
+            }
+            reports.push(self.score_case(case, &det, &sampled)?);
+        }
+        Ok(reports)
+    }
+
+    /// [`CompiledPolicy::verify`] for callers that cannot block (the browser's WebGPU backend). Golden values
+    /// that are not act() outputs (intermediate values) need a blocking probe there and are reported as errors.
+    pub async fn verify_async(self: &Arc<Self>) -> Result<Vec<GoldenReport>, PolicyError> {
+        let cases = &self.artifact.manifest.golden;
+        let mut reports = vec![];
+        for case in cases {
+            let (mut det, mut sampled) = (ActOutputs::default(), ActOutputs::default());
+            for (mode, out) in golden_modes(case).into_iter().zip([&mut det, &mut sampled]) {
+                let mut s = self.session();
+                *out = s.act_async(&golden_request(case, mode)).await?.clone();
+            }
+            reports.push(self.score_case(case, &det, &sampled)?);
+        }
+        Ok(reports)
+    }
+
+    fn score_case(
+        &self,
+        case: &GoldenCase,
+        det: &ActOutputs,
+        sampled: &ActOutputs,
+    ) -> Result<GoldenReport, PolicyError> {
+        let head = self.head();
+        let shape = GoldenShape {
+            action_len: head.action_len,
+            dist_params_len: head.dist_params_len,
+            discrete: head.is_discrete(),
+        };
+        compare_golden(
+            case,
+            &self.artifact.manifest,
+            shape,
+            det,
+            sampled,
+            &mut |name| self.probe(case, name),
+        )
+    }
+
+    /// Evaluate an arbitrary named value (debugging, golden checks): the same lowering, reading back `name`.
+    pub fn probe(&self, case: &GoldenCase, name: &str) -> Result<Vec<f32>, PolicyError> {
+        if !self.plan.shapes.contains_key(name) {
+            return Err(PolicyError::Artifact(
+                policyport_format::FormatError::UndefinedValue {
+                    name: name.into(),
+                    user: format!("golden case '{}'", case.name),
+                },
+            ));
+        }
+        if cfg!(target_family = "wasm") && self.exec.placement().sampling {
+            return Err(BackendError::Unsupported(
+                "intermediate golden values need a blocking readback, impossible on WebGPU",
+            )
+            .into());
+        }
+        let exec = self
+            .backend()
+            .build(&self.artifact, &self.plan, Some(&[name]))?;
+        let mut scratch = exec.new_scratch();
+        let mut obs = Vec::new();
+        self.pre
+            .run(Observations::F32(&case.obs), case.batch, &mut obs)?;
+        let states: Vec<Vec<f32>> = exec
+            .state_sizes()
+            .iter()
+            .map(|n| vec![0.0; n * case.batch])
+            .collect();
+        let ids: Vec<u32> = (0..case.batch as u32).collect();
+        let step = StepInput {
+            batch: case.batch,
+            obs: &obs,
+            env_ids: &ids,
+            mode: ActMode::Deterministic,
+            states: &states,
+            num_envs: case.batch,
+        };
+        let mut rows = vec![];
+        exec.launch(&mut scratch, &step, &mut rows)?.wait(&mut rows)?;
+        Ok(rows)
+    }
+}
+
+fn golden_request(case: &GoldenCase, mode: ActMode) -> Request<'_> {
+    Request::new(Observations::F32(&case.obs), case.batch, mode)
+        .envs(EnvIds::Range(case.env_offset))
+}
+
+/// The timing rule of backend selection, shared by the blocking and the async loop: up to 25 acts, at least 3,
+/// stop once 0.2 s have passed; the median counts.
+struct ActTimer<'a> {
+    now_us: &'a dyn Fn() -> f64,
+    start: f64,
+    times: Vec<f64>,
+}
+
+impl<'a> ActTimer<'a> {
+    fn new(now_us: &'a dyn Fn() -> f64) -> Self {
+        ActTimer {
+            start: now_us(),
+            now_us,
+            times: vec![],
+        }
+    }
+
+    /// Sampling steps of the timed acts.
+    fn steps(&self) -> std::ops::Range<u64> {
+        0..25
+    }
+
+    /// Record one act that started at `t0`; true when enough were timed.
+    fn record(&mut self, t0: f64) -> bool {
+        let now = (self.now_us)();
+        self.times.push(now - t0);
+        self.times.len() >= 3 && now - self.start > 2e5
+    }
+
+    fn median(mut self) -> f64 {
+        self.times.sort_by(|a, b| a.total_cmp(b));
+        self.times[self.times.len() / 2]
+    }
+}
+
+/// A monotonic microsecond clock: `Instant` natively; on wasm (no clock without JS) a counter that makes every
+/// timed call look equal, so the sync [`CompiledPolicy::load_auto`] keeps the cpu backend there.
+fn monotonic_us() -> impl Fn() -> f64 {
+    #[cfg(not(target_family = "wasm"))]
+    {
+        let t0 = std::time::Instant::now();
+        move || t0.elapsed().as_secs_f64() * 1e6
+    }
+    #[cfg(target_family = "wasm")]
+    {
+        || 0.0
+    }
+}

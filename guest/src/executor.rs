@@ -1,0 +1,138 @@
+//! The one trait every runtime implements: run the lowered graph of a [`CompiledPolicy`](crate::CompiledPolicy)
+//! for one step.
+//!
+//! The split (tract's plan / state): an executor is immutable and shared by every session of a policy (its
+//! weights exist once, whatever the number of threads); everything a step mutates — buffers, the device copy of
+//! recurrent state — lives in the [`ExecScratch`] it made for one [`Session`](crate::Session). The session does
+//! what is the same for every backend (the request check, preprocessing unless the executor does it, gathering
+//! and scattering host-side state, sampling unless the executor does it, unpacking outputs); the executor says
+//! which of those it takes over with its [`Placement`].
+//!
+//! Adding a backend = one `Executor` impl and one arm in [`Backend::build`](crate::Backend).
+
+use std::any::Any;
+
+use policyport_format::sampling::ActMode;
+
+use crate::backend::Backend;
+use crate::error::PolicyError;
+
+/// What an executor does on its device instead of the session doing it on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// Observations arrive raw (checked, as f32) and are preprocessed by the executor.
+    pub preprocess: bool,
+    /// Recurrent state lives with the executor (in its scratch) between steps; the session's host rows are not
+    /// used for the step and are refreshed with [`Executor::read_state`] when asked for.
+    pub state: bool,
+    /// The executor samples: its rows are `[actions | finished params | value]` instead of the head's raw
+    /// values followed by next states.
+    pub sampling: bool,
+}
+
+/// One step's inputs, after the session's checks.
+#[derive(Debug)]
+pub struct StepInput<'a> {
+    pub batch: usize,
+    /// `batch x width` f32: preprocessed, or raw when [`Placement::preprocess`].
+    pub obs: &'a [f32],
+    /// The env id of every row (distinct when the policy is recurrent).
+    pub env_ids: &'a [u32],
+    pub mode: ActMode,
+    /// Host-state executors: per state tensor, the `batch x numel` rows gathered for this batch.
+    pub states: &'a [Vec<f32>],
+    /// Device-state executors: how many envs the session's state holds now (the device copy grows to match).
+    pub num_envs: usize,
+}
+
+/// Per-session mutable data of one executor (downcast by the executor that made it).
+pub type ExecScratch = Box<dyn Any + Send>;
+
+/// A launched step whose rows may still be on the device. [`Pending::wait`] blocks for them,
+/// [`Pending::wait_async`] awaits them (the only way on WebGPU in a browser).
+#[must_use]
+pub enum Pending {
+    /// The rows are already in the caller's buffer.
+    Ready,
+    /// Rows still on a burn device, read back once.
+    #[cfg(feature = "burn")]
+    Device(burn::tensor::Tensor<2>),
+}
+
+impl Pending {
+    pub fn wait(self, rows: &mut Vec<f32>) -> Result<(), PolicyError> {
+        let _ = &rows;
+        match self {
+            Pending::Ready => Ok(()),
+            #[cfg(feature = "burn")]
+            Pending::Device(t) => {
+                *rows = crate::exec::read_rows(t)?;
+                Ok(())
+            }
+        }
+    }
+
+    pub async fn wait_async(self, rows: &mut Vec<f32>) -> Result<(), PolicyError> {
+        let _ = &rows;
+        match self {
+            Pending::Ready => Ok(()),
+            #[cfg(feature = "burn")]
+            Pending::Device(t) => {
+                *rows = crate::exec::read_rows_async(t).await?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A lowered policy on one backend. Immutable: `&self` everywhere, `Send + Sync`.
+pub trait Executor: Send + Sync {
+    fn backend(&self) -> Backend;
+
+    fn placement(&self) -> Placement {
+        Placement::default()
+    }
+
+    /// Numbers per env of each recurrent state input, in manifest order.
+    fn state_sizes(&self) -> &[usize];
+
+    /// Numbers per env in one row of the step's output (see [`Placement::sampling`]).
+    fn row_width(&self) -> usize;
+
+    /// Device dispatches one step issues (GPU executors), for reports.
+    fn dispatches_per_act(&self) -> Option<usize> {
+        None
+    }
+
+    /// The per-session data of a new session.
+    fn new_scratch(&self) -> ExecScratch;
+
+    /// Run one step: write `batch x row_width` numbers into `rows` (cleared first), or return them pending on
+    /// the device.
+    fn launch(
+        &self,
+        scratch: &mut ExecScratch,
+        step: &StepInput<'_>,
+        rows: &mut Vec<f32>,
+    ) -> Result<Pending, PolicyError>;
+
+    /// Device-state executors: zero the state rows of these envs (episode starts, resets).
+    fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
+        let _ = (scratch, envs);
+        Ok(())
+    }
+
+    /// Device-state executors: the device copy, `num_envs x numel` per state tensor, when it is newer than the
+    /// session's host rows (None otherwise, and always on host-state executors).
+    fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
+        let _ = scratch;
+        Ok(None)
+    }
+}
+
+/// Downcast a scratch to the type its executor made (a scratch of another executor is a bug in this crate).
+pub(crate) fn scratch_of<T: 'static>(scratch: &mut ExecScratch) -> &mut T {
+    scratch
+        .downcast_mut::<T>()
+        .expect("a session's scratch comes from its own executor")
+}

@@ -1,0 +1,468 @@
+//! [`Session`]: one caller's use of a shared [`CompiledPolicy`] — its scratch buffers, its recurrent state per
+//! env id, its outputs, and the one request check every backend goes through.
+//!
+//! The state model (the same for Rust, the C ABI, the wasm plugin and the browser): state exists per env id,
+//! starts at zero, grows on demand up to [`Session::max_envs`] envs, is zeroed by [`Session::reset`] or by the
+//! request's `episode_starts` flags (SB3's `episode_starts`: the row's state is zeroed *before* the step), and
+//! is advanced by every act(). Feed-forward policies have no state; their env ids only select sampling streams.
+
+use std::sync::Arc;
+
+use policyport_format::sampling::ActMode;
+
+use crate::compiled::CompiledPolicy;
+use crate::error::{EnvIdError, ObservationError, PolicyError, StateError};
+use crate::executor::{ExecScratch, Pending, StepInput};
+use crate::observations::{Observations, check_observations};
+use crate::state::HostState;
+
+/// Largest batch act() accepts.
+pub const MAX_BATCH: usize = 1 << 20;
+
+/// Default limit on the envs one recurrent session holds state for ([`Session::set_max_envs`]).
+pub const DEFAULT_MAX_ENVS: usize = 1 << 16;
+
+/// Which env each row of a batch is (for sampling streams and recurrent state).
+#[derive(Debug, Clone, Copy)]
+pub enum EnvIds<'a> {
+    /// Rows are envs `start, start + 1, …`.
+    Range(u32),
+    /// One id per row.
+    List(&'a [u32]),
+}
+
+impl EnvIds<'_> {
+    /// The env id of batch row `row` (after [`EnvIds::resolve`] accepted the batch).
+    #[inline]
+    pub fn get(&self, row: usize) -> u32 {
+        match self {
+            EnvIds::Range(start) => start + row as u32,
+            EnvIds::List(ids) => ids[row],
+        }
+    }
+
+    /// The request check of env ids, for every runtime: the ids of a batch of `batch` rows, written to `out`
+    /// (cleared first; its capacity is reused).
+    pub fn resolve(&self, batch: usize, out: &mut Vec<u32>) -> Result<(), EnvIdError> {
+        out.clear();
+        match *self {
+            EnvIds::Range(start) => {
+                if start as u64 + batch as u64 > u32::MAX as u64 + 1 {
+                    return Err(EnvIdError::RangeOverflow { start, batch });
+                }
+                out.extend((0..batch as u32).map(|r| start + r));
+            }
+            EnvIds::List(ids) => {
+                if ids.len() != batch {
+                    return Err(EnvIdError::Count {
+                        found: ids.len(),
+                        batch,
+                    });
+                }
+                out.extend_from_slice(ids);
+            }
+        }
+        Ok(())
+    }
+
+    /// An env id naming two rows of this batch, if any (the smallest such id). With per-env recurrent state two
+    /// rows of one env would read the same state and race to write the next one (on a CPU the last write would
+    /// silently win, on a GPU which write wins is unspecified), so every runtime refuses such a batch for a
+    /// recurrent policy. `scratch` is reused across calls (no allocation once warm); sorting a copy keeps the
+    /// cost O(batch log batch) whatever the ids' range.
+    pub fn duplicate(&self, batch: usize, scratch: &mut Vec<u32>) -> Option<u32> {
+        let EnvIds::List(ids) = self else {
+            return None; // distinct by construction
+        };
+        scratch.clear();
+        scratch.extend_from_slice(&ids[..batch.min(ids.len())]);
+        scratch.sort_unstable();
+        scratch.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+    }
+
+    /// [`EnvIds::duplicate`] as the typed error every runtime returns.
+    pub fn check_distinct(&self, batch: usize, scratch: &mut Vec<u32>) -> Result<(), EnvIdError> {
+        match self.duplicate(batch, scratch) {
+            Some(env) => Err(EnvIdError::Duplicate { env }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One act() call.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// `batch x observation.raw_len()` numbers, row-major.
+    pub obs: Observations<'a>,
+    pub batch: usize,
+    pub mode: ActMode,
+    pub envs: EnvIds<'a>,
+    /// Per row: the env starts a new episode at this step, so its recurrent state is zeroed before the step
+    /// (callers need not call [`Session::reset`]). Ignored by feed-forward policies (but its length is checked).
+    pub episode_starts: Option<&'a [bool]>,
+}
+
+impl<'a> Request<'a> {
+    /// Rows `0..batch` are envs `0..batch`, sampled with `(seed, step)`.
+    pub fn new(obs: Observations<'a>, batch: usize, mode: ActMode) -> Self {
+        Request {
+            obs,
+            batch,
+            mode,
+            envs: EnvIds::Range(0),
+            episode_starts: None,
+        }
+    }
+
+    pub fn envs(mut self, envs: EnvIds<'a>) -> Self {
+        self.envs = envs;
+        self
+    }
+
+    pub fn episode_starts(mut self, starts: &'a [bool]) -> Self {
+        self.episode_starts = Some(starts);
+        self
+    }
+}
+
+/// Results of one act(), reused across calls (buffers keep their capacity: no allocation once warm).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ActOutputs {
+    pub batch: usize,
+    /// Discrete / multi-discrete actions, `batch x action_len` (empty for continuous policies).
+    pub discrete: Vec<i64>,
+    /// Continuous actions, `batch x action_len` (empty for discrete policies).
+    pub continuous: Vec<f32>,
+    /// Value estimate per row (empty without a critic).
+    pub value: Vec<f32>,
+    /// Distribution parameters per row: logits (concatenated for multi-discrete), or mean then log-std.
+    pub dist_params: Vec<f32>,
+}
+
+/// One caller's session on a shared policy. Not `Sync` by design (one caller at a time); make one per thread:
+/// they share the policy's weights.
+pub struct Session {
+    policy: Arc<CompiledPolicy>,
+    scratch: ExecScratch,
+    state: HostState,
+    max_envs: usize,
+    out: ActOutputs,
+    obs_buf: Vec<f32>,
+    rows: Vec<f32>,
+    ids: Vec<u32>,
+    sorted_ids: Vec<u32>,
+    gathered: Vec<Vec<f32>>,
+    starts: Vec<u32>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("policy", &self.policy.manifest().name)
+            .field("backend", &self.policy.backend())
+            .field("num_envs", &self.state.num_envs)
+            .finish()
+    }
+}
+
+/// What one act() checked and prepared before anything was mutated.
+struct Prepared {
+    batch: usize,
+    mode: ActMode,
+    /// Largest env id + 1 of a recurrent batch (the state grows to it).
+    envs_needed: usize,
+}
+
+impl Session {
+    pub fn new(policy: Arc<CompiledPolicy>) -> Self {
+        let exec = policy.executor();
+        Session {
+            scratch: exec.new_scratch(),
+            state: HostState::new(exec.state_sizes()),
+            gathered: exec.state_sizes().iter().map(|_| vec![]).collect(),
+            max_envs: DEFAULT_MAX_ENVS,
+            policy,
+            out: ActOutputs::default(),
+            obs_buf: vec![],
+            rows: vec![],
+            ids: vec![],
+            sorted_ids: vec![],
+            starts: vec![],
+        }
+    }
+
+    pub fn policy(&self) -> &Arc<CompiledPolicy> {
+        &self.policy
+    }
+
+    /// The outputs of the last successful act().
+    pub fn outputs(&self) -> &ActOutputs {
+        &self.out
+    }
+
+    /// Envs the recurrent state holds now (0 for feed-forward policies).
+    pub fn num_envs(&self) -> usize {
+        self.state.num_envs
+    }
+
+    pub fn max_envs(&self) -> usize {
+        self.max_envs
+    }
+
+    /// Limit the envs this session may hold state for (memory is `max_envs x state size`); env ids at or above
+    /// it are a typed error. Default [`DEFAULT_MAX_ENVS`].
+    pub fn set_max_envs(&mut self, max_envs: usize) {
+        self.max_envs = max_envs;
+    }
+
+    /// One step for `req.batch` envs: observations in, actions (+ value, distribution parameters) out, recurrent
+    /// state advanced. Sampling draws from the stream (seed, env id, step) of each row, as SPEC.md defines. A
+    /// refused request changes nothing (state, outputs and scratch stay as they were).
+    ///
+    /// On WebGPU in a browser use [`Session::act_async`] (this returns a typed error there).
+    pub fn act(&mut self, req: &Request<'_>) -> Result<&ActOutputs, PolicyError> {
+        let p = self.prepare(req)?;
+        let mut rows = std::mem::take(&mut self.rows);
+        let result = self
+            .launch(&p, &mut rows)
+            .and_then(|pending| pending.wait(&mut rows));
+        self.complete(result, rows, &p)
+    }
+
+    /// [`Session::act`] for callers that cannot block (the browser): identical results; on a device the one
+    /// readback is awaited instead of waited for. CPU backends finish without awaiting anything.
+    pub async fn act_async(&mut self, req: &Request<'_>) -> Result<&ActOutputs, PolicyError> {
+        let p = self.prepare(req)?;
+        let mut rows = std::mem::take(&mut self.rows);
+        let result = match self.launch(&p, &mut rows) {
+            Ok(pending) => pending.wait_async(&mut rows).await,
+            Err(e) => Err(e),
+        };
+        self.complete(result, rows, &p)
+    }
+
+    /// Zero the recurrent state of these envs (episode boundaries); grows the state to hold them. A no-op for
+    /// feed-forward policies.
+    pub fn reset(&mut self, envs: &[u32]) -> Result<(), PolicyError> {
+        if !self.state.is_recurrent() {
+            return Ok(());
+        }
+        if let Some(&env) = envs.iter().find(|e| **e as usize >= self.max_envs) {
+            return Err(EnvIdError::BeyondLimit {
+                env,
+                limit: self.max_envs,
+            }
+            .into());
+        }
+        let needed = envs.iter().map(|e| *e as usize + 1).max().unwrap_or(0);
+        self.state.grow(needed);
+        for &e in envs {
+            self.state.zero(e);
+        }
+        self.policy.executor().reset_state(&mut self.scratch, envs)
+    }
+
+    /// State tensor `k` of env `env` (read back from the device first on device-state backends).
+    pub fn state(&mut self, k: usize, env: u32) -> Result<&[f32], PolicyError> {
+        let count = self.state.tensors.len();
+        if k >= count {
+            return Err(StateError::NoSuchTensor { index: k, count }.into());
+        }
+        if env as usize >= self.state.num_envs {
+            return Err(StateError::EnvOutOfRange {
+                env,
+                num_envs: self.state.num_envs,
+            }
+            .into());
+        }
+        if let Some(device) = self.policy.executor().read_state(&mut self.scratch)? {
+            self.state.overwrite(device);
+        }
+        let (n, data) = &self.state.tensors[k];
+        let e = env as usize;
+        Ok(&data[e * n..(e + 1) * n])
+    }
+
+    /// The request check (batch, env ids incl. duplicates, episode starts, observations) and preprocessing, for
+    /// every backend. Mutates nothing but reused scratch buffers.
+    fn prepare(&mut self, req: &Request<'_>) -> Result<Prepared, PolicyError> {
+        let batch = req.batch;
+        if batch == 0 || batch > MAX_BATCH {
+            return Err(PolicyError::Batch {
+                batch,
+                max: MAX_BATCH,
+            });
+        }
+        req.envs.resolve(batch, &mut self.ids)?;
+        if let Some(s) = req.episode_starts
+            && s.len() != batch
+        {
+            return Err(StateError::EpisodeStarts {
+                found: s.len(),
+                batch,
+            }
+            .into());
+        }
+        let policy = &self.policy;
+        let placement = policy.executor().placement();
+        if placement.preprocess {
+            // The device preprocesses; the host only checks (same typed errors on every backend).
+            check_observations(
+                &policy.manifest().observation,
+                &policy.one_hot_width(),
+                req.obs,
+                batch,
+            )?;
+            self.obs_buf.clear();
+            match req.obs {
+                Observations::F32(x) => self.obs_buf.extend_from_slice(x),
+                Observations::U8(x) => self.obs_buf.extend(x.iter().map(|&b| b as f32)),
+            }
+        } else {
+            policy
+                .preprocessor()
+                .run(req.obs, batch, &mut self.obs_buf)
+                .map_err(|e: ObservationError| PolicyError::from(e))?;
+        }
+        let mut envs_needed = 0;
+        if self.state.is_recurrent() {
+            req.envs.check_distinct(batch, &mut self.sorted_ids)?;
+            let max = self.ids.iter().copied().max().unwrap_or(0);
+            if max as usize >= self.max_envs {
+                return Err(EnvIdError::BeyondLimit {
+                    env: max,
+                    limit: self.max_envs,
+                }
+                .into());
+            }
+            envs_needed = max as usize + 1;
+        }
+        self.starts.clear();
+        if let Some(s) = req.episode_starts
+            && self.state.is_recurrent()
+        {
+            self.starts
+                .extend(self.ids.iter().zip(s).filter(|(_, s)| **s).map(|(e, _)| *e));
+        }
+        Ok(Prepared {
+            batch,
+            mode: req.mode,
+            envs_needed,
+        })
+    }
+
+    /// Apply the accepted request's state changes (growth, episode starts), gather host state rows, launch.
+    fn launch(&mut self, p: &Prepared, rows: &mut Vec<f32>) -> Result<Pending, PolicyError> {
+        let exec = self.policy.executor();
+        let placement = exec.placement();
+        if self.state.is_recurrent() {
+            self.state.grow(p.envs_needed);
+            for &e in &self.starts {
+                self.state.zero(e);
+            }
+            if !self.starts.is_empty() {
+                exec.reset_state(&mut self.scratch, &self.starts)?;
+            }
+            if !placement.state {
+                for ((n, data), out) in self.state.tensors.iter().zip(&mut self.gathered) {
+                    out.clear();
+                    for &e in &self.ids {
+                        let e = e as usize;
+                        out.extend_from_slice(&data[e * n..(e + 1) * n]);
+                    }
+                }
+            }
+        }
+        let step = StepInput {
+            batch: p.batch,
+            obs: &self.obs_buf,
+            env_ids: &self.ids,
+            mode: p.mode,
+            states: &self.gathered,
+            num_envs: self.state.num_envs,
+        };
+        exec.launch(&mut self.scratch, &step, rows)
+    }
+
+    fn complete(
+        &mut self,
+        result: Result<(), PolicyError>,
+        rows: Vec<f32>,
+        p: &Prepared,
+    ) -> Result<&ActOutputs, PolicyError> {
+        if let Err(e) = result {
+            self.rows = rows;
+            return Err(e);
+        }
+        self.finish(&rows, p);
+        self.rows = rows;
+        Ok(&self.out)
+    }
+
+    /// The host side after execution: unpack the rows into the outputs (sampling on the host unless the
+    /// executor sampled) and scatter next states into the host rows (unless the executor keeps them).
+    fn finish(&mut self, rows: &[f32], p: &Prepared) {
+        let policy = &self.policy;
+        let exec = policy.executor();
+        let placement = exec.placement();
+        let head = policy.head();
+        let width = exec.row_width();
+        let batch = p.batch;
+        debug_assert_eq!(rows.len(), batch * width);
+        let (k, np, raw) = (head.action_len, head.dist_params_len, head.raw_params_len);
+        let has_value = head.has_value();
+        let out = &mut self.out;
+        out.batch = batch;
+        out.dist_params.resize(batch * np, 0.0);
+        out.value.resize(if has_value { batch } else { 0 }, 0.0);
+        let discrete = head.is_discrete();
+        if discrete {
+            out.discrete.resize(batch * k, 0);
+            out.continuous.clear();
+        } else {
+            out.continuous.resize(batch * k, 0.0);
+            out.discrete.clear();
+        }
+        for row in 0..batch {
+            let src = &rows[row * width..(row + 1) * width];
+            let params = &mut out.dist_params[row * np..(row + 1) * np];
+            if placement.sampling {
+                // [actions | finished params | value]: actions were drawn on the device.
+                if discrete {
+                    for (d, a) in out.discrete[row * k..(row + 1) * k].iter_mut().zip(&src[..k]) {
+                        *d = *a as i64;
+                    }
+                } else {
+                    out.continuous[row * k..(row + 1) * k].copy_from_slice(&src[..k]);
+                }
+                params.copy_from_slice(&src[k..k + np]);
+                if has_value {
+                    out.value[row] = src[k + np];
+                }
+            } else {
+                params[..raw].copy_from_slice(&src[..raw]);
+                head.finish_params(params);
+                if has_value {
+                    out.value[row] = src[raw];
+                }
+                let (d, c) = if discrete {
+                    (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+                } else {
+                    (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+                };
+                head.act_row(params, p.mode, self.ids[row], d, c);
+            }
+        }
+        if self.state.is_recurrent() && !placement.state {
+            let mut off = raw + has_value as usize;
+            for (n, data) in self.state.tensors.iter_mut() {
+                for (row, &e) in self.ids.iter().enumerate() {
+                    let e = e as usize;
+                    let src = &rows[row * width + off..row * width + off + *n];
+                    data[e * *n..(e + 1) * *n].copy_from_slice(src);
+                }
+                off += *n;
+            }
+        }
+    }
+}
