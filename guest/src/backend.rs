@@ -5,9 +5,9 @@
 
 use policyport_format::{Artifact, ValidatedPlan};
 
-use crate::error::PolicyError;
 #[cfg(feature = "burn")]
 use crate::error::BackendError;
+use crate::error::PolicyError;
 use crate::executor::Executor;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -88,7 +88,9 @@ impl Backend {
                 let device = wgpu_device()?;
                 Ok(match readback {
                     // Probes of intermediate values run op by op on the same device.
-                    Some(values) => Box::new(crate::exec::Program::new(art, plan, values, &device, self)),
+                    Some(values) => {
+                        Box::new(crate::exec::Program::new(art, plan, values, &device, self))
+                    }
                     None => Box::new(crate::wgpu_setup::program(art, plan, values, &device)),
                 })
             }

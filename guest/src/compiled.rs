@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use policyport_format::sampling::ActMode;
 use policyport_format::{
-    ActionSpace, Artifact, GoldenCase, HeadPlan, Limits, Manifest, ObservationSpace,
-    ValidatedPlan, read_artifact, validate,
+    ActionSpace, Artifact, GoldenCase, HeadPlan, Limits, Manifest, ObservationSpace, ValidatedPlan,
+    read_artifact, validate,
 };
 
 use crate::backend::Backend;
@@ -183,8 +183,8 @@ impl CompiledPolicy {
         let now_us = monotonic_us();
         let mut timed = vec![];
         for backend in Self::auto_candidates() {
-            let result = Self::load(bytes, backend)
-                .and_then(|p| Ok((p.time_act(batch, &now_us)?, p)));
+            let result =
+                Self::load(bytes, backend).and_then(|p| Ok((p.time_act(batch, &now_us)?, p)));
             timed.push((backend, result));
         }
         Self::pick_fastest(timed, batch)
@@ -255,7 +255,11 @@ impl CompiledPolicy {
     }
 
     /// Median µs of a few warm act() calls at `batch` (zero observations, fresh state), under 0.2 s.
-    fn time_act(self: &Arc<Self>, batch: usize, now_us: &dyn Fn() -> f64) -> Result<f64, PolicyError> {
+    fn time_act(
+        self: &Arc<Self>,
+        batch: usize,
+        now_us: &dyn Fn() -> f64,
+    ) -> Result<f64, PolicyError> {
         let mut s = self.session();
         let (obs, _) = self.zero_obs(batch);
         let mut timer = ActTimer::new(now_us);
@@ -440,7 +444,8 @@ impl CompiledPolicy {
             num_envs: case.batch,
         };
         let mut rows = vec![];
-        exec.launch(&mut scratch, &step, &mut rows)?.wait(&mut rows)?;
+        exec.launch(&mut scratch, &step, &mut rows)?
+            .wait(&mut rows)?;
         Ok(rows)
     }
 }

@@ -564,7 +564,7 @@ impl Executor for Program {
     }
 
     fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
-        let _ = (scratch, envs);
+        let _ = (&scratch, envs);
         #[cfg(feature = "wgpu")]
         if let Some(d) = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state {
             d.zero_rows(envs);

@@ -436,7 +436,10 @@ impl DeviceState {
     pub(crate) fn zeros(sizes: &[usize], num_envs: usize, device: &burn::tensor::Device) -> Self {
         DeviceState {
             // Never empty (a zero-env state still needs a buffer to bind).
-            tensors: sizes.iter().map(|n| zeros(num_envs.max(1), *n, device)).collect(),
+            tensors: sizes
+                .iter()
+                .map(|n| zeros(num_envs.max(1), *n, device))
+                .collect(),
             sizes: sizes.to_vec(),
             num_envs,
             kernel: StateKernel::new(),

@@ -50,11 +50,7 @@ pub fn step_readback<'a>(art: &'a Artifact, plan: &'a ValidatedPlan) -> Vec<&'a 
 }
 
 /// Lower the artifact's graph (validated by `plan`) for a step that reads back `readback_values`.
-pub fn lower<'a>(
-    art: &'a Artifact,
-    plan: &ValidatedPlan,
-    readback_values: &[&str],
-) -> Lowered<'a> {
+pub fn lower<'a>(art: &'a Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Lowered<'a> {
     let mut slots: HashMap<String, usize> = HashMap::new();
     let mut slot_numel = vec![];
     let slot_of =

@@ -429,7 +429,10 @@ impl Session {
             if placement.sampling {
                 // [actions | finished params | value]: actions were drawn on the device.
                 if discrete {
-                    for (d, a) in out.discrete[row * k..(row + 1) * k].iter_mut().zip(&src[..k]) {
+                    for (d, a) in out.discrete[row * k..(row + 1) * k]
+                        .iter_mut()
+                        .zip(&src[..k])
+                    {
                         *d = *a as i64;
                     }
                 } else {

@@ -49,7 +49,13 @@ pub(crate) fn program(
     };
     let head = &plan.head;
     let k = head.action_len;
-    let bounds = |b: &[f32]| if b.is_empty() { vec![0.0; k] } else { b.to_vec() };
+    let bounds = |b: &[f32]| {
+        if b.is_empty() {
+            vec![0.0; k]
+        } else {
+            b.to_vec()
+        }
+    };
     let gaussian = !head.is_discrete();
     let spec = SampleSpec {
         hw: head.raw_params_len + head.has_value() as usize,

@@ -55,7 +55,8 @@ pub fn run_episodes<E: Env>(
                 ActMode::Deterministic
             };
             let t0 = Instant::now();
-            let out = session.act(&Request::new(Observations::F32(&obs), 1, mode).envs(EnvIds::Range(e)))?;
+            let out = session
+                .act(&Request::new(Observations::F32(&obs), 1, mode).envs(EnvIds::Range(e)))?;
             stats.act_us.push(t0.elapsed().as_secs_f64() * 1e6);
             let d = out.discrete.first().copied().unwrap_or(0);
             let (r, term) = env.step(d, &out.continuous);

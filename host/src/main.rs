@@ -333,7 +333,8 @@ fn main() -> Result<()> {
                 step,
             });
             let out = session.act(
-                &Request::new(Observations::F32(&data), batch, mode).envs(EnvIds::Range(env_offset)),
+                &Request::new(Observations::F32(&data), batch, mode)
+                    .envs(EnvIds::Range(env_offset)),
             )?;
             let actions = if out.discrete.is_empty() {
                 serde_json::json!(out.continuous)
@@ -460,7 +461,10 @@ fn main() -> Result<()> {
                     for _ in 0..n {
                         let mode = ActMode::Sample { seed: 1, step };
                         match sandboxed.as_mut() {
-                            Some(w) => w.act(&Request::new(Observations::F32(&obs), batch, mode), &mut out)?,
+                            Some(w) => w.act(
+                                &Request::new(Observations::F32(&obs), batch, mode),
+                                &mut out,
+                            )?,
                             None => {
                                 session.act(&Request::new(Observations::F32(&obs), batch, mode))?;
                             }
@@ -577,7 +581,14 @@ fn bench_torch(
         let mut step = 0u64;
         let us = median_us(seconds, |_| {
             step += 1;
-            policy.act(&Request::new(Observations::F32(&obs), batch, ActMode::Sample { seed: 1, step }), &mut out)?;
+            policy.act(
+                &Request::new(
+                    Observations::F32(&obs),
+                    batch,
+                    ActMode::Sample { seed: 1, step },
+                ),
+                &mut out,
+            )?;
             Ok(())
         })?;
         println!(

@@ -118,7 +118,8 @@ fn a_backend_compiled_out_is_a_typed_error() {
 
 #[test]
 fn info_describes_the_policy() {
-    let p = CompiledPolicy::load(&compile_fixture(&load_fixture("pendulum")), Backend::Flex).unwrap();
+    let p =
+        CompiledPolicy::load(&compile_fixture(&load_fixture("pendulum")), Backend::Flex).unwrap();
     let i = p.info();
     assert_eq!(
         (

@@ -96,7 +96,9 @@ fn c_abi_errors_are_typed_and_never_panic() {
             std::ptr::null_mut(),
         );
         assert_eq!(st, PpStatus::Ok);
-        let mut native = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
+        let mut native = CompiledPolicy::load(&bytes, Backend::Cpu)
+            .unwrap()
+            .session();
         let want = native
             .act(&Request::new(
                 Observations::F32(&ok),
@@ -104,8 +106,16 @@ fn c_abi_errors_are_typed_and_never_panic() {
                 ActMode::Sample { seed: 1, step: 1 },
             ))
             .unwrap();
-        assert_eq!(a.as_slice(), want.discrete.as_slice(), "C ABI action = the runtime's");
-        assert_eq!(v.as_slice(), want.value.as_slice(), "C ABI value = the runtime's");
+        assert_eq!(
+            a.as_slice(),
+            want.discrete.as_slice(),
+            "C ABI action = the runtime's"
+        );
+        assert_eq!(
+            v.as_slice(),
+            want.value.as_slice(),
+            "C ABI value = the runtime's"
+        );
         assert_eq!(
             pp_policy_act(
                 p,

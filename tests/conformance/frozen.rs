@@ -21,10 +21,7 @@ const BATCH: usize = 8;
 const OBS_SEED: u64 = 5;
 const MODES: [ActMode; 2] = [
     ActMode::Deterministic,
-    ActMode::Sample {
-        seed: 11,
-        step: 3,
-    },
+    ActMode::Sample { seed: 11, step: 3 },
 ];
 
 fn frozen_files() -> Vec<(String, PathBuf)> {
@@ -50,7 +47,8 @@ fn frozen_files() -> Vec<(String, PathBuf)> {
 /// The outputs of one backend on the seeded batch: per mode, one or two steps (two for recurrent policies, so the
 /// carried state is covered too).
 fn outputs(bytes: &[u8], backend: Backend) -> Value {
-    let p = CompiledPolicy::load(bytes, backend).unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
+    let p =
+        CompiledPolicy::load(bytes, backend).unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
     let obs = policyport_host::random_obs(&p.manifest().observation, BATCH, OBS_SEED);
     let recurrent = p.info().recurrent_states > 0;
     let mut cases = vec![];
@@ -75,7 +73,11 @@ fn outputs(bytes: &[u8], backend: Backend) -> Value {
 }
 
 fn floats(v: &Value) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 /// Discrete actions equal; every float output within 1e-5 of the expected, relative to its largest magnitude.
@@ -83,14 +85,23 @@ fn assert_close(file: &Path, backend: Backend, got: &Value, want: &Value) {
     let (got, want) = (got.as_array().unwrap(), want.as_array().unwrap());
     assert_eq!(got.len(), want.len(), "{}: cases", file.display());
     for (g, w) in got.iter().zip(want) {
-        let at = format!("{} on {backend:?}, {} step {}", file.display(), w["mode"], w["step"]);
+        let at = format!(
+            "{} on {backend:?}, {} step {}",
+            file.display(),
+            w["mode"],
+            w["step"]
+        );
         assert_eq!(g["mode"], w["mode"], "{at}");
         assert_eq!(g["discrete"], w["discrete"], "{at}: discrete actions");
         for key in ["continuous", "value", "dist_params"] {
             let (gv, wv) = (floats(&g[key]), floats(&w[key]));
             assert_eq!(gv.len(), wv.len(), "{at}: {key} length");
             let scale = wv.iter().fold(1e-12f64, |m, x| m.max(x.abs()));
-            let err = gv.iter().zip(&wv).fold(0.0f64, |m, (a, b)| m.max((a - b).abs())) / scale;
+            let err = gv
+                .iter()
+                .zip(&wv)
+                .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()))
+                / scale;
             assert!(err <= 1e-5, "{at}: {key} rel err {err:e}");
         }
     }
@@ -120,7 +131,8 @@ fn every_frozen_artifact_loads_and_answers_the_same_on_every_backend() {
             Ok(text) => {
                 let want: Value = serde_json::from_slice(&text).unwrap();
                 assert_eq!(
-                    want["sha256"], record["sha256"],
+                    want["sha256"],
+                    record["sha256"],
                     "{} changed: frozen files are never rewritten (add a new version directory instead)",
                     file.display()
                 );
@@ -137,9 +149,18 @@ fn every_frozen_artifact_loads_and_answers_the_same_on_every_backend() {
         for backend in backends() {
             let p = CompiledPolicy::load(&bytes, backend).unwrap();
             for r in p.verify().unwrap() {
-                assert!(r.passed, "{} golden case on {backend:?}: {r:?}", file.display());
+                assert!(
+                    r.passed,
+                    "{} golden case on {backend:?}: {r:?}",
+                    file.display()
+                );
             }
-            assert_close(&file, backend, &outputs(&bytes, backend), &record["outputs"]);
+            assert_close(
+                &file,
+                backend,
+                &outputs(&bytes, backend),
+                &record["outputs"],
+            );
         }
     }
 }

@@ -13,7 +13,10 @@ fn wgpu_here() -> bool {
 /// act() on wgpu issues exactly the dispatches the program reports, and that is a handful (fused dense layers,
 /// the head concatenation, the sampler), not one per op.
 #[test]
-#[cfg_attr(not(feature = "wgpu"), ignore = "built without the wgpu backend (feature wgpu)")]
+#[cfg_attr(
+    not(feature = "wgpu"),
+    ignore = "built without the wgpu backend (feature wgpu)"
+)]
 fn act_costs_a_handful_of_dispatches() {
     let mut report = vec![];
     for name in ["mlp64", "pendulum", "ops"] {
@@ -54,17 +57,25 @@ fn act_costs_a_handful_of_dispatches() {
 /// Every batch size (small and tiled kernels, 2-D elementwise grids) gives the CPU backend's actions exactly and
 /// its parameters within 1e-5.
 #[test]
-#[cfg_attr(not(feature = "wgpu"), ignore = "built without the wgpu backend (feature wgpu)")]
+#[cfg_attr(
+    not(feature = "wgpu"),
+    ignore = "built without the wgpu backend (feature wgpu)"
+)]
 fn batch_sizes_from_1_to_65536_match_the_cpu_backend() {
     for name in ["mlp64", "pendulum"] {
         let bytes = compile_fixture(&load_fixture(name));
         let cpu_policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
-        let mut gpu = CompiledPolicy::load(&bytes, Backend::Wgpu).unwrap().session();
+        let mut gpu = CompiledPolicy::load(&bytes, Backend::Wgpu)
+            .unwrap()
+            .session();
         let mut cpu = cpu_policy.session();
         let obs_len = cpu_policy.info().obs_len;
         for batch in [1usize, 3, 47, 48, 64, 1000, 65536] {
-            let obs =
-                policyport_host::random_obs(&cpu_policy.manifest().observation, batch, batch as u64);
+            let obs = policyport_host::random_obs(
+                &cpu_policy.manifest().observation,
+                batch,
+                batch as u64,
+            );
             let mode = ActMode::Sample {
                 seed: 5,
                 step: batch as u64,
@@ -74,11 +85,24 @@ fn batch_sizes_from_1_to_65536_match_the_cpu_backend() {
             let a = cpu.act(&req).unwrap();
             let b = gpu.act(&req).unwrap();
             assert_eq!(
-                (a.discrete.len(), a.continuous.len(), a.dist_params.len(), a.value.len()),
-                (b.discrete.len(), b.continuous.len(), b.dist_params.len(), b.value.len()),
+                (
+                    a.discrete.len(),
+                    a.continuous.len(),
+                    a.dist_params.len(),
+                    a.value.len()
+                ),
+                (
+                    b.discrete.len(),
+                    b.continuous.len(),
+                    b.dist_params.len(),
+                    b.value.len()
+                ),
                 "{name} batch {batch}: output lengths"
             );
-            assert!(!a.dist_params.is_empty(), "{name} batch {batch}: nothing to compare");
+            assert!(
+                !a.dist_params.is_empty(),
+                "{name} batch {batch}: nothing to compare"
+            );
             let mismatches = a
                 .discrete
                 .iter()
@@ -122,9 +146,16 @@ fn auto_picks_the_faster_backend_and_says_why() {
     let cpu_us = sel.micros(Backend::Cpu).expect("cpu was timed");
     if wgpu_here() {
         // Timed, or recorded as unavailable with its typed error: either way it was considered.
-        assert!(sel.measured.iter().any(|(b, _)| *b == Backend::Wgpu), "{sel}");
+        assert!(
+            sel.measured.iter().any(|(b, _)| *b == Backend::Wgpu),
+            "{sel}"
+        );
         if let Some(gpu_us) = sel.micros(Backend::Wgpu) {
-            let faster = if gpu_us < cpu_us { Backend::Wgpu } else { Backend::Cpu };
+            let faster = if gpu_us < cpu_us {
+                Backend::Wgpu
+            } else {
+                Backend::Cpu
+            };
             assert_eq!(sel.chosen, faster, "{sel}");
         }
     }
@@ -136,18 +167,22 @@ fn auto_picks_the_faster_backend_and_says_why() {
 /// state per act), read back only when asked, grown on the device when new env ids appear; sessions of one policy
 /// are independent; reset zeroes device rows; a batch naming one env twice is refused.
 #[test]
-#[cfg_attr(not(feature = "wgpu"), ignore = "built without the wgpu backend (feature wgpu)")]
+#[cfg_attr(
+    not(feature = "wgpu"),
+    ignore = "built without the wgpu backend (feature wgpu)"
+)]
 fn recurrent_state_stays_on_the_device() {
     let (bytes, _) = crate::recurrent::elman();
     let gpu_policy = CompiledPolicy::load(&bytes, Backend::Wgpu).unwrap();
     let mut gpu = gpu_policy.session();
     let mut other = gpu_policy.session();
-    let mut cpu = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
+    let mut cpu = CompiledPolicy::load(&bytes, Backend::Cpu)
+        .unwrap()
+        .session();
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
     let det = ActMode::Deterministic;
-    let req = |ids: &'static [u32]| {
-        Request::new(Observations::F32(&obs), 2, det).envs(EnvIds::List(ids))
-    };
+    let req =
+        |ids: &'static [u32]| Request::new(Observations::F32(&obs), 2, det).envs(EnvIds::List(ids));
     let before = policyport::wgpu_dispatches_issued();
     for _ in 0..3 {
         gpu.act(&req(&[3, 1])).unwrap();

@@ -41,7 +41,11 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
             step: case.step,
         };
         let all = p
-            .act(&Request::new(Observations::F32(&case.obs), case.batch, mode))
+            .act(&Request::new(
+                Observations::F32(&case.obs),
+                case.batch,
+                mode,
+            ))
             .unwrap()
             .clone();
         for r in 0..case.batch {
@@ -90,7 +94,11 @@ fn outputs_are_reused_without_reallocation() {
             .session();
         let obs = vec![0.01f32; 4 * 8];
         let out = p
-            .act(&Request::new(Observations::F32(&obs), 8, ActMode::Deterministic))
+            .act(&Request::new(
+                Observations::F32(&obs),
+                8,
+                ActMode::Deterministic,
+            ))
             .unwrap();
         let ptrs = (
             out.discrete.as_ptr(),
@@ -164,7 +172,11 @@ fn eight_threads_share_one_compiled_policy() {
             .map(|step| {
                 let mode = ActMode::Sample { seed: 3, step };
                 single
-                    .act(&Request::new(Observations::F32(&case.obs), case.batch, mode))
+                    .act(&Request::new(
+                        Observations::F32(&case.obs),
+                        case.batch,
+                        mode,
+                    ))
                     .unwrap()
                     .discrete
                     .clone()
@@ -182,7 +194,10 @@ fn eight_threads_share_one_compiled_policy() {
                         let out = s
                             .act(&Request::new(Observations::F32(&obs), obs.len() / 64, mode))
                             .unwrap();
-                        assert_eq!(out.discrete, expected[step as usize], "thread {t} step {step}");
+                        assert_eq!(
+                            out.discrete, expected[step as usize],
+                            "thread {t} step {step}"
+                        );
                     }
                 })
             })

@@ -144,7 +144,10 @@ fn recurrent_state_is_per_env_and_carried_between_steps() {
                 &Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)
                     .envs(EnvIds::List(&[0, 3]))
             ),
-            Err(PolicyError::EnvIds(EnvIdError::BeyondLimit { env: 3, limit: 3 }))
+            Err(PolicyError::EnvIds(EnvIdError::BeyondLimit {
+                env: 3,
+                limit: 3
+            }))
         ));
         assert_eq!(s.num_envs(), 0);
         let mut h = [vec![0.0f64; 4], vec![0.0f64; 4], vec![0.0f64; 4]];
@@ -225,16 +228,20 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
         let req = Request::new(Observations::F32(&obs), 2, ActMode::Deterministic);
         assert!(matches!(
             masked.act(&req.episode_starts(&[true])),
-            Err(PolicyError::State(StateError::EpisodeStarts { found: 1, batch: 2 }))
+            Err(PolicyError::State(StateError::EpisodeStarts {
+                found: 1,
+                batch: 2
+            }))
         ));
     }
     // The same mask through the sandboxed plugin (ABI v2) and the libtorch executor: the cpu session's answers.
     let cpu = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
-    let rt = policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
-    let mut plugin = policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
-    let mut torch = policyport_host::torch::COMPILED.then(|| {
-        policyport_host::torch::TorchPolicy::load(&bytes, &Default::default()).unwrap()
-    });
+    let rt =
+        policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let mut plugin =
+        policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
+    let mut torch = policyport_host::torch::COMPILED
+        .then(|| policyport_host::torch::TorchPolicy::load(&bytes, &Default::default()).unwrap());
     let mut want = cpu.session();
     let mut got = ActOutputs::default();
     for step in 0..5u64 {
@@ -289,13 +296,20 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
         );
         assert!(err.to_string().contains("env 2 appears twice"), "{err}");
         let after: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
-        assert_eq!(before, after, "{backend:?}: a refused batch changed the state");
+        assert_eq!(
+            before, after,
+            "{backend:?}: a refused batch changed the state"
+        );
     }
     // The sandboxed plugin: the same rule through the ABI (bad call).
-    let rt = policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let rt =
+        policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut w = policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
     let mut out = ActOutputs::default();
-    match w.act(&Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)), &mut out) {
+    match w.act(
+        &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)),
+        &mut out,
+    ) {
         Err(policyport_host::wasm::WasmError::Guest { code, message, .. }) => {
             assert_eq!(code, policyport_abi::ErrorCode::Call, "{message}");
             assert!(message.contains("env 2 appears twice"), "{message}");
@@ -307,8 +321,15 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
         use policyport_host::torch::{TorchOptions, TorchPolicy};
         let mut t = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
         let err = t
-            .act(&Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)), &mut out)
+            .act(
+                &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic)
+                    .envs(EnvIds::List(&dup)),
+                &mut out,
+            )
             .unwrap_err();
-        assert!(err.to_string().contains("env 2 appears twice"), "libtorch: {err}");
+        assert!(
+            err.to_string().contains("env 2 appears twice"),
+            "libtorch: {err}"
+        );
     }
 }

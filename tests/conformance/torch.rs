@@ -24,7 +24,11 @@ fn flag(name: &str) -> bool {
 /// agree (a build where they differ would skip or run the wrong set).
 #[test]
 fn a_build_without_tch_says_not_compiled() {
-    assert_eq!(COMPILED, cfg!(feature = "tch"), "policyport-host/tch and the suite's tch feature disagree");
+    assert_eq!(
+        COMPILED,
+        cfg!(feature = "tch"),
+        "policyport-host/tch and the suite's tch feature disagree"
+    );
     assert!(
         COMPILED || !flag("POLICYPORT_REQUIRE_TCH"),
         "POLICYPORT_REQUIRE_TCH=1 but policyport-host was built without the `tch` feature"
@@ -112,7 +116,10 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
 }
 
 #[test]
-#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
+#[cfg_attr(
+    not(feature = "tch"),
+    ignore = "built without the libtorch executor (feature tch)"
+)]
 fn every_fixture_matches_pytorch_on_tch_cpu() {
     check_fixtures(TorchDevice::Cpu, cpu_configs());
 }
@@ -124,7 +131,9 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
         let f = load_fixture(&name);
         let bytes = compile_fixture(&f);
         let case = f.io.cases.iter().max_by_key(|c| c.batch).unwrap();
-        let mut guest = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
+        let mut guest = CompiledPolicy::load(&bytes, Backend::Cpu)
+            .unwrap()
+            .session();
         for &(launch, sampling) in launches {
             let o = TorchOptions {
                 device,
@@ -141,7 +150,8 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
                     let want = guest
                         .act(&Request::new(obs, case.batch, mode).envs(envs))
                         .unwrap();
-                    p.act(&Request::new(obs, case.batch, mode).envs(envs), &mut got).unwrap();
+                    p.act(&Request::new(obs, case.batch, mode).envs(envs), &mut got)
+                        .unwrap();
                     assert_eq!(
                         got.discrete, want.discrete,
                         "{name} {launch:?} {sampling:?} seed {seed} step {step}"
@@ -163,7 +173,10 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
 }
 
 #[test]
-#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
+#[cfg_attr(
+    not(feature = "tch"),
+    ignore = "built without the libtorch executor (feature tch)"
+)]
 fn sampled_actions_equal_the_guest_for_the_same_seeds() {
     check_actions_equal_guest(
         TorchDevice::Cpu,
@@ -178,7 +191,10 @@ fn sampled_actions_equal_the_guest_for_the_same_seeds() {
 /// The CUDA-graph code path without the capture: every batch size pads to its bucket or splits into chunks and
 /// still gives exactly the eager answers.
 #[test]
-#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
+#[cfg_attr(
+    not(feature = "tch"),
+    ignore = "built without the libtorch executor (feature tch)"
+)]
 fn static_buckets_pad_and_chunk_like_eager() {
     let f = load_fixture("mlp64");
     let bytes = compile_fixture(&f);
@@ -205,10 +221,16 @@ fn static_buckets_pad_and_chunk_like_eager() {
         ] {
             let x = Observations::F32(&obs[..batch * 64]);
             eager
-                .act(&Request::new(x, batch, mode).envs(EnvIds::Range(100)), &mut a)
+                .act(
+                    &Request::new(x, batch, mode).envs(EnvIds::Range(100)),
+                    &mut a,
+                )
                 .unwrap();
-            stat.act(&Request::new(x, batch, mode).envs(EnvIds::Range(100)), &mut b)
-                .unwrap();
+            stat.act(
+                &Request::new(x, batch, mode).envs(EnvIds::Range(100)),
+                &mut b,
+            )
+            .unwrap();
             assert_eq!(a.discrete, b.discrete, "batch {batch}");
             assert_eq!(b.batch, batch);
             assert_eq!(
@@ -235,7 +257,10 @@ fn static_buckets_pad_and_chunk_like_eager() {
 /// Per-env recurrent state kept on the device: carried between steps, only for the rows' envs, reset to zero,
 /// grown on demand; padded bucket rows never touch a real env.
 #[test]
-#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
+#[cfg_attr(
+    not(feature = "tch"),
+    ignore = "built without the libtorch executor (feature tch)"
+)]
 fn recurrent_state_lives_on_the_device() {
     let (bytes, t) = elman();
     for launch in [Launch::Eager, Launch::StaticBuffers] {
@@ -249,14 +274,22 @@ fn recurrent_state_lives_on_the_device() {
         let mut out = ActOutputs::default();
         // Twice the same env in one batch of a recurrent policy: a typed error.
         assert!(matches!(
-            p.act(&Request::new(Observations::F32(&obs), 2, ActMode::Deterministic).envs(EnvIds::List(&[1, 1])), &mut out),
+            p.act(
+                &Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)
+                    .envs(EnvIds::List(&[1, 1])),
+                &mut out
+            ),
             Err(TorchError::Policy(PolicyError::EnvIds(_)))
         ));
         let mut h = vec![vec![0.0f64; 4]; 6];
         for step in 0..4u64 {
             let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
             // Env 5 is past the initial two envs: the state grows.
-            p.act(&Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step }).envs(EnvIds::List(&[5, 0])), &mut out)
+            p.act(
+                &Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step })
+                    .envs(EnvIds::List(&[5, 0])),
+                &mut out,
+            )
             .unwrap();
             for (row, env) in [(0usize, 5usize), (1, 0)] {
                 let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
@@ -291,7 +324,10 @@ fn recurrent_state_lives_on_the_device() {
 }
 
 #[test]
-#[cfg_attr(not(feature = "tch"), ignore = "built without the libtorch executor (feature tch)")]
+#[cfg_attr(
+    not(feature = "tch"),
+    ignore = "built without the libtorch executor (feature tch)"
+)]
 fn bad_input_is_a_typed_error() {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
@@ -299,11 +335,17 @@ fn bad_input_is_a_typed_error() {
     let mut out = ActOutputs::default();
     let det = ActMode::Deterministic;
     assert!(matches!(
-        p.act(&Request::new(Observations::F32(&[0.0; 3]), 1, det), &mut out),
+        p.act(
+            &Request::new(Observations::F32(&[0.0; 3]), 1, det),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
-        p.act(&Request::new(Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]), 1, det), &mut out),
+        p.act(
+            &Request::new(Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]), 1, det),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::Observation(_)))
     ));
     assert!(matches!(
@@ -315,11 +357,17 @@ fn bad_input_is_a_typed_error() {
         Err(TorchError::Policy(PolicyError::Batch { .. }))
     ));
     assert!(matches!(
-        p.act(&Request::new(Observations::F32(&[0.0; 8]), 2, det).envs(EnvIds::List(&[0])), &mut out),
+        p.act(
+            &Request::new(Observations::F32(&[0.0; 8]), 2, det).envs(EnvIds::List(&[0])),
+            &mut out
+        ),
         Err(TorchError::Policy(PolicyError::EnvIds(_)))
     ));
     // Still usable after every refusal.
-    p.act(&Request::new(Observations::F32(&[0.0; 4]), 1, det), &mut out)
+    p.act(
+        &Request::new(Observations::F32(&[0.0; 4]), 1, det),
+        &mut out,
+    )
     .unwrap();
     assert!(matches!(
         TorchPolicy::load(&bytes[..100], &TorchOptions::default()),

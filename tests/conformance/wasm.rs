@@ -48,8 +48,11 @@ fn plugin_matches_native_on_every_fixture() {
                 let a = native
                     .act(&Request::new(Observations::F32(&case.obs), case.batch, mode).envs(envs))
                     .unwrap();
-                wasm.act(&Request::new(Observations::F32(&case.obs), case.batch, mode).envs(envs), &mut b)
-                    .unwrap();
+                wasm.act(
+                    &Request::new(Observations::F32(&case.obs), case.batch, mode).envs(envs),
+                    &mut b,
+                )
+                .unwrap();
                 assert_eq!(
                     a.discrete, b.discrete,
                     "{name}/{}: discrete actions differ",
@@ -82,7 +85,10 @@ fn plugin_matches_native_on_every_fixture() {
         wasm.act_prepared(case.batch, mode, EnvIds::Range(2), &mut b)
             .unwrap();
         let a = native
-            .act(&Request::new(Observations::F32(&case.obs), case.batch, mode).envs(EnvIds::Range(2)))
+            .act(
+                &Request::new(Observations::F32(&case.obs), case.batch, mode)
+                    .envs(EnvIds::Range(2)),
+            )
             .unwrap();
         assert_eq!(a.discrete, b.discrete);
     }
@@ -95,7 +101,10 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
     let mut p = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
     let mut out = ActOutputs::default();
     let nan = [f32::NAN, 0.0, 0.0, 0.0];
-    match p.act(&Request::new(Observations::F32(&nan), 1, ActMode::Deterministic), &mut out) {
+    match p.act(
+        &Request::new(Observations::F32(&nan), 1, ActMode::Deterministic),
+        &mut out,
+    ) {
         Err(WasmError::Guest {
             code: ErrorCode::Observation,
             message,
@@ -104,10 +113,17 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(
-        p.act(&Request::new(Observations::F32(&[0.0; 3]), 1, ActMode::Deterministic), &mut out),
+        p.act(
+            &Request::new(Observations::F32(&[0.0; 3]), 1, ActMode::Deterministic),
+            &mut out
+        ),
         Err(WasmError::Call(_))
     ));
-    p.act(&Request::new(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic).envs(EnvIds::List(&[4, 1])), &mut out)
+    p.act(
+        &Request::new(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic)
+            .envs(EnvIds::List(&[4, 1])),
+        &mut out,
+    )
     .unwrap();
     assert_eq!(out.discrete.len(), 2);
     // A malformed artifact through the sandbox.
@@ -133,7 +149,7 @@ fn hostile(abi_version: u32, load_body: &str) -> String {
           (func (export "pp_free") (param i32 i32))
           (func (export "pp_load") (param i32 i32) (result i32) {load_body})
           (func (export "pp_info") (param i32 i32) (result i32) i32.const 0)
-          (func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32) (result i32) i32.const 0)
+          (func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) i32.const 0)
           (func (export "pp_reset") (param i32 i32 i32) (result i32) i32.const 0)
           (func (export "pp_last_error") (param i32 i32) (result i32) i32.const 0))"#
     )
@@ -141,7 +157,14 @@ fn hostile(abi_version: u32, load_body: &str) -> String {
 
 #[test]
 fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
-    let rt = WasmRuntime::new(hostile(1, "(loop br 0) i32.const 0").as_bytes()).unwrap();
+    let rt = WasmRuntime::new(
+        hostile(
+            policyport_host::wasm::ABI_VERSION,
+            "(loop br 0) i32.const 0",
+        )
+        .as_bytes(),
+    )
+    .unwrap();
     let deadline = Duration::from_millis(50);
     // Best of three: the bound is on the mechanism (1 ms epochs), not on this machine's scheduling noise.
     let mut best = Duration::MAX;
@@ -178,7 +201,8 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
 #[test]
 fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
     let grow = "(block (loop (br_if 1 (i32.eq (memory.grow (i32.const 16)) (i32.const -1))) (br 0))) unreachable";
-    let rt = WasmRuntime::new(hostile(1, grow).as_bytes()).unwrap();
+    let rt =
+        WasmRuntime::new(hostile(policyport_host::wasm::ABI_VERSION, grow).as_bytes()).unwrap();
     let limits = WasmLimits {
         memory_bytes: 4 << 20,
         ..Default::default()
@@ -202,7 +226,9 @@ fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
 /// neither 0 nor 1 are typed errors naming the broken plugin, not misread as some other error or as `true`.
 #[test]
 fn a_plugin_breaking_the_abi_is_a_typed_error() {
-    let rt = WasmRuntime::new(hostile(1, "i32.const -99").as_bytes()).unwrap();
+    let rt =
+        WasmRuntime::new(hostile(policyport_host::wasm::ABI_VERSION, "i32.const -99").as_bytes())
+            .unwrap();
     assert!(matches!(
         WasmPolicy::load(&rt, b"x", WasmLimits::default()),
         Err(WasmError::UnknownCode {
@@ -210,7 +236,7 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
             code: -99
         })
     ));
-    let bad_info = hostile(1, "i32.const 0").replace(
+    let bad_info = hostile(policyport_host::wasm::ABI_VERSION, "i32.const 0").replace(
         r#"(func (export "pp_info") (param i32 i32) (result i32) i32.const 0)"#,
         r#"(func (export "pp_info") (param i32 i32) (result i32)
              (i32.store (i32.add (local.get 1) (i32.const 16)) (i32.const 5)) i32.const 0)"#,
@@ -222,7 +248,7 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
     ));
     // pp_alloc hands small buffers out properly, then the batch buffer 16 bytes before the end of its 2 pages:
     // the host used to slice its memory there and panic.
-    let bad_alloc = hostile(1, "i32.const 0").replace(
+    let bad_alloc = hostile(policyport_host::wasm::ABI_VERSION, "i32.const 0").replace(
         r#"(func (export "pp_alloc") (param i32) (result i32) i32.const 1024)"#,
         r#"(func (export "pp_alloc") (param i32) (result i32)
              (select (i32.const 1024) (i32.const 0x1FFF0) (i32.le_u (local.get 0) (i32.const 32))))"#,
@@ -231,7 +257,10 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
     let mut p = WasmPolicy::load(&rt, b"x", WasmLimits::default()).unwrap();
     let mut out = ActOutputs::default();
     let obs = vec![0.0f32; p.info().obs_len];
-    let r = p.act(&Request::new(Observations::F32(&obs), 1, ActMode::Deterministic), &mut out);
+    let r = p.act(
+        &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic),
+        &mut out,
+    );
     assert!(
         matches!(r, Err(WasmError::BadAllocation { ptr: 0x1FFF0, .. })),
         "{r:?}"
@@ -252,15 +281,16 @@ fn hostile_and_foreign_modules_are_refused() {
         WasmRuntime::new(b"not wasm at all"),
         Err(WasmError::Module(_))
     ));
-    let rt = WasmRuntime::new(hostile(2, "i32.const 0").as_bytes()).unwrap();
+    // A version-1 plugin (before episode starts) is refused by this version-2 host.
+    let rt = WasmRuntime::new(hostile(1, "i32.const 0").as_bytes()).unwrap();
     assert!(matches!(
         WasmPolicy::load(&rt, b"x", WasmLimits::default()),
         Err(WasmError::AbiVersion {
-            found: 2,
-            expected: 1
+            found: 1,
+            expected: 2
         })
     ));
-    let rt = WasmRuntime::new(br#"(module (memory (export "memory") 1) (func (export "pp_abi_version") (result i32) i32.const 1))"#).unwrap();
+    let rt = WasmRuntime::new(br#"(module (memory (export "memory") 1) (func (export "pp_abi_version") (result i32) i32.const 2))"#).unwrap();
     assert!(matches!(
         WasmPolicy::load(&rt, b"x", WasmLimits::default()),
         Err(WasmError::MissingExport(_))
@@ -269,7 +299,9 @@ fn hostile_and_foreign_modules_are_refused() {
     assert!(
         matches!(WasmRuntime::new(importing.as_bytes()), Err(WasmError::Imports(i)) if i == ["env::f"])
     );
-    let trapping = WasmRuntime::new(hostile(1, "unreachable").as_bytes()).unwrap();
+    let trapping =
+        WasmRuntime::new(hostile(policyport_host::wasm::ABI_VERSION, "unreachable").as_bytes())
+            .unwrap();
     assert!(matches!(
         WasmPolicy::load(&trapping, b"x", WasmLimits::default()),
         Err(WasmError::Trap {
@@ -314,7 +346,9 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
     let f = load_fixture("mlp64");
     let bytes = Arc::new(compile_fixture(&f));
     let case = Arc::new(f.io.cases[2].clone());
-    let mut native = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap().session();
+    let mut native = CompiledPolicy::load(&bytes, Backend::Cpu)
+        .unwrap()
+        .session();
     let expected: Vec<Vec<i64>> = (0..50u64)
         .map(|step| {
             native
@@ -339,7 +373,14 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
                 for round in 0..4 {
                     for step in 0..50u64 {
                         let s = (step + t as u64 * 7 + round) % 50;
-                        p.act(&Request::new(Observations::F32(&case.obs), case.batch, ActMode::Sample { seed: 77, step: s }), &mut o)
+                        p.act(
+                            &Request::new(
+                                Observations::F32(&case.obs),
+                                case.batch,
+                                ActMode::Sample { seed: 77, step: s },
+                            ),
+                            &mut o,
+                        )
                         .unwrap();
                         assert_eq!(o.discrete, expected[s as usize], "thread {t} step {s}");
                     }

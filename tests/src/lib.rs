@@ -104,11 +104,17 @@ pub fn assert_snapshot(path: &Path, got: &str) {
         && !std::env::var("CI").is_ok_and(|v| v == "true");
     if bless {
         std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        eprintln!("re-blessed {} (POLICYPORT_BLESS=1): review the diff before committing", path.display());
+        eprintln!(
+            "re-blessed {} (POLICYPORT_BLESS=1): review the diff before committing",
+            path.display()
+        );
         return;
     }
     match want {
-        None => panic!("{} missing: run once with POLICYPORT_BLESS=1", path.display()),
+        None => panic!(
+            "{} missing: run once with POLICYPORT_BLESS=1",
+            path.display()
+        ),
         Some(want) => assert_eq!(
             got,
             want,

@@ -26,7 +26,21 @@ pub mod export {
 /// `pp_act(handle, obs, obs_dtype, batch, env_ids, env_offset, mode, seed, step, actions, value, dist,
 /// episode_starts) -> i32`: the wasm parameter types in order (pointers are `u32` offsets into the plugin's memory;
 /// `episode_starts` is `batch` bytes, non-zero = the row's env starts a new episode, or 0 for none).
-pub type ActParams = (i32, u32, u32, u32, u32, u32, u32, u64, u64, u32, u32, u32, u32);
+pub type ActParams = (
+    i32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u64,
+    u64,
+    u32,
+    u32,
+    u32,
+    u32,
+);
 
 /// The negative result codes of the exports (`0` is ok, `≥ 0` from `pp_load` is a handle).
 #[repr(i32)]
@@ -224,7 +238,10 @@ mod tests {
             assert!(md.contains(&text), "ABI.md lacks {text:?}");
         }
         let words = PluginInfo::WORD_NAMES.join(", ");
-        assert!(md.contains(&words), "ABI.md's pp_info words differ from {words:?}");
+        assert!(
+            md.contains(&words),
+            "ABI.md's pp_info words differ from {words:?}"
+        );
         for name in [
             export::ABI_VERSION,
             export::ALLOC,
@@ -236,7 +253,10 @@ mod tests {
             export::LAST_ERROR,
             export::DROP,
         ] {
-            assert!(md.contains(&format!("| `{name}` |")), "ABI.md lacks export {name}");
+            assert!(
+                md.contains(&format!("| `{name}` |")),
+                "ABI.md lacks export {name}"
+            );
         }
     }
 
@@ -261,7 +281,10 @@ mod tests {
         assert_eq!(PluginInfo::from_words(info.to_words()), Ok(info));
         let mut w = info.to_words();
         w[4] = 7;
-        assert_eq!(PluginInfo::from_words(w), Err(BadInfoWord { index: 4, value: 7 }));
+        assert_eq!(
+            PluginInfo::from_words(w),
+            Err(BadInfoWord { index: 4, value: 7 })
+        );
         let mut b = [0u8; 32];
         for (i, x) in info.to_words().iter().enumerate() {
             b[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());

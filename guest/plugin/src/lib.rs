@@ -119,25 +119,23 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
         return fail(ERR_CALL, "artifact pointer is null or out of range");
     };
     match CompiledPolicy::load(bytes, Backend::Cpu) {
-        Ok(policy) => {
-            SLOTS.with(|s| {
-                let mut slots = s.borrow_mut();
-                let slot = Some(Slot {
-                    info: policy.info(),
-                    session: policy.session(),
-                });
-                match slots.iter().position(|s| s.is_none()) {
-                    Some(i) => {
-                        slots[i] = slot;
-                        i as i32
-                    }
-                    None => {
-                        slots.push(slot);
-                        slots.len() as i32 - 1
-                    }
+        Ok(policy) => SLOTS.with(|s| {
+            let mut slots = s.borrow_mut();
+            let slot = Some(Slot {
+                info: policy.info(),
+                session: policy.session(),
+            });
+            match slots.iter().position(|s| s.is_none()) {
+                Some(i) => {
+                    slots[i] = slot;
+                    i as i32
                 }
-            })
-        }
+                None => {
+                    slots.push(slot);
+                    slots.len() as i32 - 1
+                }
+            }
+        }),
         Err(e) => fail(code_of(&e), e),
     }
 }
@@ -242,10 +240,7 @@ pub unsafe extern "C" fn pp_act(
         if let Some(s) = &starts {
             req = req.episode_starts(s);
         }
-        let out = slot
-            .session
-            .act(&req)
-            .map_err(|e| fail(code_of(&e), e))?;
+        let out = slot.session.act(&req).map_err(|e| fail(code_of(&e), e))?;
         let n = b * info.action_len;
         if info.action.is_discrete() {
             let a = unsafe { slice_mut(actions as *mut i32, n) }.ok_or_else(|| bad("actions"))?;

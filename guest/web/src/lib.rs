@@ -28,7 +28,8 @@ use js_sys::{
     Float32Array, Float64Array, Int32Array, Object, Promise, Reflect, Uint8Array, Uint32Array,
 };
 use policyport::{
-    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
+    Session,
 };
 use wasm_bindgen::prelude::*;
 
@@ -576,10 +577,7 @@ impl Policy {
                 let guard = inner.try_borrow_mut().map_err(|_| busy())?;
                 guard.session.policy().clone()
             };
-            let reports = policy
-                .verify_async()
-                .await
-                .map_err(|e| policy_error(&e))?;
+            let reports = policy.verify_async().await.map_err(|e| policy_error(&e))?;
             let arr = js_sys::Array::new();
             for r in reports {
                 let o = Object::new();

@@ -71,7 +71,10 @@ pub struct PpInfo {
 
 enum Inner {
     /// The runtime's session: its state per env id, outputs and scratch.
-    Native { session: Session, info: PolicyInfo },
+    Native {
+        session: Session,
+        info: PolicyInfo,
+    },
     Wasm {
         policy: WasmPolicy,
         out: ActOutputs,
@@ -192,8 +195,7 @@ pub unsafe extern "C" fn pp_policy_load(
             PpBackend::Cpu => Backend::Cpu,
             PpBackend::Flex => Backend::Flex,
         };
-        let policy =
-            CompiledPolicy::load(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
+        let policy = CompiledPolicy::load(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
             inner: Inner::Native {
                 info: policy.info(),
@@ -281,16 +283,14 @@ pub unsafe extern "C" fn pp_policy_info(policy: *const PpPolicy, out: *mut PpInf
         let p = unsafe { policy.as_ref() }.ok_or_else(|| null("policy"))?;
         let out = unsafe { out.as_mut() }.ok_or_else(|| null("out"))?;
         *out = match &p.inner {
-            Inner::Native { info: i, .. } => {
-                PpInfo {
-                    obs_len: i.obs_len as u32,
-                    action_len: i.action_len as u32,
-                    dist_params_len: i.dist_params_len as u32,
-                    has_value: i.has_value as u32,
-                    discrete: i.action.is_discrete() as u32,
-                    sandboxed: 0,
-                }
-            }
+            Inner::Native { info: i, .. } => PpInfo {
+                obs_len: i.obs_len as u32,
+                action_len: i.action_len as u32,
+                dist_params_len: i.dist_params_len as u32,
+                has_value: i.has_value as u32,
+                discrete: i.action.is_discrete() as u32,
+                sandboxed: 0,
+            },
             Inner::Wasm { policy, .. } => {
                 let i = policy.info();
                 PpInfo {

@@ -447,7 +447,13 @@ impl Head {
             None => None,
         };
         let range = head.log_std_range;
-        let bounds = |b: &[f32]| if b.is_empty() { vec![0.0; k] } else { b.to_vec() };
+        let bounds = |b: &[f32]| {
+            if b.is_empty() {
+                vec![0.0; k]
+            } else {
+                b.to_vec()
+            }
+        };
         let (low, high) = (bounds(&head.low), bounds(&head.high));
         let words = match &dist {
             HeadKind::Categorical(nvec) => nvec.len(),
@@ -659,7 +665,10 @@ impl TorchExec {
             let mut out = ActOutputs::default();
             for mode in [ActMode::Deterministic, ActMode::Sample { seed: 0, step: 0 }] {
                 match ex.program.obs_u8 {
-                    true => ex.act(&Request::new(Observations::U8(&vec![0; obs_len]), 1, mode), &mut out)?,
+                    true => ex.act(
+                        &Request::new(Observations::U8(&vec![0; obs_len]), 1, mode),
+                        &mut out,
+                    )?,
                     false => ex.act(
                         &Request::new(Observations::F32(&vec![0.0; obs_len]), 1, mode),
                         &mut out,
@@ -809,7 +818,8 @@ impl TorchExec {
         if self.program.states.is_empty() {
             return Ok(());
         }
-        envs.check_distinct(batch, &mut ids).map_err(PolicyError::from)?;
+        envs.check_distinct(batch, &mut ids)
+            .map_err(PolicyError::from)?;
         let max = (0..batch).map(|r| envs.get(r)).max().unwrap_or(0) as usize;
         if max >= DEFAULT_MAX_ENVS {
             return Err(PolicyError::from(EnvIdError::BeyondLimit {
@@ -854,10 +864,7 @@ impl TorchExec {
         if let Some(s) = req.episode_starts
             && !self.program.states.is_empty()
         {
-            let starting: Vec<u32> = (0..batch)
-                .filter(|r| s[*r])
-                .map(|r| envs.get(r))
-                .collect();
+            let starting: Vec<u32> = (0..batch).filter(|r| s[*r]).map(|r| envs.get(r)).collect();
             if !starting.is_empty() {
                 self.reset(&starting)?;
             }
@@ -1084,15 +1091,12 @@ impl TorchExec {
     }
 
     pub(crate) fn state(&self, k: usize, env: u32) -> R<Vec<f32>> {
-        let st = self
-            .state
-            .get(k)
-            .ok_or_else(|| {
-                PolicyError::from(policyport::StateError::NoSuchTensor {
-                    index: k,
-                    count: self.state.len(),
-                })
-            })?;
+        let st = self.state.get(k).ok_or_else(|| {
+            PolicyError::from(policyport::StateError::NoSuchTensor {
+                index: k,
+                count: self.state.len(),
+            })
+        })?;
         if env as usize >= self.num_envs {
             return Ok(vec![0.0; self.program.states[k].1 as usize]);
         }
@@ -1135,14 +1139,21 @@ impl TorchExec {
             let obs = Observations::F32(&case.obs);
             let mut det = ActOutputs::default();
             self.reset(&envs)?;
-            self.act(&Request::new(obs, case.batch, ActMode::Deterministic).envs(EnvIds::Range(case.env_offset)), &mut det)?;
+            self.act(
+                &Request::new(obs, case.batch, ActMode::Deterministic)
+                    .envs(EnvIds::Range(case.env_offset)),
+                &mut det,
+            )?;
             let mut sampled = ActOutputs::default();
             self.reset(&envs)?;
             let mode = ActMode::Sample {
                 seed: case.seed,
                 step: case.step,
             };
-            self.act(&Request::new(obs, case.batch, mode).envs(EnvIds::Range(case.env_offset)), &mut sampled)?;
+            self.act(
+                &Request::new(obs, case.batch, mode).envs(EnvIds::Range(case.env_offset)),
+                &mut sampled,
+            )?;
             self.reset(&envs)?;
             reports.push(compare_golden(
                 case,
