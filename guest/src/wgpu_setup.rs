@@ -49,13 +49,7 @@ pub(crate) fn program(
     };
     let head = &plan.head;
     let k = head.action_len;
-    let bounds = |b: &[f32]| {
-        if b.is_empty() {
-            vec![0.0; k]
-        } else {
-            b.to_vec()
-        }
-    };
+    let (low, high) = head.bounds_for_device();
     let gaussian = !head.is_discrete();
     let spec = SampleSpec {
         hw: head.raw_params_len + head.has_value() as usize,
@@ -71,8 +65,8 @@ pub(crate) fn program(
         clip: matches!(head.kind, HeadKind::Gaussian { clip: true, .. }),
         log_std_param: head.log_std_parameter().map(<[f32]>::to_vec),
         log_std_range: head.log_std_range,
-        low: bounds(&head.low),
-        high: bounds(&head.high),
+        low,
+        high,
         segments: head.segments.clone(),
     };
     p.gpu = Some(GpuParts {

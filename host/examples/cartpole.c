@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     if (info.obs_len != 4 || !info.discrete) { fprintf(stderr, "not a CartPole policy\n"); return 1; }
 
     /* A bad call is a typed error, not a crash. */
-    if (pp_policy_act(policy, NULL, 1, 0, 0, 0, 0, NULL, NULL, NULL, NULL) != PP_STATUS_NULL_POINTER) return 1;
+    if (pp_policy_act(policy, NULL, 1, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL) != PP_STATUS_NULL_POINTER) return 1;
 
     const int episodes = 20;
     double total = 0.0;
@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
             float obs[4] = {(float)s[0], (float)s[1], (float)s[2], (float)s[3]};
             int64_t action;
             float value;
-            check(pp_policy_act(policy, obs, 1, (uint32_t)e, 1, 7, t, &action, NULL, &value, NULL), "pp_policy_act");
+            check(pp_policy_act(policy, obs, 1, (uint32_t)e, 1, 7, t, &action, NULL, &value, NULL, NULL), "pp_policy_act");
             ret += 1.0;
             if (cartpole_step(s, action)) break;
         }

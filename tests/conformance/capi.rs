@@ -74,6 +74,7 @@ fn c_abi_errors_are_typed_and_never_panic() {
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
+            std::ptr::null(),
         );
         assert_eq!(st, PpStatus::BadObservation);
         assert!(last_error().contains("non-finite"));
@@ -94,6 +95,7 @@ fn c_abi_errors_are_typed_and_never_panic() {
             std::ptr::null_mut(),
             v.as_mut_ptr(),
             std::ptr::null_mut(),
+            std::ptr::null(),
         );
         assert_eq!(st, PpStatus::Ok);
         let mut native = CompiledPolicy::load(&bytes, Backend::Cpu)
@@ -128,7 +130,8 @@ fn c_abi_errors_are_typed_and_never_panic() {
                 a.as_mut_ptr(),
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
-                std::ptr::null_mut()
+                std::ptr::null_mut(),
+                std::ptr::null()
             ),
             PpStatus::BadCall
         );

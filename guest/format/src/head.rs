@@ -176,6 +176,19 @@ impl HeadPlan {
         !matches!(self.kind, HeadKind::Gaussian { .. })
     }
 
+    /// `(low, high)` with one entry per action element, for device samplers that bind both buffers whatever the
+    /// space: the Box bounds, or zeros for discrete spaces (never read there).
+    pub fn bounds_for_device(&self) -> (Vec<f32>, Vec<f32>) {
+        let or_zeros = |b: &[f32]| {
+            if b.is_empty() {
+                vec![0.0; self.action_len]
+            } else {
+                b.to_vec()
+            }
+        };
+        (or_zeros(&self.low), or_zeros(&self.high))
+    }
+
     /// The state-independent log-std, if the head has one.
     pub fn log_std_parameter(&self) -> Option<&[f32]> {
         match &self.log_std {

@@ -22,8 +22,8 @@ use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 /// cbindgen:ignore
 pub const HEADER: &str = env!("POLICYPORT_HEADER");
 
-/// Version of this C ABI.
-pub const PP_ABI_VERSION: u32 = 1;
+/// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`.
+pub const PP_ABI_VERSION: u32 = 2;
 
 /// Result of every call.
 #[repr(C)]
@@ -310,7 +310,9 @@ pub unsafe extern "C" fn pp_policy_info(policy: *const PpPolicy, out: *mut PpInf
 /// One step for `batch` envs with ids `env_offset, env_offset + 1, …`. `obs`: `batch × obs_len` floats.
 /// `sample` 0 = deterministic, else draw with (seed, env, step). Outputs (any may be null to skip):
 /// `discrete_actions` (`batch × action_len` int64, discrete policies), `continuous_actions` (float, continuous
-/// policies), `value` (`batch`), `dist_params` (`batch × dist_params_len`).
+/// policies), `value` (`batch`), `dist_params` (`batch × dist_params_len`). `episode_starts` (null for none):
+/// `batch` bytes, non-zero where the row's env starts a new episode — its recurrent state is zeroed before the
+/// step (the same state model as the Rust `Request`, the wasm plugin and the browser).
 ///
 /// # Safety
 /// `policy` is live and not used by another thread during the call; non-null buffers have the sizes above.
@@ -328,12 +330,19 @@ pub unsafe extern "C" fn pp_policy_act(
     continuous_actions: *mut f32,
     value: *mut f32,
     dist_params: *mut f32,
+    episode_starts: *const u8,
 ) -> PpStatus {
     guard(|| {
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
         if obs.is_null() {
             return Err(null("obs"));
         }
+        let starts: Option<Vec<bool>> = (!episode_starts.is_null()).then(|| {
+            unsafe { std::slice::from_raw_parts(episode_starts, batch) }
+                .iter()
+                .map(|f| *f != 0)
+                .collect()
+        });
         let mode = if sample != 0 {
             ActMode::Sample { seed, step }
         } else {
@@ -346,8 +355,12 @@ pub unsafe extern "C" fn pp_policy_act(
                     .checked_mul(info.obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+                let mut req = Request::new(o, batch, mode).envs(envs);
+                if let Some(s) = &starts {
+                    req = req.episode_starts(s);
+                }
                 session
-                    .act(&Request::new(o, batch, mode).envs(envs))
+                    .act(&req)
                     .map_err(|e| (status_of(&e), e.to_string()))?
             }
             Inner::Wasm { policy, out } => {
@@ -355,8 +368,12 @@ pub unsafe extern "C" fn pp_policy_act(
                     .checked_mul(policy.info().obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+                let mut req = Request::new(o, batch, mode).envs(envs);
+                if let Some(s) = &starts {
+                    req = req.episode_starts(s);
+                }
                 policy
-                    .act(&Request::new(o, batch, mode).envs(envs), out)
+                    .act(&req, out)
                     .map_err(|e| (wasm_status(&e), e.to_string()))?;
                 &*out
             }

@@ -1,19 +1,19 @@
 //! The libtorch executor behind [`super::TorchPolicy`].
 //!
-//! At load the manifest becomes a flat program over value slots (like the guest's lowering): Dense weights are
-//! uploaded once, pre-transposed to `[in, out]` in the compute precision. One act() is [`TorchExec::step`]:
+//! At load the guest's one lowering and fusion pass (`policyport::lower`) is translated into libtorch instructions
+//! over its value slots, and the head is built from the artifact's `HeadPlan` (the one decoder of the
+//! distribution): Dense weights are uploaded once, pre-transposed to `[in, out]` in the compute precision. One act() is [`TorchExec::step`]:
 //! device preprocessing → gather per-env state rows → the op program → distribution parameters finished on the
 //! device → actions (on the device, or on the host with the guest's sampler) → next state scattered back to the
 //! env rows → one packed `[batch, width]` f32 tensor read back. The CUDA-graph path captures exactly that
 //! function per bucket over static buffers.
 
-use std::collections::HashMap;
-
 use policyport::format::sampling::ActMode;
 use policyport::format::{
-    Artifact, HeadKind as Dist, HeadPlan, OBS_VALUE, ObsDType, ObservationSpace, Op, Preprocess,
-    STATE_PREFIX, ValidatedPlan, read_artifact, validate,
+    Artifact, HeadKind as Dist, HeadPlan, ObsDType, ObservationSpace, Op, Preprocess,
+    ValidatedPlan, read_artifact, validate,
 };
+use policyport::lower::{affine_group, expand_affine, lower};
 use policyport::{
     ActOutputs, Activation, DEFAULT_MAX_ENVS, EnvIdError, EnvIds, GoldenReport, GoldenShape,
     MAX_BATCH, Observations, PolicyError, Request, activation_of, check_observations,
@@ -45,10 +45,12 @@ fn upload(data: &[f32], shape: &[i64], kind: Kind, device: Device) -> R<Tensor> 
 }
 
 enum Instr {
+    /// `act`: the activation the lowering fused into this dense.
     Dense {
         x: usize,
         w: Tensor,
         b: Option<Tensor>,
+        act: Activation,
         out: usize,
     },
     Act {
@@ -109,7 +111,8 @@ enum PreStep {
 
 /// The op program of an artifact on one device.
 struct Program {
-    slots: HashMap<String, usize>,
+    /// Slots of the values a step reads back (the head's values, then the next states; or a probe's value).
+    readback: Vec<usize>,
     n_slots: usize,
     obs_slot: usize,
     instrs: Vec<Instr>,
@@ -121,29 +124,38 @@ struct Program {
 }
 
 impl Program {
-    fn new(art: &Artifact, plan: &ValidatedPlan, compute: Kind, device: Device) -> R<Self> {
+    /// The guest's one lowering and fusion pass ([`policyport::lower`]), translated into libtorch instructions:
+    /// slots, fused activations and affine groups are exactly the guest executors'. `readback`: the values a step
+    /// needs (the head's, then the next states), or one value for a golden probe.
+    fn new(
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback: &[&str],
+        compute: Kind,
+        device: Device,
+    ) -> R<Self> {
         let m = &art.manifest;
-        let mut slots: HashMap<String, usize> = HashMap::new();
-        let mut slot = |name: &str| -> usize {
-            let n = slots.len();
-            *slots.entry(name.to_string()).or_insert(n)
-        };
-        let obs_slot = slot(OBS_VALUE);
-        let mut states = vec![];
-        for s in m.recurrent.iter().flat_map(|r| &r.states) {
-            let name = format!("{STATE_PREFIX}{}", s.name);
-            let numel: usize = plan.shapes[&name].iter().product();
-            states.push((slot(&name), numel as i64, usize::MAX));
-        }
-        let last = |name: &str| *plan.shapes[name].last().expect("validated shapes") as i64;
-        let numel = |name: &str| plan.shapes[name].iter().product::<usize>();
+        let low = lower(art, plan, readback);
+        let readback: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
+        // Next-state slots follow the head's values in a step's readback (none in a probe's).
+        let n_head = plan.head.readback_values().len();
+        let states = low
+            .state_slots
+            .iter()
+            .enumerate()
+            .map(|(i, (slot, numel))| {
+                (
+                    *slot,
+                    *numel as i64,
+                    readback.get(n_head + i).copied().unwrap_or(usize::MAX),
+                )
+            })
+            .collect();
         let mut instrs = vec![];
-        for node in m.modules.iter().flat_map(|m| &m.nodes) {
-            let ins: Vec<usize> = node.inputs.iter().map(|i| slot(i)).collect();
-            let out = slot(&node.output);
-            let x_last = last(&node.inputs[0]);
-            let act = |f| Instr::Act { x: ins[0], f, out };
-            instrs.push(match &node.op {
+        for n in &low.nodes {
+            let (ins, out) = (&n.ins, n.out);
+            let x_last = n.in_last[0] as i64;
+            instrs.push(match n.op {
                 Op::Dense { weight, bias } => {
                     let t = &art.tensors[weight];
                     let (o, i) = (t.shape[0] as i64, t.shape[1] as i64);
@@ -160,13 +172,14 @@ impl Program {
                         x: ins[0],
                         w,
                         b,
+                        act: n.act,
                         out,
                     }
                 }
                 Op::Softmax | Op::LogSoftmax => Instr::Softmax {
                     x: ins[0],
                     last: x_last,
-                    log: matches!(node.op, Op::LogSoftmax),
+                    log: matches!(n.op, Op::LogSoftmax),
                     out,
                 },
                 Op::Add => Instr::Add {
@@ -180,32 +193,17 @@ impl Program {
                     out,
                 },
                 Op::Affine { scale, shift } => {
-                    let total = numel(&node.inputs[0]);
-                    let group = scale
-                        .as_ref()
-                        .or(shift.as_ref())
-                        .map(|n| {
-                            if art.tensors[n].data.len() == total {
-                                total as i64
-                            } else {
-                                x_last
-                            }
-                        })
-                        .unwrap_or(total as i64);
-                    let row = |n: &String| -> R<Tensor> {
-                        let d = &art.tensors[n].data;
-                        let v = if d.len() == 1 {
-                            vec![d[0]; group as usize]
-                        } else {
-                            d.clone()
-                        };
-                        upload(&v, &[1, group], Kind::Float, device)
+                    let group =
+                        affine_group(art, scale, shift, low.slot_numel[ins[0]], n.in_last[0]);
+                    let row = |t: &String| -> R<Tensor> {
+                        let v = expand_affine(&art.tensors[t].data, group);
+                        upload(&v, &[1, group as i64], Kind::Float, device)
                     };
                     Instr::Affine {
                         x: ins[0],
                         scale: scale.as_ref().map(row).transpose()?,
                         shift: shift.as_ref().map(row).transpose()?,
-                        group,
+                        group: group as i64,
                         out,
                     }
                 }
@@ -213,7 +211,7 @@ impl Program {
                     xs: ins
                         .iter()
                         .copied()
-                        .zip(node.inputs.iter().map(|i| last(i)))
+                        .zip(n.in_last.iter().map(|l| *l as i64))
                         .collect(),
                     out,
                 },
@@ -225,14 +223,12 @@ impl Program {
                     out,
                 },
                 Op::Flatten => Instr::Alias { x: ins[0], out },
-                other => act(activation_of(other).expect("the remaining ops are activations")),
+                other => Instr::Act {
+                    x: ins[0],
+                    f: activation_of(other).expect("the remaining ops are activations"),
+                    out,
+                },
             });
-        }
-        for (st, spec) in states
-            .iter_mut()
-            .zip(m.recurrent.iter().flat_map(|r| &r.states))
-        {
-            st.2 = slot(&spec.next);
         }
         let pre = m
             .preprocess
@@ -253,9 +249,9 @@ impl Program {
             })
             .collect::<R<Vec<_>>>()?;
         Ok(Program {
-            n_slots: slots.len(),
-            slots,
-            obs_slot,
+            n_slots: low.slot_numel.len(),
+            readback,
+            obs_slot: low.obs_slot,
             instrs,
             pre,
             obs_u8: matches!(
@@ -307,38 +303,15 @@ impl Program {
         }
         for instr in &self.instrs {
             let (out, t) = match instr {
-                Instr::Dense { x, w, b, out } => {
+                Instr::Dense { x, w, b, act, out } => {
                     let x = get(&s, *x).f_to_kind(w.kind())?;
-                    (
-                        *out,
-                        match b {
-                            Some(b) => b.f_addmm(&x, w)?,
-                            None => x.f_matmul(w)?,
-                        },
-                    )
-                }
-                Instr::Act { x, f, out } => {
-                    let x = get(&s, *x);
-                    let y = match f {
-                        Activation::Identity => x.shallow_clone(),
-                        Activation::Relu => x.f_relu()?,
-                        Activation::Tanh => x.f_tanh()?,
-                        Activation::Sigmoid => x.f_sigmoid()?,
-                        Activation::Silu => x.f_silu()?,
-                        Activation::Elu(a) => {
-                            let neg = x.f_expm1()?.f_mul_scalar(*a as f64)?;
-                            x.f_where_self(&x.f_gt(0.0)?, &neg)?
-                        }
-                        Activation::LeakyRelu(a) => {
-                            let neg = x.f_mul_scalar(*a as f64)?;
-                            x.f_where_self(&x.f_ge(0.0)?, &neg)?
-                        }
-                        Activation::Gelu => x.f_gelu("none")?,
-                        Activation::GeluTanh => x.f_gelu("tanh")?,
-                        Activation::Erf => x.f_erf()?,
+                    let y = match b {
+                        Some(b) => b.f_addmm(&x, w)?,
+                        None => x.f_matmul(w)?,
                     };
-                    (*out, y)
+                    (*out, activate(*act, &y)?)
                 }
+                Instr::Act { x, f, out } => (*out, activate(*f, get(&s, *x))?),
                 Instr::Softmax { x, last, log, out } => {
                     let x = get(&s, *x).f_to_kind(Kind::Float)?;
                     let (rows, width) = (x.size()[0], x.size()[1]);
@@ -411,6 +384,28 @@ impl Program {
     }
 }
 
+/// An elementwise activation as libtorch ops.
+fn activate(f: Activation, x: &Tensor) -> Result<Tensor, tch::TchError> {
+    Ok(match f {
+        Activation::Identity => x.shallow_clone(),
+        Activation::Relu => x.f_relu()?,
+        Activation::Tanh => x.f_tanh()?,
+        Activation::Sigmoid => x.f_sigmoid()?,
+        Activation::Silu => x.f_silu()?,
+        Activation::Elu(a) => {
+            let neg = x.f_expm1()?.f_mul_scalar(a as f64)?;
+            x.f_where_self(&x.f_gt(0.0)?, &neg)?
+        }
+        Activation::LeakyRelu(a) => {
+            let neg = x.f_mul_scalar(a as f64)?;
+            x.f_where_self(&x.f_ge(0.0)?, &neg)?
+        }
+        Activation::Gelu => x.f_gelu("none")?,
+        Activation::GeluTanh => x.f_gelu("tanh")?,
+        Activation::Erf => x.f_erf()?,
+    })
+}
+
 /// How the distribution turns values into parameters and actions, on the device.
 struct Head {
     dist: HeadKind,
@@ -432,10 +427,12 @@ enum HeadKind {
 
 impl Head {
     /// From the artifact's decoded head (the one decoder of the distribution, shared with the guest's samplers).
-    fn new(head: &HeadPlan, slots: &HashMap<String, usize>, device: Device) -> R<Self> {
+    /// `readback`: the program's readback slots, which start with the head's values in `readback_values` order.
+    fn new(head: &HeadPlan, readback: &[usize], device: Device) -> R<Self> {
         let k = head.action_len;
-        let param_slots = head.param_values.iter().map(|v| slots[v]).collect();
-        let value_slot = head.value.as_ref().map(|v| slots[v]);
+        let n = head.param_values.len();
+        let param_slots = readback[..n].to_vec();
+        let value_slot = head.value.as_ref().map(|_| readback[n]);
         let dist = match head.kind {
             Dist::Categorical { .. } | Dist::MultiCategorical { .. } => {
                 HeadKind::Categorical(head.segments.iter().map(|n| *n as i64).collect())
@@ -447,14 +444,7 @@ impl Head {
             None => None,
         };
         let range = head.log_std_range;
-        let bounds = |b: &[f32]| {
-            if b.is_empty() {
-                vec![0.0; k]
-            } else {
-                b.to_vec()
-            }
-        };
-        let (low, high) = (bounds(&head.low), bounds(&head.high));
+        let (low, high) = head.bounds_for_device();
         let words = match &dist {
             HeadKind::Categorical(nvec) => nvec.len(),
             HeadKind::Gaussian { .. } => 2 * k,
@@ -584,6 +574,8 @@ struct BucketRun {
 
 pub(crate) struct TorchExec {
     artifact: Artifact,
+    validated: ValidatedPlan,
+    compute: Kind,
     device: Device,
     opts: TorchOptions,
     program: Program,
@@ -633,8 +625,14 @@ impl TorchExec {
             Precision::Bf16 => Kind::BFloat16,
         };
         let _guard = tch::no_grad_guard();
-        let program = Program::new(&artifact, &plan, compute, device)?;
-        let head = Head::new(&plan.head, &program.slots, device)?;
+        let program = Program::new(
+            &artifact,
+            &plan,
+            &policyport::lower::step_readback(&artifact, &plan),
+            compute,
+            device,
+        )?;
+        let head = Head::new(&plan.head, &program.readback, device)?;
         let sampler = plan.head.clone();
         let p = sampler.dist_params_len();
         let mut opts = opts.clone();
@@ -642,6 +640,8 @@ impl TorchExec {
             opts.sampling = Sampling::Device;
         }
         let mut ex = TorchExec {
+            validated: plan,
+            compute,
             one_hot: one_hot_width(&artifact),
             has_value: artifact.manifest.value.is_some(),
             artifact,
@@ -1168,27 +1168,38 @@ impl TorchExec {
     }
 
     /// Any named value for a batch (zero recurrent state), read back as f32.
+    /// A golden value that is not an act() output: the same lowering, reading back `name` (so the fusion pass
+    /// keeps it), run once.
     fn probe(&self, obs: &[f32], batch: usize, name: &str) -> R<Vec<f32>> {
-        let slot = *self.program.slots.get(name).ok_or_else(|| {
-            TorchError::Artifact(policyport::format::FormatError::UndefinedValue {
-                name: name.into(),
-                user: "golden case".into(),
-            })
-        })?;
+        if !self.validated.shapes.contains_key(name) {
+            return Err(TorchError::Artifact(
+                policyport::format::FormatError::UndefinedValue {
+                    name: name.into(),
+                    user: "golden case".into(),
+                },
+            ));
+        }
         let _guard = tch::no_grad_guard();
+        let program = Program::new(
+            &self.artifact,
+            &self.validated,
+            &[name],
+            self.compute,
+            self.device,
+        )?;
+        let slot = program.readback[0];
         let x = self
             .obs_tensor(Observations::F32(obs), 0..batch)?
             .f_to_device(self.device)
             .map_err(te)?;
-        let x = self.program.preprocess(&x).map_err(te)?;
-        let states = self
-            .program
+        let x = program.preprocess(&x).map_err(te)?;
+        let states = program
             .states
             .iter()
             .map(|(_, n, _)| Tensor::f_zeros([batch as i64, *n], (Kind::Float, self.device)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(te)?;
-        let s = self.program.run(x, states).map_err(te)?;
+        let s = program.run(x, states).map_err(te)?;
         let t = s[slot]
             .as_ref()
             .ok_or_else(|| TorchError::Torch(format!("value {name} is not computed by act()")))?
