@@ -18,9 +18,12 @@ need_cargo() {
   command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
 }
 
+# Each step header says when it started (seconds since the script began), so a slow run shows where time went.
+PP_T0="${PP_T0:-$(date +%s)}"
+export PP_T0
 step() {
   echo
-  echo "== $*"
+  echo "== $* [+$(( $(date +%s) - PP_T0 )) s]"
 }
 
 # Build and run against the venv's libtorch (the `tch` feature): torch-sys finds torch through the venv's python,
