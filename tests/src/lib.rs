@@ -57,7 +57,14 @@ pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
 }
 
 /// The backends this build runs. Every conformance test runs on each of them.
+///
+/// Under `POLICYPORT_CPU_BASELINE=1` (test.sh's rerun of the suite on the cpu backend's portable kernels, no
+/// AVX2/AVX-512) only the cpu backend: it is the only one whose code that variable changes, and every backend
+/// already ran the whole suite in the first pass.
 pub fn backends() -> Vec<Backend> {
+    if std::env::var_os("POLICYPORT_CPU_BASELINE").is_some() {
+        return vec![Backend::Cpu];
+    }
     let b = Backend::compiled();
     assert!(
         b.contains(&Backend::Cpu) && b.contains(&Backend::Flex),
