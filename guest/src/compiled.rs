@@ -136,7 +136,7 @@ impl CompiledPolicy {
         let policy = Arc::new(Self::build(read_artifact(bytes)?, backend)?);
         for batch in policy.warm_up_batches() {
             let mut s = policy.session();
-            let (obs, _) = policy.zero_obs(batch);
+            let obs = policy.zero_obs(batch);
             s.act_async(&policy.zero_request(&obs, batch, 0)).await?;
         }
         Ok(policy)
@@ -153,17 +153,13 @@ impl CompiledPolicy {
 
     fn warm_up(self: &Arc<Self>, batch: usize) -> Result<(), PolicyError> {
         let mut s = self.session();
-        let (obs, _) = self.zero_obs(batch);
+        let obs = self.zero_obs(batch);
         s.act(&self.zero_request(&obs, batch, 0)).map(|_| ())
     }
 
-    /// Zero observations for `batch` envs (warm-up and timing).
-    fn zero_obs(&self, batch: usize) -> (Vec<f32>, usize) {
-        let n = match &self.artifact.manifest.observation {
-            ObservationSpace::Discrete { .. } => batch,
-            space => batch * space.raw_len(),
-        };
-        (vec![0.0f32; n], batch)
+    /// Zero observations for `batch` envs (warm-up and timing; a discrete space's raw length is 1).
+    fn zero_obs(&self, batch: usize) -> Vec<f32> {
+        vec![0.0f32; batch * self.artifact.manifest.observation.raw_len()]
     }
 
     fn zero_request<'a>(&self, obs: &'a [f32], batch: usize, step: u64) -> Request<'a> {
@@ -261,7 +257,7 @@ impl CompiledPolicy {
         now_us: &dyn Fn() -> f64,
     ) -> Result<f64, PolicyError> {
         let mut s = self.session();
-        let (obs, _) = self.zero_obs(batch);
+        let obs = self.zero_obs(batch);
         let mut timer = ActTimer::new(now_us);
         for step in timer.steps() {
             let t0 = now_us();
@@ -279,7 +275,7 @@ impl CompiledPolicy {
         now_us: &dyn Fn() -> f64,
     ) -> Result<f64, PolicyError> {
         let mut s = self.session();
-        let (obs, _) = self.zero_obs(batch);
+        let obs = self.zero_obs(batch);
         let mut timer = ActTimer::new(now_us);
         for step in timer.steps() {
             let t0 = now_us();

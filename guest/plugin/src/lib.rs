@@ -24,6 +24,8 @@ struct Slot {
     session: Session,
     /// Cached: `CompiledPolicy::info` clones the spaces, too slow for every act.
     info: policyport::PolicyInfo,
+    /// `pp_act`'s episode-start bytes as flags (reused across calls).
+    starts: Vec<bool>,
 }
 
 thread_local! {
@@ -124,6 +126,7 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
             let slot = Some(Slot {
                 info: policy.info(),
                 session: policy.session(),
+                starts: vec![],
             });
             match slots.iter().position(|s| s.is_none()) {
                 Some(i) => {
@@ -230,15 +233,12 @@ pub unsafe extern "C" fn pp_act(
                 ));
             }
         };
-        let starts: Option<Vec<bool>> = if episode_starts.is_null() {
-            None
-        } else {
-            let flags = unsafe { slice(episode_starts, b) }.ok_or_else(|| bad("episode starts"))?;
-            Some(flags.iter().map(|f| *f != 0).collect())
-        };
         let mut req = Request::new(observations, b, mode).envs(ids);
-        if let Some(s) = &starts {
-            req = req.episode_starts(s);
+        if !episode_starts.is_null() {
+            let flags = unsafe { slice(episode_starts, b) }.ok_or_else(|| bad("episode starts"))?;
+            slot.starts.clear();
+            slot.starts.extend(flags.iter().map(|f| *f != 0));
+            req = req.episode_starts(&slot.starts);
         }
         let out = slot.session.act(&req).map_err(|e| fail(code_of(&e), e))?;
         let n = b * info.action_len;

@@ -84,6 +84,8 @@ enum Inner {
 /// An opaque loaded policy.
 pub struct PpPolicy {
     inner: Inner,
+    /// `pp_policy_act`'s episode-start bytes as flags (reused across calls).
+    starts: Vec<bool>,
 }
 
 thread_local! {
@@ -197,6 +199,7 @@ pub unsafe extern "C" fn pp_policy_load(
         };
         let policy = CompiledPolicy::load(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
+            starts: vec![],
             inner: Inner::Native {
                 info: policy.info(),
                 session: policy.session(),
@@ -263,6 +266,7 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
         let policy =
             WasmPolicy::load(&rt, bytes, limits).map_err(|e| (wasm_status(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
+            starts: vec![],
             inner: Inner::Wasm {
                 policy,
                 out: ActOutputs::default(),
@@ -337,12 +341,15 @@ pub unsafe extern "C" fn pp_policy_act(
         if obs.is_null() {
             return Err(null("obs"));
         }
-        let starts: Option<Vec<bool>> = (!episode_starts.is_null()).then(|| {
-            unsafe { std::slice::from_raw_parts(episode_starts, batch) }
-                .iter()
-                .map(|f| *f != 0)
-                .collect()
-        });
+        if !episode_starts.is_null() {
+            p.starts.clear();
+            p.starts.extend(
+                unsafe { std::slice::from_raw_parts(episode_starts, batch) }
+                    .iter()
+                    .map(|f| *f != 0),
+            );
+        }
+        let starts = (!episode_starts.is_null()).then_some(&p.starts[..]);
         let mode = if sample != 0 {
             ActMode::Sample { seed, step }
         } else {
@@ -355,10 +362,10 @@ pub unsafe extern "C" fn pp_policy_act(
                     .checked_mul(info.obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
-                let mut req = Request::new(o, batch, mode).envs(envs);
-                if let Some(s) = &starts {
-                    req = req.episode_starts(s);
-                }
+                let req = Request {
+                    episode_starts: starts,
+                    ..Request::new(o, batch, mode).envs(envs)
+                };
                 session
                     .act(&req)
                     .map_err(|e| (status_of(&e), e.to_string()))?
@@ -368,10 +375,10 @@ pub unsafe extern "C" fn pp_policy_act(
                     .checked_mul(policy.info().obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
-                let mut req = Request::new(o, batch, mode).envs(envs);
-                if let Some(s) = &starts {
-                    req = req.episode_starts(s);
-                }
+                let req = Request {
+                    episode_starts: starts,
+                    ..Request::new(o, batch, mode).envs(envs)
+                };
                 policy
                     .act(&req, out)
                     .map_err(|e| (wasm_status(&e), e.to_string()))?;

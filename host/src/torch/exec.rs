@@ -591,6 +591,8 @@ pub(crate) struct TorchExec {
     p: usize,
     rows: Vec<f32>,
     ids: Vec<i64>,
+    /// The request's env ids (the shared check's scratch, reused across calls).
+    env_scratch: Vec<u32>,
 }
 
 impl TorchExec {
@@ -657,6 +659,7 @@ impl TorchExec {
             p,
             rows: vec![],
             ids: vec![],
+            env_scratch: vec![],
         };
         ex.grow_state(ex.opts.num_envs.max(1))?;
         // Warm-up: one act per mode (eager paths), so kernels, cuBLAS handles and allocator pools exist.
@@ -813,13 +816,12 @@ impl TorchExec {
 
     /// The guest's request check of env ids (one rule for every runtime), then state growth.
     fn check_envs(&mut self, batch: usize, envs: EnvIds<'_>) -> R<()> {
-        let mut ids = vec![];
-        envs.resolve(batch, &mut ids).map_err(PolicyError::from)?;
+        let ids = &mut self.env_scratch;
+        envs.resolve(batch, ids).map_err(PolicyError::from)?;
         if self.program.states.is_empty() {
             return Ok(());
         }
-        envs.check_distinct(batch, &mut ids)
-            .map_err(PolicyError::from)?;
+        envs.check_distinct(batch, ids).map_err(PolicyError::from)?;
         let max = (0..batch).map(|r| envs.get(r)).max().unwrap_or(0) as usize;
         if max >= DEFAULT_MAX_ENVS {
             return Err(PolicyError::from(EnvIdError::BeyondLimit {
