@@ -1,7 +1,7 @@
 use policyport::{Backend, CompiledPolicy, PolicyError};
 use policyport_conformance::{compile_fixture, fixture_names, fixtures_dir, load_fixture};
 use policyport_format::{Limits, read_artifact, validate, write_artifact};
-use policyport_host::{Storage, compile_onnx, inspect, reference};
+use policyport_import::{Storage, compile_onnx, inspect, reference};
 
 #[test]
 fn write_read_write_is_byte_identical() {

@@ -166,7 +166,7 @@ fn c_example_runs_cartpole_natively_and_sandboxed() {
         lib_dir.display()
     );
     let header_dir = Path::new(HEADER).parent().unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/examples/cartpole.c");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/capi/examples/cartpole.c");
     let exe = dir.join("cartpole");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)

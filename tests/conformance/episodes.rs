@@ -1,7 +1,7 @@
 use policyport::CompiledPolicy;
 use policyport_conformance::{backends, compile_fixture, load_fixture};
-use policyport_host::demo::{EpisodeStats, run_episodes};
-use policyport_host::envs::{CartPole, Env, Pendulum};
+use policyport_cli::demo::{EpisodeStats, run_episodes};
+use policyport_cli::envs::{CartPole, Env, Pendulum};
 
 /// Replay a trained fixture's evaluation episodes on every backend; `check(key, backend, want, got)` per mode.
 fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStats)) {

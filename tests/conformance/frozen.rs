@@ -49,7 +49,7 @@ fn frozen_files() -> Vec<(String, PathBuf)> {
 fn outputs(bytes: &[u8], backend: Backend) -> Value {
     let p =
         CompiledPolicy::load(bytes, backend).unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
-    let obs = policyport_host::random_obs(&p.manifest().observation, BATCH, OBS_SEED);
+    let obs = policyport_import::random_obs(&p.manifest().observation, BATCH, OBS_SEED);
     let recurrent = p.info().recurrent_states > 0;
     let mut cases = vec![];
     for mode in MODES {
@@ -124,7 +124,7 @@ fn every_frozen_artifact_loads_and_answers_the_same_on_every_backend() {
             "sha256": sha,
             "format_version": [major, minor],
             "batch": BATCH,
-            "obs": format!("policyport_host::random_obs(space, {BATCH}, {OBS_SEED})"),
+            "obs": format!("policyport_import::random_obs(space, {BATCH}, {OBS_SEED})"),
             "outputs": outputs(&bytes, Backend::Cpu),
         });
         match std::fs::read(&expected_path) {

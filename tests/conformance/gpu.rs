@@ -71,7 +71,7 @@ fn batch_sizes_from_1_to_65536_match_the_cpu_backend() {
         let mut cpu = cpu_policy.session();
         let obs_len = cpu_policy.info().obs_len;
         for batch in [1usize, 3, 47, 48, 64, 1000, 65536] {
-            let obs = policyport_host::random_obs(
+            let obs = policyport_import::random_obs(
                 &cpu_policy.manifest().observation,
                 batch,
                 batch as u64,

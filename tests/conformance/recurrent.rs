@@ -237,11 +237,11 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
     // The same mask through the sandboxed plugin (ABI v2) and the libtorch executor: the cpu session's answers.
     let cpu = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
     let rt =
-        policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+        policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut plugin =
-        policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
-    let mut torch = policyport_host::torch::COMPILED
-        .then(|| policyport_host::torch::TorchPolicy::load(&bytes, &Default::default()).unwrap());
+        policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
+    let mut torch = policyport_torch::COMPILED
+        .then(|| policyport_torch::TorchPolicy::load(&bytes, &Default::default()).unwrap());
     let mut want = cpu.session();
     let mut got = ActOutputs::default();
     for step in 0..5u64 {
@@ -303,22 +303,22 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
     }
     // The sandboxed plugin: the same rule through the ABI (bad call).
     let rt =
-        policyport_host::wasm::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
-    let mut w = policyport_host::wasm::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
+        policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let mut w = policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
     let mut out = ActOutputs::default();
     match w.act(
         &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)),
         &mut out,
     ) {
-        Err(policyport_host::wasm::WasmError::Guest { code, message, .. }) => {
+        Err(policyport_wasmtime::WasmError::Guest { code, message, .. }) => {
             assert_eq!(code, policyport_abi::ErrorCode::Call, "{message}");
             assert!(message.contains("env 2 appears twice"), "{message}");
         }
         other => panic!("plugin: {other:?}"),
     }
     // libtorch (when compiled): the same typed error.
-    if policyport_host::torch::COMPILED {
-        use policyport_host::torch::{TorchOptions, TorchPolicy};
+    if policyport_torch::COMPILED {
+        use policyport_torch::{TorchOptions, TorchPolicy};
         let mut t = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
         let err = t
             .act(

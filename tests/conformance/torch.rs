@@ -1,4 +1,4 @@
-//! The libtorch executor (`policyport_host::torch`, cargo feature `tch`) against the same fixtures and the guest.
+//! The libtorch executor (`policyport_torch`, cargo feature `tch`) against the same fixtures and the guest.
 //!
 //! Built without the suite's `tch` feature these tests are *ignored* with that reason (reported as skipped, never
 //! as passed), and `a_build_without_tch_says_not_compiled` checks the typed error instead. The CUDA test is ignored
@@ -9,7 +9,7 @@ use policyport::{
     ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
 };
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
-use policyport_host::torch::{
+use policyport_torch::{
     COMPILED, Launch, Precision, Sampling, TorchDevice, TorchError, TorchOptions, TorchPolicy,
     cuda_device_count,
 };
@@ -27,11 +27,11 @@ fn a_build_without_tch_says_not_compiled() {
     assert_eq!(
         COMPILED,
         cfg!(feature = "tch"),
-        "policyport-host/tch and the suite's tch feature disagree"
+        "policyport-torch/tch and the suite's tch feature disagree"
     );
     assert!(
         COMPILED || !flag("POLICYPORT_REQUIRE_TCH"),
-        "POLICYPORT_REQUIRE_TCH=1 but policyport-host was built without the `tch` feature"
+        "POLICYPORT_REQUIRE_TCH=1 but policyport-torch was built without the `tch` feature"
     );
     if !COMPILED {
         assert_eq!(

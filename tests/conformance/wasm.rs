@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_abi::ErrorCode;
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture, plugin_wasm};
-use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
+use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
 fn runtime() -> Arc<WasmRuntime> {
     WasmRuntime::new(&plugin_wasm()).unwrap()
@@ -159,7 +159,7 @@ fn hostile(abi_version: u32, load_body: &str) -> String {
 fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
     let rt = WasmRuntime::new(
         hostile(
-            policyport_host::wasm::ABI_VERSION,
+            policyport_wasmtime::ABI_VERSION,
             "(loop br 0) i32.const 0",
         )
         .as_bytes(),
@@ -202,7 +202,7 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
 fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
     let grow = "(block (loop (br_if 1 (i32.eq (memory.grow (i32.const 16)) (i32.const -1))) (br 0))) unreachable";
     let rt =
-        WasmRuntime::new(hostile(policyport_host::wasm::ABI_VERSION, grow).as_bytes()).unwrap();
+        WasmRuntime::new(hostile(policyport_wasmtime::ABI_VERSION, grow).as_bytes()).unwrap();
     let limits = WasmLimits {
         memory_bytes: 4 << 20,
         ..Default::default()
@@ -227,7 +227,7 @@ fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
 #[test]
 fn a_plugin_breaking_the_abi_is_a_typed_error() {
     let rt =
-        WasmRuntime::new(hostile(policyport_host::wasm::ABI_VERSION, "i32.const -99").as_bytes())
+        WasmRuntime::new(hostile(policyport_wasmtime::ABI_VERSION, "i32.const -99").as_bytes())
             .unwrap();
     assert!(matches!(
         WasmPolicy::load(&rt, b"x", WasmLimits::default()),
@@ -236,7 +236,7 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
             code: -99
         })
     ));
-    let bad_info = hostile(policyport_host::wasm::ABI_VERSION, "i32.const 0").replace(
+    let bad_info = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
         r#"(func (export "pp_info") (param i32 i32) (result i32) i32.const 0)"#,
         r#"(func (export "pp_info") (param i32 i32) (result i32)
              (i32.store (i32.add (local.get 1) (i32.const 16)) (i32.const 5)) i32.const 0)"#,
@@ -248,7 +248,7 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
     ));
     // pp_alloc hands small buffers out properly, then the batch buffer 16 bytes before the end of its 2 pages:
     // the host used to slice its memory there and panic.
-    let bad_alloc = hostile(policyport_host::wasm::ABI_VERSION, "i32.const 0").replace(
+    let bad_alloc = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
         r#"(func (export "pp_alloc") (param i32) (result i32) i32.const 1024)"#,
         r#"(func (export "pp_alloc") (param i32) (result i32)
              (select (i32.const 1024) (i32.const 0x1FFF0) (i32.le_u (local.get 0) (i32.const 32))))"#,
@@ -300,7 +300,7 @@ fn hostile_and_foreign_modules_are_refused() {
         matches!(WasmRuntime::new(importing.as_bytes()), Err(WasmError::Imports(i)) if i == ["env::f"])
     );
     let trapping =
-        WasmRuntime::new(hostile(policyport_host::wasm::ABI_VERSION, "unreachable").as_bytes())
+        WasmRuntime::new(hostile(policyport_wasmtime::ABI_VERSION, "unreachable").as_bytes())
             .unwrap();
     assert!(matches!(
         WasmPolicy::load(&trapping, b"x", WasmLimits::default()),

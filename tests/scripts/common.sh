@@ -9,7 +9,7 @@ PP_BIN="$CARGO_TARGET_DIR/release/policyport"
 # The one crate graph that test.sh, bench.sh and gpu-bundle.sh build: the workspace with the libtorch executor and
 # the wgpu backend, and the conformance suite told so (its own tch/wgpu features only forward to these, so the
 # graph is the same). Any other feature set is a second full build of burn/wgpu/tch.
-PP_FEATURES="policyport-host/tch,policyport/wgpu,policyport-conformance/tch,policyport-conformance/wgpu"
+PP_FEATURES="policyport-torch/tch,policyport/wgpu,policyport-conformance/tch,policyport-conformance/wgpu"
 cd "$ROOT"
 # Every install step (ensure_venv, ensure_lavapipe, ensure_browser_deps, ...): idempotent, one piece at a time.
 source "$ROOT/tests/scripts/deps.sh"

@@ -69,7 +69,7 @@ skip() {
 step "python venv with torch 2.11.0 (the libtorch executor links it; ~3 min and ~5 GB the first time)"
 torch_env
 # One crate graph for everything: the workspace with the libtorch executor and the wgpu backend compiled in.
-# The suite's own features (tch, wgpu) forward to policyport-host/tch and policyport/wgpu: the same unified graph,
+# The suite's own features (tch, wgpu) forward to policyport-torch/tch and policyport/wgpu: the same unified graph,
 # and the suite knows which backend tests to run instead of skipping them.
 FEATURES=(--features "$PP_FEATURES")
 export POLICYPORT_REQUIRE_TCH=1 POLICYPORT_REQUIRE_WGPU=1
@@ -102,12 +102,13 @@ step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX
 POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance \
   -- --skip gpu:: --skip torch:: --skip wasm::
 
-step "without tch, flex and wasm: the same API, typed 'not compiled' errors (host library tests, lean graph)"
-# --no-default-features: the host without libtorch, burn-flex and wasmtime (what the demo builds): a small graph
-# (~1 min cold) where the compiled-out executors must answer with typed errors.
-cargo_test "$CARGO_TARGET_DIR/cargo-test-lean.log" --release -p policyport-host --lib --no-default-features
+step "without tch, flex and wasmtime: the same API, typed 'not compiled' errors (host crates' tests, lean graph)"
+# --no-default-features: the libtorch and wasmtime host crates without libtorch and wasmtime, on the runtime
+# without burn (what the demo builds): a small graph (~1 min cold) where the compiled-out executors must answer
+# with typed errors.
+cargo_test "$CARGO_TARGET_DIR/cargo-test-lean.log" --release -p policyport-torch -p policyport-wasmtime --lib --no-default-features
 # The typed errors must really have been checked in that build (not filtered out or renamed away).
-for t in torch::tests::compiled_out_is_a_typed_error wasm::compiled_out::tests::wasm_compiled_out_is_a_typed_error; do
+for t in tests::torch_compiled_out_is_a_typed_error compiled_out::tests::wasm_compiled_out_is_a_typed_error; do
   grep -q "$t ... ok" "$CARGO_TARGET_DIR/cargo-test-lean.log" ||
     { echo "FAILED: $t did not run and pass in the lean build" >&2; failed=$((failed + 1)); failures+=("lean build: $t"); }
 done

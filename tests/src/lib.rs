@@ -3,8 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use policyport::Backend;
-use policyport_host::import::{FixtureIo, ImportSpec};
-use policyport_host::{Storage, compile_onnx};
+use policyport_import::{FixtureIo, ImportSpec, Storage, compile_onnx};
 
 /// tests/fixtures, or `POLICYPORT_FIXTURES` (a test binary copied to another machine, e.g. the GPU check).
 pub fn fixtures_dir() -> PathBuf {

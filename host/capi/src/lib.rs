@@ -16,7 +16,7 @@ use policyport::{
     Request, Session,
 };
 use policyport_abi::ErrorCode;
-use policyport_host::wasm::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
+use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
 /// Path of the generated header (for build scripts and tests).
 /// cbindgen:ignore

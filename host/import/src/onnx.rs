@@ -11,9 +11,9 @@ use policyport_format::{
 };
 use prost::Message;
 
-use super::ImportError;
-use super::onnx_proto::{self as pb, data_type};
-use super::spec::{DistSpec, ImportSpec, LogStdSpec};
+use crate::ImportError;
+use crate::onnx_proto::{self as pb, data_type};
+use crate::spec::{DistSpec, ImportSpec, LogStdSpec};
 
 /// A value during import: known at compile time, or computed per step with this feature shape.
 #[derive(Debug, Clone)]

@@ -1,38 +1,11 @@
-//! Importers: foreign model files → [`Imported`] (manifest + weights), then golden vectors, then the artifact.
-
-pub mod onnx;
-mod onnx_proto;
-pub mod spec;
+//! Golden vectors from a fixture script's `io.json` (PyTorch float64 outputs keyed by role).
 
 use std::collections::BTreeMap;
 
-use policyport_format::{Distribution, FormatError, GoldenCase, LogStd, Manifest};
+use policyport_format::{Distribution, GoldenCase, LogStd, Manifest};
 use serde::Deserialize;
-use thiserror::Error;
 
-pub use onnx::{Imported, import_onnx};
-pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};
-
-#[derive(Debug, Error)]
-pub enum ImportError {
-    #[error("unsupported op {op} at node '{node}': {detail}. Fix: {hint}")]
-    UnsupportedOp {
-        op: String,
-        node: String,
-        detail: String,
-        hint: String,
-    },
-    #[error("unsupported model: {what}. Fix: {hint}")]
-    Unsupported { what: String, hint: String },
-    #[error("malformed model: {0}")]
-    Malformed(String),
-    #[error("import spec: {0}")]
-    Spec(String),
-    #[error("golden vectors: {0}")]
-    Golden(String),
-    #[error(transparent)]
-    Format(#[from] FormatError),
-}
+use crate::ImportError;
 
 /// Golden vectors as the fixture scripts write them (`io.json`): PyTorch float64 outputs keyed by role.
 #[derive(Debug, Clone, Deserialize)]

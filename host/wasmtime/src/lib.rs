@@ -13,14 +13,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-#[cfg_attr(not(feature = "wasm"), allow(unused_imports))]
+#[cfg_attr(not(feature = "wasmtime"), allow(unused_imports))]
 use policyport::{ActMode, ActOutputs, EnvIds, Observations, Request};
 use thiserror::Error;
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 use wasmtime::{
     Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
 };
@@ -28,7 +28,7 @@ use wasmtime::{
 /// The plugin ABI version this host speaks (the one definition: `policyport_abi`).
 pub use policyport_abi::ABI_VERSION;
 use policyport_abi::ErrorCode;
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 use policyport_abi::{ObsDType, PluginInfo, export};
 
 #[derive(Debug, Error)]
@@ -73,7 +73,7 @@ pub enum WasmError {
     Call(String),
     #[error("module cache: {0}")]
     Cache(String),
-    #[error("this build has no wasm sandbox (built without the `wasm` feature of policyport-host)")]
+    #[error("this build has no wasm sandbox (policyport-wasmtime built without its `wasmtime` feature)")]
     NotCompiled,
 }
 
@@ -96,7 +96,7 @@ impl Default for WasmLimits {
 }
 
 /// Engine + compiled plugin + epoch ticker, shared by every [`WasmPolicy`] made from it.
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 pub struct WasmRuntime {
     engine: Engine,
     module: Module,
@@ -105,21 +105,21 @@ pub struct WasmRuntime {
     pub from_cache: bool,
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 impl Drop for WasmRuntime {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 fn engine() -> Result<Engine, WasmError> {
     let mut config = Config::new();
     config.epoch_interruption(true);
     Engine::new(&config).map_err(|e| WasmError::Module(format!("{e:#}")))
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 impl WasmRuntime {
     /// Compile a plugin (`.wasm` bytes, or WAT text).
     pub fn new(wasm: &[u8]) -> Result<Arc<Self>, WasmError> {
@@ -192,13 +192,13 @@ impl WasmRuntime {
     }
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 struct Limiter {
     cap: usize,
     denied: bool,
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
@@ -222,7 +222,7 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 struct Exports {
     alloc: TypedFunc<u32, u32>,
     free: TypedFunc<(u32, u32), ()>,
@@ -246,7 +246,7 @@ pub struct WasmInfo {
 }
 
 /// One sandboxed instance with one loaded policy.
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 pub struct WasmPolicy {
     store: Store<Limiter>,
     memory: Memory,
@@ -259,7 +259,7 @@ pub struct WasmPolicy {
     capacity: usize,
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 impl WasmPolicy {
     /// Instantiate the plugin and load an artifact into it.
     pub fn load(
@@ -635,12 +635,12 @@ impl WasmPolicy {
     }
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 fn deadline_ticks(l: WasmLimits) -> u64 {
     (l.deadline.as_millis() as u64).max(1) + 1
 }
 
-#[cfg(feature = "wasm")]
+#[cfg(feature = "wasmtime")]
 fn classify(
     e: wasmtime::Error,
     store: &Store<Limiter>,
@@ -665,7 +665,7 @@ fn classify(
 }
 
 /// The same API without wasmtime (feature `wasm` off): nothing can be loaded, every entry point says so.
-#[cfg(not(feature = "wasm"))]
+#[cfg(not(feature = "wasmtime"))]
 mod compiled_out {
     use super::*;
 
@@ -737,5 +737,5 @@ mod compiled_out {
         }
     }
 }
-#[cfg(not(feature = "wasm"))]
+#[cfg(not(feature = "wasmtime"))]
 pub use compiled_out::{WasmPolicy, WasmRuntime};

@@ -156,7 +156,7 @@ pub struct TorchInfo {
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum TorchError {
     #[error(
-        "policyport-host was not compiled with the libtorch executor (enable the cargo feature `tch`)"
+        "policyport-torch was built without the libtorch executor (enable its cargo feature `tch`)"
     )]
     NotCompiled,
     #[error(transparent)]
@@ -284,7 +284,7 @@ mod tests {
 
     #[cfg(not(feature = "tch"))]
     #[test]
-    fn compiled_out_is_a_typed_error() {
+    fn torch_compiled_out_is_a_typed_error() {
         assert_eq!(
             TorchPolicy::load(b"", &TorchOptions::default()).unwrap_err(),
             TorchError::NotCompiled

@@ -1,22 +1,11 @@
-//! policyport toolchain: importers, compile passes, the artifact writer, inspection, and the pieces of the
-//! `policyport` CLI that are worth testing as a library (demo episodes, benchmarks).
-
-pub mod demo;
-/// The demo environments (shared with the browser bundle).
-pub use policyport_envs as envs;
-pub mod import;
-pub mod inspect;
-pub mod npy;
-pub mod reference;
-pub mod serve;
-pub mod torch;
-pub mod wasm;
+//! Compile: an import, golden vectors (the oracle's or the float64 reference's), the artifact writer.
 
 use policyport_format::container::StorageDType;
 use policyport_format::philox::{Stream, u01};
 use policyport_format::{ObsDType, ObservationSpace, write_artifact};
 
-use import::{FixtureIo, ImportError, ImportSpec, golden_from_fixture, import_onnx};
+use crate::reference;
+use crate::{FixtureIo, ImportError, ImportSpec, golden_from_fixture, import_onnx};
 
 /// On-disk weight precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

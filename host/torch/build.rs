@@ -1,4 +1,4 @@
-//! With the `tch` feature: build the CUDA-graph shim (src/torch/cuda_graph.cpp) against the libtorch that tch
+//! With the `tch` feature: build the CUDA-graph shim (src/cuda_graph.cpp) against the libtorch that tch
 //! links. torch-sys publishes its lib dir as `DEP_TCH_LIBTORCH_LIB` (its `links = "tch"`); headers sit beside it.
 //! CUDA headers: `$CUDA_HOME/include`, else the pip wheels' `site-packages/nvidia/cu*/include` next to torch, else
 //! `/usr/local/cuda/include`. A libtorch without CUDA (or no headers) gets the same ABI as stubs that report it.
@@ -15,7 +15,7 @@ fn main() {
 #[cfg(feature = "tch")]
 fn build_shim() {
     use std::path::PathBuf;
-    println!("cargo:rerun-if-changed=src/torch/cuda_graph.cpp");
+    println!("cargo:rerun-if-changed=src/cuda_graph.cpp");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     let lib = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports DEP_TCH_LIBTORCH_LIB"),
@@ -77,7 +77,7 @@ fn build_shim() {
             b.define("PP_NO_CUDA", None);
         }
     }
-    b.file("src/torch/cuda_graph.cpp").compile("pp_cuda_graph");
+    b.file("src/cuda_graph.cpp").compile("pp_cuda_graph");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=c10");
     println!("cargo:rustc-link-lib=torch_cpu");

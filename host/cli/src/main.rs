@@ -7,10 +7,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_format::{Limits, read_artifact, validate};
-use policyport_host::demo::run_episodes;
-use policyport_host::envs::{CartPole, Pendulum};
-use policyport_host::import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec};
-use policyport_host::{Storage, compile_onnx, inspect, npy};
+use policyport_cli::demo::run_episodes;
+use policyport_cli::envs::{CartPole, Pendulum};
+use policyport_cli::npy;
+use policyport_import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec, Storage, compile_onnx, inspect};
 
 #[derive(Parser)]
 #[command(
@@ -152,10 +152,10 @@ enum Cmd {
         batches: String,
         /// cpu, cuda, cuda:N
         #[arg(long, default_value = "cpu")]
-        device: policyport_host::torch::TorchDevice,
+        device: policyport_torch::TorchDevice,
         /// f32, f16, bf16
         #[arg(long, default_value = "f32")]
-        precision: policyport_host::torch::Precision,
+        precision: policyport_torch::Precision,
         /// eager or graphs (CUDA graphs)
         #[arg(long, default_value = "eager")]
         launch: String,
@@ -438,8 +438,8 @@ fn main() -> Result<()> {
             let raw_len = policy.info().obs_len;
             let mut sandboxed = match &plugin {
                 Some(p) => {
-                    let rt = policyport_host::wasm::WasmRuntime::new(&read(p)?)?;
-                    Some(policyport_host::wasm::WasmPolicy::load(
+                    let rt = policyport_wasmtime::WasmRuntime::new(&read(p)?)?;
+                    Some(policyport_wasmtime::WasmPolicy::load(
                         &rt,
                         &bytes,
                         Default::default(),
@@ -453,7 +453,7 @@ fn main() -> Result<()> {
             };
             for b in batches.split(',') {
                 let batch: usize = b.trim().parse().context("--batches")?;
-                let obs = policyport_host::random_obs(&policy.manifest().observation, batch, 1);
+                let obs = policyport_import::random_obs(&policy.manifest().observation, batch, 1);
                 let mut out = ActOutputs::default();
                 let mut step = 0u64;
                 let mut run = |n: u64, session: &mut policyport::Session| -> Result<f64> {
@@ -521,14 +521,14 @@ fn median_us(seconds: f64, mut f: impl FnMut(u64) -> Result<()>) -> Result<f64> 
 fn bench_torch(
     bytes: &[u8],
     batches: &str,
-    device: policyport_host::torch::TorchDevice,
-    precision: policyport_host::torch::Precision,
+    device: policyport_torch::TorchDevice,
+    precision: policyport_torch::Precision,
     launch: &str,
     threads: i32,
     sampling: &str,
     seconds: f64,
 ) -> Result<()> {
-    use policyport_host::torch::{Launch, Sampling, TorchOptions, TorchPolicy};
+    use policyport_torch::{Launch, Sampling, TorchOptions, TorchPolicy};
     let sampling = match sampling {
         "host" => Sampling::Host,
         "device" => Sampling::Device,
@@ -544,7 +544,7 @@ fn bench_torch(
         .map(|b| b.trim().parse().context("--batches"))
         .collect::<Result<_>>()?;
     let max = sizes.iter().copied().max().unwrap_or(1);
-    policyport_host::torch::set_cpu_threads(threads);
+    policyport_torch::set_cpu_threads(threads);
     let t0 = Instant::now();
     let mut policy = TorchPolicy::load(
         bytes,
@@ -576,7 +576,7 @@ fn bench_torch(
     );
     let space = policy_observation(bytes)?;
     for batch in sizes {
-        let obs = policyport_host::random_obs(&space, batch, 1);
+        let obs = policyport_import::random_obs(&space, batch, 1);
         let mut out = ActOutputs::default();
         let mut step = 0u64;
         let us = median_us(seconds, |_| {
@@ -617,23 +617,23 @@ struct Bundled {
 /// compares against onnxruntime-web.
 const BENCH_MODEL: Bundled = Bundled {
     name: "mlp64",
-    onnx: include_bytes!("../../tests/fixtures/mlp64/policy.onnx"),
-    spec: include_bytes!("../../tests/fixtures/mlp64/import.json"),
-    io: include_bytes!("../../tests/fixtures/mlp64/io.json"),
+    onnx: include_bytes!("../../../tests/fixtures/mlp64/policy.onnx"),
+    spec: include_bytes!("../../../tests/fixtures/mlp64/import.json"),
+    io: include_bytes!("../../../tests/fixtures/mlp64/io.json"),
 };
 
 const BUNDLED: [Bundled; 2] = [
     Bundled {
         name: "cartpole",
-        onnx: include_bytes!("../../tests/fixtures/cartpole/policy.onnx"),
-        spec: include_bytes!("../../tests/fixtures/cartpole/import.json"),
-        io: include_bytes!("../../tests/fixtures/cartpole/io.json"),
+        onnx: include_bytes!("../../../tests/fixtures/cartpole/policy.onnx"),
+        spec: include_bytes!("../../../tests/fixtures/cartpole/import.json"),
+        io: include_bytes!("../../../tests/fixtures/cartpole/io.json"),
     },
     Bundled {
         name: "pendulum",
-        onnx: include_bytes!("../../tests/fixtures/pendulum/policy.onnx"),
-        spec: include_bytes!("../../tests/fixtures/pendulum/import.json"),
-        io: include_bytes!("../../tests/fixtures/pendulum/io.json"),
+        onnx: include_bytes!("../../../tests/fixtures/pendulum/policy.onnx"),
+        spec: include_bytes!("../../../tests/fixtures/pendulum/import.json"),
+        io: include_bytes!("../../../tests/fixtures/pendulum/io.json"),
     },
 ];
 
@@ -651,14 +651,14 @@ fn compile_bundled(b: &Bundled) -> Result<Vec<u8>> {
 
 fn trace(
     bytes: &[u8],
-    kind: policyport_host::envs::EnvKind,
+    kind: policyport_cli::envs::EnvKind,
     n: usize,
     steps: usize,
     (env_seed, policy_seed): (u64, u64),
     backend: Backend,
     out: &Path,
 ) -> Result<()> {
-    use policyport_host::envs::VecEnv;
+    use policyport_cli::envs::VecEnv;
     let policy = CompiledPolicy::load(bytes, backend)?;
     let mut session = policy.session();
     let info = policy.info();
@@ -750,9 +750,9 @@ fn serve_web(bind: &str, port: u16, root: &Path) -> Result<()> {
         "serving {} on http://{addr}/ (demo) and http://{addr}/bench.html (benchmark); Ctrl-C stops",
         root.display()
     );
-    policyport_host::serve::serve(
+    policyport_cli::serve::serve(
         listener,
-        policyport_host::serve::Site {
+        policyport_cli::serve::Site {
             root: root.to_path_buf(),
             memory,
         },

@@ -1,4 +1,4 @@
-//! Safe wrapper over the CUDA-graph shim (cuda_graph.cpp, built by host/build.rs against tch's libtorch).
+//! Safe wrapper over the CUDA-graph shim (cuda_graph.cpp, built by host/torch/build.rs against tch's libtorch).
 
 use std::ffi::{c_char, c_int};
 

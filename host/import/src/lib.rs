@@ -1,0 +1,44 @@
+//! policyport's toolchain: importers (foreign model files → manifest + weights), golden vectors, the artifact
+//! writer, the float64 reference interpreter and inspection. Never part of the runtime (`policyport`, in
+//! `guest/`): a program that only runs policies does not link this crate.
+//!
+//! Where things go: a new import route is one module here producing an [`Imported`]; an op the importer learns
+//! is lowered onto the format's IR in `onnx.rs` (and needs the runtime's kernels, see `guest/README.md`).
+
+mod compile;
+mod fixture;
+pub mod inspect;
+pub mod onnx;
+mod onnx_proto;
+pub mod reference;
+pub mod spec;
+
+use policyport_format::FormatError;
+use thiserror::Error;
+
+pub use compile::{Storage, compile_onnx, random_obs};
+pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
+pub use onnx::{Imported, import_onnx};
+pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};
+
+#[derive(Debug, Error)]
+pub enum ImportError {
+    #[error("unsupported op {op} at node '{node}': {detail}. Fix: {hint}")]
+    UnsupportedOp {
+        op: String,
+        node: String,
+        detail: String,
+        hint: String,
+    },
+    #[error("unsupported model: {what}. Fix: {hint}")]
+    Unsupported { what: String, hint: String },
+    #[error("malformed model: {0}")]
+    Malformed(String),
+    #[error("import spec: {0}")]
+    Spec(String),
+    #[error("golden vectors: {0}")]
+    Golden(String),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
+
