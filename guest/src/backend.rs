@@ -1,14 +1,16 @@
-//! Which backend a policy runs on, and the one place that builds each backend's [`Executor`]. A backend
+//! Which backend a policy runs on, and the one place that builds each built-in backend's [`Executor`]. A backend
 //! compiled out still has its variant; asking for it returns [`PolicyError::NotCompiled`] (the API is the same
 //! in every build). This file and the executors themselves are the only places that know which backends a build
 //! has: the session and act() path never does.
+//!
+//! A backend whose executor cannot live in this crate (libtorch: the `policyport-torch` host crate) has a variant
+//! too, so policies, reports and errors name it the same way; its crate builds the executor with an
+//! [`ExecutorBuilder`] of its own and [`CompiledPolicy::with_builder`](crate::CompiledPolicy::with_builder).
 
 use policyport_format::{Artifact, ValidatedPlan};
 
-#[cfg(feature = "burn")]
-use crate::error::BackendError;
-use crate::error::PolicyError;
-use crate::executor::Executor;
+use crate::error::{BackendError, PolicyError};
+use crate::executor::{Executor, ExecutorBuilder};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Backend {
@@ -18,25 +20,40 @@ pub enum Backend {
     Flex,
     /// burn-wgpu: Vulkan / Metal / DX12 / WebGPU.
     Wgpu,
+    /// libtorch (CPU or CUDA, CUDA graphs, f16 / bf16): built by the host crate `policyport-torch`
+    /// (`policyport_torch::load`), never by [`CompiledPolicy::load`](crate::CompiledPolicy::load).
+    Torch,
+    /// The sandboxed plugin (`guest/plugin`: this runtime's cpu backend compiled to wasm) under wasmtime, one
+    /// instance per session: built by the host crate `policyport-wasmtime` (`policyport_wasmtime::load`).
+    Wasmtime,
 }
 
-/// A backend name that is none of `cpu`, `flex`, `wgpu`.
+/// A backend name that is none of `cpu`, `flex`, `wgpu`, `torch`, `wasmtime`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown backend '{0}' (cpu, flex, wgpu)")]
+#[error("unknown backend '{0}' (cpu, flex, wgpu, torch, wasmtime)")]
 pub struct UnknownBackend(pub String);
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Cpu, Backend::Flex, Backend::Wgpu];
+    pub const ALL: [Backend; 5] = [
+        Backend::Cpu,
+        Backend::Flex,
+        Backend::Wgpu,
+        Backend::Torch,
+        Backend::Wasmtime,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
             Backend::Flex => "flex",
             Backend::Wgpu => "wgpu",
+            Backend::Torch => "torch",
+            Backend::Wasmtime => "wasmtime",
         }
     }
 
-    /// Every backend this build can run.
+    /// Every backend this build can run through [`CompiledPolicy::load`](crate::CompiledPolicy::load) (the
+    /// built-in ones; never `Torch` or `Wasmtime`, which their own crates load).
     pub fn compiled() -> Vec<Backend> {
         Self::ALL
             .into_iter()
@@ -44,12 +61,23 @@ impl Backend {
             .collect()
     }
 
-    /// Ok if this build has the backend, else the typed "not compiled with X" error.
+    /// Ok if this build has the backend, else the typed "not compiled with X" error (or, for a backend built by
+    /// another crate, the typed error naming its loader).
     pub fn check_compiled(self) -> Result<(), PolicyError> {
         let (compiled, feature) = match self {
             Backend::Cpu => (true, ""),
             Backend::Flex => (cfg!(feature = "flex"), "flex"),
             Backend::Wgpu => (cfg!(feature = "wgpu"), "wgpu"),
+            Backend::Torch | Backend::Wasmtime => {
+                return Err(BackendError::BuiltElsewhere {
+                    backend: self,
+                    load_with: match self {
+                        Backend::Torch => "policyport_torch::load (crate policyport-torch)",
+                        _ => "policyport_wasmtime::load (crate policyport-wasmtime)",
+                    },
+                }
+                .into());
+            }
         };
         if compiled {
             Ok(())
@@ -60,20 +88,28 @@ impl Backend {
             })
         }
     }
+}
+
+/// The built-in backends build their own executors.
+impl ExecutorBuilder for Backend {
+    fn backend(&self) -> Backend {
+        *self
+    }
 
     /// The one lowering of `art` for this backend: an executor whose step reads back the head values
     /// (distribution values, value estimate) and the next recurrent states; with `readback` given instead, just
     /// those values (golden probes of intermediate values).
-    pub(crate) fn build(
-        self,
+    fn build(
+        &self,
         art: &Artifact,
         plan: &ValidatedPlan,
         readback: Option<&[&str]>,
     ) -> Result<Box<dyn Executor>, PolicyError> {
-        self.check_compiled()?;
+        let this = *self;
+        this.check_compiled()?;
         let head_and_states = crate::lower::step_readback(art, plan);
         let values = readback.unwrap_or(&head_and_states);
-        match self {
+        match this {
             Backend::Cpu => Ok(Box::new(crate::cpu::CpuProgram::new(art, plan, values))),
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Box::new(crate::exec::Program::new(
@@ -81,7 +117,7 @@ impl Backend {
                 plan,
                 values,
                 &burn::tensor::Device::flex(),
-                self,
+                this,
             ))),
             #[cfg(feature = "wgpu")]
             Backend::Wgpu => {
@@ -89,7 +125,7 @@ impl Backend {
                 Ok(match readback {
                     // Probes of intermediate values run op by op on the same device.
                     Some(values) => {
-                        Box::new(crate::exec::Program::new(art, plan, values, &device, self))
+                        Box::new(crate::exec::Program::new(art, plan, values, &device, this))
                     }
                     None => Box::new(crate::wgpu_setup::program(art, plan, values, &device)),
                 })

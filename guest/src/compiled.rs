@@ -13,7 +13,7 @@ use policyport_format::{
 
 use crate::backend::Backend;
 use crate::error::{BackendError, PolicyError};
-use crate::executor::{Executor, StepInput};
+use crate::executor::{Executor, ExecutorBuilder, StepInput};
 use crate::golden::{GoldenReport, GoldenShape, compare_golden, golden_modes};
 use crate::observations::{Observations, Preprocessor, one_hot_width};
 use crate::session::{ActOutputs, EnvIds, MAX_BATCH, Request, Session};
@@ -80,6 +80,8 @@ pub struct CompiledPolicy {
     artifact: Artifact,
     plan: ValidatedPlan,
     exec: Box<dyn Executor>,
+    /// What built `exec` (golden probes build one-off programs with it).
+    builder: Arc<dyn ExecutorBuilder>,
     pre: Preprocessor,
     one_hot: Option<usize>,
     selection: Option<Selection>,
@@ -104,7 +106,18 @@ impl CompiledPolicy {
 
     /// [`CompiledPolicy::load`] from a decoded artifact.
     pub fn from_artifact(artifact: Artifact, backend: Backend) -> Result<Arc<Self>, PolicyError> {
-        let policy = Arc::new(Self::build(artifact, backend)?);
+        backend.check_compiled()?;
+        Self::with_builder(artifact, Arc::new(backend))
+    }
+
+    /// [`CompiledPolicy::from_artifact`] on an executor built by `builder`: how a backend whose executor lives in
+    /// another crate (libtorch, `policyport_torch::load`) gets the same policy, sessions, request checks, state
+    /// model, sampling and golden verification as the built-in ones.
+    pub fn with_builder(
+        artifact: Artifact,
+        builder: Arc<dyn ExecutorBuilder>,
+    ) -> Result<Arc<Self>, PolicyError> {
+        let policy = Arc::new(Self::build(artifact, builder)?);
         // A WebGPU program in a browser cannot block on its warm-up readback: load_async warms it instead.
         if !(cfg!(target_family = "wasm") && policy.exec.placement().sampling) {
             for batch in policy.warm_up_batches() {
@@ -114,16 +127,16 @@ impl CompiledPolicy {
         Ok(policy)
     }
 
-    fn build(artifact: Artifact, backend: Backend) -> Result<Self, PolicyError> {
-        backend.check_compiled()?;
+    fn build(artifact: Artifact, builder: Arc<dyn ExecutorBuilder>) -> Result<Self, PolicyError> {
         let plan = validate(&artifact, &Limits::default())?;
-        let exec = backend.build(&artifact, &plan, None)?;
+        let exec = builder.build(&artifact, &plan, None)?;
         let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
         Ok(CompiledPolicy {
             one_hot: one_hot_width(&artifact),
             artifact,
             plan,
             exec,
+            builder,
             pre,
             selection: None,
         })
@@ -133,7 +146,7 @@ impl CompiledPolicy {
     /// asynchronously (once per process) and the warm-up acts are awaited.
     pub async fn load_async(bytes: &[u8], backend: Backend) -> Result<Arc<Self>, PolicyError> {
         crate::backend::prepare_async(backend).await?;
-        let policy = Arc::new(Self::build(read_artifact(bytes)?, backend)?);
+        let policy = Arc::new(Self::build(read_artifact(bytes)?, Arc::new(backend))?);
         for batch in policy.warm_up_batches() {
             let mut s = policy.session();
             let obs = policy.zero_obs(batch);
@@ -419,7 +432,7 @@ impl CompiledPolicy {
             .into());
         }
         let exec = self
-            .backend()
+            .builder
             .build(&self.artifact, &self.plan, Some(&[name]))?;
         let mut scratch = exec.new_scratch();
         let mut obs = Vec::new();

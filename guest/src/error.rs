@@ -69,12 +69,21 @@ pub enum BackendError {
     /// Reading results back from the device failed.
     #[error("readback: {0}")]
     Readback(String),
+    /// The device runtime raised an error running a step (libtorch, CUDA); the message is the runtime's.
+    #[error("device: {0}")]
+    Device(String),
     /// WebGPU in a browser cannot block: this call has an async form that must be used instead.
     #[error("WebGPU cannot block in a browser: use {use_instead}")]
     NeedsAsync { use_instead: &'static str },
     /// A value the device program cannot produce on this path (e.g. a blocking golden probe on WebGPU).
     #[error("{0}")]
     Unsupported(&'static str),
+    /// The backend's executor lives in another crate (libtorch: `policyport-torch`), which loads policies on it.
+    #[error("the {} backend is built by another crate: load with {load_with}", backend.name())]
+    BuiltElsewhere {
+        backend: Backend,
+        load_with: &'static str,
+    },
 }
 
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -8,11 +8,15 @@
 //! and scattering host-side state, sampling unless the executor does it, unpacking outputs); the executor says
 //! which of those it takes over with its [`Placement`].
 //!
-//! Adding a backend = one `Executor` impl and one arm in [`Backend::build`](crate::Backend).
+//! Adding a backend = one `Executor` impl and one arm in `Backend`'s [`ExecutorBuilder`] impl (`backend.rs`); a
+//! backend that cannot live in this crate (libtorch) implements [`ExecutorBuilder`] in its own crate and loads
+//! through [`CompiledPolicy::with_builder`](crate::CompiledPolicy::with_builder): the session, its checks, state
+//! model, sampling and golden verification are then the same code as for every other backend.
 
 use std::any::Any;
 
 use policyport_format::sampling::ActMode;
+use policyport_format::{Artifact, ValidatedPlan};
 
 use crate::backend::Backend;
 use crate::error::PolicyError;
@@ -83,6 +87,24 @@ impl Pending {
             }
         }
     }
+}
+
+/// Builds one backend's executors for an artifact: the step program a policy keeps, and one-off probe programs
+/// (golden values that are not act() outputs). Kept by the [`CompiledPolicy`](crate::CompiledPolicy) for those
+/// probes.
+pub trait ExecutorBuilder: Send + Sync {
+    fn backend(&self) -> Backend;
+
+    /// The one lowering ([`crate::lower`]) of `art` for this backend. `readback: None`: the step program, whose
+    /// rows are the head values (distribution values, value estimate) and the next recurrent states (or, with
+    /// [`Placement::sampling`], actions, finished parameters and value). `Some(values)`: a program whose rows
+    /// are just those values (placement all host-side: preprocessed observations in, host state rows in).
+    fn build(
+        &self,
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback: Option<&[&str]>,
+    ) -> Result<Box<dyn Executor>, PolicyError>;
 }
 
 /// A lowered policy on one backend. Immutable: `&self` everywhere, `Send + Sync`.

@@ -3,8 +3,9 @@
 //   node tests/browser/run.mjs <policyport CLI> <output dir>
 //
 // 0. Every WGSL variant of shaders/ compiles in Chrome's WebGPU (Tint), not only in naga.
-// 1. Golden vectors: every bundled artifact's embedded PyTorch-float64 cases pass on cpu (CPU bundle), cpu (full
-//    bundle) and webgpu.
+// 1. Golden vectors: every fixture of the conformance suite (tests/fixtures/*/policy.onnx, the same list as the
+//    Rust suite's `fixture_names()`), compiled by the CLI with its PyTorch-float64 cases, passes on cpu (CPU
+//    bundle), cpu (full bundle) and webgpu.
 // 2. Native traces: `policyport trace` steps 256 CartPoles / 64 Pendulums natively; the page acts on the same
 //    observations with the same seeds and must produce the same actions (discrete: all equal; continuous:
 //    within 1e-4) on cpu and webgpu; on cpu the page's own envs (the same Rust code in wasm) must retrace the
@@ -65,6 +66,20 @@ for (const [env, n, steps] of [["cartpole", 256, 60], ["pendulum", 64, 60]]) {
   traces[env] = JSON.parse(fs.readFileSync(out, "utf8"));
 }
 
+// ---- every fixture of the suite, compiled with its PyTorch float64 golden cases ----
+const FIXTURES = path.join(ROOT, "tests/fixtures");
+const fixtures = fs.readdirSync(FIXTURES)
+  .filter((d) => fs.existsSync(path.join(FIXTURES, d, "policy.onnx")))
+  .sort();
+if (fixtures.length < 6) throw new Error(`expected the suite's fixtures in ${FIXTURES}, found ${fixtures}`);
+const fixtureBytes = {};
+for (const name of fixtures) {
+  const d = path.join(FIXTURES, name);
+  const file = path.join(outDir, `fixture-${name}.policy`);
+  execFileSync(bin, ["compile", path.join(d, "policy.onnx"), "--spec", path.join(d, "import.json"), "--golden", path.join(d, "io.json"), "-o", file], { stdio: "inherit" });
+  fixtureBytes[name] = Array.from(fs.readFileSync(file));
+}
+
 // ---- the browser ----
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -110,10 +125,10 @@ try {
   const setups = [["cpu", "cpu"], ["webgpu", "cpu"], ["webgpu", "webgpu"]];
   results.load = [];
   for (const [bundle, backend] of setups) {
-    for (const name of ["cartpole", "pendulum", "mlp64"]) {
-      const r = await page.evaluate(async ({ bundle, backend, name }) => {
+    for (const name of fixtures) {
+      const r = await page.evaluate(async ({ bundle, backend, name, raw }) => {
         const pp = await window.demo.loadBundle(bundle);
-        const bytes = new Uint8Array(await (await fetch(`./policies/${name}.policy`)).arrayBuffer());
+        const bytes = new Uint8Array(raw);
         const p = await pp.Policy.load(bytes, { backend });
         const reports = await p.verify();
         const info = p.info();
@@ -125,7 +140,7 @@ try {
         const first = p2.info().firstActUs;
         p.free(); p2.free();
         return { reports, backend: info.backend, dispatches: info.dispatchesPerAct, loadMs, firstActUs: first, simd: info.simd128 };
-      }, { bundle, backend, name });
+      }, { bundle, backend, name, raw: fixtureBytes[name] });
       const bad = r.reports.filter((c) => !c.passed);
       const worst = Math.max(...r.reports.map((c) => c.maxRelErr));
       check(`golden ${name} on ${backend} (${bundle} bundle)`, r.backend === backend && r.reports.length > 0 && bad.length === 0,

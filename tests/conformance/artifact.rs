@@ -48,7 +48,10 @@ fn compile_without_golden_uses_the_reference_interpreter() {
             .all(|g| g.name.starts_with("reference_"))
     );
     for b in policyport_conformance::backends() {
-        let reports = CompiledPolicy::load(&bytes, b).unwrap().verify().unwrap();
+        let reports = policyport_conformance::load(&bytes, b)
+            .unwrap()
+            .verify()
+            .unwrap();
         assert!(reports.iter().all(|r| r.passed), "{reports:?}");
     }
 }

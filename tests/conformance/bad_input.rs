@@ -186,7 +186,7 @@ fn bad_observations_and_calls() {
 }
 
 fn bad_observations_and_calls_on(backend: Backend) {
-    let policy = CompiledPolicy::load(&cartpole(), backend).unwrap();
+    let policy = policyport_conformance::load(&cartpole(), backend).unwrap();
     let mut p = policy.session();
     let mode = ActMode::Sample { seed: 1, step: 2 };
     let act = |p: &mut Session, obs: Observations, batch: usize, envs: EnvIds| {
@@ -267,7 +267,9 @@ fn mutated_manifests_never_panic() {
         }
         let bytes = assemble(&mm, w);
         for backend in policyport_conformance::backends() {
-            match std::panic::catch_unwind(|| CompiledPolicy::load(&bytes, backend).map(|_| ())) {
+            match std::panic::catch_unwind(|| {
+                policyport_conformance::load(&bytes, backend).map(|_| ())
+            }) {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => refused += 1,
                 Err(_) => panic!(

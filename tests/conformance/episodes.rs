@@ -1,7 +1,6 @@
-use policyport::CompiledPolicy;
-use policyport_conformance::{backends, compile_fixture, load_fixture};
 use policyport_cli::demo::{EpisodeStats, run_episodes};
 use policyport_cli::envs::{CartPole, Env, Pendulum};
+use policyport_conformance::{backends, compile_fixture, load_fixture};
 
 /// Replay a trained fixture's evaluation episodes on every backend; `check(key, backend, want, got)` per mode.
 fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStats)) {
@@ -9,7 +8,7 @@ fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStat
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
     for b in backends() {
-        let mut p = CompiledPolicy::load(&bytes, b).unwrap().session();
+        let mut p = policyport_conformance::load(&bytes, b).unwrap().session();
         for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
             let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
             let seeds = (

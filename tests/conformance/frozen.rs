@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use policyport::{ActMode, Backend, CompiledPolicy, Observations, Request};
+use policyport::{ActMode, Backend, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_format::read_artifact;
 use serde_json::{Value, json};
@@ -47,8 +47,8 @@ fn frozen_files() -> Vec<(String, PathBuf)> {
 /// The outputs of one backend on the seeded batch: per mode, one or two steps (two for recurrent policies, so the
 /// carried state is covered too).
 fn outputs(bytes: &[u8], backend: Backend) -> Value {
-    let p =
-        CompiledPolicy::load(bytes, backend).unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
+    let p = policyport_conformance::load(bytes, backend)
+        .unwrap_or_else(|e| panic!("load on {backend:?}: {e}"));
     let obs = policyport_import::random_obs(&p.manifest().observation, BATCH, OBS_SEED);
     let recurrent = p.info().recurrent_states > 0;
     let mut cases = vec![];
@@ -147,7 +147,7 @@ fn every_frozen_artifact_loads_and_answers_the_same_on_every_backend() {
             }
         }
         for backend in backends() {
-            let p = CompiledPolicy::load(&bytes, backend).unwrap();
+            let p = policyport_conformance::load(&bytes, backend).unwrap();
             for r in p.verify().unwrap() {
                 assert!(
                     r.passed,

@@ -14,7 +14,7 @@ fn every_fixture_matches_pytorch_on_every_backend() {
         );
         let bytes = compile_fixture(&f);
         for backend in backends() {
-            let p = CompiledPolicy::load(&bytes, backend).unwrap();
+            let p = policyport_conformance::load(&bytes, backend).unwrap();
             let reports = p.verify().unwrap();
             assert_eq!(reports.len(), f.io.cases.len());
             for r in reports {
@@ -35,7 +35,9 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
     let bytes = compile_fixture(&f);
     let case = &f.io.cases[2];
     for backend in backends() {
-        let mut p = CompiledPolicy::load(&bytes, backend).unwrap().session();
+        let mut p = policyport_conformance::load(&bytes, backend)
+            .unwrap()
+            .session();
         let mode = ActMode::Sample {
             seed: case.seed,
             step: case.step,
@@ -89,7 +91,7 @@ fn sampling_depends_on_env_id_not_on_batch_position() {
 fn outputs_are_reused_without_reallocation() {
     let f = load_fixture("cartpole");
     for backend in backends() {
-        let mut p = CompiledPolicy::load(&compile_fixture(&f), backend)
+        let mut p = policyport_conformance::load(&compile_fixture(&f), backend)
             .unwrap()
             .session();
         let obs = vec![0.01f32; 4 * 8];
@@ -166,7 +168,7 @@ fn eight_threads_share_one_compiled_policy() {
     let bytes = compile_fixture(&f);
     let case = f.io.cases[2].clone();
     for backend in backends() {
-        let policy = CompiledPolicy::load(&bytes, backend).unwrap();
+        let policy = policyport_conformance::load(&bytes, backend).unwrap();
         let mut single = policy.session();
         let expected: Vec<Vec<i64>> = (0..20u64)
             .map(|step| {

@@ -133,7 +133,7 @@ pub(crate) fn step64(t: &BTreeMap<String, Tensor>, x: &[f32], h: &[f64]) -> (Vec
 fn recurrent_state_is_per_env_and_carried_between_steps() {
     let (bytes, t) = elman();
     for backend in backends() {
-        let policy = CompiledPolicy::load(&bytes, backend).unwrap();
+        let policy = policyport_conformance::load(&bytes, backend).unwrap();
         assert_eq!(policy.info().recurrent_states, 1);
         let mut s = policy.session();
         s.set_max_envs(3);
@@ -196,7 +196,7 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
     let (bytes, t) = elman();
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
     for backend in backends() {
-        let policy = CompiledPolicy::load(&bytes, backend).unwrap();
+        let policy = policyport_conformance::load(&bytes, backend).unwrap();
         let (mut masked, mut reset) = (policy.session(), policy.session());
         let mut h = [vec![0.0f64; 4], vec![0.0f64; 4]];
         for step in 0..5u64 {
@@ -234,14 +234,12 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
             }))
         ));
     }
-    // The same mask through the sandboxed plugin (ABI v2) and the libtorch executor: the cpu session's answers.
+    // The same mask through the sandboxed plugin (ABI v2): the cpu session's answers. (libtorch is one of
+    // `backends()` above.)
     let cpu = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
-    let rt =
-        policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let rt = policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut plugin =
         policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
-    let mut torch = policyport_torch::COMPILED
-        .then(|| policyport_torch::TorchPolicy::load(&bytes, &Default::default()).unwrap());
     let mut want = cpu.session();
     let mut got = ActOutputs::default();
     for step in 0..5u64 {
@@ -257,27 +255,22 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
         for (a, b) in got.dist_params.iter().zip(&w.dist_params) {
             assert!((a - b).abs() < 1e-5, "plugin step {step}: {a} vs {b}");
         }
-        if let Some(t) = torch.as_mut() {
-            t.act(&req, &mut got).unwrap();
-            assert_eq!(got.discrete, w.discrete, "libtorch step {step}");
-            for (a, b) in got.dist_params.iter().zip(&w.dist_params) {
-                assert!((a - b).abs() < 1e-5, "libtorch step {step}: {a} vs {b}");
-            }
-        }
     }
 }
 
 /// Regression (one env-id rule for every runtime): a recurrent batch naming one env twice was refused on wgpu and
 /// libtorch, but on cpu, flex and the wasm plugin the second row's next state silently overwrote the first's.
-/// Now every runtime refuses it with the same typed error, changes no state, and still accepts the same ids for
-/// a feed-forward policy (no state, nothing to race on).
+/// Now every runtime refuses it with the same typed error and changes no state: every backend of `backends()`
+/// (cpu, flex, wgpu, libtorch), then the sandboxed plugin through its ABI.
 #[test]
 fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
     let (bytes, _) = elman();
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7, 0.1, 0.2, 0.3];
     let dup = [2u32, 0, 2];
     for backend in backends() {
-        let mut p = CompiledPolicy::load(&bytes, backend).unwrap().session();
+        let mut p = policyport_conformance::load(&bytes, backend)
+            .unwrap()
+            .session();
         p.act(
             &Request::new(Observations::F32(&obs[..6]), 2, ActMode::Deterministic)
                 .envs(EnvIds::List(&[2, 0])),
@@ -302,8 +295,7 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
         );
     }
     // The sandboxed plugin: the same rule through the ABI (bad call).
-    let rt =
-        policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
+    let rt = policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut w = policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
     let mut out = ActOutputs::default();
     match w.act(
@@ -315,21 +307,5 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
             assert!(message.contains("env 2 appears twice"), "{message}");
         }
         other => panic!("plugin: {other:?}"),
-    }
-    // libtorch (when compiled): the same typed error.
-    if policyport_torch::COMPILED {
-        use policyport_torch::{TorchOptions, TorchPolicy};
-        let mut t = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
-        let err = t
-            .act(
-                &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic)
-                    .envs(EnvIds::List(&dup)),
-                &mut out,
-            )
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("env 2 appears twice"),
-            "libtorch: {err}"
-        );
     }
 }

@@ -1,4 +1,6 @@
-//! The libtorch executor (`policyport_torch`, cargo feature `tch`) against the same fixtures and the guest.
+//! The libtorch executor (`policyport_torch`, cargo feature `tch`) in the configurations the whole suite does not
+//! run (it runs `Backend::Torch` with the defaults: CPU, f32, eager, host sampling): f16 / bf16, device sampling,
+//! the CUDA-graph code path on static buffers, bad options, and CUDA on a GPU machine.
 //!
 //! Built without the suite's `tch` feature these tests are *ignored* with that reason (reported as skipped, never
 //! as passed), and `a_build_without_tch_says_not_compiled` checks the typed error instead. The CUDA test is ignored
@@ -53,12 +55,8 @@ fn opts(precision: Precision, launch: Launch, sampling: Sampling) -> TorchOption
 
 /// The configurations every fixture must pass on CPU, with the tolerance their float outputs get.
 fn cpu_configs() -> Vec<(&'static str, TorchOptions, Option<f64>)> {
+    // (f32 eager with host sampling, the default, is `Backend::Torch` in the whole suite.)
     vec![
-        (
-            "f32 eager host-sampling",
-            opts(Precision::F32, Launch::Eager, Sampling::Host),
-            None,
-        ),
         (
             "f32 eager device-sampling",
             opts(Precision::F32, Launch::Eager, Sampling::Device),
@@ -323,52 +321,16 @@ fn recurrent_state_lives_on_the_device() {
     }
 }
 
+/// What only libtorch can refuse: its options and devices (request errors are the session's, checked for every
+/// backend in `bad_input.rs`).
 #[test]
 #[cfg_attr(
     not(feature = "tch"),
     ignore = "built without the libtorch executor (feature tch)"
 )]
-fn bad_input_is_a_typed_error() {
+fn bad_options_are_a_typed_error() {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
-    let mut p = TorchPolicy::load(&bytes, &TorchOptions::default()).unwrap();
-    let mut out = ActOutputs::default();
-    let det = ActMode::Deterministic;
-    assert!(matches!(
-        p.act(
-            &Request::new(Observations::F32(&[0.0; 3]), 1, det),
-            &mut out
-        ),
-        Err(TorchError::Policy(PolicyError::Observation(_)))
-    ));
-    assert!(matches!(
-        p.act(
-            &Request::new(Observations::F32(&[0.0, f32::NAN, 0.0, 0.0]), 1, det),
-            &mut out
-        ),
-        Err(TorchError::Policy(PolicyError::Observation(_)))
-    ));
-    assert!(matches!(
-        p.act(&Request::new(Observations::U8(&[0; 4]), 1, det), &mut out),
-        Err(TorchError::Policy(PolicyError::Observation(_)))
-    ));
-    assert!(matches!(
-        p.act(&Request::new(Observations::F32(&[]), 0, det), &mut out),
-        Err(TorchError::Policy(PolicyError::Batch { .. }))
-    ));
-    assert!(matches!(
-        p.act(
-            &Request::new(Observations::F32(&[0.0; 8]), 2, det).envs(EnvIds::List(&[0])),
-            &mut out
-        ),
-        Err(TorchError::Policy(PolicyError::EnvIds(_)))
-    ));
-    // Still usable after every refusal.
-    p.act(
-        &Request::new(Observations::F32(&[0.0; 4]), 1, det),
-        &mut out,
-    )
-    .unwrap();
     assert!(matches!(
         TorchPolicy::load(&bytes[..100], &TorchOptions::default()),
         Err(TorchError::Artifact(_))
@@ -383,6 +345,14 @@ fn bad_input_is_a_typed_error() {
             Err(TorchError::NoCuda(_))
         ));
     }
+    let no_buckets = TorchOptions {
+        max_batch: 0,
+        ..Default::default()
+    };
+    assert!(matches!(
+        TorchPolicy::load(&bytes, &no_buckets),
+        Err(TorchError::Policy(PolicyError::Batch { batch: 0, .. }))
+    ));
     let graphs_on_cpu = TorchOptions {
         launch: Launch::CudaGraphs,
         ..Default::default()

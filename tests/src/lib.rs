@@ -1,9 +1,12 @@
 //! Shared helpers of the conformance suite: fixture discovery and compilation, backends under test.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use policyport::Backend;
+use policyport::{Backend, BackendError, CompiledPolicy, PolicyError};
 use policyport_import::{FixtureIo, ImportSpec, Storage, compile_onnx};
+use policyport_torch::{TorchError, TorchOptions};
+use policyport_wasmtime::{WasmError, WasmRuntime};
 
 /// tests/fixtures, or `POLICYPORT_FIXTURES` (a test binary copied to another machine, e.g. the GPU check).
 pub fn fixtures_dir() -> PathBuf {
@@ -55,7 +58,13 @@ pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
     .unwrap_or_else(|e| panic!("compiling {}: {e}", f.name))
 }
 
-/// The backends this build runs. Every conformance test runs on each of them.
+/// The backends this build runs. Every conformance test runs on each of them (load with [`load`]).
+///
+/// Besides the runtime's own backends (cpu, flex, and wgpu with the suite's `wgpu` feature): `Wasmtime`, the
+/// sandboxed plugin under wasmtime (crate policyport-wasmtime; the plugin module test.sh builds), always; and
+/// `Torch`, the libtorch executor (crate policyport-torch, its default options: CPU, f32, eager, host sampling)
+/// with the suite's `tch` feature — its other configurations (f16 / bf16, device sampling, the CUDA-graph code
+/// path on static buffers, CUDA) run in `torch.rs`; the plugin's limits, hostile modules and cache in `wasm.rs`.
 ///
 /// Under `POLICYPORT_CPU_BASELINE=1` (test.sh's rerun of the suite on the cpu backend's portable kernels, no
 /// AVX2/AVX-512) only the cpu backend: it is the only one whose code that variable changes, and every backend
@@ -64,7 +73,7 @@ pub fn backends() -> Vec<Backend> {
     if std::env::var_os("POLICYPORT_CPU_BASELINE").is_some() {
         return vec![Backend::Cpu];
     }
-    let b = Backend::compiled();
+    let mut b = Backend::compiled();
     assert!(
         b.contains(&Backend::Cpu) && b.contains(&Backend::Flex),
         "cpu and flex must always run the suite: {b:?}"
@@ -74,13 +83,60 @@ pub fn backends() -> Vec<Backend> {
         cfg!(feature = "wgpu"),
         "the guest's wgpu feature and the suite's disagree: the wgpu-only tests would be skipped or mis-run"
     );
+    assert_eq!(
+        policyport_torch::COMPILED,
+        cfg!(feature = "tch"),
+        "policyport-torch/tch and the suite's tch feature disagree"
+    );
     if std::env::var("POLICYPORT_REQUIRE_WGPU").is_ok_and(|v| v == "1") {
         assert!(
             b.contains(&Backend::Wgpu),
             "POLICYPORT_REQUIRE_WGPU=1 but the guest was built without the `wgpu` feature"
         );
     }
+    if std::env::var("POLICYPORT_REQUIRE_TCH").is_ok_and(|v| v == "1") {
+        assert!(
+            policyport_torch::COMPILED,
+            "POLICYPORT_REQUIRE_TCH=1 but policyport-torch was built without the `tch` feature"
+        );
+    }
+    if policyport_torch::COMPILED {
+        b.push(Backend::Torch);
+    }
+    b.push(Backend::Wasmtime);
     b
+}
+
+/// One wasmtime runtime (engine + compiled plugin) for the whole suite.
+pub fn plugin_runtime() -> Arc<WasmRuntime> {
+    static RT: std::sync::OnceLock<Arc<WasmRuntime>> = std::sync::OnceLock::new();
+    RT.get_or_init(|| WasmRuntime::new(&plugin_wasm()).expect("the plugin module loads"))
+        .clone()
+}
+
+/// Load `bytes` on one of [`backends`]: the built-in backends through [`CompiledPolicy::load`], `Torch` through
+/// `policyport_torch::load` with its default options, `Wasmtime` through `policyport_wasmtime::load` on
+/// [`plugin_runtime`] with the default limits. Errors are the runtime's typed errors either way (a
+/// libtorch failure is `BackendError::Device`).
+pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, PolicyError> {
+    match backend {
+        Backend::Torch => {
+            policyport_torch::load(bytes, &TorchOptions::default()).map_err(|e| match e {
+                TorchError::Policy(p) => p,
+                TorchError::Artifact(f) => PolicyError::Artifact(f),
+                other => BackendError::Device(other.to_string()).into(),
+            })
+        }
+        Backend::Wasmtime => {
+            policyport_wasmtime::load(&plugin_runtime(), bytes, Default::default()).map_err(|e| {
+                match e {
+                    WasmError::Policy(p) => p,
+                    other => BackendError::Device(other.to_string()).into(),
+                }
+            })
+        }
+        _ => CompiledPolicy::load(bytes, backend),
+    }
 }
 
 /// The plugin module (`guest/plugin` built for wasm32-unknown-unknown), found next to this test binary's target

@@ -1,4 +1,4 @@
-//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 2) as code: one definition of the version, the export
+//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 3) as code: one definition of the version, the export
 //! names, the error codes, the `pp_info` words and the `pp_act` argument encodings, shared by the plugin (inside the
 //! sandbox), the wasmtime host and the C ABI. Before this crate each side kept its own copy (the plugin's `ERR_*`
 //! constants were unused by the host, which matched literal `-1`..`-4`, and decoded `pp_info` by index).
@@ -6,8 +6,9 @@
 #![no_std]
 
 /// The ABI version a plugin reports from `pp_abi_version` and a host requires. Version 2 added `pp_act`'s
-/// `episode_starts` (the one state model: a per-row flag that zeroes the env's state before the step).
-pub const ABI_VERSION: u32 = 2;
+/// `episode_starts` (the one state model: a per-row flag that zeroes the env's state before the step); version 3
+/// added `pp_state` (reading the recurrent state back, so the plugin is a runtime `Executor` like any other).
+pub const ABI_VERSION: u32 = 3;
 
 /// Export names (and the one exported memory).
 pub mod export {
@@ -19,6 +20,7 @@ pub mod export {
     pub const INFO: &str = "pp_info";
     pub const ACT: &str = "pp_act";
     pub const RESET: &str = "pp_reset";
+    pub const STATE: &str = "pp_state";
     pub const LAST_ERROR: &str = "pp_last_error";
     pub const DROP: &str = "pp_drop";
 }
@@ -250,6 +252,7 @@ mod tests {
             export::INFO,
             export::ACT,
             export::RESET,
+            export::STATE,
             export::LAST_ERROR,
             export::DROP,
         ] {

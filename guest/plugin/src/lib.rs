@@ -1,4 +1,4 @@
-//! policyport as a plain wasm module for sandboxed hosts: the exports of ABI.md (version 1). Build with
+//! policyport as a plain wasm module for sandboxed hosts: the exports of ABI.md (its version: `policyport_abi`). Build with
 //! `cargo build --release -p policyport-plugin --target wasm32-unknown-unknown`. The module imports nothing;
 //! everything crosses the boundary as offsets into its own memory. A panic aborts (traps) the instance; the host
 //! turns the trap into a typed error and drops the instance.
@@ -275,6 +275,48 @@ pub unsafe extern "C" fn pp_reset(handle: i32, env_ids: *const u32, n: u32) -> i
             .ok_or_else(|| fail(ERR_CALL, "env ids pointer"))?;
         slot.session.reset(ids).map_err(|e| fail(code_of(&e), e))?;
         Ok(0)
+    })
+    .unwrap_or_else(|code| code)
+}
+
+/// # Safety
+/// `out` covers `cap` writable `f32`s when `cap` holds the whole tensor (it is not touched otherwise).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_state(handle: i32, k: u32, out: *mut f32, cap: u32) -> i32 {
+    with_slot(handle, |slot| {
+        let count = slot.info.recurrent_states;
+        if k as usize >= count {
+            let e = PolicyError::from(policyport::StateError::NoSuchTensor {
+                index: k as usize,
+                count,
+            });
+            return Err(fail(code_of(&e), e));
+        }
+        let envs = slot.session.num_envs();
+        if envs == 0 {
+            return Ok(0);
+        }
+        let numel = slot
+            .session
+            .state(k as usize, 0)
+            .map_err(|e| fail(code_of(&e), e))?
+            .len();
+        let total = match envs.checked_mul(numel).filter(|t| *t <= i32::MAX as usize) {
+            Some(t) => t,
+            None => return Err(fail(ERR_STATE, "recurrent state too large to report")),
+        };
+        if cap as usize >= total {
+            let dst = unsafe { slice_mut(out, total) }
+                .ok_or_else(|| fail(ERR_CALL, "state pointer is null or misaligned"))?;
+            for (env, row) in dst.chunks_exact_mut(numel).enumerate() {
+                let src = slot
+                    .session
+                    .state(k as usize, env as u32)
+                    .map_err(|e| fail(code_of(&e), e))?;
+                row.copy_from_slice(src);
+            }
+        }
+        Ok(total as i32)
     })
     .unwrap_or_else(|code| code)
 }

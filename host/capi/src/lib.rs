@@ -122,6 +122,7 @@ fn wasm_status(e: &WasmError) -> PpStatus {
             ErrorCode::Handle | ErrorCode::Memory => PpStatus::Sandbox,
         },
         WasmError::Call(_) => PpStatus::BadCall,
+        WasmError::Policy(p) => status_of(p),
         _ => PpStatus::Sandbox,
     }
 }

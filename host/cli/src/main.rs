@@ -6,11 +6,13 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
-use policyport_format::{Limits, read_artifact, validate};
 use policyport_cli::demo::run_episodes;
 use policyport_cli::envs::{CartPole, Pendulum};
 use policyport_cli::npy;
-use policyport_import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec, Storage, compile_onnx, inspect};
+use policyport_format::{Limits, read_artifact, validate};
+use policyport_import::{
+    DistSpec, FixtureIo, ImportSpec, LogStdSpec, Storage, compile_onnx, inspect,
+};
 
 #[derive(Parser)]
 #[command(
@@ -317,7 +319,7 @@ fn main() -> Result<()> {
             step,
             env_offset,
         } => {
-            let policy = CompiledPolicy::load(&read(&artifact)?, backend)?;
+            let policy = load_policy(&read(&artifact)?, backend)?;
             let mut session = policy.session();
             let raw = read(&obs)?;
             let (shape, data) = if obs.extension().is_some_and(|e| e == "npy") {
@@ -347,7 +349,7 @@ fn main() -> Result<()> {
             );
         }
         Cmd::Verify { artifact, backend } => {
-            let policy = CompiledPolicy::load(&read(&artifact)?, backend)?;
+            let policy = load_policy(&read(&artifact)?, backend)?;
             let reports = policy.verify()?;
             let mut ok = true;
             for r in &reports {
@@ -433,7 +435,7 @@ fn main() -> Result<()> {
             plugin,
         } => {
             let bytes = read(&artifact)?;
-            let policy = CompiledPolicy::load(&bytes, backend)?;
+            let policy = load_policy(&bytes, backend)?;
             let mut session = policy.session();
             let raw_len = policy.info().obs_len;
             let mut sandboxed = match &plugin {
@@ -659,7 +661,7 @@ fn trace(
     out: &Path,
 ) -> Result<()> {
     use policyport_cli::envs::VecEnv;
-    let policy = CompiledPolicy::load(bytes, backend)?;
+    let policy = load_policy(bytes, backend)?;
     let mut session = policy.session();
     let info = policy.info();
     if info.obs_len != kind.obs_len() {
@@ -760,6 +762,15 @@ fn serve_web(bind: &str, port: u16, root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Load on any backend: the built-in ones through the runtime, `torch` through the libtorch crate (its default
+/// options: CPU, f32, eager; `bench-torch` has the others). A backend this build lacks is a typed error.
+fn load_policy(bytes: &[u8], backend: Backend) -> Result<std::sync::Arc<CompiledPolicy>> {
+    Ok(match backend {
+        Backend::Torch => policyport_torch::load(bytes, &Default::default())?,
+        _ => CompiledPolicy::load(bytes, backend)?,
+    })
+}
+
 fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
     std::fs::create_dir_all(out_dir)?;
     let mut failures = vec![];
@@ -782,7 +793,7 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
         std::fs::write(&path, &bytes)?;
         let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
-        let policy = CompiledPolicy::load(&std::fs::read(&path)?, backend)?;
+        let policy = load_policy(&std::fs::read(&path)?, backend)?;
         let mut session = policy.session();
         let load_ms = t1.elapsed().as_secs_f64() * 1e3;
         let env_seed = eval["env_seed"].as_u64().context("env_seed")?;

@@ -41,4 +41,3 @@ pub enum ImportError {
     #[error(transparent)]
     Format(#[from] FormatError),
 }
-

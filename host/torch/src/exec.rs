@@ -1,30 +1,33 @@
-//! The libtorch executor behind [`super::TorchPolicy`].
+//! The libtorch executor: `policyport`'s [`Executor`] trait implemented with libtorch ops, so a libtorch policy is
+//! a [`policyport::CompiledPolicy`] like any other and its [`policyport::Session`]s do the request check, the
+//! state model (per-env state, resets, episode starts), host sampling and golden verification — the same code as
+//! for every backend.
 //!
 //! At load the guest's one lowering and fusion pass (`policyport::lower`) is translated into libtorch instructions
 //! over its value slots, and the head is built from the artifact's `HeadPlan` (the one decoder of the
-//! distribution): Dense weights are uploaded once, pre-transposed to `[in, out]` in the compute precision. One act() is [`TorchExec::step`]:
-//! device preprocessing → gather per-env state rows → the op program → distribution parameters finished on the
-//! device → actions (on the device, or on the host with the guest's sampler) → next state scattered back to the
-//! env rows → one packed `[batch, width]` f32 tensor read back. The CUDA-graph path captures exactly that
-//! function per bucket over static buffers.
+//! distribution): Dense weights are uploaded once, pre-transposed to `[in, out]` in the compute precision, and
+//! shared by every session ([`TorchProgram`]). What a step mutates lives in the session's scratch
+//! ([`TorchScratch`]): the device copy of the recurrent state and, on the static paths, the bucket buffers and
+//! captured CUDA graphs (which point at that state). One step is [`TorchProgram::step`]: device preprocessing →
+//! gather per-env state rows → the op program → distribution values (finished on the device when it samples) →
+//! actions (device sampling) → next state scattered back to the env rows → one packed `[batch, width]` f32
+//! tensor read back. The CUDA-graph path captures exactly that function per bucket over static buffers.
+
+use std::sync::{Arc, Mutex};
 
 use policyport::format::sampling::ActMode;
-use policyport::format::{
-    Artifact, HeadKind as Dist, HeadPlan, ObsDType, ObservationSpace, Op, Preprocess,
-    ValidatedPlan, read_artifact, validate,
-};
+use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, ValidatedPlan};
 use policyport::lower::{affine_group, expand_affine, lower};
 use policyport::{
-    ActOutputs, Activation, DEFAULT_MAX_ENVS, EnvIdError, EnvIds, GoldenReport, GoldenShape,
-    MAX_BATCH, Observations, PolicyError, Request, activation_of, check_observations,
-    compare_golden, one_hot_width,
+    Activation, Backend, BackendError, ExecScratch, Executor, ExecutorBuilder, MAX_BATCH, Pending,
+    Placement, PolicyError, StepInput, activation_of,
 };
 use tch::{Device, Kind, Tensor};
 
 use super::buckets::{BucketPlan, padded_env_ids};
 use super::graph::CudaGraph;
 use super::philox::{DevicePhilox, RNG_LEN, rng_input, u01, u01_open_closed};
-use super::{Launch, Precision, Sampling, TorchDevice, TorchError, TorchInfo, TorchOptions};
+use super::{Launch, Precision, Sampling, TorchDevice, TorchError, TorchOptions};
 
 type R<T> = Result<T, TorchError>;
 
@@ -117,8 +120,6 @@ struct Program {
     obs_slot: usize,
     instrs: Vec<Instr>,
     pre: Vec<PreStep>,
-    obs_u8: bool,
-    raw_len: i64,
     /// (slot, numel) of each state input, and the slot of its next value.
     states: Vec<(usize, i64, usize)>,
 }
@@ -254,19 +255,12 @@ impl Program {
             obs_slot: low.obs_slot,
             instrs,
             pre,
-            obs_u8: matches!(
-                m.observation,
-                ObservationSpace::Box {
-                    dtype: ObsDType::U8,
-                    ..
-                }
-            ),
-            raw_len: m.observation.raw_len() as i64,
             states,
         })
     }
 
-    /// Raw observations `[batch, raw_len]` (f32, or u8 for uint8 spaces) → preprocessed f32 `[batch, features]`.
+    /// Raw observations `[batch, raw_len]` (f32; uint8 spaces arrive as exact f32 bytes) → preprocessed f32
+    /// `[batch, features]`.
     fn preprocess(&self, obs: &Tensor) -> Result<Tensor, tch::TchError> {
         let mut x = obs.f_to_kind(Kind::Float)?;
         for step in &self.pre {
@@ -462,8 +456,19 @@ impl Head {
         })
     }
 
+    /// The head's raw distribution values `[batch, raw]` in f32 (the rows a host-sampling step reads back; the
+    /// session finishes them with `HeadPlan::finish_params`).
+    fn raw(&self, s: &[Option<Tensor>]) -> Result<Tensor, tch::TchError> {
+        let parts = self
+            .param_slots
+            .iter()
+            .map(|i| s[*i].as_ref().expect("computed").f_to_kind(Kind::Float))
+            .collect::<Result<Vec<_>, _>>()?;
+        Tensor::f_cat(&parts, 1)
+    }
+
     /// Finished distribution parameters `[batch, p]` in f32 (log-std clamped / broadcast, as the guest's
-    /// `Sampler::finish_params`).
+    /// `HeadPlan::finish_params`).
     fn params(&self, s: &[Option<Tensor>]) -> Result<Tensor, tch::TchError> {
         let v = |i: usize| {
             s[self.param_slots[i]]
@@ -562,235 +567,488 @@ fn tch_err(e: TorchError) -> tch::TchError {
     tch::TchError::Torch(e.to_string())
 }
 
-/// Static buffers (and captured graphs) of one bucket.
+/// Static buffers (and captured graphs) of one bucket, in one session's scratch.
 struct BucketRun {
     bucket: usize,
+    /// Raw observations `[bucket, raw_len]` f32.
     obs: Tensor,
     /// Env ids `[bucket]` then the rng input `[RNG_LEN]`, int64: one host→device copy per call.
     idx: Tensor,
+    /// Per mode (deterministic, sample): the step's output over these buffers (replayed in place by a graph).
     out: [Option<Tensor>; 2],
     graphs: [Option<CudaGraph>; 2],
 }
 
-pub(crate) struct TorchExec {
-    artifact: Artifact,
-    validated: ValidatedPlan,
-    compute: Kind,
-    device: Device,
-    opts: TorchOptions,
-    program: Program,
-    head: Head,
-    sampler: HeadPlan,
-    one_hot: Option<usize>,
-    /// Per state: `[num_envs + 1, numel]` f32; the last row is the scratch row padded rows use.
-    state: Vec<Tensor>,
-    num_envs: usize,
-    plan: BucketPlan,
-    runs: Vec<BucketRun>,
-    has_value: bool,
-    p: usize,
-    rows: Vec<f32>,
-    ids: Vec<i64>,
-    /// The request's env ids (the shared check's scratch, reused across calls).
-    env_scratch: Vec<u32>,
+/// The error type at the `Executor` boundary: request and artifact errors keep their kind, anything libtorch or
+/// CUDA raised is a device error with libtorch's message.
+fn to_policy(e: TorchError) -> PolicyError {
+    match e {
+        TorchError::Policy(p) => p,
+        TorchError::Artifact(f) => PolicyError::Artifact(f),
+        other => BackendError::Device(other.to_string()).into(),
+    }
 }
 
-impl TorchExec {
-    pub(crate) fn load(bytes: &[u8], opts: &TorchOptions) -> R<Self> {
-        let artifact = read_artifact(bytes)?;
-        let plan = validate(&artifact, &Default::default())?;
-        let device = match opts.device {
-            TorchDevice::Cpu => Device::Cpu,
-            TorchDevice::Cuda(i) => {
-                let n = cuda_device_count();
-                if i >= n {
-                    return Err(TorchError::NoCuda(format!(
-                        "cuda:{i} asked for, libtorch sees {n} CUDA device(s)"
-                    )));
-                }
-                Device::Cuda(i)
-            }
-        };
-        if opts.launch == Launch::CudaGraphs && device == Device::Cpu {
-            return Err(TorchError::NoCuda("CUDA graphs need a CUDA device".into()));
-        }
-        if opts.max_batch == 0 || opts.max_batch > MAX_BATCH {
-            return Err(PolicyError::Batch {
-                batch: opts.max_batch,
-                max: MAX_BATCH,
-            }
-            .into());
-        }
-        let compute = match opts.precision {
-            Precision::F32 => Kind::Float,
-            Precision::F16 => Kind::Half,
-            Precision::Bf16 => Kind::BFloat16,
-        };
+/// Captures of CUDA graphs are serialised process-wide: a capture in global mode makes unsafe CUDA calls of
+/// other threads (another session capturing, allocating) fail.
+static CAPTURE: Mutex<()> = Mutex::new(());
+
+/// Builds libtorch executors with fixed options (device, precision, launch, sampling, buckets) — the
+/// [`ExecutorBuilder`] a libtorch [`policyport::CompiledPolicy`] keeps for golden probes.
+pub(crate) struct TorchBuilder {
+    pub(crate) opts: TorchOptions,
+    pub(crate) device: Device,
+    pub(crate) compute: Kind,
+}
+
+impl ExecutorBuilder for TorchBuilder {
+    fn backend(&self) -> Backend {
+        Backend::Torch
+    }
+
+    fn build(
+        &self,
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback: Option<&[&str]>,
+    ) -> Result<Box<dyn Executor>, PolicyError> {
         let _guard = tch::no_grad_guard();
-        let program = Program::new(
-            &artifact,
-            &plan,
-            &policyport::lower::step_readback(&artifact, &plan),
-            compute,
-            device,
-        )?;
-        let head = Head::new(&plan.head, &program.readback, device)?;
-        let sampler = plan.head.clone();
-        let p = sampler.dist_params_len();
-        let mut opts = opts.clone();
-        if opts.launch != Launch::Eager {
-            opts.sampling = Sampling::Device;
-        }
-        let mut ex = TorchExec {
-            validated: plan,
-            compute,
-            one_hot: one_hot_width(&artifact),
-            has_value: artifact.manifest.value.is_some(),
-            artifact,
-            device,
-            plan: opts.bucket_plan(),
-            opts,
+        let step = readback.is_none();
+        let head_and_states = policyport::lower::step_readback(art, plan);
+        let values = readback.unwrap_or(&head_and_states);
+        let program =
+            Program::new(art, plan, values, self.compute, self.device).map_err(to_policy)?;
+        let head = Head::new(&plan.head, &program.readback, self.device).map_err(to_policy)?;
+        let k = plan.head.action_len;
+        let device_sampling = step && self.opts.sampling == Sampling::Device;
+        let width = if !step {
+            0 // a probe's rows are exactly its values, sized when read back (`run_probe`)
+        } else if device_sampling {
+            k + plan.head.dist_params_len + plan.head.has_value() as usize
+        } else {
+            plan.head.raw_params_len + plan.head.has_value() as usize
+        };
+        Ok(Box::new(TorchProgram {
+            state_sizes: program.states.iter().map(|(_, n, _)| *n as usize).collect(),
             program,
             head,
-            sampler,
+            device: self.device,
+            launch: if step {
+                self.opts.launch
+            } else {
+                Launch::Eager
+            },
+            graph_device: match (self.opts.launch, self.opts.device) {
+                (Launch::CudaGraphs, super::TorchDevice::Cuda(i)) => Some(i),
+                _ => None,
+            },
+            placement: if step {
+                Placement {
+                    preprocess: true,
+                    state: true,
+                    sampling: device_sampling,
+                }
+            } else {
+                Placement::default()
+            },
+            buckets: self.opts.bucket_plan(),
+            initial_envs: self.opts.num_envs.max(1),
+            raw_len: art.manifest.observation.raw_len() as i64,
+            width,
+        }))
+    }
+}
+
+/// One artifact lowered onto libtorch: weights, constants and the head on the device. Shared by every session of
+/// a policy; a step's mutable data is the session's [`TorchScratch`].
+///
+/// Two kinds: the step program (placement: preprocessing, state and — with device sampling — sampling on the
+/// device) and probe programs (`Placement::default()`: preprocessed observations and host state rows in, the
+/// probed values out), as the [`ExecutorBuilder`] contract says.
+struct TorchProgram {
+    program: Program,
+    head: Head,
+    device: Device,
+    launch: Launch,
+    /// The CUDA device graphs are captured on (`Launch::CudaGraphs` only).
+    graph_device: Option<usize>,
+    placement: Placement,
+    buckets: BucketPlan,
+    /// Envs the device state holds at first (grown on demand).
+    initial_envs: usize,
+    state_sizes: Vec<usize>,
+    /// Raw observation length (columns of the static observation buffers).
+    raw_len: i64,
+    /// Numbers per row of a step (0 for probes: their rows are sized when read back).
+    width: usize,
+}
+
+// SAFETY: `tch::Tensor` is `Send` but not `Sync` only because it is a raw handle. Every tensor a `TorchProgram`
+// holds (weights, biases, affine and normalisation constants, the head's bounds and log-std, the Philox
+// constants) is created in `TorchBuilder::build` and never mutated afterwards: steps only read them as inputs of
+// libtorch ops (under `no_grad`, so no autograd metadata or version counter is touched), and libtorch's tensor
+// refcounts are atomic. Concurrent reads of one at::Tensor from several threads are what libtorch's own
+// multi-threaded inference (and tch's `Sync` `CModule`) rely on. Everything a step mutates lives in the
+// session's `TorchScratch`, behind `&mut`.
+unsafe impl Sync for TorchProgram {}
+
+/// One session's mutable libtorch data.
+struct TorchScratch {
+    /// Per state tensor: `[num_envs + 1, numel]` f32 on the device; the last row is the scratch row padded rows
+    /// of the static paths read and write.
+    state: Vec<Tensor>,
+    num_envs: usize,
+    /// Static paths: per bucket of the plan, its buffers and graphs, made on first use (and dropped when the
+    /// state grows: graphs point at the state tensors).
+    runs: Vec<Option<BucketRun>>,
+    /// Env ids (+ rng input) of one call, reused.
+    ids: Vec<i64>,
+}
+
+fn scratch_of(s: &mut ExecScratch) -> &mut TorchScratch {
+    s.downcast_mut::<TorchScratch>()
+        .expect("a session's scratch comes from its own executor")
+}
+
+impl Executor for TorchProgram {
+    fn backend(&self) -> Backend {
+        Backend::Torch
+    }
+
+    fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    fn state_sizes(&self) -> &[usize] {
+        &self.state_sizes
+    }
+
+    fn row_width(&self) -> usize {
+        self.width
+    }
+
+    fn new_scratch(&self) -> ExecScratch {
+        Box::new(TorchScratch {
             state: vec![],
             num_envs: 0,
-            runs: vec![],
-            p,
-            rows: vec![],
+            runs: (0..self.buckets.sizes().len()).map(|_| None).collect(),
             ids: vec![],
-            env_scratch: vec![],
-        };
-        ex.grow_state(ex.opts.num_envs.max(1))?;
-        // Warm-up: one act per mode (eager paths), so kernels, cuBLAS handles and allocator pools exist.
-        if ex.opts.launch == Launch::Eager {
-            let obs_len = ex.artifact.manifest.observation.raw_len();
-            let mut out = ActOutputs::default();
-            for mode in [ActMode::Deterministic, ActMode::Sample { seed: 0, step: 0 }] {
-                match ex.program.obs_u8 {
-                    true => ex.act(
-                        &Request::new(Observations::U8(&vec![0; obs_len]), 1, mode),
-                        &mut out,
-                    )?,
-                    false => ex.act(
-                        &Request::new(Observations::F32(&vec![0.0; obs_len]), 1, mode),
-                        &mut out,
-                    )?,
-                }
-            }
-            ex.reset(&[0])?;
-        }
-        Ok(ex)
+        })
     }
 
-    fn width(&self) -> usize {
-        let k = self.sampler.action_len();
-        let dev_k = if self.opts.sampling == Sampling::Device {
-            k
-        } else {
-            0
-        };
-        dev_k + self.p + self.has_value as usize
-    }
-
-    /// (Re)allocate the device state for `num_envs` envs (+1 scratch row), keeping existing rows; then rebuild
-    /// the static buffers and graphs, which point at the state tensors.
-    fn grow_state(&mut self, num_envs: usize) -> R<()> {
+    fn launch(
+        &self,
+        scratch: &mut ExecScratch,
+        step: &StepInput<'_>,
+        rows: &mut Vec<f32>,
+    ) -> Result<Pending, PolicyError> {
+        let s = scratch_of(scratch);
         let _guard = tch::no_grad_guard();
+        rows.clear();
+        rows.resize(step.batch * self.width, 0.0);
+        let r = if !self.placement.preprocess {
+            self.run_probe(step, rows)
+        } else {
+            self.ensure_envs(s, step.num_envs)
+                .and_then(|()| match self.launch {
+                    Launch::Eager => self.run_eager(s, step, rows),
+                    _ => self.run_static(s, step, rows),
+                })
+        };
+        r.map(|()| Pending::Ready).map_err(to_policy)
+    }
+
+    fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
+        let s = scratch_of(scratch);
+        // Envs past the allocated rows have no state yet: they start at zero when first used.
+        let ids: Vec<i64> = envs
+            .iter()
+            .filter(|e| (**e as usize) < s.num_envs)
+            .map(|e| *e as i64)
+            .collect();
+        if ids.is_empty() || s.state.is_empty() {
+            return Ok(());
+        }
+        let _guard = tch::no_grad_guard();
+        let f = || -> R<()> {
+            let idx = Tensor::f_from_slice(&ids)
+                .and_then(|t| t.f_to_device(self.device))
+                .map_err(te)?;
+            for st in &s.state {
+                let _ = st.shallow_clone().f_index_fill_(0, &idx, 0.0).map_err(te)?;
+            }
+            Ok(())
+        };
+        f().map_err(to_policy)
+    }
+
+    fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
+        let s = scratch_of(scratch);
+        if !self.placement.state || s.state.is_empty() {
+            return Ok(None);
+        }
+        let n = s.num_envs as i64;
+        let f = || -> R<Vec<Vec<f32>>> {
+            s.state
+                .iter()
+                .map(|st| {
+                    let t = st
+                        .f_narrow(0, 0, n)
+                        .and_then(|t| t.f_to_device(Device::Cpu))
+                        .and_then(|t| t.f_reshape([-1]))
+                        .map_err(te)?;
+                    Vec::<f32>::try_from(&t).map_err(te)
+                })
+                .collect()
+        };
+        f().map(Some).map_err(to_policy)
+    }
+}
+
+impl TorchProgram {
+    /// Make the device state hold at least `needed` envs (doubling, so graphs are rarely recaptured), keeping
+    /// existing rows; growing drops the static buffers and graphs, which point at the old state tensors.
+    fn ensure_envs(&self, s: &mut TorchScratch, needed: usize) -> R<()> {
+        if self.program.states.is_empty() || (!s.state.is_empty() && needed <= s.num_envs) {
+            return Ok(());
+        }
+        let num_envs = if s.state.is_empty() {
+            needed.max(self.initial_envs)
+        } else {
+            needed.max(s.num_envs * 2)
+        };
         let mut state = vec![];
         for (k, (_, numel, _)) in self.program.states.iter().enumerate() {
             let t = Tensor::f_zeros([num_envs as i64 + 1, *numel], (Kind::Float, self.device))
                 .map_err(te)?;
-            if let Some(old) = self.state.get(k) {
-                let keep = self.num_envs.min(num_envs) as i64;
+            if let Some(old) = s.state.get(k) {
+                let keep = s.num_envs.min(num_envs) as i64;
                 t.f_narrow(0, 0, keep)
                     .and_then(|mut d| d.f_copy_(&old.f_narrow(0, 0, keep)?))
                     .map_err(te)?;
             }
             state.push(t);
         }
-        self.runs.clear(); // graphs reference the old state tensors: drop them first
-        self.state = state;
-        self.num_envs = num_envs;
-        if self.opts.launch != Launch::Eager {
-            self.build_runs()?;
+        s.runs.iter_mut().for_each(|r| *r = None); // graphs reference the old tensors: drop them first
+        s.state = state;
+        s.num_envs = num_envs;
+        Ok(())
+    }
+
+    /// The row of the state tensors padded rows use (no env's).
+    fn scratch_row(&self, s: &TorchScratch) -> i64 {
+        s.num_envs as i64
+    }
+
+    fn run_eager(&self, s: &mut TorchScratch, step: &StepInput<'_>, rows: &mut [f32]) -> R<()> {
+        let batch = step.batch;
+        let x = obs_tensor(step.obs, 0..batch, rows_len(step))?
+            .f_to_device(self.device)
+            .map_err(te)?;
+        s.ids.clear();
+        s.ids
+            .extend(step.env_ids[..batch].iter().map(|e| *e as i64));
+        let device_rng = match step.mode {
+            ActMode::Sample { seed, step } if self.placement.sampling => {
+                let mut rng = [0i64; RNG_LEN];
+                rng_input(seed, step, &mut rng);
+                s.ids.extend_from_slice(&rng);
+                true
+            }
+            _ => false,
+        };
+        let idx = Tensor::f_from_slice(&s.ids)
+            .and_then(|t| t.f_to_device(self.device))
+            .map_err(te)?;
+        let env_t = idx.f_narrow(0, 0, batch as i64).map_err(te)?;
+        let rng_t = if device_rng {
+            Some(idx.f_narrow(0, batch as i64, RNG_LEN as i64).map_err(te)?)
+        } else {
+            None
+        };
+        let packed = self.step(&s.state, &x, &env_t, rng_t.as_ref())?;
+        read_into(&packed, rows)
+    }
+
+    /// A probe: preprocessed observations and host state rows in, the probed values out.
+    fn run_probe(&self, step: &StepInput<'_>, rows: &mut Vec<f32>) -> R<()> {
+        let batch = step.batch as i64;
+        let width = step.obs.len() as i64 / batch.max(1);
+        let x = Tensor::f_from_slice(step.obs)
+            .and_then(|t| t.f_reshape([batch, width]))
+            .and_then(|t| t.f_to_device(self.device))
+            .map_err(te)?;
+        let states = self
+            .program
+            .states
+            .iter()
+            .zip(step.states)
+            .map(|((_, n, _), rows)| {
+                Tensor::f_from_slice(rows)
+                    .and_then(|t| t.f_reshape([batch, *n]))
+                    .and_then(|t| t.f_to_device(self.device))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(te)?;
+        let slots = self.program.run(x, states).map_err(te)?;
+        let parts = self
+            .program
+            .readback
+            .iter()
+            .map(|i| {
+                slots[*i]
+                    .as_ref()
+                    .ok_or_else(|| TorchError::Torch("a probed value was not computed".into()))?
+                    .f_to_kind(Kind::Float)
+                    .map_err(te)
+            })
+            .collect::<R<Vec<_>>>()?;
+        let t = Tensor::f_cat(&parts, 1).map_err(te)?;
+        rows.resize(t.numel(), 0.0);
+        read_into(&t, rows)
+    }
+
+    fn run_static(&self, s: &mut TorchScratch, step: &StepInput<'_>, rows: &mut [f32]) -> R<()> {
+        let width = self.width;
+        let scratch_row = self.scratch_row(s) as u32;
+        let sample = matches!(step.mode, ActMode::Sample { .. });
+        let mut rng = [0i64; RNG_LEN];
+        if let ActMode::Sample { seed, step } = step.mode {
+            rng_input(seed, step, &mut rng);
+        }
+        for chunk in self.buckets.chunks(step.batch) {
+            let ri = self
+                .buckets
+                .sizes()
+                .iter()
+                .position(|b| *b == chunk.bucket)
+                .expect("a chunk's bucket is one of the plan's");
+            if s.runs[ri].is_none() {
+                s.runs[ri] = Some(self.make_run(&s.state, scratch_row as i64, chunk.bucket)?);
+            }
+            let mut ids = std::mem::take(&mut s.ids);
+            padded_env_ids(
+                step.env_ids[chunk.start..chunk.start + chunk.len]
+                    .iter()
+                    .copied(),
+                chunk.bucket,
+                scratch_row,
+                &mut ids,
+            );
+            ids.extend_from_slice(&rng);
+            let x = obs_tensor(
+                step.obs,
+                chunk.start..chunk.start + chunk.len,
+                rows_len(step),
+            )?;
+            let run = s.runs[ri].as_mut().expect("made above");
+            let res = self.run_chunk(run, &s.state, sample, chunk.len, &x, &ids);
+            s.ids = ids;
+            let dst = &mut rows[chunk.start * width..(chunk.start + chunk.len) * width];
+            read_into(&res?, dst)?;
         }
         Ok(())
     }
 
-    fn build_runs(&mut self) -> R<()> {
-        let obs_kind = if self.program.obs_u8 {
-            Kind::Uint8
-        } else {
-            Kind::Float
+    /// A bucket's static buffers; with `Launch::CudaGraphs` its graphs captured (one per mode). The env-id
+    /// buffer starts at the scratch row, so the capture's warm-up runs touch no env's state.
+    fn make_run(&self, state: &[Tensor], scratch_row: i64, bucket: usize) -> R<BucketRun> {
+        let b = bucket as i64;
+        let raw = self.raw_len;
+        let obs = Tensor::f_zeros([b, raw], (Kind::Float, self.device)).map_err(te)?;
+        let mut idx_host = vec![scratch_row; bucket + RNG_LEN];
+        idx_host[bucket..].iter_mut().for_each(|v| *v = 0);
+        let idx = Tensor::f_from_slice(&idx_host)
+            .and_then(|t| t.f_to_device(self.device))
+            .map_err(te)?;
+        let mut run = BucketRun {
+            bucket,
+            obs,
+            idx,
+            out: [None, None],
+            graphs: [None, None],
         };
-        let scratch = self.num_envs as i64;
-        let mut runs = vec![];
-        for &bucket in self.plan.sizes() {
-            let b = bucket as i64;
-            let obs =
-                Tensor::f_zeros([b, self.program.raw_len], (obs_kind, self.device)).map_err(te)?;
-            let mut idx_host = vec![scratch; bucket + RNG_LEN];
-            idx_host[bucket..].iter_mut().for_each(|v| *v = 0);
-            let idx = Tensor::f_from_slice(&idx_host)
-                .and_then(|t| t.f_to_device(self.device))
-                .map_err(te)?;
-            let mut run = BucketRun {
-                bucket,
-                obs,
-                idx,
-                out: [None, None],
-                graphs: [None, None],
-            };
-            for (m, sample) in [false, true].into_iter().enumerate() {
-                if self.opts.launch == Launch::CudaGraphs {
-                    let TorchDevice::Cuda(dev) = self.opts.device else {
-                        unreachable!("checked at load")
-                    };
+        for (m, sample) in [false, true].into_iter().enumerate() {
+            match self.graph_device {
+                Some(dev) => {
+                    let _one_capture = CAPTURE.lock().unwrap_or_else(|p| p.into_inner());
                     let mut captured = None;
                     let graph = CudaGraph::capture(dev, || {
-                        captured = Some(self.step_static(&run, sample)?);
+                        captured = Some(self.step_static(state, &run, sample)?);
                         Ok(())
                     })?;
                     run.out[m] = captured;
                     run.graphs[m] = Some(graph);
-                } else {
-                    run.out[m] = Some(self.step_static(&run, sample)?);
                 }
+                None => run.out[m] = Some(self.step_static(state, &run, sample)?),
             }
-            runs.push(run);
         }
-        self.runs = runs;
-        Ok(())
+        Ok(run)
+    }
+
+    /// Fill a bucket's inputs, replay (or run) it, and return its first `len` rows on the host.
+    fn run_chunk(
+        &self,
+        run: &mut BucketRun,
+        state: &[Tensor],
+        sample: bool,
+        len: usize,
+        x: &Tensor,
+        ids: &[i64],
+    ) -> R<Tensor> {
+        run.obs
+            .f_narrow(0, 0, len as i64)
+            .and_then(|mut d| d.f_copy_(x))
+            .map_err(te)?;
+        let ids = Tensor::f_from_slice(ids).map_err(te)?;
+        run.idx.shallow_clone().f_copy_(&ids).map_err(te)?;
+        let m = sample as usize;
+        let out = if self.graph_device.is_some() {
+            run.graphs[m].as_mut().expect("captured").replay()?;
+            run.out[m].as_ref().expect("captured").shallow_clone()
+        } else {
+            self.step_static(state, run, sample)?
+        };
+        out.f_narrow(0, 0, len as i64)
+            .and_then(|t| t.f_to_device(Device::Cpu))
+            .and_then(|t| t.f_contiguous())
+            .map_err(te)
     }
 
     /// The step over a bucket's static buffers.
-    fn step_static(&self, run: &BucketRun, sample: bool) -> R<Tensor> {
+    fn step_static(&self, state: &[Tensor], run: &BucketRun, sample: bool) -> R<Tensor> {
         let b = run.bucket as i64;
         let envs = run.idx.f_narrow(0, 0, b).map_err(te)?;
         let rng = run.idx.f_narrow(0, b, RNG_LEN as i64).map_err(te)?;
-        self.step(&run.obs, &envs, sample.then_some(&rng))
+        self.step(state, &run.obs, &envs, sample.then_some(&rng))
     }
 
-    /// One act() on the device: raw obs `[batch, raw_len]`, env ids `[batch]` int64 (rows of the state tensors),
-    /// rng input (device sampling in sample mode) → packed f32 `[batch, width]`: actions (device sampling only),
-    /// finished distribution parameters, value. Next states are written to the env rows.
-    fn step(&self, obs: &Tensor, envs: &Tensor, rng: Option<&Tensor>) -> R<Tensor> {
-        let _guard = tch::no_grad_guard();
+    /// One step on the device: raw obs `[batch, raw_len]`, env ids `[batch]` int64 (rows of the state tensors),
+    /// rng input (device sampling in sample mode) → packed f32 `[batch, width]`: with device sampling actions,
+    /// finished distribution parameters, value; else the head's raw values and the value (the session samples).
+    /// Next states are written to the env rows.
+    fn step(
+        &self,
+        state: &[Tensor],
+        obs: &Tensor,
+        envs: &Tensor,
+        rng: Option<&Tensor>,
+    ) -> R<Tensor> {
         let x = self.program.preprocess(obs).map_err(te)?;
-        let states = self
-            .state
+        let states = state
             .iter()
             .map(|s| s.f_index_select(0, envs))
             .collect::<Result<Vec<_>, _>>()
             .map_err(te)?;
         let slots = self.program.run(x, states).map_err(te)?;
-        let params = self.head.params(&slots).map_err(te)?;
         let mut parts = vec![];
-        if self.opts.sampling == Sampling::Device {
+        if self.placement.sampling {
+            let params = self.head.params(&slots).map_err(te)?;
             parts.push(self.head.actions(&params, rng.map(|r| (envs, r)))?);
+            parts.push(params);
+        } else {
+            parts.push(self.head.raw(&slots).map_err(te)?);
         }
-        parts.push(params);
         if let Some(v) = self.head.value_slot {
             parts.push(
                 slots[v]
@@ -800,7 +1058,7 @@ impl TorchExec {
                     .map_err(te)?,
             );
         }
-        for (st, (_, _, next)) in self.state.iter().zip(&self.program.states) {
+        for (st, (_, _, next)) in state.iter().zip(&self.program.states) {
             let next = slots[*next]
                 .as_ref()
                 .expect("computed")
@@ -813,402 +1071,66 @@ impl TorchExec {
         }
         Tensor::f_cat(&parts, 1).map_err(te)
     }
+}
 
-    /// The guest's request check of env ids (one rule for every runtime), then state growth.
-    fn check_envs(&mut self, batch: usize, envs: EnvIds<'_>) -> R<()> {
-        let ids = &mut self.env_scratch;
-        envs.resolve(batch, ids).map_err(PolicyError::from)?;
-        if self.program.states.is_empty() {
-            return Ok(());
-        }
-        envs.check_distinct(batch, ids).map_err(PolicyError::from)?;
-        let max = (0..batch).map(|r| envs.get(r)).max().unwrap_or(0) as usize;
-        if max >= DEFAULT_MAX_ENVS {
-            return Err(PolicyError::from(EnvIdError::BeyondLimit {
-                env: max as u32,
-                limit: DEFAULT_MAX_ENVS,
-            })
-            .into());
-        }
-        if max >= self.num_envs {
-            self.grow_state((max + 1).max(self.num_envs * 2))?;
-        }
-        Ok(())
-    }
+/// Raw observations per row of a step.
+fn rows_len(step: &StepInput<'_>) -> usize {
+    step.obs.len() / step.batch.max(1)
+}
 
-    pub(crate) fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> R<()> {
-        let (obs, batch, mode, envs) = (req.obs, req.batch, req.mode, req.envs);
-        if batch == 0 || batch > MAX_BATCH {
-            return Err(PolicyError::Batch {
-                batch,
-                max: MAX_BATCH,
+/// Rows `rows` of the step's raw f32 observations as a host tensor `[len, raw]`.
+fn obs_tensor(obs: &[f32], rows: std::ops::Range<usize>, raw: usize) -> R<Tensor> {
+    let (start, len) = (rows.start, rows.len());
+    Tensor::f_from_slice(&obs[start * raw..(start + len) * raw])
+        .and_then(|t| t.f_reshape([len as i64, raw as i64]))
+        .map_err(te)
+}
+
+/// Copy a packed `[rows, width]` f32 tensor into `dst` (exactly its length).
+fn read_into(t: &Tensor, dst: &mut [f32]) -> R<()> {
+    t.f_to_device(Device::Cpu)
+        .and_then(|t| t.f_contiguous())
+        .and_then(|t| t.f_copy_data(dst, dst.len()))
+        .map_err(te)
+}
+
+/// The executor builder for `opts`, after checking them against this machine: the CUDA device exists, CUDA graphs
+/// have a CUDA device, the largest bucket is a batch act() accepts. Static paths always sample on the device.
+pub(crate) fn builder(opts: &TorchOptions) -> R<Arc<dyn ExecutorBuilder>> {
+    let device = match opts.device {
+        TorchDevice::Cpu => Device::Cpu,
+        TorchDevice::Cuda(i) => {
+            let n = cuda_device_count();
+            if i >= n {
+                return Err(TorchError::NoCuda(format!(
+                    "cuda:{i} asked for, libtorch sees {n} CUDA device(s)"
+                )));
             }
-            .into());
+            Device::Cuda(i)
         }
-        check_observations(
-            &self.artifact.manifest.observation,
-            &self.one_hot,
-            obs,
-            batch,
-        )
-        .map_err(PolicyError::from)?;
-        if let Some(s) = req.episode_starts
-            && s.len() != batch
-        {
-            return Err(PolicyError::from(policyport::StateError::EpisodeStarts {
-                found: s.len(),
-                batch,
-            })
-            .into());
-        }
-        self.check_envs(batch, envs)?;
-        // The one state model: a flagged row's env state is zeroed before the step.
-        if let Some(s) = req.episode_starts
-            && !self.program.states.is_empty()
-        {
-            let starting: Vec<u32> = (0..batch).filter(|r| s[*r]).map(|r| envs.get(r)).collect();
-            if !starting.is_empty() {
-                self.reset(&starting)?;
-            }
-        }
-        let width = self.width();
-        let mut rows = std::mem::take(&mut self.rows);
-        rows.resize(batch * width, 0.0);
-        let r = match self.opts.launch {
-            Launch::Eager => self.run_eager(obs, batch, mode, envs, &mut rows),
-            _ => self.run_static(obs, batch, mode, envs, &mut rows),
-        };
-        if let Err(e) = r {
-            self.rows = rows;
-            return Err(e);
-        }
-        self.unpack(&rows, batch, mode, envs, out);
-        self.rows = rows;
-        Ok(())
+    };
+    if opts.launch == Launch::CudaGraphs && device == Device::Cpu {
+        return Err(TorchError::NoCuda("CUDA graphs need a CUDA device".into()));
     }
-
-    fn obs_tensor(&self, obs: Observations<'_>, rows: std::ops::Range<usize>) -> R<Tensor> {
-        let raw = self.program.raw_len as usize;
-        let (start, len) = (rows.start, rows.len());
-        let t = match obs {
-            Observations::F32(x) => Tensor::f_from_slice(&x[start * raw..(start + len) * raw]),
-            Observations::U8(x) => Tensor::f_from_slice(&x[start * raw..(start + len) * raw]),
-        };
-        t.and_then(|t| t.f_reshape([len as i64, raw as i64]))
-            .map_err(te)
+    if opts.max_batch == 0 || opts.max_batch > MAX_BATCH {
+        return Err(PolicyError::Batch {
+            batch: opts.max_batch,
+            max: MAX_BATCH,
+        }
+        .into());
     }
-
-    fn run_eager(
-        &mut self,
-        obs: Observations<'_>,
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        rows: &mut [f32],
-    ) -> R<()> {
-        let x = self
-            .obs_tensor(obs, 0..batch)?
-            .f_to_device(self.device)
-            .map_err(te)?;
-        self.ids.clear();
-        self.ids.extend((0..batch).map(|r| envs.get(r) as i64));
-        let device_rng = match (mode, self.opts.sampling) {
-            (ActMode::Sample { seed, step }, Sampling::Device) => {
-                let mut rng = [0i64; RNG_LEN];
-                rng_input(seed, step, &mut rng);
-                self.ids.extend_from_slice(&rng);
-                true
-            }
-            _ => false,
-        };
-        let idx = Tensor::f_from_slice(&self.ids)
-            .and_then(|t| t.f_to_device(self.device))
-            .map_err(te)?;
-        let env_t = idx.f_narrow(0, 0, batch as i64).map_err(te)?;
-        let rng_t = if device_rng {
-            Some(idx.f_narrow(0, batch as i64, RNG_LEN as i64).map_err(te)?)
-        } else {
-            None
-        };
-        let packed = self.step(&x, &env_t, rng_t.as_ref())?;
-        packed
-            .f_to_device(Device::Cpu)
-            .and_then(|t| t.f_contiguous())
-            .and_then(|t| t.f_copy_data(rows, rows.len()))
-            .map_err(te)
+    let compute = match opts.precision {
+        Precision::F32 => Kind::Float,
+        Precision::F16 => Kind::Half,
+        Precision::Bf16 => Kind::BFloat16,
+    };
+    let mut opts = opts.clone();
+    if opts.launch != Launch::Eager {
+        opts.sampling = Sampling::Device;
     }
-
-    fn run_static(
-        &mut self,
-        obs: Observations<'_>,
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        rows: &mut [f32],
-    ) -> R<()> {
-        let width = self.width();
-        let scratch = self.num_envs as u32;
-        let sample = matches!(mode, ActMode::Sample { .. });
-        let mut rng = [0i64; RNG_LEN];
-        if let ActMode::Sample { seed, step } = mode {
-            rng_input(seed, step, &mut rng);
-        }
-        let _guard = tch::no_grad_guard();
-        for chunk in self.plan.chunks(batch) {
-            let ri = self
-                .runs
-                .iter()
-                .position(|r| r.bucket == chunk.bucket)
-                .expect("a run per bucket");
-            let mut ids = std::mem::take(&mut self.ids);
-            padded_env_ids(
-                (chunk.start..chunk.start + chunk.len).map(|r| envs.get(r)),
-                chunk.bucket,
-                scratch,
-                &mut ids,
-            );
-            ids.extend_from_slice(&rng);
-            let x = self.obs_tensor(obs, chunk.start..chunk.start + chunk.len)?;
-            let res = self.run_chunk(ri, sample, chunk.len, &x, &ids);
-            self.ids = ids;
-            let dst = &mut rows[chunk.start * width..(chunk.start + chunk.len) * width];
-            res?.f_copy_data(dst, chunk.len * width).map_err(te)?;
-        }
-        Ok(())
-    }
-
-    /// Fill bucket `ri`'s inputs, replay (or run) it, and read back its first `len` rows.
-    fn run_chunk(
-        &mut self,
-        ri: usize,
-        sample: bool,
-        len: usize,
-        x: &Tensor,
-        ids: &[i64],
-    ) -> R<Tensor> {
-        {
-            let run = &self.runs[ri];
-            run.obs
-                .f_narrow(0, 0, len as i64)
-                .and_then(|mut d| d.f_copy_(x))
-                .map_err(te)?;
-            let ids = Tensor::f_from_slice(ids).map_err(te)?;
-            run.idx.shallow_clone().f_copy_(&ids).map_err(te)?;
-        }
-        let m = sample as usize;
-        let out = if self.opts.launch == Launch::CudaGraphs {
-            self.runs[ri].graphs[m]
-                .as_mut()
-                .expect("captured")
-                .replay()?;
-            self.runs[ri].out[m]
-                .as_ref()
-                .expect("captured")
-                .shallow_clone()
-        } else {
-            self.step_static(&self.runs[ri], sample)?
-        };
-        out.f_narrow(0, 0, len as i64)
-            .and_then(|t| t.f_to_device(Device::Cpu))
-            .and_then(|t| t.f_contiguous())
-            .map_err(te)
-    }
-
-    fn unpack(
-        &self,
-        rows: &[f32],
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        out: &mut ActOutputs,
-    ) {
-        let (k, p, width) = (self.sampler.action_len(), self.p, self.width());
-        let dev_k = if self.opts.sampling == Sampling::Device {
-            k
-        } else {
-            0
-        };
-        let disc = self.sampler.is_discrete();
-        out.batch = batch;
-        out.dist_params.resize(batch * p, 0.0);
-        out.value
-            .resize(if self.has_value { batch } else { 0 }, 0.0);
-        if disc {
-            out.discrete.resize(batch * k, 0);
-            out.continuous.clear();
-        } else {
-            out.continuous.resize(batch * k, 0.0);
-            out.discrete.clear();
-        }
-        for row in 0..batch {
-            let src = &rows[row * width..(row + 1) * width];
-            let params = &src[dev_k..dev_k + p];
-            out.dist_params[row * p..(row + 1) * p].copy_from_slice(params);
-            if self.has_value {
-                out.value[row] = src[dev_k + p];
-            }
-            if dev_k > 0 {
-                if disc {
-                    for (d, a) in out.discrete[row * k..(row + 1) * k]
-                        .iter_mut()
-                        .zip(&src[..k])
-                    {
-                        *d = *a as i64;
-                    }
-                } else {
-                    out.continuous[row * k..(row + 1) * k].copy_from_slice(&src[..k]);
-                }
-            } else {
-                let (d, c) = if disc {
-                    (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
-                } else {
-                    (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
-                };
-                self.sampler.act_row(params, mode, envs.get(row), d, c);
-            }
-        }
-    }
-
-    pub(crate) fn reset(&mut self, envs: &[u32]) -> R<()> {
-        if self.program.states.is_empty() {
-            return Ok(());
-        }
-        // Envs past the allocated rows have no state yet: they start at zero when first used.
-        let ids: Vec<i64> = envs
-            .iter()
-            .filter(|e| (**e as usize) < self.num_envs)
-            .map(|e| *e as i64)
-            .collect();
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let _guard = tch::no_grad_guard();
-        let idx = Tensor::f_from_slice(&ids)
-            .and_then(|t| t.f_to_device(self.device))
-            .map_err(te)?;
-        for st in &self.state {
-            let _ = st.shallow_clone().f_index_fill_(0, &idx, 0.0).map_err(te)?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn state(&self, k: usize, env: u32) -> R<Vec<f32>> {
-        let st = self.state.get(k).ok_or_else(|| {
-            PolicyError::from(policyport::StateError::NoSuchTensor {
-                index: k,
-                count: self.state.len(),
-            })
-        })?;
-        if env as usize >= self.num_envs {
-            return Ok(vec![0.0; self.program.states[k].1 as usize]);
-        }
-        let row = st
-            .f_get(env as i64)
-            .and_then(|t| t.f_to_device(Device::Cpu))
-            .map_err(te)?;
-        Vec::<f32>::try_from(&row).map_err(te)
-    }
-
-    pub(crate) fn info(&self) -> TorchInfo {
-        TorchInfo {
-            name: self.artifact.manifest.name.clone(),
-            device: format!("{:?}", self.device),
-            precision: self.opts.precision,
-            launch: self.opts.launch,
-            sampling: self.opts.sampling,
-            buckets: if self.opts.launch == Launch::Eager {
-                vec![]
-            } else {
-                self.plan.sizes().to_vec()
-            },
-            obs_len: self.artifact.manifest.observation.raw_len(),
-            action_len: self.sampler.action_len(),
-            recurrent_states: self.program.states.len(),
-            num_envs: self.num_envs,
-        }
-    }
-
-    pub(crate) fn verify(&mut self) -> R<Vec<GoldenReport>> {
-        let m = self.artifact.manifest.clone();
-        let shape = GoldenShape {
-            action_len: self.sampler.action_len(),
-            dist_params_len: self.p,
-            discrete: self.sampler.is_discrete(),
-        };
-        let mut reports = vec![];
-        for case in &m.golden {
-            let envs: Vec<u32> = (case.env_offset..case.env_offset + case.batch as u32).collect();
-            let obs = Observations::F32(&case.obs);
-            let mut det = ActOutputs::default();
-            self.reset(&envs)?;
-            self.act(
-                &Request::new(obs, case.batch, ActMode::Deterministic)
-                    .envs(EnvIds::Range(case.env_offset)),
-                &mut det,
-            )?;
-            let mut sampled = ActOutputs::default();
-            self.reset(&envs)?;
-            let mode = ActMode::Sample {
-                seed: case.seed,
-                step: case.step,
-            };
-            self.act(
-                &Request::new(obs, case.batch, mode).envs(EnvIds::Range(case.env_offset)),
-                &mut sampled,
-            )?;
-            self.reset(&envs)?;
-            reports.push(compare_golden(
-                case,
-                &m,
-                shape,
-                &det,
-                &sampled,
-                &mut |name| self.probe(&case.obs, case.batch, name),
-            )?);
-        }
-        Ok(reports)
-    }
-
-    /// Any named value for a batch (zero recurrent state), read back as f32.
-    /// A golden value that is not an act() output: the same lowering, reading back `name` (so the fusion pass
-    /// keeps it), run once.
-    fn probe(&self, obs: &[f32], batch: usize, name: &str) -> R<Vec<f32>> {
-        if !self.validated.shapes.contains_key(name) {
-            return Err(TorchError::Artifact(
-                policyport::format::FormatError::UndefinedValue {
-                    name: name.into(),
-                    user: "golden case".into(),
-                },
-            ));
-        }
-        let _guard = tch::no_grad_guard();
-        let program = Program::new(
-            &self.artifact,
-            &self.validated,
-            &[name],
-            self.compute,
-            self.device,
-        )?;
-        let slot = program.readback[0];
-        let x = self
-            .obs_tensor(Observations::F32(obs), 0..batch)?
-            .f_to_device(self.device)
-            .map_err(te)?;
-        let x = program.preprocess(&x).map_err(te)?;
-        let states = program
-            .states
-            .iter()
-            .map(|(_, n, _)| Tensor::f_zeros([batch as i64, *n], (Kind::Float, self.device)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(te)?;
-        let s = program.run(x, states).map_err(te)?;
-        let t = s[slot]
-            .as_ref()
-            .ok_or_else(|| TorchError::Torch(format!("value {name} is not computed by act()")))?
-            .f_to_kind(Kind::Float)
-            .and_then(|t| t.f_to_device(Device::Cpu))
-            .and_then(|t| t.f_reshape([-1]))
-            .map_err(te)?;
-        Vec::<f32>::try_from(&t).map_err(te)
-    }
+    Ok(Arc::new(TorchBuilder {
+        opts,
+        device,
+        compute,
+    }))
 }

@@ -1,5 +1,9 @@
-//! The native libtorch executor: an artifact's submodules built as libtorch ops (no TorchScript), on CPU or CUDA,
-//! with the guest's act() semantics (preprocessing, seeded Philox sampling, per-env recurrent state).
+//! The native libtorch executor: an artifact's submodules built as libtorch ops (no TorchScript), on CPU or CUDA.
+//! It implements the runtime's `Executor` trait ([`policyport::Executor`]) and loads through
+//! [`CompiledPolicy::with_builder`]: a libtorch policy is a `CompiledPolicy` on `Backend::Torch`, and its sessions
+//! run the same request check, state model (per-env state, resets, episode starts), host sampler and golden
+//! verification as every other backend. The executor does preprocessing and keeps recurrent state on the device,
+//! and with `Sampling::Device` draws the seeded Philox samples there too.
 //!
 //! On CUDA, act() can be captured as CUDA graphs, one per batch bucket and act mode, over static input and output
 //! buffers: preprocessing, every submodule, the distribution, Philox sampling and the recurrent-state update all
@@ -8,8 +12,8 @@
 //! log-softmax, observation normalisation, the distribution and sampling in fp32. No GradScaler: that exists to
 //! keep *gradients* from underflowing; inference has none.
 //!
-//! Built only with the cargo feature `tch` (it needs a libtorch; see host/README.md). Without it every type here
-//! still exists and [`TorchPolicy::load`] returns [`TorchError::NotCompiled`].
+//! Built only with the cargo feature `tch` (it needs a libtorch; see README.md). Without it every type here
+//! still exists and [`load`] / [`TorchPolicy::load`] return [`TorchError::NotCompiled`].
 
 pub mod buckets;
 #[cfg(feature = "tch")]
@@ -19,7 +23,9 @@ mod graph;
 #[cfg(feature = "tch")]
 mod philox;
 
-use policyport::{ActOutputs, GoldenReport, PolicyError, Request};
+use std::sync::Arc;
+
+use policyport::{ActOutputs, CompiledPolicy, GoldenReport, PolicyError, Request, Session};
 use policyport_format::FormatError;
 use thiserror::Error;
 
@@ -192,76 +198,106 @@ pub fn set_cpu_threads(n: i32) {
     let _ = n;
 }
 
-/// A policy executed by libtorch. Same act() as [`policyport::Session`], except that recurrent state lives on the
-/// device inside the policy (indexed by env id; see [`TorchPolicy::reset`]).
-pub struct TorchPolicy {
+/// Load an artifact on libtorch: a [`CompiledPolicy`] on [`Backend::Torch`](policyport::Backend) like any other
+/// (immutable, shared behind an `Arc`; one [`policyport::Session`] per caller holds that caller's device state,
+/// bucket buffers and CUDA graphs). Reads, checksums and validates the artifact, uploads the weights in the
+/// compute precision once, and warms up. CUDA graphs are captured per session, on the first call of each bucket.
+pub fn load(bytes: &[u8], opts: &TorchOptions) -> Result<Arc<CompiledPolicy>, TorchError> {
     #[cfg(feature = "tch")]
-    inner: exec::TorchExec,
+    {
+        let artifact = policyport::format::read_artifact(bytes)?;
+        let builder = exec::builder(opts)?;
+        let _guard = tch::no_grad_guard();
+        CompiledPolicy::with_builder(artifact, builder).map_err(|e| match e {
+            PolicyError::Artifact(f) => TorchError::Artifact(f),
+            e => TorchError::Policy(e),
+        })
+    }
     #[cfg(not(feature = "tch"))]
-    _never: std::convert::Infallible,
+    {
+        let _ = (bytes, opts);
+        Err(TorchError::NotCompiled)
+    }
+}
+
+/// A libtorch policy with one session: [`load`] plus [`CompiledPolicy::session`], for callers that want one
+/// object (the CLI's `bench-torch`, tests). act() is [`policyport::Session::act`]: the same request, checks,
+/// state model and errors as every backend.
+pub struct TorchPolicy {
+    session: Session,
+    opts: TorchOptions,
 }
 
 impl std::fmt::Debug for TorchPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TorchPolicy").finish_non_exhaustive()
+        f.debug_struct("TorchPolicy")
+            .field("session", &self.session)
+            .field("opts", &self.opts)
+            .finish()
     }
 }
 
-#[cfg(feature = "tch")]
 impl TorchPolicy {
-    /// Read, checksum and validate the artifact, upload weights in the compute precision, allocate the static
-    /// buffers and capture the graphs (when asked), and warm up, so the first act() pays no setup.
+    /// [`load`], then a session.
     pub fn load(bytes: &[u8], opts: &TorchOptions) -> Result<Self, TorchError> {
+        let mut opts = opts.clone();
+        if opts.launch != Launch::Eager {
+            opts.sampling = Sampling::Device;
+        }
         Ok(TorchPolicy {
-            inner: exec::TorchExec::load(bytes, opts)?,
+            session: load(bytes, &opts)?.session(),
+            opts,
         })
     }
 
-    /// One step for `req.batch` envs: the same [`Request`] as [`policyport::Session::act`] (env ids, episode
-    /// starts, the same checks); recurrent state is read and written on the device for the rows' env ids.
+    /// One step for `req.batch` envs ([`policyport::Session::act`]); the outputs are copied into `out` (its
+    /// buffers reused).
     pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), TorchError> {
-        self.inner.act(req, out)
+        out.clone_from(self.session.act(req)?);
+        Ok(())
     }
 
     /// Zero the recurrent state of these envs (episode boundaries).
     pub fn reset(&mut self, envs: &[u32]) -> Result<(), TorchError> {
-        self.inner.reset(envs)
+        Ok(self.session.reset(envs)?)
     }
 
-    /// State tensor `k` of `env`, read back (for tests and debugging).
-    pub fn state(&self, k: usize, env: u32) -> Result<Vec<f32>, TorchError> {
-        self.inner.state(k, env)
+    /// State tensor `k` of `env`, read back from the device (for tests and debugging).
+    pub fn state(&mut self, k: usize, env: u32) -> Result<Vec<f32>, TorchError> {
+        Ok(self.session.state(k, env)?.to_vec())
+    }
+
+    /// The session (its policy: [`policyport::Session::policy`]).
+    pub fn session(&mut self) -> &mut Session {
+        &mut self.session
     }
 
     pub fn info(&self) -> TorchInfo {
-        self.inner.info()
+        let info = self.session.policy().info();
+        TorchInfo {
+            name: info.name,
+            device: match self.opts.device {
+                TorchDevice::Cpu => "Cpu".into(),
+                TorchDevice::Cuda(i) => format!("Cuda({i})"),
+            },
+            precision: self.opts.precision,
+            launch: self.opts.launch,
+            sampling: self.opts.sampling,
+            buckets: if self.opts.launch == Launch::Eager {
+                vec![]
+            } else {
+                self.opts.bucket_plan().sizes().to_vec()
+            },
+            obs_len: info.obs_len,
+            action_len: info.action_len,
+            recurrent_states: info.recurrent_states,
+            num_envs: self.session.num_envs(),
+        }
     }
 
-    /// Check the artifact's golden vectors on this executor (fresh zero state per case).
+    /// Check the artifact's golden vectors on this executor (each case in a fresh session).
     pub fn verify(&mut self) -> Result<Vec<GoldenReport>, TorchError> {
-        self.inner.verify()
-    }
-}
-
-#[cfg(not(feature = "tch"))]
-impl TorchPolicy {
-    pub fn load(_bytes: &[u8], _opts: &TorchOptions) -> Result<Self, TorchError> {
-        Err(TorchError::NotCompiled)
-    }
-    pub fn act(&mut self, _req: &Request<'_>, _out: &mut ActOutputs) -> Result<(), TorchError> {
-        match self._never {}
-    }
-    pub fn reset(&mut self, _envs: &[u32]) -> Result<(), TorchError> {
-        match self._never {}
-    }
-    pub fn state(&self, _k: usize, _env: u32) -> Result<Vec<f32>, TorchError> {
-        match self._never {}
-    }
-    pub fn info(&self) -> TorchInfo {
-        match self._never {}
-    }
-    pub fn verify(&mut self) -> Result<Vec<GoldenReport>, TorchError> {
-        match self._never {}
+        Ok(self.session.policy().verify()?)
     }
 }
 

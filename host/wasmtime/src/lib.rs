@@ -8,7 +8,10 @@
 //! must be re-created (a trapped instance is not trusted again).
 
 //!
-//! Built only with the cargo feature `wasm` (default; it brings wasmtime and cranelift). Without it every type here
+//! [`executor`]: the same plugin as a runtime `Executor` (`Backend::Wasmtime`): [`load`] gives a
+//! `policyport::CompiledPolicy` whose sessions each own one sandboxed instance.
+//!
+//! Built only with the cargo feature `wasmtime` (default; it brings wasmtime and cranelift). Without it every type here
 //! still exists and [`WasmRuntime::new`] returns [`WasmError::NotCompiled`] (the lean demo build uses that).
 
 use std::path::Path;
@@ -24,6 +27,9 @@ use thiserror::Error;
 use wasmtime::{
     Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
 };
+
+pub mod executor;
+pub use executor::load;
 
 /// The plugin ABI version this host speaks (the one definition: `policyport_abi`).
 pub use policyport_abi::ABI_VERSION;
@@ -73,8 +79,13 @@ pub enum WasmError {
     Call(String),
     #[error("module cache: {0}")]
     Cache(String),
-    #[error("this build has no wasm sandbox (policyport-wasmtime built without its `wasmtime` feature)")]
+    #[error(
+        "this build has no wasm sandbox (policyport-wasmtime built without its `wasmtime` feature)"
+    )]
     NotCompiled,
+    /// Refused on the host before the sandbox was involved ([`load`]: the artifact; the runtime's typed error).
+    #[error(transparent)]
+    Policy(policyport::PolicyError),
 }
 
 /// Limits applied to every instance.
@@ -230,6 +241,7 @@ struct Exports {
     info: TypedFunc<(i32, u32), i32>,
     act: TypedFunc<policyport_abi::ActParams, i32>,
     reset: TypedFunc<(i32, u32, u32), i32>,
+    state: TypedFunc<(i32, u32, u32, u32), i32>,
     last_error: TypedFunc<(u32, u32), u32>,
 }
 
@@ -308,6 +320,7 @@ impl WasmPolicy {
             info: func!(export::INFO),
             act: func!(export::ACT),
             reset: func!(export::RESET),
+            state: func!(export::STATE),
             last_error: func!(export::LAST_ERROR),
         };
         let mut p = WasmPolicy {
@@ -633,6 +646,52 @@ impl WasmPolicy {
         let rc = self.call("pp_reset", |s, x| x.reset.call(s, (h, at, n)))?;
         self.check("pp_reset", rc).map(|_| ())
     }
+
+    /// Recurrent state tensor `k` of every env the guest holds, env-major (`envs x numel`; empty before any
+    /// recurrent step). A size the guest reports that does not fit its own memory is a typed error.
+    pub fn state(&mut self, k: usize) -> Result<Vec<f32>, WasmError> {
+        let h = self.handle;
+        let k = u32::try_from(k).map_err(|_| WasmError::Call(format!("state tensor {k}")))?;
+        let rc = self.call("pp_state", |s, x| x.state.call(s, (h, k, 0, 0)))?;
+        let total = self.check("pp_state", rc)? as usize;
+        if total == 0 {
+            return Ok(vec![]);
+        }
+        let mem_bytes = self.memory.data_size(&self.store);
+        let len = u32::try_from(total * 4)
+            .ok()
+            .filter(|l| (*l as usize) < mem_bytes)
+            .ok_or_else(|| {
+                WasmError::Call(format!(
+                    "the plugin reports {total} state numbers, more than its memory holds"
+                ))
+            })?;
+        let p = self.call("pp_alloc", |s, x| x.alloc.call(s, len))?;
+        if p == 0 {
+            return Err(WasmError::MemoryCap {
+                cap_bytes: self.limits.memory_bytes,
+            });
+        }
+        let read = (|| {
+            let end = p as usize + len as usize;
+            if p % 4 != 0 || end > self.memory.data_size(&self.store) {
+                return Err(WasmError::BadAllocation {
+                    ptr: p,
+                    len,
+                    memory_bytes: self.memory.data_size(&self.store),
+                });
+            }
+            let rc = self.call("pp_state", |s, x| x.state.call(s, (h, k, p, total as u32)))?;
+            self.check("pp_state", rc)?;
+            let mem = self.memory.data(&self.store);
+            Ok(mem[p as usize..end]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect())
+        })();
+        self.call("pp_free", |s, x| x.free.call(s, (p, len)))?;
+        read
+    }
 }
 
 #[cfg(feature = "wasmtime")]
@@ -664,12 +723,12 @@ fn classify(
     }
 }
 
-/// The same API without wasmtime (feature `wasm` off): nothing can be loaded, every entry point says so.
+/// The same API without wasmtime (feature `wasmtime` off): nothing can be loaded, every entry point says so.
 #[cfg(not(feature = "wasmtime"))]
 mod compiled_out {
     use super::*;
 
-    /// Uninhabited without the `wasm` feature: [`WasmRuntime::new`] never returns one.
+    /// Uninhabited without the `wasmtime` feature: [`WasmRuntime::new`] never returns one.
     pub struct WasmRuntime {
         pub from_cache: bool,
         never: std::convert::Infallible,
@@ -685,7 +744,7 @@ mod compiled_out {
         }
     }
 
-    /// Uninhabited without the `wasm` feature.
+    /// Uninhabited without the `wasmtime` feature.
     pub struct WasmPolicy {
         never: std::convert::Infallible,
     }
@@ -722,6 +781,10 @@ mod compiled_out {
         }
 
         pub fn reset(&mut self, _envs: &[u32]) -> Result<(), WasmError> {
+            match self.never {}
+        }
+
+        pub fn state(&mut self, _k: usize) -> Result<Vec<f32>, WasmError> {
             match self.never {}
         }
     }
