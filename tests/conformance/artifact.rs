@@ -137,3 +137,64 @@ fn info_describes_the_policy() {
     assert_eq!(i.format_version, (1, 0));
     assert!(i.parameters > 8000);
 }
+
+/// Golden values inside the graph (a hidden layer, not an act() output) are checked by a one-off probe program of
+/// the same lowering on every backend that can build one: the runtime's own, and libtorch. The plugin's ABI
+/// returns act() outputs only, so there it is a typed "unsupported" error, never a silent pass. (Until this test
+/// no fixture named an intermediate value, so no backend's probe path ever ran.)
+#[test]
+fn golden_values_inside_the_graph_are_probed_on_every_backend() {
+    for name in ["cartpole", "pendulum"] {
+        let mut art = read_artifact(&compile_fixture(&load_fixture(name))).unwrap();
+        let head: Vec<String> = art
+            .manifest
+            .distribution
+            .param_values()
+            .iter()
+            .map(|s| s.to_string())
+            .chain(art.manifest.value.clone())
+            .collect();
+        let inner: Vec<String> = art
+            .manifest
+            .modules
+            .iter()
+            .flat_map(|m| m.nodes.iter().map(|n| n.output.clone()))
+            .filter(|v| !head.contains(v))
+            .collect();
+        assert!(inner.len() >= 2, "{name}: no intermediate values: {inner:?}");
+        let manifest = art.manifest.clone();
+        for g in &mut art.manifest.golden {
+            let vals = reference::eval(&manifest, &art.tensors, &g.obs, g.batch).unwrap();
+            for v in &inner {
+                g.values.insert(v.clone(), vals[v].clone());
+            }
+        }
+        let bytes = write_artifact(&art.manifest, &art.tensors, &|_| {
+            policyport_format::container::StorageDType::F32
+        })
+        .unwrap();
+        for b in policyport_conformance::backends() {
+            let p = policyport_conformance::load(&bytes, b).unwrap();
+            match (b, p.verify()) {
+                (Backend::Wasmtime, Err(e)) => assert!(
+                    matches!(e, PolicyError::Backend(policyport::BackendError::Unsupported(_))),
+                    "{name} on {b:?}: {e}"
+                ),
+                (_, Ok(reports)) => {
+                    assert_eq!(reports.len(), art.manifest.golden.len());
+                    for r in reports {
+                        assert!(r.passed, "{name} on {b:?}: {r:?}");
+                        for v in &inner {
+                            let err = r.values.iter().find(|(n, _)| n == v).map(|(_, e)| *e);
+                            assert!(
+                                err.is_some_and(|e| e <= 1e-5),
+                                "{name} on {b:?}: {v} probed with error {err:?}"
+                            );
+                        }
+                    }
+                }
+                (_, other) => panic!("{name} on {b:?}: {other:?}"),
+            }
+        }
+    }
+}

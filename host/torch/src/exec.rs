@@ -618,7 +618,11 @@ impl ExecutorBuilder for TorchBuilder {
         let values = readback.unwrap_or(&head_and_states);
         let program =
             Program::new(art, plan, values, self.compute, self.device).map_err(to_policy)?;
-        let head = Head::new(&plan.head, &program.readback, self.device).map_err(to_policy)?;
+        // A probe reads back only its values: no head (and its readback has no head slots to index).
+        let head = match step {
+            true => Some(Head::new(&plan.head, &program.readback, self.device).map_err(to_policy)?),
+            false => None,
+        };
         let k = plan.head.action_len;
         let device_sampling = step && self.opts.sampling == Sampling::Device;
         let width = if !step {
@@ -667,7 +671,8 @@ impl ExecutorBuilder for TorchBuilder {
 /// probed values out), as the [`ExecutorBuilder`] contract says.
 struct TorchProgram {
     program: Program,
-    head: Head,
+    /// The distribution on the device (step programs only).
+    head: Option<Head>,
     device: Device,
     launch: Launch,
     /// The CUDA device graphs are captured on (`Launch::CudaGraphs` only).
@@ -1040,16 +1045,20 @@ impl TorchProgram {
             .map(|s| s.f_index_select(0, envs))
             .collect::<Result<Vec<_>, _>>()
             .map_err(te)?;
+        let head = self
+            .head
+            .as_ref()
+            .ok_or_else(|| TorchError::Torch("a probe program cannot run a step".into()))?;
         let slots = self.program.run(x, states).map_err(te)?;
         let mut parts = vec![];
         if self.placement.sampling {
-            let params = self.head.params(&slots).map_err(te)?;
-            parts.push(self.head.actions(&params, rng.map(|r| (envs, r)))?);
+            let params = head.params(&slots).map_err(te)?;
+            parts.push(head.actions(&params, rng.map(|r| (envs, r)))?);
             parts.push(params);
         } else {
-            parts.push(self.head.raw(&slots).map_err(te)?);
+            parts.push(head.raw(&slots).map_err(te)?);
         }
-        if let Some(v) = self.head.value_slot {
+        if let Some(v) = head.value_slot {
             parts.push(
                 slots[v]
                     .as_ref()
