@@ -163,15 +163,21 @@ impl DenseKernels {
             DenseVariant::Small => &self.small,
             DenseVariant::Tiled => &self.tiled,
         };
-        // An absent bias still needs a binding: bind the weights (never read: has_bias = 0).
-        let bias = b.unwrap_or(w);
+        // An absent bias still needs a binding of its own (never read: has_bias = 0). Not the weights' buffer:
+        // WebGPU refuses two writable storage bindings of one buffer in a dispatch (every binding of these
+        // kernels is `read_write`), so a dense without bias failed validation in the browser and the act read
+        // back zeros (found by the browser's recurrent test; native Vulkan does not check aliasing).
+        let bias = match b {
+            Some(b) => b.handle.clone(),
+            None => client.create_from_slice(&[0u8; 4]),
+        };
         kernel.launch(
             &client,
             variant.workgroups(rows, n),
             KernelArguments::new()
                 .with_buffer_io(x.handle.clone().binding(), BufferIOAttr::ReadOnly)
                 .with_buffer_io(w.handle.clone().binding(), BufferIOAttr::ReadOnly)
-                .with_buffer_io(bias.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(bias.binding(), BufferIOAttr::ReadOnly)
                 .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
                 .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly),
         );

@@ -12,6 +12,9 @@
 //    native CartPole trajectory bit for bit.
 // 3. Typed errors through the JS API (bad artifact, bad observations, webgpu in the CPU bundle, a second act()
 //    while one is in flight).
+// 3b. Recurrent state through the JS API (tests/expected/elman.policy, committed and checked by the Rust suite with
+//    its float64 answers): per-env state carried between acts, episode starts, the duplicate-env rule (a
+//    PolicyportArgumentError that changes no state), on cpu-wasm and WebGPU.
 // 4. The demo page runs on cpu and webgpu until episode returns show, takes a dropped .policy, and is
 //    screenshotted into the output dir.
 // 5. Without a WebGPU adapter, `auto` falls back to CPU-wasm (and says why) and the demo still runs.
@@ -229,6 +232,38 @@ try {
   check("concurrent act() on webgpu -> one PolicyportBusyError", errs.busy === "ok,PolicyportBusyError" || errs.busy === "PolicyportBusyError,ok", errs.busy);
   check("actSync on webgpu -> PolicyportBackendError", errs.syncOnGpu.startsWith("PolicyportBackendError"), errs.syncOnGpu);
   check("auto times cpu and webgpu and says so", /cpu [0-9.]+ us/.test(errs.autoSelection ?? "") && /wgpu [0-9.]+ us/.test(errs.autoSelection ?? ""), errs.autoSelection ?? "null");
+
+  // 3b. recurrent state, episode starts and the duplicate-env rule through the JS API
+  const elman = {
+    bytes: Array.from(fs.readFileSync(path.join(ROOT, "tests/expected/elman.policy"))),
+    steps: JSON.parse(fs.readFileSync(path.join(ROOT, "tests/expected/elman.steps.json"), "utf8")).steps,
+  };
+  for (const [bundle, backend] of [["cpu", "cpu"], ["webgpu", "webgpu"]]) {
+    const r = await page.evaluate(async ({ bundle, backend, elman }) => {
+      const pp = await window.demo.loadBundle(bundle);
+      const p = await pp.Policy.load(new Uint8Array(elman.bytes), { backend });
+      const out = { recurrent: p.info().recurrentStates, worst: 0, compared: 0, duplicate: "no error" };
+      for (const [i, s] of elman.steps.entries()) {
+        if (i === elman.steps.length - 1) {
+          // Before the last step: a batch naming env 2 twice. Refused, and the last step still matches.
+          try {
+            await p.act(new Float32Array([...s.obs, ...s.obs.slice(0, 3)]), { mode: "deterministic", envIds: new Uint32Array([2, 0, 2]) });
+          } catch (e) { out.duplicate = `${e.name}: ${e.message}`; }
+        }
+        const res = await p.act(new Float32Array(s.obs), { mode: "deterministic", envIds: new Uint32Array(s.envIds), episodeStarts: new Uint8Array(s.episodeStarts) });
+        const scale = Math.max(1e-12, ...s.logits.map(Math.abs));
+        if (res.distParams.length !== s.logits.length) return { ...out, error: `step ${i}: ${res.distParams.length} params, want ${s.logits.length}` };
+        s.logits.forEach((v, k) => { out.worst = Math.max(out.worst, Math.abs(res.distParams[k] - v) / scale); out.compared++; });
+      }
+      p.free();
+      return out;
+    }, { bundle, backend, elman });
+    check(`recurrent state + episode starts on ${backend} match float64 (${elman.steps.length} steps)`,
+      !r.error && r.recurrent === 1 && r.compared === elman.steps.length * 4 && r.worst <= 1e-5,
+      r.error ?? `max rel err ${r.worst.toExponential(2)}, ${r.compared} logits`);
+    check(`a recurrent batch naming one env twice on ${backend} -> PolicyportArgumentError, state unchanged`,
+      r.duplicate.startsWith("PolicyportArgumentError") && r.duplicate.includes("env 2 appears twice"), r.duplicate);
+  }
 
   // 4. the demo page
   results.demo = [];

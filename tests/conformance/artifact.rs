@@ -161,7 +161,10 @@ fn golden_values_inside_the_graph_are_probed_on_every_backend() {
             .flat_map(|m| m.nodes.iter().map(|n| n.output.clone()))
             .filter(|v| !head.contains(v))
             .collect();
-        assert!(inner.len() >= 2, "{name}: no intermediate values: {inner:?}");
+        assert!(
+            inner.len() >= 2,
+            "{name}: no intermediate values: {inner:?}"
+        );
         let manifest = art.manifest.clone();
         for g in &mut art.manifest.golden {
             let vals = reference::eval(&manifest, &art.tensors, &g.obs, g.batch).unwrap();
@@ -177,7 +180,10 @@ fn golden_values_inside_the_graph_are_probed_on_every_backend() {
             let p = policyport_conformance::load(&bytes, b).unwrap();
             match (b, p.verify()) {
                 (Backend::Wasmtime, Err(e)) => assert!(
-                    matches!(e, PolicyError::Backend(policyport::BackendError::Unsupported(_))),
+                    matches!(
+                        e,
+                        PolicyError::Backend(policyport::BackendError::Unsupported(_))
+                    ),
                     "{name} on {b:?}: {e}"
                 ),
                 (_, Ok(reports)) => {

@@ -309,3 +309,60 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
         other => panic!("plugin: {other:?}"),
     }
 }
+
+/// The browser suite runs this recurrent policy too (`tests/browser/run.mjs`: per-env state, episode starts and
+/// the duplicate-env rule through the JS API, on cpu-wasm and WebGPU): its bytes and a scripted episode with
+/// float64 answers are committed under `tests/expected/` and must equal what this code makes (re-blessed only
+/// with POLICYPORT_BLESS=1, never under CI). The cpu backend is checked against the same answers here.
+#[test]
+fn the_recurrent_policy_and_its_float64_answers_are_committed_for_the_browser() {
+    let (bytes, t) = elman();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("expected");
+    policyport_conformance::assert_snapshot_bytes(&dir.join("elman.policy"), &bytes);
+    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
+    let ids = [2u32, 0];
+    let mut h = [vec![0.0f64; 4], vec![0.0f64; 4]];
+    let mut s = CompiledPolicy::load(&bytes, policyport::Backend::Cpu)
+        .unwrap()
+        .session();
+    let mut steps = vec![];
+    for step in 0..6u64 {
+        let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+        // Env 2 (row 0) starts an episode at step 3, env 0 (row 1) at step 4.
+        let starts = [step == 3, step == 4];
+        let mut logits = vec![];
+        for row in 0..2 {
+            if starts[row] {
+                h[row] = vec![0.0; 4];
+            }
+            let (h1, l) = step64(&t, &x[row * 3..row * 3 + 3], &h[row]);
+            h[row] = h1;
+            logits.extend(l);
+        }
+        let got = s
+            .act(
+                &Request::new(Observations::F32(&x), 2, ActMode::Deterministic)
+                    .envs(EnvIds::List(&ids))
+                    .episode_starts(&starts),
+            )
+            .unwrap();
+        assert_eq!(got.dist_params.len(), logits.len());
+        for (a, b) in got.dist_params.iter().zip(&logits) {
+            assert!((*a as f64 - b).abs() < 1e-5, "step {step}: {a} vs {b}");
+        }
+        steps.push(serde_json::json!({
+            "obs": x,
+            "envIds": ids,
+            "episodeStarts": starts.map(u8::from),
+            "logits": logits,
+        }));
+    }
+    let doc = serde_json::json!({
+        "what": "elman.policy (tests/conformance/recurrent.rs: elman()), deterministic acts in order; logits in float64",
+        "steps": steps,
+    });
+    policyport_conformance::assert_snapshot(
+        &dir.join("elman.steps.json"),
+        &serde_json::to_string_pretty(&doc).unwrap(),
+    );
+}

@@ -162,9 +162,7 @@ pub fn assert_snapshot(path: &Path, got: &str) {
     if want.as_deref() == Some(got) {
         return;
     }
-    let bless = std::env::var("POLICYPORT_BLESS").is_ok_and(|v| v == "1")
-        && !std::env::var("CI").is_ok_and(|v| v == "true");
-    if bless {
+    if bless_allowed() {
         std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         eprintln!(
             "re-blessed {} (POLICYPORT_BLESS=1): review the diff before committing",
@@ -182,6 +180,41 @@ pub fn assert_snapshot(path: &Path, got: &str) {
             want,
             "{} changed; re-bless with POLICYPORT_BLESS=1 if intended",
             path.display()
+        ),
+    }
+}
+
+/// Re-blessing is asked for (`POLICYPORT_BLESS=1` exactly) and allowed (not under CI).
+fn bless_allowed() -> bool {
+    std::env::var("POLICYPORT_BLESS").is_ok_and(|v| v == "1")
+        && !std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// [`assert_snapshot`] for binary files (e.g. a test artifact committed for the browser suite): the same rule,
+/// compared byte for byte.
+pub fn assert_snapshot_bytes(path: &Path, got: &[u8]) {
+    let want = std::fs::read(path).ok();
+    if want.as_deref() == Some(got) {
+        return;
+    }
+    if bless_allowed() {
+        std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        eprintln!(
+            "re-blessed {} (POLICYPORT_BLESS=1): review the change before committing",
+            path.display()
+        );
+        return;
+    }
+    match want {
+        None => panic!(
+            "{} missing: run once with POLICYPORT_BLESS=1",
+            path.display()
+        ),
+        Some(want) => panic!(
+            "{} changed ({} bytes committed, {} now); re-bless with POLICYPORT_BLESS=1 if intended",
+            path.display(),
+            want.len(),
+            got.len()
         ),
     }
 }
