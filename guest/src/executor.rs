@@ -152,8 +152,9 @@ pub trait Executor: Send + Sync {
     }
 }
 
-/// Downcast a scratch to the type its executor made (a scratch of another executor is a bug in this crate).
-pub(crate) fn scratch_of<T: 'static>(scratch: &mut ExecScratch) -> &mut T {
+/// Downcast a scratch to the type its executor made in [`Executor::new_scratch`]. A session only ever hands an
+/// executor the scratch that executor made, so another type is a bug in the runtime, not a caller's error.
+pub fn scratch_of<T: 'static>(scratch: &mut ExecScratch) -> &mut T {
     scratch
         .downcast_mut::<T>()
         .expect("a session's scratch comes from its own executor")

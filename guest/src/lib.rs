@@ -41,7 +41,9 @@ mod wgpu_setup;
 pub use backend::{Backend, UnknownBackend};
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
 pub use error::{BackendError, EnvIdError, ObservationError, PolicyError, StateError};
-pub use executor::{ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput};
+pub use executor::{
+    ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
+};
 pub use golden::{GoldenReport, GoldenShape, compare_golden, golden_modes, rel_err};
 pub use lower::act_of as activation_of;
 pub use observations::{Observations, check_observations, one_hot_width};

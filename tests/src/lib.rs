@@ -158,63 +158,55 @@ pub fn plugin_wasm() -> Vec<u8> {
 /// only with `POLICYPORT_BLESS=1` exactly, and never under CI (`CI=true`): the file is rewritten and the test says
 /// so. Any other value of the variable is ignored.
 pub fn assert_snapshot(path: &Path, got: &str) {
-    let want = std::fs::read_to_string(path).ok();
-    if want.as_deref() == Some(got) {
-        return;
-    }
-    if bless_allowed() {
-        std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        eprintln!(
-            "re-blessed {} (POLICYPORT_BLESS=1): review the diff before committing",
-            path.display()
-        );
-        return;
-    }
-    match want {
-        None => panic!(
+    match compare_or_bless(path, got.as_bytes()) {
+        Ok(()) => {}
+        Err(None) => panic!(
             "{} missing: run once with POLICYPORT_BLESS=1",
             path.display()
         ),
-        Some(want) => assert_eq!(
+        Err(Some(want)) => assert_eq!(
             got,
-            want,
+            String::from_utf8_lossy(&want),
             "{} changed; re-bless with POLICYPORT_BLESS=1 if intended",
             path.display()
         ),
     }
 }
 
-/// Re-blessing is asked for (`POLICYPORT_BLESS=1` exactly) and allowed (not under CI).
-fn bless_allowed() -> bool {
-    std::env::var("POLICYPORT_BLESS").is_ok_and(|v| v == "1")
-        && !std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
 /// [`assert_snapshot`] for binary files (e.g. a test artifact committed for the browser suite): the same rule,
 /// compared byte for byte.
 pub fn assert_snapshot_bytes(path: &Path, got: &[u8]) {
-    let want = std::fs::read(path).ok();
-    if want.as_deref() == Some(got) {
-        return;
-    }
-    if bless_allowed() {
-        std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        eprintln!(
-            "re-blessed {} (POLICYPORT_BLESS=1): review the change before committing",
-            path.display()
-        );
-        return;
-    }
-    match want {
-        None => panic!(
+    match compare_or_bless(path, got) {
+        Ok(()) => {}
+        Err(None) => panic!(
             "{} missing: run once with POLICYPORT_BLESS=1",
             path.display()
         ),
-        Some(want) => panic!(
+        Err(Some(want)) => panic!(
             "{} changed ({} bytes committed, {} now); re-bless with POLICYPORT_BLESS=1 if intended",
             path.display(),
             want.len(),
             got.len()
         ),
     }
+}
+
+/// The snapshot rule once: Ok when `got` equals the file or was just re-blessed (a mismatch, `POLICYPORT_BLESS=1`
+/// exactly, not under CI); otherwise the file's contents (None when it is missing).
+fn compare_or_bless(path: &Path, got: &[u8]) -> Result<(), Option<Vec<u8>>> {
+    let want = std::fs::read(path).ok();
+    if want.as_deref() == Some(got) {
+        return Ok(());
+    }
+    let bless = std::env::var("POLICYPORT_BLESS").is_ok_and(|v| v == "1")
+        && !std::env::var("CI").is_ok_and(|v| v == "true");
+    if !bless {
+        return Err(want);
+    }
+    std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    eprintln!(
+        "re-blessed {} (POLICYPORT_BLESS=1): review the diff before committing",
+        path.display()
+    );
+    Ok(())
 }

@@ -20,7 +20,7 @@ use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, V
 use policyport::lower::{affine_group, expand_affine, lower};
 use policyport::{
     Activation, Backend, BackendError, ExecScratch, Executor, ExecutorBuilder, MAX_BATCH, Pending,
-    Placement, PolicyError, StepInput, activation_of,
+    Placement, PolicyError, StepInput, activation_of, scratch_of,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -710,11 +710,6 @@ struct TorchScratch {
     ids: Vec<i64>,
 }
 
-fn scratch_of(s: &mut ExecScratch) -> &mut TorchScratch {
-    s.downcast_mut::<TorchScratch>()
-        .expect("a session's scratch comes from its own executor")
-}
-
 impl Executor for TorchProgram {
     fn backend(&self) -> Backend {
         Backend::Torch
@@ -747,7 +742,7 @@ impl Executor for TorchProgram {
         step: &StepInput<'_>,
         rows: &mut Vec<f32>,
     ) -> Result<Pending, PolicyError> {
-        let s = scratch_of(scratch);
+        let s = scratch_of::<TorchScratch>(scratch);
         let _guard = tch::no_grad_guard();
         rows.clear();
         rows.resize(step.batch * self.width, 0.0);
@@ -764,7 +759,7 @@ impl Executor for TorchProgram {
     }
 
     fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
-        let s = scratch_of(scratch);
+        let s = scratch_of::<TorchScratch>(scratch);
         // Envs past the allocated rows have no state yet: they start at zero when first used.
         let ids: Vec<i64> = envs
             .iter()
@@ -788,7 +783,7 @@ impl Executor for TorchProgram {
     }
 
     fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
-        let s = scratch_of(scratch);
+        let s = scratch_of::<TorchScratch>(scratch);
         if !self.placement.state || s.state.is_empty() {
             return Ok(None);
         }

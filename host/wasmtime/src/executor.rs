@@ -20,7 +20,7 @@ use std::sync::Arc;
 use policyport::format::{Artifact, ValidatedPlan, read_artifact};
 use policyport::{
     ActOutputs, Backend, BackendError, CompiledPolicy, EnvIds, ExecScratch, Executor,
-    ExecutorBuilder, Observations, Pending, Placement, PolicyError, Request, StepInput,
+    ExecutorBuilder, Observations, Pending, Placement, PolicyError, Request, StepInput, scratch_of,
 };
 
 use crate::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
@@ -97,11 +97,6 @@ struct PluginScratch {
     broken: Option<String>,
 }
 
-fn scratch_of(s: &mut ExecScratch) -> &mut PluginScratch {
-    s.downcast_mut::<PluginScratch>()
-        .expect("a session's scratch comes from its own executor")
-}
-
 impl PluginExecutor {
     /// The session's instance: instantiated and loaded on first use; refused after a trap.
     fn instance<'a>(&self, s: &'a mut PluginScratch) -> Result<&'a mut WasmPolicy, PolicyError> {
@@ -171,7 +166,7 @@ impl Executor for PluginExecutor {
         step: &StepInput<'_>,
         rows: &mut Vec<f32>,
     ) -> Result<Pending, PolicyError> {
-        let s = scratch_of(scratch);
+        let s = scratch_of::<PluginScratch>(scratch);
         let batch = step.batch;
         let req = Request::new(Observations::F32(step.obs), batch, step.mode)
             .envs(EnvIds::List(&step.env_ids[..batch]));
@@ -203,7 +198,7 @@ impl Executor for PluginExecutor {
     }
 
     fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
-        let s = scratch_of(scratch);
+        let s = scratch_of::<PluginScratch>(scratch);
         let r = self.instance(s)?.reset(envs);
         r.map_err(|e| Self::failed(s, e))
     }
@@ -212,7 +207,7 @@ impl Executor for PluginExecutor {
         if self.state_sizes.is_empty() {
             return Ok(None);
         }
-        let s = scratch_of(scratch);
+        let s = scratch_of::<PluginScratch>(scratch);
         let mut all = vec![];
         for k in 0..self.state_sizes.len() {
             let r = self.instance(s)?.state(k);
