@@ -761,12 +761,16 @@ impl Executor for TorchProgram {
     fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
         let s = scratch_of::<TorchScratch>(scratch);
         // Envs past the allocated rows have no state yet: they start at zero when first used.
-        let ids: Vec<i64> = envs
-            .iter()
-            .filter(|e| (**e as usize) < s.num_envs)
-            .map(|e| *e as i64)
-            .collect();
+        // Episode starts land here from act(): the scratch's id buffer, no allocation.
+        let mut ids = std::mem::take(&mut s.ids);
+        ids.clear();
+        ids.extend(
+            envs.iter()
+                .filter(|e| (**e as usize) < s.num_envs)
+                .map(|e| *e as i64),
+        );
         if ids.is_empty() || s.state.is_empty() {
+            s.ids = ids;
             return Ok(());
         }
         let _guard = tch::no_grad_guard();
@@ -779,7 +783,9 @@ impl Executor for TorchProgram {
             }
             Ok(())
         };
-        f().map_err(to_policy)
+        let r = f().map_err(to_policy);
+        s.ids = ids;
+        r
     }
 
     fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
@@ -842,7 +848,7 @@ impl TorchProgram {
 
     fn run_eager(&self, s: &mut TorchScratch, step: &StepInput<'_>, rows: &mut [f32]) -> R<()> {
         let batch = step.batch;
-        let x = obs_tensor(step.obs, 0..batch, rows_len(step))?
+        let x = obs_tensor(step.obs, 0..batch, self.raw_len as usize)?
             .f_to_device(self.device)
             .map_err(te)?;
         s.ids.clear();
@@ -939,7 +945,7 @@ impl TorchProgram {
             let x = obs_tensor(
                 step.obs,
                 chunk.start..chunk.start + chunk.len,
-                rows_len(step),
+                self.raw_len as usize,
             )?;
             let run = s.runs[ri].as_mut().expect("made above");
             let res = self.run_chunk(run, &s.state, sample, chunk.len, &x, &ids);
@@ -1077,11 +1083,6 @@ impl TorchProgram {
     }
 }
 
-/// Raw observations per row of a step.
-fn rows_len(step: &StepInput<'_>) -> usize {
-    step.obs.len() / step.batch.max(1)
-}
-
 /// Rows `rows` of the step's raw f32 observations as a host tensor `[len, raw]`.
 fn obs_tensor(obs: &[f32], rows: std::ops::Range<usize>, raw: usize) -> R<Tensor> {
     let (start, len) = (rows.start, rows.len());
@@ -1128,10 +1129,7 @@ pub(crate) fn builder(opts: &TorchOptions) -> R<Arc<dyn ExecutorBuilder>> {
         Precision::F16 => Kind::Half,
         Precision::Bf16 => Kind::BFloat16,
     };
-    let mut opts = opts.clone();
-    if opts.launch != Launch::Eager {
-        opts.sampling = Sampling::Device;
-    }
+    let opts = opts.effective();
     Ok(Arc::new(TorchBuilder {
         opts,
         device,

@@ -135,6 +135,16 @@ impl Default for TorchOptions {
 }
 
 impl TorchOptions {
+    /// The options a policy really runs with: the static paths (CUDA graphs, static buffers) always sample on
+    /// the device, whatever `sampling` says.
+    pub fn effective(&self) -> TorchOptions {
+        let mut o = self.clone();
+        if o.launch != Launch::Eager {
+            o.sampling = Sampling::Device;
+        }
+        o
+    }
+
     pub fn bucket_plan(&self) -> buckets::BucketPlan {
         self.buckets
             .as_deref()
@@ -240,10 +250,7 @@ impl std::fmt::Debug for TorchPolicy {
 impl TorchPolicy {
     /// [`load`], then a session.
     pub fn load(bytes: &[u8], opts: &TorchOptions) -> Result<Self, TorchError> {
-        let mut opts = opts.clone();
-        if opts.launch != Launch::Eager {
-            opts.sampling = Sampling::Device;
-        }
+        let opts = opts.effective();
         Ok(TorchPolicy {
             session: load(bytes, &opts)?.session(),
             opts,
