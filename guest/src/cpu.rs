@@ -7,11 +7,12 @@
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
 use crate::backend::Backend;
+use crate::conv::{Conv2d, MaxPool2d, layer_norm};
 use crate::dense::PackedDense;
 use crate::error::PolicyError;
 use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
-use crate::lower::{act_of, affine_group, expand_affine, lower};
+use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
 
 #[derive(Debug, Clone)]
 enum Instr {
@@ -64,6 +65,31 @@ enum Instr {
         x: usize,
         out: usize,
     },
+    Conv {
+        x: usize,
+        conv: Box<Conv2d>,
+        act: Act,
+        out: usize,
+    },
+    MaxPool {
+        x: usize,
+        pool: MaxPool2d,
+        out: usize,
+    },
+    LayerNorm {
+        x: usize,
+        last: usize,
+        scale: Option<Vec<f32>>,
+        bias: Option<Vec<f32>>,
+        epsilon: f32,
+        out: usize,
+    },
+    /// `y[i] = x[index[i]]` per env (Transpose).
+    Gather {
+        x: usize,
+        index: Vec<u32>,
+        out: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +107,9 @@ pub(crate) struct CpuProgram {
 /// One session's buffers: one per value slot, grown to the largest batch seen.
 pub(crate) struct CpuScratch {
     bufs: Vec<Vec<f32>>,
+    /// Convolution: one env's patch matrix and GEMM result (see [`crate::conv`]).
+    patches: Vec<f32>,
+    result: Vec<f32>,
 }
 
 impl CpuProgram {
@@ -148,7 +177,74 @@ impl CpuProgram {
                     len: *len,
                     out,
                 },
-                Op::Flatten => Instr::Copy { x: ins[0], out },
+                Op::Flatten | Op::Reshape { .. } => Instr::Copy { x: ins[0], out },
+                Op::Transpose { perm } => Instr::Gather {
+                    x: ins[0],
+                    index: transpose_index(&n.in_shapes[0], perm),
+                    out,
+                },
+                Op::Conv2d {
+                    weight,
+                    bias,
+                    stride,
+                    padding,
+                    dilation,
+                    groups,
+                } => {
+                    let t = &art.tensors[weight];
+                    Instr::Conv {
+                        x: ins[0],
+                        conv: Box::new(Conv2d::new(
+                            isa,
+                            &t.data,
+                            &t.shape,
+                            bias.as_ref().map(|b| &art.tensors[b].data[..]),
+                            &n.in_shapes[0],
+                            &n.out_shape,
+                            *stride,
+                            *padding,
+                            *dilation,
+                            *groups,
+                        )),
+                        act: n.act,
+                        out,
+                    }
+                }
+                Op::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                    dilation,
+                } => {
+                    let (i, o) = (&n.in_shapes[0], &n.out_shape);
+                    Instr::MaxPool {
+                        x: ins[0],
+                        pool: MaxPool2d {
+                            c: i[0],
+                            h: i[1],
+                            w: i[2],
+                            k: *kernel,
+                            stride: *stride,
+                            pad: [padding[0], padding[1]],
+                            dilation: *dilation,
+                            oh: o[1],
+                            ow: o[2],
+                        },
+                        out,
+                    }
+                }
+                Op::LayerNorm {
+                    scale,
+                    bias,
+                    epsilon,
+                } => Instr::LayerNorm {
+                    x: ins[0],
+                    last,
+                    scale: scale.as_ref().map(|t| art.tensors[t].data.clone()),
+                    bias: bias.as_ref().map(|t| art.tensors[t].data.clone()),
+                    epsilon: *epsilon,
+                    out,
+                },
                 other => Instr::Act {
                     x: ins[0],
                     f: act_of(other).expect("remaining ops are activations"),
@@ -171,12 +267,17 @@ impl CpuProgram {
     /// One step; the readback values concatenated per row go to `rows` (cleared first).
     fn run(
         &self,
-        bufs: &mut [Vec<f32>],
+        scratch: &mut CpuScratch,
         batch: usize,
         obs: &[f32],
         states: &[Vec<f32>],
         rows: &mut Vec<f32>,
     ) {
+        let CpuScratch {
+            bufs,
+            patches,
+            result,
+        } = scratch;
         for (buf, n) in bufs.iter_mut().zip(&self.slot_numel) {
             if buf.len() < batch * n {
                 buf.resize(batch * n, 0.0);
@@ -197,7 +298,11 @@ impl CpuProgram {
                 | Instr::Affine { out, .. }
                 | Instr::Concat { out, .. }
                 | Instr::Slice { out, .. }
-                | Instr::Copy { out, .. } => *out,
+                | Instr::Copy { out, .. }
+                | Instr::Conv { out, .. }
+                | Instr::MaxPool { out, .. }
+                | Instr::LayerNorm { out, .. }
+                | Instr::Gather { out, .. } => *out,
             };
             // Take the output buffer out so inputs can be borrowed alongside it (values are SSA: never the same).
             let mut y_buf = std::mem::take(&mut bufs[out_slot]);
@@ -262,6 +367,35 @@ impl CpuProgram {
                     }
                 }
                 Instr::Copy { x, .. } => y.copy_from_slice(input(*x)),
+                Instr::Conv { x, conv, act, .. } => {
+                    conv.run(input(*x), y, batch, *act, patches, result)
+                }
+                Instr::MaxPool { x, pool, .. } => pool.run(input(*x), y, batch),
+                Instr::LayerNorm {
+                    x,
+                    last,
+                    scale,
+                    bias,
+                    epsilon,
+                    ..
+                } => layer_norm(
+                    input(*x),
+                    y,
+                    *last,
+                    scale.as_deref(),
+                    bias.as_deref(),
+                    *epsilon,
+                ),
+                Instr::Gather { x, index, .. } => {
+                    for (yr, xr) in y
+                        .chunks_exact_mut(index.len())
+                        .zip(input(*x).chunks_exact(index.len()))
+                    {
+                        for (o, &i) in yr.iter_mut().zip(index) {
+                            *o = xr[i as usize];
+                        }
+                    }
+                }
             }
             bufs[out_slot] = y_buf;
         }
@@ -290,6 +424,8 @@ impl Executor for CpuProgram {
     fn new_scratch(&self) -> ExecScratch {
         Box::new(CpuScratch {
             bufs: vec![vec![]; self.slot_numel.len()],
+            patches: vec![],
+            result: vec![],
         })
     }
 
@@ -299,8 +435,7 @@ impl Executor for CpuProgram {
         step: &StepInput<'_>,
         rows: &mut Vec<f32>,
     ) -> Result<Pending, PolicyError> {
-        let bufs = &mut scratch_of::<CpuScratch>(scratch).bufs;
-        self.run(bufs, step.batch, step.obs, step.states, rows);
+        self.run(scratch_of::<CpuScratch>(scratch), step.batch, step.obs, step.states, rows);
         Ok(Pending::Ready)
     }
 }

@@ -7,8 +7,9 @@
 
 use std::collections::HashMap;
 
-use burn::tensor::activation;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{activation, module};
 use policyport_format::sampling::ActMode;
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
@@ -16,7 +17,7 @@ use crate::backend::Backend;
 use crate::error::{BackendError, PolicyError};
 use crate::executor::{ExecScratch, Executor, Pending, Placement, StepInput};
 use crate::kernels::Act;
-use crate::lower::{act_of, affine_group, expand_affine, lower};
+use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
 
 #[derive(Debug, Clone, Copy)]
 enum Unary {
@@ -73,6 +74,36 @@ enum Instr {
         x: usize,
         out: usize,
     },
+    /// `input`: the `[C, H, W]` feature shape; `act`: the activation the lowering fused in.
+    Conv {
+        x: usize,
+        w: Tensor<4>,
+        b: Option<Tensor<1>>,
+        options: ConvOptions<2>,
+        input: [usize; 3],
+        act: Act,
+        out: usize,
+    },
+    MaxPool {
+        x: usize,
+        options: MaxPoolOptions<2>,
+        input: [usize; 3],
+        out: usize,
+    },
+    LayerNorm {
+        x: usize,
+        last: usize,
+        scale: Tensor<1>,
+        bias: Option<Tensor<1>>,
+        epsilon: f64,
+        out: usize,
+    },
+    /// Per-env gather of features (Transpose): `y[:, i] = x[:, index[i]]`.
+    Gather {
+        x: usize,
+        index: Tensor<1, Int>,
+        out: usize,
+    },
     /// Dense + bias + activation as one WGSL dispatch (wgpu devices).
     #[cfg(feature = "wgpu")]
     DenseAct {
@@ -119,6 +150,11 @@ pub(crate) struct Program {
 pub(crate) struct BurnScratch {
     #[cfg(feature = "wgpu")]
     state: Option<crate::gpu::DeviceState>,
+}
+
+/// A validated `[C, H, W]` feature shape.
+fn chw(shape: &[usize]) -> [usize; 3] {
+    shape.try_into().expect("validated: [C, H, W]")
 }
 
 fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
@@ -242,7 +278,86 @@ impl Program {
                     len: *len,
                     out,
                 },
-                Op::Flatten => Instr::Alias { x: ins[0], out },
+                Op::Flatten | Op::Reshape { .. } => Instr::Alias { x: ins[0], out },
+                Op::Transpose { perm } => {
+                    let index: Vec<i32> = transpose_index(&n.in_shapes[0], perm)
+                        .into_iter()
+                        .map(|i| i as i32)
+                        .collect();
+                    let len = index.len();
+                    Instr::Gather {
+                        x: ins[0],
+                        index: Tensor::from_data(TensorData::new(index, [len]), device),
+                        out,
+                    }
+                }
+                Op::Conv2d {
+                    weight,
+                    bias,
+                    stride,
+                    padding,
+                    dilation,
+                    groups,
+                } => {
+                    let t = &art.tensors[weight];
+                    let shape: [usize; 4] = t.shape[..].try_into().expect("validated: rank 4");
+                    Instr::Conv {
+                        x: ins[0],
+                        w: Tensor::from_data(TensorData::new(t.data.clone(), shape), device),
+                        b: bias.as_ref().map(|b| {
+                            let d = &art.tensors[b].data;
+                            Tensor::from_data(TensorData::new(d.clone(), [d.len()]), device)
+                        }),
+                        options: ConvOptions::new_with_padding(
+                            *stride,
+                            [(padding[0], padding[2]), (padding[1], padding[3])],
+                            *dilation,
+                            *groups,
+                        ),
+                        input: chw(&n.in_shapes[0]),
+                        act: n.act,
+                        out,
+                    }
+                }
+                Op::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                    dilation,
+                } => Instr::MaxPool {
+                    x: ins[0],
+                    options: MaxPoolOptions {
+                        kernel_size: *kernel,
+                        stride: *stride,
+                        padding: [(padding[0], padding[2]), (padding[1], padding[3])],
+                        dilation: *dilation,
+                        ceil_mode: false,
+                    },
+                    input: chw(&n.in_shapes[0]),
+                    out,
+                },
+                Op::LayerNorm {
+                    scale,
+                    bias,
+                    epsilon,
+                } => {
+                    let vec1 = |d: Vec<f32>| {
+                        let len = d.len();
+                        Tensor::<1>::from_data(TensorData::new(d, [len]), device)
+                    };
+                    Instr::LayerNorm {
+                        x: ins[0],
+                        last: x_last,
+                        scale: vec1(
+                            scale
+                                .as_ref()
+                                .map_or_else(|| vec![1.0; x_last], |t| art.tensors[t].data.clone()),
+                        ),
+                        bias: bias.as_ref().map(|t| vec1(art.tensors[t].data.clone())),
+                        epsilon: *epsilon as f64,
+                        out,
+                    }
+                }
                 other => unary(Unary::Act(
                     act_of(other).expect("remaining ops are activations"),
                 )),
@@ -427,6 +542,44 @@ impl Program {
                     (*out, g.reshape([batch as i64, -1]))
                 }
                 Instr::Alias { x, out } => (*out, get(&slots, *x)),
+                Instr::Conv {
+                    x,
+                    w,
+                    b,
+                    options,
+                    input,
+                    act,
+                    out,
+                } => {
+                    let t = get(&slots, *x).reshape([batch, input[0], input[1], input[2]]);
+                    let y = module::conv2d(t, w.clone(), b.clone(), options.clone());
+                    (*out, activate(*act, y.reshape([batch as i64, -1])))
+                }
+                Instr::MaxPool {
+                    x,
+                    options,
+                    input,
+                    out,
+                } => {
+                    let t = get(&slots, *x).reshape([batch, input[0], input[1], input[2]]);
+                    let y = module::max_pool2d(t, options.clone());
+                    (*out, y.reshape([batch as i64, -1]))
+                }
+                Instr::LayerNorm {
+                    x,
+                    last,
+                    scale,
+                    bias,
+                    epsilon,
+                    out,
+                } => {
+                    let t = get(&slots, *x);
+                    let [rows, width] = t.dims();
+                    let g = t.reshape([rows * width / last, *last]);
+                    let y = module::layer_norm(g, scale.clone(), bias.clone(), *epsilon);
+                    (*out, y.reshape([rows, width]))
+                }
+                Instr::Gather { x, index, out } => (*out, get(&slots, *x).select(1, index.clone())),
                 #[cfg(feature = "wgpu")]
                 Instr::DenseAct {
                     x,
@@ -477,6 +630,12 @@ fn activate(f: Act, t: Tensor<2>) -> Tensor<2> {
         Act::Gelu => activation::gelu(t),
         Act::GeluTanh => activation::gelu_approximate(t),
         Act::Erf => t.erf(),
+        // The same clamp as the CPU kernel and the WGSL one (exp overflows f32 above 88.72).
+        Act::Exp => t.clamp(-104.0, 88.7).exp(),
+        Act::Clip(lo, hi) => {
+            let t = if lo.is_finite() { t.clamp_min(lo) } else { t };
+            if hi.is_finite() { t.clamp_max(hi) } else { t }
+        }
     }
 }
 

@@ -138,6 +138,8 @@ fn act1<const F: bool>(f: Act, v: f32) -> f32 {
         Act::Gelu => 0.5 * v * (1.0 + erf_f::<F>(v * std::f32::consts::FRAC_1_SQRT_2)),
         Act::GeluTanh => 0.5 * v * (1.0 + tanh_f::<F>(0.797_884_6 * (v + 0.044_715 * v * v * v))),
         Act::Erf => erf_f::<F>(v),
+        Act::Exp => exp_f::<F>(v),
+        Act::Clip(lo, hi) => v.max(lo).min(hi),
     }
 }
 
@@ -174,6 +176,8 @@ fn bias_act_generic<const F: bool>(f: Act, y: &mut [f32], bias: Option<&[f32]>, 
         Act::Erf => each!(Act::Erf),
         Act::Elu(a) => each!(Act::Elu(a)),
         Act::LeakyRelu(a) => each!(Act::LeakyRelu(a)),
+        Act::Exp => each!(Act::Exp),
+        Act::Clip(lo, hi) => each!(Act::Clip(lo, hi)),
     }
 }
 

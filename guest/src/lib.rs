@@ -21,6 +21,7 @@
 
 mod backend;
 mod compiled;
+mod conv;
 mod cpu;
 mod dense;
 mod error;

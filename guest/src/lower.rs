@@ -17,8 +17,11 @@ pub struct LoweredNode<'a> {
     pub out: usize,
     /// Size of the last feature axis of each input.
     pub in_last: Vec<usize>,
+    /// Feature shape of each input, and of the node's own output (before fusion: the activation keeps it).
+    pub in_shapes: Vec<Vec<usize>>,
+    pub out_shape: Vec<usize>,
     /// The activation applied to the result (fused from the activation node that was the only reader of this
-    /// node's output; `Identity` when none). Only Dense nodes absorb activations.
+    /// node's output; `Identity` when none). Only Dense and Conv2d nodes absorb activations.
     pub act: Act,
 }
 
@@ -89,12 +92,15 @@ pub fn lower<'a>(art: &'a Artifact, plan: &ValidatedPlan, readback_values: &[&st
             .iter()
             .map(|i| *plan.shapes[i].last().unwrap())
             .collect();
+        let in_shapes = node.inputs.iter().map(|i| plan.shapes[i].clone()).collect();
         let out = slot_of(&node.output, &mut slots, &mut slot_numel);
         nodes.push(LoweredNode {
             op: &node.op,
             ins,
             out,
             in_last,
+            in_shapes,
+            out_shape: plan.shapes[&node.output].clone(),
             act: Act::Identity,
         });
     }
@@ -122,7 +128,7 @@ pub fn lower<'a>(art: &'a Artifact, plan: &ValidatedPlan, readback_values: &[&st
     }
 }
 
-/// The fusion pass: a Dense whose output is read by exactly one node, an elementwise activation, and is not
+/// The fusion pass: a Dense (or Conv2d) whose output is read by exactly one node, an elementwise activation, and is not
 /// read back, computes that activation itself (the activation node disappears; the Dense writes the
 /// activation's output slot). Moving the activation up to the Dense is sound because values are SSA: its only
 /// input is ready there. Every executor runs the fused graph (one rule for all; before, the cpu backend fused
@@ -135,7 +141,7 @@ fn fuse_dense_activations<'a>(
     let mut absorbed = vec![None; nodes.len()];
     let mut gone = vec![false; nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
-        if !matches!(n.op, Op::Dense { .. })
+        if !matches!(n.op, Op::Dense { .. } | Op::Conv2d { .. })
             || readers[n.out] != 1
             || readback.iter().any(|(s, _)| *s == n.out)
         {
@@ -180,6 +186,11 @@ pub fn act_of(op: &Op) -> Option<Act> {
         Op::Gelu { approximate: false } => Act::Gelu,
         Op::Gelu { approximate: true } => Act::GeluTanh,
         Op::Erf => Act::Erf,
+        Op::Exp => Act::Exp,
+        Op::Clip { min, max } => Act::Clip(
+            min.unwrap_or(f32::NEG_INFINITY),
+            max.unwrap_or(f32::INFINITY),
+        ),
         _ => return None,
     })
 }
@@ -208,5 +219,50 @@ pub fn expand_affine(d: &[f32], group: usize) -> Vec<f32> {
         vec![d[0]; group]
     } else {
         d.to_vec()
+    }
+}
+
+/// Per-env gather index of a feature-axis permutation: output element `i` is input element `index[i]`
+/// (row-major over `shape`; output axis `a` is input axis `perm[a]`). Every executor runs Transpose as this gather.
+pub fn transpose_index(shape: &[usize], perm: &[usize]) -> Vec<u32> {
+    let rank = shape.len();
+    let mut in_strides = vec![1usize; rank];
+    for a in (0..rank.saturating_sub(1)).rev() {
+        in_strides[a] = in_strides[a + 1] * shape[a + 1];
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let numel: usize = shape.iter().product();
+    let mut index = Vec::with_capacity(numel);
+    let mut pos = vec![0usize; rank];
+    for _ in 0..numel {
+        index.push(
+            pos.iter()
+                .zip(perm)
+                .map(|(i, &p)| i * in_strides[p])
+                .sum::<usize>() as u32,
+        );
+        for a in (0..rank).rev() {
+            pos[a] += 1;
+            if pos[a] < out_shape[a] {
+                break;
+            }
+            pos[a] = 0;
+        }
+    }
+    index
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transpose_index;
+
+    #[test]
+    fn transpose_index_of_hwc_to_chw() {
+        // [H=2, W=3, C=2] -> [C, H, W]
+        let idx = transpose_index(&[2, 3, 2], &[2, 0, 1]);
+        let x: Vec<u32> = (0..12).collect();
+        let y: Vec<u32> = idx.iter().map(|&i| x[i as usize]).collect();
+        assert_eq!(y, vec![0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9, 11]);
+        assert_eq!(transpose_index(&[4], &[0]), vec![0, 1, 2, 3]);
     }
 }

@@ -35,10 +35,13 @@ pub enum Activation {
     Gelu,
     GeluTanh,
     Erf,
+    Exp,
+    /// `clamp(v, lo, hi)`; an open side is ±infinity.
+    Clip(f32, f32),
 }
 
 impl Activation {
-    pub const ALL: [Activation; 10] = [
+    pub const ALL: [Activation; 14] = [
         Activation::Identity,
         Activation::Relu,
         Activation::Tanh,
@@ -49,6 +52,10 @@ impl Activation {
         Activation::Gelu,
         Activation::GeluTanh,
         Activation::Erf,
+        Activation::Exp,
+        Activation::Clip(-1.5, 2.0),
+        Activation::Clip(f32::NEG_INFINITY, 0.25),
+        Activation::Clip(-20.0, f32::INFINITY),
     ];
 }
 
@@ -90,6 +97,18 @@ fn pp_erf(x: f32) -> f32 {\n\
             "0.5 * v * (1.0 + pp_tanh(0.7978846 * (v + 0.044715 * v * v * v)))".to_string()
         }
         Activation::Erf => "pp_erf(v)".to_string(),
+        // exp overflows f32 above 88.72; the clamp keeps WGSL's finite-math assumption (and matches the CPU kernel).
+        Activation::Exp => "exp(clamp(v, -104.0, 88.7))".to_string(),
+        Activation::Clip(lo, hi) => {
+            let mut e = "v".to_string();
+            if lo.is_finite() {
+                e = format!("max({e}, {})", f32_lit(lo));
+            }
+            if hi.is_finite() {
+                e = format!("min({e}, {})", f32_lit(hi));
+            }
+            e
+        }
     };
     format!("{helpers}fn act(v: f32) -> f32 {{ return {body}; }}\n")
 }
@@ -251,6 +270,8 @@ pub mod reference {
                 0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh())
             }
             Activation::Erf => erf(v),
+            Activation::Exp => v.clamp(-104.0, 88.7).exp(),
+            Activation::Clip(lo, hi) => v.max(lo).min(hi),
         }
     }
 

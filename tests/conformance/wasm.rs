@@ -362,3 +362,4 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
         t.join().unwrap();
     }
 }
+

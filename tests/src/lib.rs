@@ -116,7 +116,9 @@ pub fn plugin_runtime() -> Arc<WasmRuntime> {
 
 /// Load `bytes` on one of [`backends`]: the built-in backends through [`CompiledPolicy::load`], `Torch` through
 /// `policyport_torch::load` with its default options, `Wasmtime` through `policyport_wasmtime::load` on
-/// [`plugin_runtime`] with the default limits. Errors are the runtime's typed errors either way (a
+/// [`plugin_runtime`] with the default limits but a 60 s call deadline (the default 1 s is a game loop's hang
+/// guard; the suite's IMPALA golden batch takes ~80 ms alone but seconds of wall clock when every test thread
+/// shares the 2 CI cores; `wasm.rs` tests the deadline itself). Errors are the runtime's typed errors either way (a
 /// libtorch failure is `BackendError::Device`).
 pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, PolicyError> {
     match backend {
@@ -128,7 +130,11 @@ pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, Polic
             })
         }
         Backend::Wasmtime => {
-            policyport_wasmtime::load(&plugin_runtime(), bytes, Default::default()).map_err(|e| {
+            let limits = policyport_wasmtime::WasmLimits {
+                deadline: std::time::Duration::from_secs(60),
+                ..Default::default()
+            };
+            policyport_wasmtime::load(&plugin_runtime(), bytes, limits).map_err(|e| {
                 match e {
                     WasmError::Policy(p) => p,
                     other => BackendError::Device(other.to_string()).into(),

@@ -25,7 +25,10 @@ use crate::manifest::Manifest;
 
 pub const MAGIC: &[u8; 8] = b"POLICYPT";
 pub const FORMAT_MAJOR: u16 = 1;
-pub const FORMAT_MINOR: u16 = 0;
+/// 1.1 added the ops `exp clip reshape transpose conv2d max_pool2d layer_norm` (SPEC.md §3). The writer stamps
+/// the lowest minor a file needs ([`Manifest::required_minor`]), so a policy that uses only 1.0 ops still loads in
+/// a 1.0 runtime already shipped in a game.
+pub const FORMAT_MINOR: u16 = 1;
 const HEADER_LEN: usize = 96;
 const ALIGN: usize = 64;
 
@@ -158,6 +161,15 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
     }
     let manifest: Manifest =
         serde_json::from_slice(manifest_bytes).map_err(|e| manifest_error(manifest_bytes, e))?;
+    if let Some((op, since)) = manifest.newest_op()
+        && since > minor
+    {
+        return Err(FormatError::OpNewerThanFile {
+            op,
+            since: (FORMAT_MAJOR, since),
+            file: (major, minor),
+        });
+    }
     let tensors = decode_weights(weights_bytes)?;
     Ok(Artifact {
         manifest,
@@ -191,11 +203,16 @@ fn manifest_error(bytes: &[u8], e: serde_json::Error) -> FormatError {
 /// Lay out a container around already-encoded sections (checksums computed here). The writer uses it; tests
 /// and fuzzers use it to build files whose container is valid but whose contents are hostile.
 pub fn assemble(manifest_bytes: &[u8], weights_bytes: &[u8]) -> Vec<u8> {
+    assemble_versioned(manifest_bytes, weights_bytes, FORMAT_MINOR)
+}
+
+/// [`assemble`] stamping format minor `minor` (the writer stamps the lowest one the manifest needs).
+pub fn assemble_versioned(manifest_bytes: &[u8], weights_bytes: &[u8], minor: u16) -> Vec<u8> {
     let mut out =
         Vec::with_capacity(HEADER_LEN + manifest_bytes.len() + ALIGN + weights_bytes.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    out.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
+    out.extend_from_slice(&minor.to_le_bytes());
     out.extend_from_slice(&(HEADER_LEN as u32).to_le_bytes());
     out.extend_from_slice(&(manifest_bytes.len() as u64).to_le_bytes());
     out.extend_from_slice(&(weights_bytes.len() as u64).to_le_bytes());
@@ -324,5 +341,9 @@ pub fn write_artifact(
     let weights_bytes =
         safetensors::serialize(views, None).map_err(|e| FormatError::BadWeights(e.to_string()))?;
 
-    Ok(assemble(&manifest_bytes, &weights_bytes))
+    Ok(assemble_versioned(
+        &manifest_bytes,
+        &weights_bytes,
+        manifest.required_minor(),
+    ))
 }

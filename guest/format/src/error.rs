@@ -45,6 +45,15 @@ pub enum FormatError {
     #[error("tensor '{name}' holds a non-finite value at element {index}")]
     NonFiniteWeight { name: String, index: usize },
     #[error(
+        "op '{op}' needs format {}.{} but the file says {}.{} (a writer stamped the wrong version)",
+        since.0, since.1, file.0, file.1
+    )]
+    OpNewerThanFile {
+        op: String,
+        since: (u16, u16),
+        file: (u16, u16),
+    },
+    #[error(
         "unknown op '{op}' in node '{node}' of module '{module}' (this runtime knows: {known})"
     )]
     UnknownOp {

@@ -48,6 +48,22 @@ pub struct Producer {
     pub notes: String,
 }
 
+impl Manifest {
+    /// The op introduced last (by format minor) among the manifest's nodes, with that minor.
+    pub fn newest_op(&self) -> Option<(String, u16)> {
+        self.modules
+            .iter()
+            .flat_map(|m| &m.nodes)
+            .max_by_key(|n| n.op.since_minor())
+            .map(|n| (n.op.kind(), n.op.since_minor()))
+    }
+
+    /// The lowest format minor (of major 1) able to hold this manifest.
+    pub fn required_minor(&self) -> u16 {
+        self.newest_op().map_or(0, |(_, m)| m)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ObsDType {
@@ -204,10 +220,69 @@ pub enum Op {
     },
     /// Collapse the feature shape to one axis.
     Flatten,
+    /// `e^x`, elementwise (format 1.1).
+    Exp,
+    /// `min(max(x, min), max)`, elementwise; a `null` bound is open (format 1.1).
+    Clip {
+        min: Option<f32>,
+        max: Option<f32>,
+    },
+    /// The feature shape becomes `shape` (same element count, row-major order kept) (format 1.1).
+    Reshape { shape: Vec<usize> },
+    /// Permute the feature axes: output axis `i` is input axis `perm[i]` (format 1.1). The batch axis stays first.
+    Transpose { perm: Vec<usize> },
+    /// 2-D cross-correlation (PyTorch's `Conv2d`) over a `[C, H, W]` input, giving `[O, OH, OW]` (format 1.1).
+    /// `weight` is `[O, C / groups, KH, KW]`, `bias` `[O]`; `padding` is `[top, left, bottom, right]` (zeros);
+    /// `OH = (H + top + bottom - dilation[0] * (KH - 1) - 1) / stride[0] + 1`, and the same for `OW`.
+    Conv2d {
+        weight: String,
+        bias: Option<String>,
+        stride: [usize; 2],
+        padding: [usize; 4],
+        dilation: [usize; 2],
+        groups: usize,
+    },
+    /// 2-D max pooling over a `[C, H, W]` input (format 1.1). Padding (`[top, left, bottom, right]`) never wins:
+    /// a window takes the maximum over its positions inside the input, and every window has at least one.
+    MaxPool2d {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 4],
+        dilation: [usize; 2],
+    },
+    /// Layer normalisation over the last axis: `(x - mean) / sqrt(var + epsilon) * scale + bias`, with the
+    /// biased variance; `scale` and `bias` have the last axis' length or are absent (format 1.1).
+    LayerNorm {
+        scale: Option<String>,
+        bias: Option<String>,
+        epsilon: f32,
+    },
 }
 
 impl Op {
-    pub const KNOWN: &'static str = "dense relu tanh sigmoid silu elu leaky_relu gelu erf softmax log_softmax concat add mul affine slice flatten";
+    pub const KNOWN: &'static str = "dense relu tanh sigmoid silu elu leaky_relu gelu erf softmax log_softmax concat add mul affine slice flatten exp clip reshape transpose conv2d max_pool2d layer_norm";
+
+    /// The format minor version (of major 1) that introduced the op.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            Op::Exp
+            | Op::Clip { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Conv2d { .. }
+            | Op::MaxPool2d { .. }
+            | Op::LayerNorm { .. } => 1,
+            _ => 0,
+        }
+    }
+
+    /// The op's `kind` as the manifest spells it.
+    pub fn kind(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v["kind"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
 
     /// Names of the weight tensors the op reads.
     pub fn tensors(&self) -> Vec<&str> {
@@ -215,7 +290,15 @@ impl Op {
             Op::Dense { weight, bias } => std::iter::once(weight.as_str())
                 .chain(bias.as_deref())
                 .collect(),
-            Op::Affine { scale, shift } => scale
+            Op::Conv2d { weight, bias, .. } => std::iter::once(weight.as_str())
+                .chain(bias.as_deref())
+                .collect(),
+            Op::Affine { scale, shift }
+            | Op::LayerNorm {
+                scale,
+                bias: shift,
+                ..
+            } => scale
                 .as_deref()
                 .into_iter()
                 .chain(shift.as_deref())

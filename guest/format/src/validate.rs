@@ -47,6 +47,37 @@ pub struct ValidatedPlan {
     pub head: crate::head::HeadPlan,
 }
 
+/// Output positions of a sliding window along one axis (convolution and pooling share the rule), checked:
+/// `(n + pad_begin + pad_end - dilation * (k - 1) - 1) / stride + 1`, at least one.
+pub fn window_count(
+    n: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+    pad_begin: usize,
+    pad_end: usize,
+) -> Result<usize, String> {
+    if k == 0 || stride == 0 || dilation == 0 {
+        return Err(format!("kernel {k}, stride {stride} and dilation {dilation} must be >= 1"));
+    }
+    let padded = (n as u64) + (pad_begin as u64) + (pad_end as u64);
+    let extent = (dilation as u64)
+        .checked_mul(k as u64 - 1)
+        .and_then(|e| e.checked_add(1))
+        .ok_or("kernel extent overflows")?;
+    if extent > padded {
+        return Err(format!(
+            "kernel extent {extent} is larger than the padded size {padded}"
+        ));
+    }
+    if pad_begin as u64 >= extent || pad_end as u64 >= extent {
+        return Err(format!(
+            "padding {pad_begin}/{pad_end} must be smaller than the kernel extent {extent}"
+        ));
+    }
+    Ok(((padded - extent) / stride as u64 + 1) as usize)
+}
+
 fn numel(shape: &[usize]) -> u64 {
     shape
         .iter()
@@ -207,6 +238,138 @@ impl Checker<'_> {
                             found: self.art.tensors[t].shape.clone(),
                         });
                     }
+                }
+                ins[0].clone()
+            }
+            Op::Exp => {
+                arity(1)?;
+                ins[0].clone()
+            }
+            Op::Clip { min, max } => {
+                arity(1)?;
+                if min.is_some_and(f32::is_nan)
+                    || max.is_some_and(f32::is_nan)
+                    || matches!((min, max), (Some(a), Some(b)) if a > b)
+                {
+                    return Err(FormatError::invalid(
+                        user,
+                        format!("bounds {min:?}..{max:?} must be ordered, not NaN"),
+                    ));
+                }
+                ins[0].clone()
+            }
+            Op::Reshape { shape } => {
+                arity(1)?;
+                self.check_value_size(&user, shape)?;
+                if numel(shape) != numel(ins[0]) {
+                    return Err(FormatError::shape(
+                        user,
+                        format!("cannot reshape {:?} to {shape:?}", ins[0]),
+                    ));
+                }
+                shape.clone()
+            }
+            Op::Transpose { perm } => {
+                arity(1)?;
+                let mut seen = vec![false; ins[0].len()];
+                if perm.len() != ins[0].len()
+                    || perm
+                        .iter()
+                        .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+                {
+                    return Err(FormatError::shape(
+                        user,
+                        format!("{perm:?} is not a permutation of the axes of {:?}", ins[0]),
+                    ));
+                }
+                perm.iter().map(|&p| ins[0][p]).collect()
+            }
+            Op::Conv2d {
+                weight,
+                bias,
+                stride,
+                padding,
+                dilation,
+                groups,
+            } => {
+                arity(1)?;
+                let x = ins[0];
+                if x.len() != 3 {
+                    return Err(FormatError::shape(
+                        &user,
+                        format!("input must be [channels, height, width], is {x:?}"),
+                    ));
+                }
+                let w = self.tensor(weight, &user)?;
+                let g = *groups;
+                let bad_weight = w.shape.len() != 4
+                    || g == 0
+                    || x[0] % g != 0
+                    || w.shape[0] % g != 0
+                    || w.shape[1] != x[0] / g
+                    || w.shape.contains(&0);
+                if bad_weight {
+                    return Err(FormatError::TensorShape {
+                        name: weight.clone(),
+                        user,
+                        expected: vec![w.shape.first().copied().unwrap_or(0), x[0] / g.max(1), 0, 0],
+                        found: w.shape.clone(),
+                    });
+                }
+                if let Some(b) = bias {
+                    self.tensor_with_numel(b, &user, &[w.shape[0]])?;
+                }
+                let oh = window_count(x[1], w.shape[2], stride[0], dilation[0], padding[0], padding[2])
+                    .map_err(|e| FormatError::shape(&user, format!("height: {e}")))?;
+                let ow = window_count(x[2], w.shape[3], stride[1], dilation[1], padding[1], padding[3])
+                    .map_err(|e| FormatError::shape(&user, format!("width: {e}")))?;
+                vec![w.shape[0], oh, ow]
+            }
+            Op::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+                dilation,
+            } => {
+                arity(1)?;
+                let x = ins[0];
+                if x.len() != 3 {
+                    return Err(FormatError::shape(
+                        &user,
+                        format!("input must be [channels, height, width], is {x:?}"),
+                    ));
+                }
+                let mut out = vec![x[0]];
+                for a in 0..2 {
+                    let n = window_count(x[1 + a], kernel[a], stride[a], dilation[a], padding[a], padding[a + 2])
+                        .map_err(|e| FormatError::shape(&user, format!("axis {}: {e}", a + 1)))?;
+                    // Every window must see the input: a window entirely in the padding has no maximum.
+                    for o in 0..n {
+                        let start = (o * stride[a]) as i64 - padding[a] as i64;
+                        let d = dilation[a] as i64;
+                        let first = if start >= 0 { 0 } else { (-start + d - 1) / d };
+                        if first >= kernel[a] as i64 || start + first * d >= x[1 + a] as i64 {
+                            return Err(FormatError::shape(
+                                &user,
+                                format!("window {o} of axis {} lies entirely in the padding", a + 1),
+                            ));
+                        }
+                    }
+                    out.push(n);
+                }
+                out
+            }
+            Op::LayerNorm {
+                scale,
+                bias,
+                epsilon,
+            } => {
+                arity(1)?;
+                if !(epsilon.is_finite() && *epsilon >= 0.0) {
+                    return Err(FormatError::invalid(user, "epsilon must be finite and >= 0"));
+                }
+                for t in scale.iter().chain(bias.iter()) {
+                    self.tensor_with_numel(t, &user, &[last(ins[0])])?;
                 }
                 ins[0].clone()
             }

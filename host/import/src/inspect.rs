@@ -16,7 +16,19 @@ pub fn flops_per_env(art: &Artifact, plan: &ValidatedPlan) -> u64 {
                 let s = &art.tensors[weight].shape;
                 2 * (s[0] * s[1]) as u64 + bias.as_ref().map_or(0, |_| s[0] as u64)
             }
-            Op::Flatten | Op::Slice { .. } | Op::Concat => 0,
+            Op::Conv2d { weight, bias, .. } => {
+                // Per output element: C/g·KH·KW multiply-adds (+ the bias).
+                let s = &art.tensors[weight].shape;
+                let per = (s[1] * s[2] * s[3]) as u64;
+                numel(&n.output) * (2 * per + bias.as_ref().map_or(0, |_| 1))
+            }
+            Op::MaxPool2d { kernel, .. } => numel(&n.output) * (kernel[0] * kernel[1]) as u64,
+            Op::LayerNorm { .. } => 8 * numel(&n.output),
+            Op::Flatten
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Concat => 0,
             Op::Softmax | Op::LogSoftmax => 4 * numel(&n.output),
             _ => numel(&n.output),
         })
@@ -105,10 +117,13 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
         for n in &module.nodes {
             let op = match &n.op {
                 Op::Dense { weight, .. } => format!("dense {:?}", art.tensors[weight].shape),
-                other => serde_json::to_value(other)
-                    .ok()
-                    .and_then(|v| v["kind"].as_str().map(String::from))
-                    .unwrap_or_default(),
+                Op::Conv2d {
+                    weight, stride, ..
+                } => format!("conv2d {:?}/{}", art.tensors[weight].shape, stride[0]),
+                Op::MaxPool2d { kernel, stride, .. } => {
+                    format!("max_pool2d {}x{}/{}", kernel[0], kernel[1], stride[0])
+                }
+                other => other.kind(),
             };
             let _ = writeln!(
                 s,

@@ -15,6 +15,8 @@ use crate::ImportError;
 use crate::onnx_proto::{self as pb, data_type};
 use crate::spec::{DistSpec, ImportSpec, LogStdSpec};
 
+mod layout;
+
 /// A value during import: known at compile time, or computed per step with this feature shape.
 #[derive(Debug, Clone)]
 enum Val {
@@ -425,12 +427,29 @@ impl Importer<'_> {
             }
             "Reshape" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "constant input",
-                        "constant-fold the graph",
-                    ));
+                    let Val::Const(c) = &ins[0] else {
+                        unreachable!()
+                    };
+                    // Constant reshape (shape arithmetic): same data, the target's dims.
+                    let Some(Val::Const(t)) = ins.get(1) else {
+                        return Err(self.unsupported(node, idx, "shape computed at run time", "use a static target shape"));
+                    };
+                    let mut dims: Vec<i64> = t.data.iter().map(|v| *v as i64).collect();
+                    let known: i64 = dims.iter().filter(|d| **d > 0).product();
+                    for (i, d) in dims.iter_mut().enumerate() {
+                        if *d == 0 {
+                            *d = c.dims.get(i).copied().unwrap_or(1) as i64;
+                        }
+                    }
+                    if let Some(d) = dims.iter_mut().find(|d| **d == -1) {
+                        *d = c.numel() as i64 / known.max(1);
+                    }
+                    let dims: Vec<usize> = dims.iter().map(|d| (*d).max(0) as usize).collect();
+                    if dims.iter().product::<usize>() != c.numel() {
+                        return Err(ImportError::Malformed(format!("node {label}: reshape of {:?} to {dims:?}", c.dims)));
+                    }
+                    self.vals.insert(out, Val::Const(Const { dims, data: c.data.clone() }));
+                    return Ok(());
                 };
                 let Some(Val::Const(target)) = ins.get(1) else {
                     return Err(self.unsupported(
@@ -440,20 +459,26 @@ impl Importer<'_> {
                         "use a static target shape",
                     ));
                 };
-                let n: usize = xs.iter().product();
-                let t: Vec<i64> = target.data.iter().map(|v| *v as i64).collect();
-                let flat =
-                    t.len() == 2 && (t[0] == -1 || t[0] == 0) && (t[1] == n as i64 || t[1] == -1)
-                        || t.len() == 2 && t[1] == n as i64;
-                if !flat {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        &format!("target shape {t:?} from {xs:?}"),
-                        "only [batch, features] reshapes (flatten) are supported",
-                    ));
+                let shape = self.reshape_target(node, idx, &xs, target)?;
+                if shape == xs {
+                    self.vals.insert(out, Val::Runtime { name: x, shape });
+                } else if shape.len() == 1 {
+                    self.emit(&label, Op::Flatten, vec![x], &out, shape);
+                } else {
+                    self.emit(&label, Op::Reshape { shape: shape.clone() }, vec![x], &out, shape);
                 }
-                self.emit(&label, Op::Flatten, vec![x], &out, vec![n]);
+            }
+            "Concat" if ins.iter().all(|v| matches!(v, Val::Const(_))) => {
+                // Shape arithmetic: 1-D constants concatenated (axis 0).
+                let mut data = vec![];
+                for v in &ins {
+                    let Val::Const(c) = v else { unreachable!() };
+                    if c.dims.len() > 1 {
+                        return Err(self.unsupported(node, idx, "concatenation of multi-axis constants", "fold constants before export"));
+                    }
+                    data.extend_from_slice(&c.data);
+                }
+                self.vals.insert(out, Val::Const(Const { dims: vec![data.len()], data }));
             }
             "Concat" => {
                 let mut xs = vec![];
@@ -483,6 +508,25 @@ impl Importer<'_> {
                 let mut shape = shapes[0].clone();
                 shape[r - 1] = shapes.iter().map(|s| s[r - 1]).sum();
                 self.emit(&label, Op::Concat, xs, &out, shape);
+            }
+            "Slice" if matches!(&ins[0], Val::Const(c) if c.dims.len() <= 1) => {
+                let Val::Const(c) = &ins[0] else { unreachable!() };
+                let arg = |i: usize| match ins.get(i) {
+                    Some(Val::Const(c)) if c.numel() == 1 => Some(c.data[0] as i64),
+                    _ => None,
+                };
+                let (Some(s0), Some(e0)) = (arg(1), arg(2)) else {
+                    return Err(self.unsupported(node, idx, "dynamic bounds", "use constant slice bounds"));
+                };
+                let step = arg(4).unwrap_or(1);
+                let n = c.numel() as i64;
+                if step != 1 {
+                    return Err(self.unsupported(node, idx, "step != 1 on a constant", "fold constants before export"));
+                }
+                let clampi = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+                let (a, b) = (clampi(s0) as usize, clampi(e0) as usize);
+                let data = c.data[a..b.max(a)].to_vec();
+                self.vals.insert(out, Val::Const(Const { dims: vec![data.len()], data }));
             }
             "Slice" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
@@ -551,13 +595,17 @@ impl Importer<'_> {
                 );
             }
             _ => {
-                return Err(self.unsupported(
-                    node,
-                    idx,
-                    "not supported by the ONNX importer",
-                    "supported: Gemm MatMul Add Sub Mul Div Relu Tanh Sigmoid Erf Elu LeakyRelu Gelu Softmax LogSoftmax \
-                     Concat Reshape Flatten Slice Constant Identity; re-export without it or open an issue",
-                ));
+                if !self.layout_op(node, idx, &ins, &out)? {
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "not supported by the ONNX importer",
+                        "supported: Gemm MatMul Add Sub Mul Div Neg Relu Tanh Sigmoid Erf Elu LeakyRelu Gelu Exp \
+                         Clip Softmax LogSoftmax Conv MaxPool LayerNormalization Transpose Concat Reshape Flatten \
+                         Squeeze Unsqueeze Slice Shape Gather Cast Constant Identity Dropout; re-export without it \
+                         or open an issue",
+                    ));
+                }
             }
         }
         Ok(())

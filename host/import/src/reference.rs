@@ -21,7 +21,10 @@ pub fn eval(
     let art = Artifact {
         manifest: manifest.clone(),
         tensors: tensors.clone(),
-        version: (1, 0),
+        version: (
+            policyport_format::FORMAT_MAJOR,
+            policyport_format::FORMAT_MINOR,
+        ),
     };
     let plan = validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
     let raw = manifest.observation.raw_len();
@@ -176,7 +179,132 @@ pub fn eval(
                     .chunks_exact(last)
                     .flat_map(|g| g[*start..start + len].to_vec())
                     .collect(),
-                Op::Flatten => a.clone(),
+                Op::Flatten | Op::Reshape { .. } => a.clone(),
+                Op::Exp => map(&f64::exp),
+                Op::Clip { min, max } => map(&|v| {
+                    let v = min.map_or(v, |m| v.max(m as f64));
+                    max.map_or(v, |m| v.min(m as f64))
+                }),
+                Op::Transpose { perm } => {
+                    let shape = &plan.shapes[&node.inputs[0]];
+                    let rank = shape.len();
+                    let mut strides = vec![1usize; rank];
+                    for d in (0..rank - 1).rev() {
+                        strides[d] = strides[d + 1] * shape[d + 1];
+                    }
+                    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+                    let mut y = Vec::with_capacity(a.len());
+                    for r in 0..batch {
+                        for i in 0..w_in {
+                            // Unravel i over the output shape, then read the input at the permuted position.
+                            let (mut rest, mut src) = (i, 0);
+                            for d in (0..rank).rev() {
+                                src += (rest % out_shape[d]) * strides[perm[d]];
+                                rest /= out_shape[d];
+                            }
+                            y.push(a[r * w_in + src]);
+                        }
+                    }
+                    y
+                }
+                Op::Conv2d {
+                    weight,
+                    bias,
+                    stride,
+                    padding,
+                    dilation,
+                    groups,
+                } => {
+                    let (xs, ys) = (&plan.shapes[&node.inputs[0]], &plan.shapes[&node.output]);
+                    let ws = &tensors[weight].shape;
+                    let (w, b) = (t(weight), bias.as_ref().map(|b| t(b)));
+                    let (c, h, wd) = (xs[0], xs[1] as i64, xs[2] as i64);
+                    let (o, oh, ow) = (ys[0], ys[1], ys[2]);
+                    let (cg, kh, kw) = (ws[1], ws[2], ws[3]);
+                    let og = o / groups;
+                    let mut y = vec![0.0; batch * o * oh * ow];
+                    for r in 0..batch {
+                        let x = &a[r * w_in..(r + 1) * w_in];
+                        for oc in 0..o {
+                            let g = oc / og;
+                            for oy in 0..oh {
+                                for ox in 0..ow {
+                                    let mut acc = b.as_ref().map_or(0.0, |b| b[oc]);
+                                    for ci in 0..cg {
+                                        let ch = g * cg + ci;
+                                        for ky in 0..kh {
+                                            let iy = (oy * stride[0] + ky * dilation[0]) as i64
+                                                - padding[0] as i64;
+                                            for kx in 0..kw {
+                                                let ix = (ox * stride[1] + kx * dilation[1]) as i64
+                                                    - padding[1] as i64;
+                                                if iy >= 0 && iy < h && ix >= 0 && ix < wd {
+                                                    acc += x[(ch * h as usize + iy as usize)
+                                                        * wd as usize
+                                                        + ix as usize]
+                                                        * w[((oc * cg + ci) * kh + ky) * kw + kx];
+                                                }
+                                            }
+                                        }
+                                    }
+                                    y[((r * o + oc) * oh + oy) * ow + ox] = acc;
+                                }
+                            }
+                        }
+                        let _ = c;
+                    }
+                    y
+                }
+                Op::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                    dilation,
+                } => {
+                    let (xs, ys) = (&plan.shapes[&node.inputs[0]], &plan.shapes[&node.output]);
+                    let (c, h, wd) = (xs[0], xs[1] as i64, xs[2] as i64);
+                    let (oh, ow) = (ys[1], ys[2]);
+                    let mut y = vec![f64::NEG_INFINITY; batch * c * oh * ow];
+                    for rc in 0..batch * c {
+                        let x = &a[rc * (h * wd) as usize..][..(h * wd) as usize];
+                        for oy in 0..oh {
+                            for ox in 0..ow {
+                                let mut m = f64::NEG_INFINITY;
+                                for ky in 0..kernel[0] {
+                                    let iy = (oy * stride[0] + ky * dilation[0]) as i64
+                                        - padding[0] as i64;
+                                    for kx in 0..kernel[1] {
+                                        let ix = (ox * stride[1] + kx * dilation[1]) as i64
+                                            - padding[1] as i64;
+                                        if iy >= 0 && iy < h && ix >= 0 && ix < wd {
+                                            m = m.max(x[(iy * wd + ix) as usize]);
+                                        }
+                                    }
+                                }
+                                y[(rc * oh + oy) * ow + ox] = m;
+                            }
+                        }
+                    }
+                    y
+                }
+                Op::LayerNorm {
+                    scale,
+                    bias,
+                    epsilon,
+                } => {
+                    let (sc, bi) = (scale.as_ref().map(|s| t(s)), bias.as_ref().map(|b| t(b)));
+                    let mut y = a.clone();
+                    for g in y.chunks_exact_mut(last) {
+                        let mean = g.iter().sum::<f64>() / last as f64;
+                        let var = g.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / last as f64;
+                        let r = 1.0 / (var + *epsilon as f64).sqrt();
+                        for (i, v) in g.iter_mut().enumerate() {
+                            *v = (*v - mean) * r * sc.as_ref().map_or(1.0, |s| s[i])
+                                + bi.as_ref().map_or(0.0, |b| b[i]);
+                        }
+                    }
+                    y
+                }
             };
             vals.insert(node.output.clone(), y);
         }
@@ -213,7 +341,10 @@ pub fn make_golden(
     let art = Artifact {
         manifest: manifest.clone(),
         tensors: tensors.clone(),
-        version: (1, 0),
+        version: (
+            policyport_format::FORMAT_MAJOR,
+            policyport_format::FORMAT_MINOR,
+        ),
     };
     let plan = validate(&art, &Limits::default()).map_err(|e| e.to_string())?;
     let sampler = plan.head;

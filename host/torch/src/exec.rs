@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use policyport::format::sampling::ActMode;
 use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, ValidatedPlan};
-use policyport::lower::{affine_group, expand_affine, lower};
+use policyport::lower::{affine_group, expand_affine, lower, transpose_index};
 use policyport::{
     Activation, Backend, BackendError, ExecScratch, Executor, ExecutorBuilder, MAX_BATCH, Pending,
     Placement, PolicyError, StepInput, activation_of, scratch_of,
@@ -98,6 +98,44 @@ enum Instr {
     },
     Alias {
         x: usize,
+        out: usize,
+    },
+    /// `pad`: `[left, right, top, bottom]` applied before the convolution when asymmetric (else `None` and the
+    /// symmetric `padding` goes to conv2d); `input`: `[C, H, W]`.
+    Conv {
+        x: usize,
+        w: Tensor,
+        b: Option<Tensor>,
+        stride: [i64; 2],
+        padding: [i64; 2],
+        pad: Option<[i64; 4]>,
+        dilation: [i64; 2],
+        groups: i64,
+        input: [i64; 3],
+        act: Activation,
+        out: usize,
+    },
+    /// Padding is applied as -inf before pooling (libtorch's max_pool2d refuses padding over half the kernel).
+    MaxPool {
+        x: usize,
+        kernel: [i64; 2],
+        stride: [i64; 2],
+        pad: Option<[i64; 4]>,
+        dilation: [i64; 2],
+        input: [i64; 3],
+        out: usize,
+    },
+    LayerNorm {
+        x: usize,
+        last: i64,
+        scale: Option<Tensor>,
+        bias: Option<Tensor>,
+        epsilon: f64,
+        out: usize,
+    },
+    Gather {
+        x: usize,
+        index: Tensor,
         out: usize,
     },
 }
@@ -223,7 +261,89 @@ impl Program {
                     len: *len as i64,
                     out,
                 },
-                Op::Flatten => Instr::Alias { x: ins[0], out },
+                Op::Flatten | Op::Reshape { .. } => Instr::Alias { x: ins[0], out },
+                Op::Transpose { perm } => {
+                    let index: Vec<i64> = transpose_index(&n.in_shapes[0], perm)
+                        .into_iter()
+                        .map(i64::from)
+                        .collect();
+                    Instr::Gather {
+                        x: ins[0],
+                        index: Tensor::f_from_slice(&index)
+                            .and_then(|t| t.f_to_device(device))
+                            .map_err(te)?,
+                        out,
+                    }
+                }
+                Op::Conv2d {
+                    weight,
+                    bias,
+                    stride,
+                    padding,
+                    dilation,
+                    groups,
+                } => {
+                    let t = &art.tensors[weight];
+                    let shape: Vec<i64> = t.shape.iter().map(|d| *d as i64).collect();
+                    let [top, left, bottom, right] = padding.map(|p| p as i64);
+                    let symmetric = top == bottom && left == right;
+                    Instr::Conv {
+                        x: ins[0],
+                        w: upload(&t.data, &shape, compute, device)?,
+                        b: match bias {
+                            Some(b) => Some(upload(
+                                &art.tensors[b].data,
+                                &[shape[0]],
+                                compute,
+                                device,
+                            )?),
+                            None => None,
+                        },
+                        stride: stride.map(|v| v as i64),
+                        padding: if symmetric { [top, left] } else { [0, 0] },
+                        pad: (!symmetric).then_some([left, right, top, bottom]),
+                        dilation: dilation.map(|v| v as i64),
+                        groups: *groups as i64,
+                        input: chw(&n.in_shapes[0]),
+                        act: n.act,
+                        out,
+                    }
+                }
+                Op::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                    dilation,
+                } => {
+                    let [top, left, bottom, right] = padding.map(|p| p as i64);
+                    Instr::MaxPool {
+                        x: ins[0],
+                        kernel: kernel.map(|v| v as i64),
+                        stride: stride.map(|v| v as i64),
+                        pad: (padding.iter().any(|p| *p != 0)).then_some([left, right, top, bottom]),
+                        dilation: dilation.map(|v| v as i64),
+                        input: chw(&n.in_shapes[0]),
+                        out,
+                    }
+                }
+                Op::LayerNorm {
+                    scale,
+                    bias,
+                    epsilon,
+                } => {
+                    let vec1 = |t: &String| -> R<Tensor> {
+                        let d = &art.tensors[t].data;
+                        upload(d, &[d.len() as i64], Kind::Float, device)
+                    };
+                    Instr::LayerNorm {
+                        x: ins[0],
+                        last: x_last,
+                        scale: scale.as_ref().map(vec1).transpose()?,
+                        bias: bias.as_ref().map(vec1).transpose()?,
+                        epsilon: *epsilon as f64,
+                        out,
+                    }
+                }
                 other => Instr::Act {
                     x: ins[0],
                     f: activation_of(other).expect("the remaining ops are activations"),
@@ -371,11 +491,72 @@ impl Program {
                     (*out, g.f_reshape([rows, -1])?)
                 }
                 Instr::Alias { x, out } => (*out, get(&s, *x).shallow_clone()),
+                Instr::Conv {
+                    x,
+                    w,
+                    b,
+                    stride,
+                    padding,
+                    pad,
+                    dilation,
+                    groups,
+                    input,
+                    act,
+                    out,
+                } => {
+                    let t = get(&s, *x).f_to_kind(w.kind())?;
+                    let rows = t.size()[0];
+                    let mut t = t.f_reshape([rows, input[0], input[1], input[2]])?;
+                    if let Some(p) = pad {
+                        t = t.f_constant_pad_nd(p)?;
+                    }
+                    let y = t.f_conv2d(w, b.as_ref(), stride, padding, dilation, *groups)?;
+                    (*out, activate(*act, &y.f_reshape([rows, -1])?)?)
+                }
+                Instr::MaxPool {
+                    x,
+                    kernel,
+                    stride,
+                    pad,
+                    dilation,
+                    input,
+                    out,
+                } => {
+                    let t = get(&s, *x);
+                    let rows = t.size()[0];
+                    let mut t = t.f_reshape([rows, input[0], input[1], input[2]])?;
+                    if let Some(p) = pad {
+                        t = t.f_pad(p, "constant", f64::NEG_INFINITY)?;
+                    }
+                    let y = t.f_max_pool2d(kernel, stride, [0, 0], dilation, false)?;
+                    (*out, y.f_reshape([rows, -1])?)
+                }
+                Instr::LayerNorm {
+                    x,
+                    last,
+                    scale,
+                    bias,
+                    epsilon,
+                    out,
+                } => {
+                    // In f32 whatever the compute precision (a reduction over the features).
+                    let x = get(&s, *x).f_to_kind(Kind::Float)?;
+                    let (rows, width) = (x.size()[0], x.size()[1]);
+                    let g = x.f_reshape([rows * width / last, *last])?;
+                    let y = g.f_layer_norm([*last], scale.as_ref(), bias.as_ref(), *epsilon, false)?;
+                    (*out, y.f_reshape([rows, width])?)
+                }
+                Instr::Gather { x, index, out } => (*out, get(&s, *x).f_index_select(1, index)?),
             };
             s[out] = Some(t);
         }
         Ok(s)
     }
+}
+
+/// A validated `[C, H, W]` feature shape.
+fn chw(shape: &[usize]) -> [i64; 3] {
+    [shape[0] as i64, shape[1] as i64, shape[2] as i64]
 }
 
 /// An elementwise activation as libtorch ops.
@@ -397,6 +578,12 @@ fn activate(f: Activation, x: &Tensor) -> Result<Tensor, tch::TchError> {
         Activation::Gelu => x.f_gelu("none")?,
         Activation::GeluTanh => x.f_gelu("tanh")?,
         Activation::Erf => x.f_erf()?,
+        // The same clamp as the guest's kernels (exp overflows f32 above 88.72).
+        Activation::Exp => x.f_clamp(-104.0, 88.7)?.f_exp()?,
+        Activation::Clip(lo, hi) => {
+            let t = if lo.is_finite() { x.f_clamp_min(lo as f64)? } else { x.shallow_clone() };
+            if hi.is_finite() { t.f_clamp_max(hi as f64)? } else { t }
+        }
     })
 }
 

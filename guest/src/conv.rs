@@ -1,0 +1,383 @@
+//! Convolution, pooling and layer normalisation on the CPU.
+//!
+//! Convolution is lowered to the dense kernel ([`crate::dense`]): for one env, the receptive field of every
+//! output pixel is gathered into a row (im2col, `[OH·OW, C/g·KH·KW]` per group, in the weight's own `(c, ky, kx)`
+//! order), and the packed GEMM with the bias and the fused activation computes `[OH·OW, O/g]`, which is scattered
+//! back to PyTorch's channels-first `[O, OH, OW]`. Why im2col and not a direct loop: the GEMM is where the
+//! register tiling and the SIMD widths already live, the weights are packed once at load, and the patch matrix of
+//! one env (NatureCNN's first layer: 400 × 256 floats, 400 KB) stays cache-sized, so the gather costs a small
+//! fraction of the multiply-adds. The patch and result buffers belong to the session (no allocation once warm).
+
+use crate::dense::PackedDense;
+use crate::kernels::{Act, Isa};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Conv2d {
+    /// One packed GEMM per group: `[O/g, C/g·KH·KW]`.
+    groups: Vec<PackedDense>,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    k: [usize; 2],
+    stride: [usize; 2],
+    /// top, left (the bottom/right padding only shows in the output size).
+    pad: [usize; 2],
+    dilation: [usize; 2],
+    oh: usize,
+    ow: usize,
+}
+
+impl Conv2d {
+    /// `weight`: `[O, C/g, KH, KW]`; `input`: `[C, H, W]`; `out`: `[O, OH, OW]` (validated).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        isa: Isa,
+        weight: &[f32],
+        wshape: &[usize],
+        bias: Option<&[f32]>,
+        input: &[usize],
+        out: &[usize],
+        stride: [usize; 2],
+        padding: [usize; 4],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Self {
+        let (o, cg, kh, kw) = (wshape[0], wshape[1], wshape[2], wshape[3]);
+        let og = o / groups;
+        let kdim = cg * kh * kw;
+        let groups = (0..groups)
+            .map(|g| {
+                PackedDense::new(
+                    isa,
+                    &weight[g * og * kdim..(g + 1) * og * kdim],
+                    og,
+                    kdim,
+                    bias.map(|b| &b[g * og..(g + 1) * og]),
+                )
+            })
+            .collect();
+        Conv2d {
+            groups,
+            c: input[0],
+            h: input[1],
+            w: input[2],
+            o,
+            k: [kh, kw],
+            stride,
+            pad: [padding[0], padding[1]],
+            dilation,
+            oh: out[1],
+            ow: out[2],
+        }
+    }
+
+    /// Floats of session scratch one env needs: the patch matrix and the GEMM result of one group.
+    pub(crate) fn scratch_len(&self) -> (usize, usize) {
+        let g = self.groups.len();
+        let p = self.oh * self.ow;
+        (p * (self.c / g) * self.k[0] * self.k[1], p * (self.o / g))
+    }
+
+    pub(crate) fn run(
+        &self,
+        x: &[f32],
+        y: &mut [f32],
+        batch: usize,
+        act: Act,
+        patches: &mut Vec<f32>,
+        result: &mut Vec<f32>,
+    ) {
+        let (plen, rlen) = self.scratch_len();
+        if patches.len() < plen {
+            patches.resize(plen, 0.0);
+        }
+        if result.len() < rlen {
+            result.resize(rlen, 0.0);
+        }
+        let (c, h, w) = (self.c, self.h, self.w);
+        let g = self.groups.len();
+        let (cg, og) = (c / g, self.o / g);
+        let p = self.oh * self.ow;
+        let kdim = cg * self.k[0] * self.k[1];
+        for b in 0..batch {
+            let xb = &x[b * c * h * w..(b + 1) * c * h * w];
+            let yb = &mut y[b * self.o * p..(b + 1) * self.o * p];
+            for (gi, gemm) in self.groups.iter().enumerate() {
+                let patches = &mut patches[..p * kdim];
+                self.im2col(&xb[gi * cg * h * w..(gi + 1) * cg * h * w], cg, patches);
+                let result = &mut result[..p * og];
+                gemm.run(patches, result, p, act);
+                // [P, O/g] -> channels-first rows of y.
+                for (oc, yrow) in yb[gi * og * p..(gi + 1) * og * p]
+                    .chunks_exact_mut(p)
+                    .enumerate()
+                {
+                    for (pix, v) in yrow.iter_mut().enumerate() {
+                        *v = result[pix * og + oc];
+                    }
+                }
+            }
+        }
+    }
+
+    /// Row `oy·OW + ox` of `patches` = the input values under the kernel at that output pixel, zero where the
+    /// kernel overhangs the input (the padding).
+    fn im2col(&self, x: &[f32], cg: usize, patches: &mut [f32]) {
+        let (h, w) = (self.h as isize, self.w as isize);
+        let [kh, kw] = self.k;
+        let kdim = cg * kh * kw;
+        for oy in 0..self.oh {
+            for ox in 0..self.ow {
+                let row = &mut patches[(oy * self.ow + ox) * kdim..][..kdim];
+                let y0 = (oy * self.stride[0]) as isize - self.pad[0] as isize;
+                let x0 = (ox * self.stride[1]) as isize - self.pad[1] as isize;
+                let mut i = 0;
+                for ch in 0..cg {
+                    let plane = &x[ch * self.h * self.w..(ch + 1) * self.h * self.w];
+                    for ky in 0..kh {
+                        let iy = y0 + (ky * self.dilation[0]) as isize;
+                        if iy < 0 || iy >= h {
+                            row[i..i + kw].fill(0.0);
+                            i += kw;
+                            continue;
+                        }
+                        let line = &plane[iy as usize * self.w..(iy as usize + 1) * self.w];
+                        if self.dilation[1] == 1 && x0 >= 0 && x0 + kw as isize <= w {
+                            row[i..i + kw].copy_from_slice(&line[x0 as usize..x0 as usize + kw]);
+                            i += kw;
+                            continue;
+                        }
+                        for kx in 0..kw {
+                            let ix = x0 + (kx * self.dilation[1]) as isize;
+                            row[i] = if ix < 0 || ix >= w {
+                                0.0
+                            } else {
+                                line[ix as usize]
+                            };
+                            i += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// 2-D max pooling geometry of one node (`[C, H, W]` → `[C, OH, OW]`).
+#[derive(Debug, Clone)]
+pub(crate) struct MaxPool2d {
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) k: [usize; 2],
+    pub(crate) stride: [usize; 2],
+    /// top, left.
+    pub(crate) pad: [usize; 2],
+    pub(crate) dilation: [usize; 2],
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+}
+
+impl MaxPool2d {
+    /// The maximum over the window's positions inside the input (validation proved every window has one).
+    pub(crate) fn run(&self, x: &[f32], y: &mut [f32], batch: usize) {
+        let (h, w) = (self.h as isize, self.w as isize);
+        let plane_in = self.h * self.w;
+        let plane_out = self.oh * self.ow;
+        for (xp, yp) in x
+            .chunks_exact(plane_in)
+            .zip(y.chunks_exact_mut(plane_out))
+            .take(batch * self.c)
+        {
+            for oy in 0..self.oh {
+                let y0 = (oy * self.stride[0]) as isize - self.pad[0] as isize;
+                for ox in 0..self.ow {
+                    let x0 = (ox * self.stride[1]) as isize - self.pad[1] as isize;
+                    let mut m = f32::NEG_INFINITY;
+                    for ky in 0..self.k[0] {
+                        let iy = y0 + (ky * self.dilation[0]) as isize;
+                        if iy < 0 || iy >= h {
+                            continue;
+                        }
+                        for kx in 0..self.k[1] {
+                            let ix = x0 + (kx * self.dilation[1]) as isize;
+                            if ix >= 0 && ix < w {
+                                let v = xp[iy as usize * self.w + ix as usize];
+                                // NaN propagates, as in PyTorch.
+                                if v > m || v.is_nan() {
+                                    m = v;
+                                }
+                            }
+                        }
+                    }
+                    yp[oy * self.ow + ox] = m;
+                }
+            }
+        }
+    }
+}
+
+/// Layer normalisation over groups of `last` values: two passes (mean, then the centred variance) in f32.
+pub(crate) fn layer_norm(
+    x: &[f32],
+    y: &mut [f32],
+    last: usize,
+    scale: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    epsilon: f32,
+) {
+    let inv_n = 1.0 / last as f32;
+    for (xg, yg) in x.chunks_exact(last).zip(y.chunks_exact_mut(last)) {
+        let mean = xg.iter().sum::<f32>() * inv_n;
+        let var = xg.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() * inv_n;
+        let r = 1.0 / (var + epsilon).sqrt();
+        for (i, (o, v)) in yg.iter_mut().zip(xg).enumerate() {
+            *o = (v - mean) * r * scale.map_or(1.0, |s| s[i]) + bias.map_or(0.0, |b| b[i]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels;
+
+    /// Direct convolution in f64, straight from the definition, for the tests.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_ref(
+        x: &[f32],
+        wt: &[f32],
+        ws: [usize; 4],
+        b: &[f32],
+        [c, h, w]: [usize; 3],
+        stride: [usize; 2],
+        pad: [usize; 4],
+        dil: [usize; 2],
+        groups: usize,
+        [oh, ow]: [usize; 2],
+    ) -> Vec<f64> {
+        let (o, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+        let og = o / groups;
+        let mut y = vec![0.0f64; o * oh * ow];
+        for oc in 0..o {
+            let g = oc / og;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = b[oc] as f64;
+                    for ci in 0..cg {
+                        let ch = g * cg + ci;
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * stride[0] + ky * dil[0]) as isize - pad[0] as isize;
+                                let ix = (ox * stride[1] + kx * dil[1]) as isize - pad[1] as isize;
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                    acc += x[ch * h * w + iy as usize * w + ix as usize] as f64
+                                        * wt[((oc * cg + ci) * kh + ky) * kw + kx] as f64;
+                                }
+                            }
+                        }
+                    }
+                    y[(oc * oh + oy) * ow + ox] = acc;
+                }
+            }
+        }
+        let _ = c;
+        y
+    }
+
+    fn lcg(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Strides, asymmetric padding, dilation and groups against the definition, on every instruction set here.
+    #[test]
+    fn conv2d_matches_the_definition() {
+        let cases: &[([usize; 3], [usize; 4], [usize; 2], [usize; 4], [usize; 2], usize)] = &[
+            ([4, 12, 12], [8, 4, 8, 8], [4, 4], [0, 0, 0, 0], [1, 1], 1),
+            ([3, 9, 7], [6, 1, 3, 3], [1, 2], [1, 0, 2, 1], [1, 1], 3),
+            ([2, 10, 10], [5, 2, 3, 2], [2, 1], [1, 1, 1, 1], [2, 3], 1),
+            ([16, 5, 5], [32, 16, 1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+        ];
+        let mut isas = vec![Isa::Baseline, kernels::detect()];
+        isas.dedup();
+        for isa in isas {
+            for (ci, &(input, ws, stride, pad, dil, groups)) in cases.iter().enumerate() {
+                let oh = (input[1] + pad[0] + pad[2] - dil[0] * (ws[2] - 1) - 1) / stride[0] + 1;
+                let ow = (input[2] + pad[1] + pad[3] - dil[1] * (ws[3] - 1) - 1) / stride[1] + 1;
+                let batch = 3;
+                let x = lcg(batch * input.iter().product::<usize>(), 1 + ci as u32);
+                let wt = lcg(ws.iter().product(), 100 + ci as u32);
+                let b = lcg(ws[0], 200 + ci as u32);
+                let conv = Conv2d::new(
+                    isa,
+                    &wt,
+                    &ws,
+                    Some(&b),
+                    &input,
+                    &[ws[0], oh, ow],
+                    stride,
+                    pad,
+                    dil,
+                    groups,
+                );
+                let n_out = ws[0] * oh * ow;
+                let mut y = vec![f32::NAN; batch * n_out];
+                let (mut p, mut r) = (vec![], vec![]);
+                conv.run(&x, &mut y, batch, Act::Relu, &mut p, &mut r);
+                let n_in: usize = input.iter().product();
+                for bi in 0..batch {
+                    let want = conv_ref(
+                        &x[bi * n_in..(bi + 1) * n_in],
+                        &wt,
+                        ws,
+                        &b,
+                        input,
+                        stride,
+                        pad,
+                        dil,
+                        groups,
+                        [oh, ow],
+                    );
+                    for (i, (g, w)) in y[bi * n_out..(bi + 1) * n_out].iter().zip(&want).enumerate() {
+                        let w = w.max(0.0);
+                        assert!(
+                            (*g as f64 - w).abs() < 1e-5,
+                            "{isa:?} case {ci} env {bi} element {i}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_pool_ignores_padding_and_layer_norm_centres() {
+        // 1 channel 3x3, kernel 3 stride 2 pad 1 (IMPALA's pool): windows at the border see only the input.
+        let x: Vec<f32> = (1..=9).map(|v| -(v as f32)).collect();
+        let pool = MaxPool2d {
+            c: 1,
+            h: 3,
+            w: 3,
+            k: [3, 3],
+            stride: [2, 2],
+            pad: [1, 1],
+            dilation: [1, 1],
+            oh: 2,
+            ow: 2,
+        };
+        let mut y = vec![0.0; 4];
+        pool.run(&x, &mut y, 1);
+        assert_eq!(y, vec![-1.0, -2.0, -4.0, -5.0]);
+        let mut z = vec![0.0; 4];
+        layer_norm(&[1.0, 2.0, 3.0, 4.0], &mut z, 4, Some(&[1.0, 1.0, 2.0, 2.0]), None, 0.0);
+        let s = (1.25f32).sqrt();
+        assert!((z[0] + 1.5 / s).abs() < 1e-6 && (z[3] - 3.0 / s).abs() < 1e-6, "{z:?}");
+    }
+}
