@@ -13,8 +13,26 @@ fn write_read_write_is_byte_identical() {
         })
         .unwrap();
         assert_eq!(bytes, again, "{name}");
-        assert_eq!(art.version, (1, 0));
+        // The lowest version able to hold it: MLPs stay 1.0 (loadable by runtimes shipped before 1.1).
+        assert_eq!(art.version, (1, art.manifest.required_minor()), "{name}");
+        let convolutional = name.contains("cnn");
+        assert_eq!(art.version.1, if convolutional || name.contains("layernorm") { 1 } else { 0 }, "{name}");
     }
+}
+
+/// A file that says 1.0 but uses an op of 1.1 was stamped wrongly by some writer: refused, naming the op.
+#[test]
+fn a_newer_op_in_an_older_file_is_refused() {
+    let bytes = compile_fixture(&load_fixture("nature_cnn"));
+    let (m, w) = policyport_format::container::sections(&bytes).unwrap();
+    let stamped = policyport_format::container::assemble_versioned(m, w, 0);
+    match read_artifact(&stamped).unwrap_err() {
+        policyport_format::FormatError::OpNewerThanFile { op, since, file } => {
+            assert_eq!((op.as_str(), since, file), ("conv2d", (1, 1), (1, 0)));
+        }
+        other => panic!("{other}"),
+    }
+    assert!(read_artifact(&policyport_format::container::assemble_versioned(m, w, 1)).is_ok());
 }
 
 /// The float64 reference interpreter (the toolchain's oracle for bare ONNX files) agrees with PyTorch float64.
@@ -80,7 +98,7 @@ fn half_precision_storage_round_trips_within_its_tolerance() {
 /// silent).
 #[test]
 fn inspect_summaries_match_blessed_snapshots() {
-    for name in ["cartpole", "mlp64"] {
+    for name in ["cartpole", "mlp64", "nature_cnn"] {
         let bytes = compile_fixture(&load_fixture(name));
         let art = read_artifact(&bytes).unwrap();
         let plan = validate(&art, &Limits::default()).unwrap();
@@ -98,6 +116,16 @@ fn inspect_summaries_match_blessed_snapshots() {
     assert_eq!(
         inspect::flops_per_env(&art, &plan),
         2 * (64 * 256 + 256 * 256 + 256 * 5) + 256 + 256 + 5 + 512
+    );
+    // NatureCNN: /255 over the frame, three convolutions (+ bias) and their ReLUs, the 3136 -> 512 layer, heads.
+    let art = read_artifact(&compile_fixture(&load_fixture("nature_cnn"))).unwrap();
+    let plan = validate(&art, &Limits::default()).unwrap();
+    let convs = 12800 * (2 * 4 * 8 * 8 + 1) + 5184 * (2 * 32 * 16 + 1) + 3136 * (2 * 64 * 9 + 1);
+    let relus = 12800 + 5184 + 3136 + 512;
+    let dense = 2 * 3136 * 512 + 512 + 2 * 512 * 6 + 6 + 2 * 512 + 1;
+    assert_eq!(
+        inspect::flops_per_env(&art, &plan),
+        84 * 84 * 4 + convs + relus + dense
     );
 }
 

@@ -47,7 +47,7 @@ fn container_corruption() {
     let mut bad = good.clone();
     bad[0] = b'X';
     assert!(matches!(load_err(&bad), FormatError::BadMagic { .. }));
-    for (major, minor) in [(2u16, 0u16), (1, 1), (0, 9)] {
+    for (major, minor) in [(2u16, 0u16), (1, policyport_format::FORMAT_MINOR + 1), (0, 9)] {
         let mut v = good.clone();
         v[8..10].copy_from_slice(&major.to_le_bytes());
         v[10..12].copy_from_slice(&minor.to_le_bytes());
