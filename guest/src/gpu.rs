@@ -586,22 +586,29 @@ mod tests {
         let x = random(rows * len, 9, 10.0);
         let mut stats = random(len, 10, 1.0);
         stats.extend(random(len, 11, 1.0).iter().map(|v| v.abs() + 0.5));
-        let steps = [
-            PreStep::Scale(0.5),
-            PreStep::Normalize {
-                mean_offset: 0,
-                std_offset: len,
-                clip: Some(3.0),
-            },
+        let chains = [
+            vec![
+                PreStep::Scale(0.5),
+                PreStep::Normalize {
+                    mean_offset: 0,
+                    std_offset: len,
+                    clip: Some(3.0),
+                },
+            ],
+            // Regression: a scale-only chain (uint8 frames / 255) left `stats` unused, the derived bind group
+            // layout lost binding 2 and every act() failed validation (found by the SB3 CnnPolicy fixture).
+            vec![PreStep::Scale(1.0 / 255.0)],
         ];
-        let k = PreprocessKernel::new(&steps, &stats, &dev);
-        let got = read(k.run(Tensor::<2>::from_data(
-            TensorData::new(x.clone(), [rows, len]),
-            &dev,
-        )));
-        let want = reference::preprocess(&x, len, &steps, &stats);
-        for (g, e) in got.iter().zip(&want) {
-            assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{g} vs {e}");
+        for steps in chains {
+            let k = PreprocessKernel::new(&steps, &stats, &dev);
+            let got = read(k.run(Tensor::<2>::from_data(
+                TensorData::new(x.clone(), [rows, len]),
+                &dev,
+            )));
+            let want = reference::preprocess(&x, len, &steps, &stats);
+            for (g, e) in got.iter().zip(&want) {
+                assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{steps:?}: {g} vs {e}");
+            }
         }
     }
 

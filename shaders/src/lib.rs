@@ -177,6 +177,12 @@ pub fn preprocess_source(steps: &[PreStep]) -> String {
             }
         }
     }
+    if !steps.iter().any(|s| matches!(s, PreStep::Normalize { .. })) {
+        // Keep `stats` statically used: the bind group layout is derived from the shader, and a layout without
+        // binding 2 refuses the runtime's 4-buffer bind group (a scale-only chain, e.g. /255 of uint8 frames,
+        // failed validation on every wgpu device). Never executed: `total == 0` returned above.
+        body.push_str("    if (total == 0u) { v = stats[0]; }\n");
+    }
     PREPROCESS.replace("{{STEPS}}", &body)
 }
 

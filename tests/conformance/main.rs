@@ -8,6 +8,7 @@
 //! - `bad_input`: the hostile-input corpus: every case a typed error, never a panic.
 //! - `episodes`: the trained policies replay the PyTorch policy's evaluation episodes.
 //! - `recurrent`: per-env recurrent state on every backend.
+//! - `sb3`: Stable-Baselines3 archives written by SB3 compile alone and reproduce SB3 everywhere; hostile archives.
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
 //! - `gpu`: the wgpu backend's dispatch count, batch sizes 1 to 65536, the `auto` choice.
@@ -24,6 +25,7 @@ mod frozen;
 mod gpu;
 mod parity;
 mod recurrent;
+mod sb3;
 mod torch;
 mod wasm;
 

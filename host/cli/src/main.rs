@@ -27,7 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Import an ONNX policy and write a .policy artifact.
+    /// Import a policy and write a .policy artifact: an ONNX model (with --spec or flags saying what its outputs
+    /// mean), or a Stable-Baselines3 archive (`model.save()`'s .zip: nothing else needed).
     Compile {
         model: PathBuf,
         #[arg(short, long)]
@@ -194,6 +195,45 @@ fn main() -> Result<()> {
             golden,
             storage,
         } => {
+            let io: Option<FixtureIo> = match &golden {
+                Some(p) => Some(
+                    serde_json::from_slice(&read(p)?)
+                        .with_context(|| format!("parsing {}", p.display()))?,
+                ),
+                None => None,
+            };
+            if model.is_dir() {
+                bail!(
+                    "{} is a directory: RLlib checkpoint directories are not read yet; export the RLModule to \
+                     ONNX, or save the policy with Stable-Baselines3",
+                    model.display()
+                );
+            }
+            let model_bytes = read(&model)?;
+            if policyport_import::sb3::is_sb3_archive(&model_bytes) {
+                // Everything is in the archive: spaces, architecture, weights.
+                anyhow::ensure!(
+                    spec.is_none() && preset.is_none() && dist.is_none(),
+                    "{} is a Stable-Baselines3 archive: it says what its outputs mean, drop --spec/--preset/--dist",
+                    model.display()
+                );
+                let bytes = policyport_import::compile_sb3(
+                    &model_bytes,
+                    &model.display().to_string(),
+                    io.as_ref(),
+                    storage,
+                )?;
+                write_atomically(&out, &bytes)?;
+                println!("wrote {} ({} bytes) from a Stable-Baselines3 archive", out.display(), bytes.len());
+                return Ok(());
+            }
+            if policyport_import::pickle_like(&model_bytes) {
+                bail!(
+                    "{} is a PyTorch file (torch.save), not an ONNX model: state dicts without their \
+                     architecture are not read yet; save the model with Stable-Baselines3 or export it to ONNX",
+                    model.display()
+                );
+            }
             let (mut dist, mut logits, mut mean, mut log_std, mut value) =
                 (dist, logits, mean, log_std, value);
             let name = |n: &str| Some(n.to_string());
@@ -284,21 +324,14 @@ fn main() -> Result<()> {
                     high: high.into_iter().map(Some).collect(),
                 });
             }
-            let io: Option<FixtureIo> = match &golden {
-                Some(p) => Some(
-                    serde_json::from_slice(&read(p)?)
-                        .with_context(|| format!("parsing {}", p.display()))?,
-                ),
-                None => None,
-            };
             let bytes = compile_onnx(
-                &read(&model)?,
+                &model_bytes,
                 &s,
                 &model.display().to_string(),
                 io.as_ref(),
                 storage,
             )?;
-            std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+            write_atomically(&out, &bytes)?;
             println!("wrote {} ({} bytes)", out.display(), bytes.len());
         }
         Cmd::Inspect { artifact, json } => {
@@ -638,6 +671,19 @@ const BUNDLED: [Bundled; 2] = [
         io: include_bytes!("../../../tests/fixtures/pendulum/io.json"),
     },
 ];
+
+/// Write to a temporary file next to `out` and rename it over `out`: a crash never leaves a partial `.policy`.
+fn write_atomically(out: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    Ok(())
+}
 
 fn compile_bundled(b: &Bundled) -> Result<Vec<u8>> {
     let spec: ImportSpec = serde_json::from_slice(b.spec)?;

@@ -36,7 +36,25 @@ pub fn compile_onnx(
     golden: Option<&FixtureIo>,
     storage: Storage,
 ) -> Result<Vec<u8>, ImportError> {
-    let imported = import_onnx(onnx, spec, source)?;
+    compile_imported(import_onnx(onnx, spec, source)?, golden, storage)
+}
+
+/// A Stable-Baselines3 `model.save()` archive → `.policy` bytes (golden vectors as in [`compile_onnx`]).
+pub fn compile_sb3(
+    archive: &[u8],
+    source: &str,
+    golden: Option<&FixtureIo>,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
+    compile_imported(crate::sb3::import_sb3(archive, source)?, golden, storage)
+}
+
+/// The shared back half of every route: golden vectors, storage precision, the writer.
+pub fn compile_imported(
+    imported: crate::Imported,
+    golden: Option<&FixtureIo>,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
     let mut manifest = imported.manifest;
     manifest.golden = match golden {
         Some(io) => golden_from_fixture(&manifest, io)?,

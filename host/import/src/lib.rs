@@ -10,13 +10,17 @@ mod fixture;
 pub mod inspect;
 pub mod onnx;
 mod onnx_proto;
+pub mod pickle;
 pub mod reference;
+pub mod sb3;
 pub mod spec;
+pub mod torchfile;
+pub mod zipread;
 
 use policyport_format::FormatError;
 use thiserror::Error;
 
-pub use compile::{Storage, compile_onnx, random_obs};
+pub use compile::{Storage, compile_imported, compile_onnx, compile_sb3, random_obs};
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};
 pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};
@@ -40,4 +44,15 @@ pub enum ImportError {
     Golden(String),
     #[error(transparent)]
     Format(#[from] FormatError),
+    #[error(transparent)]
+    Pickle(#[from] pickle::PickleError),
+}
+
+/// Is this a PyTorch `torch.save` file (a zip holding `<archive>/data.pkl`) or a bare pickle?
+pub fn pickle_like(bytes: &[u8]) -> bool {
+    if bytes.first() == Some(&0x80) {
+        return true;
+    }
+    zipread::is_zip(bytes)
+        && zipread::Zip::open(bytes).is_ok_and(|z| z.names().any(|n| n.ends_with("/data.pkl")))
 }

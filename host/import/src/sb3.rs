@@ -1,0 +1,528 @@
+//! Stable-Baselines3 `model.save()` archives → manifest + weights, without Python: the spaces and `policy_kwargs`
+//! come from the `data` entry (JSON; SB3 writes each space's readable attributes next to its cloudpickle, which is
+//! never touched), the weights from `policy.pth` (a `torch.save` state dict, [`crate::torchfile`]). The policy's
+//! architecture is read from the state dict's keys and shapes, the activation from `policy_kwargs`, and the
+//! computation is SB3's own: `preprocess_obs` (one-hot for Discrete, `/255` for image boxes), the features
+//! extractor (Flatten, or NatureCNN for `CnnPolicy`), `mlp_extractor`, `action_net` / `value_net`, and SB3's
+//! action distributions (`predict` clips Gaussian actions to the bounds; SAC squashes with tanh and rescales).
+//!
+//! Supported: PPO / A2C `ActorCriticPolicy` and `ActorCriticCnnPolicy` (shared or separate feature extractors) on
+//! Discrete, MultiDiscrete and Box actions; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary,
+//! Dict observations, gSDE) is a typed error naming it.
+
+use std::collections::BTreeMap;
+
+use policyport_format::container::Tensor;
+use policyport_format::{
+    ActionSpace, Distribution, LogStd, Manifest, Module, ModuleRole, Node, OBS_VALUE, ObsDType,
+    ObservationSpace, Op, Preprocess, Producer,
+};
+use serde_json::Value;
+
+use crate::ImportError;
+use crate::onnx::Imported;
+use crate::torchfile::read_state_dict;
+use crate::zipread::Zip;
+
+fn unsupported(what: impl Into<String>, hint: impl Into<String>) -> ImportError {
+    ImportError::Unsupported {
+        what: what.into(),
+        hint: hint.into(),
+    }
+}
+
+fn bad(detail: impl Into<String>) -> ImportError {
+    ImportError::Malformed(format!("SB3 archive: {}", detail.into()))
+}
+
+/// Is this an SB3 archive (a zip with `data` and `policy.pth`)?
+pub fn is_sb3_archive(bytes: &[u8]) -> bool {
+    crate::zipread::is_zip(bytes)
+        && Zip::open(bytes).is_ok_and(|z| {
+            z.names().any(|n| n == "data") && z.names().any(|n| n == "policy.pth")
+        })
+}
+
+/// The class SB3 recorded for a space (`":type:"`), e.g. `Box`.
+fn space_class(v: &Value) -> String {
+    v.get(":type:")
+        .and_then(Value::as_str)
+        .and_then(|t| t.rsplit('.').next())
+        .map(|t| t.trim_end_matches("'>").to_string())
+        .unwrap_or_default()
+}
+
+/// A NumPy array's `str()` as SB3 stores it (`"[-4.8  -inf 0.41 inf]"`), as floats.
+fn parse_np_floats(s: &str) -> Result<Vec<f32>, ImportError> {
+    s.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<f32>()
+                .map_err(|_| bad(format!("bound '{t}' is not a number")))
+        })
+        .collect()
+}
+
+fn shape_of(v: &Value) -> Result<Vec<usize>, ImportError> {
+    v.get("_shape")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("space without _shape"))?
+        .iter()
+        .map(|d| {
+            d.as_u64()
+                .map(|d| d as usize)
+                .ok_or_else(|| bad("shape entry is not a size"))
+        })
+        .collect()
+}
+
+/// An integer SB3 wrote as a string (`"n": "2"`) or a number.
+fn int_field(v: &Value, k: &str) -> Result<usize, ImportError> {
+    match v.get(k) {
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        Some(Value::Number(n)) => n.as_u64().map(|n| n as usize),
+        _ => None,
+    }
+    .ok_or_else(|| bad(format!("space field '{k}' missing or not an integer")))
+}
+
+fn observation_space(v: &Value) -> Result<(ObservationSpace, bool), ImportError> {
+    match space_class(v).as_str() {
+        "Box" => {
+            let shape = shape_of(v)?;
+            let dtype = v.get("dtype").and_then(Value::as_str).unwrap_or("float32");
+            let u8 = dtype == "uint8";
+            // SB3's is_image_space: uint8, rank 3, bounds 0..255; channels first after VecTransposeImage.
+            let image = u8 && shape.len() == 3;
+            Ok((
+                ObservationSpace::Box {
+                    shape,
+                    dtype: if u8 { ObsDType::U8 } else { ObsDType::F32 },
+                },
+                image,
+            ))
+        }
+        "Discrete" => {
+            if int_field(v, "start").unwrap_or(0) != 0 {
+                return Err(unsupported(
+                    "a Discrete observation space with start != 0",
+                    "use start=0",
+                ));
+            }
+            Ok((
+                ObservationSpace::Discrete {
+                    n: int_field(v, "n")?,
+                },
+                false,
+            ))
+        }
+        other => Err(unsupported(
+            format!("observation space {other}"),
+            "Box and Discrete observations are supported (Dict / MultiInputPolicy: not yet)",
+        )),
+    }
+}
+
+fn action_space(v: &Value) -> Result<ActionSpace, ImportError> {
+    match space_class(v).as_str() {
+        "Discrete" => {
+            if int_field(v, "start").unwrap_or(0) != 0 {
+                return Err(unsupported("a Discrete action space with start != 0", "use start=0"));
+            }
+            Ok(ActionSpace::Discrete {
+                n: int_field(v, "n")?,
+            })
+        }
+        "MultiDiscrete" => {
+            let nvec = v
+                .get("nvec")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("MultiDiscrete without nvec"))?;
+            let nvec = parse_np_floats(nvec)?
+                .into_iter()
+                .map(|x| x as usize)
+                .collect();
+            Ok(ActionSpace::MultiDiscrete { nvec })
+        }
+        "Box" => {
+            let shape = shape_of(v)?;
+            let bound = |k: &str| -> Result<Vec<Option<f32>>, ImportError> {
+                let s = v
+                    .get(k)
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("Box without {k}")))?;
+                let mut vals = parse_np_floats(s)?;
+                let n: usize = shape.iter().product();
+                if vals.len() == 1 && n > 1 {
+                    vals = vec![vals[0]; n];
+                }
+                if vals.len() != n {
+                    return Err(bad(format!("{k} has {} values for shape {shape:?}", vals.len())));
+                }
+                Ok(vals
+                    .into_iter()
+                    .map(|x| x.is_finite().then_some(x))
+                    .collect())
+            };
+            Ok(ActionSpace::Box {
+                low: bound("low")?,
+                high: bound("high")?,
+                shape,
+            })
+        }
+        other => Err(unsupported(
+            format!("action space {other}"),
+            "Discrete, MultiDiscrete and Box actions are supported",
+        )),
+    }
+}
+
+/// `policy_kwargs.activation_fn` (`"<class 'torch.nn.modules.activation.ReLU'>"`) as an op.
+fn activation(kwargs: &Value, default: Op) -> Result<Op, ImportError> {
+    let Some(s) = kwargs.get("activation_fn").and_then(Value::as_str) else {
+        return Ok(default);
+    };
+    let name = s.rsplit('.').next().unwrap_or("").trim_end_matches("'>");
+    Ok(match name {
+        "Tanh" => Op::Tanh,
+        "ReLU" => Op::Relu,
+        "ELU" => Op::Elu { alpha: 1.0 },
+        "LeakyReLU" => Op::LeakyRelu { alpha: 0.01 },
+        "SiLU" => Op::Silu,
+        "GELU" => Op::Gelu { approximate: false },
+        "Sigmoid" => Op::Sigmoid,
+        other => {
+            return Err(unsupported(
+                format!("activation_fn {other}"),
+                "Tanh, ReLU, ELU, LeakyReLU, SiLU, GELU or Sigmoid",
+            ));
+        }
+    })
+}
+
+/// Builds one module's nodes over the state dict.
+struct Graph<'a> {
+    sd: &'a BTreeMap<String, Tensor>,
+    tensors: BTreeMap<String, Tensor>,
+    nodes: Vec<Node>,
+}
+
+impl Graph<'_> {
+    fn tensor(&mut self, key: &str) -> Result<&Tensor, ImportError> {
+        let t = self
+            .sd
+            .get(key)
+            .ok_or_else(|| bad(format!("policy.pth lacks '{key}'")))?;
+        self.tensors.insert(key.to_string(), t.clone());
+        Ok(t)
+    }
+
+    fn push(&mut self, op: Op, input: &str, out: String) -> String {
+        self.nodes.push(Node {
+            name: out.clone(),
+            op,
+            inputs: vec![input.to_string()],
+            output: out.clone(),
+        });
+        out
+    }
+
+    fn dense(&mut self, prefix: &str, x: &str, in_dim: usize) -> Result<(String, usize), ImportError> {
+        let w = self.tensor(&format!("{prefix}.weight"))?;
+        if w.shape.len() != 2 || w.shape[1] != in_dim {
+            return Err(bad(format!(
+                "'{prefix}.weight' is {:?}, expected [_, {in_dim}]",
+                w.shape
+            )));
+        }
+        let out_dim = w.shape[0];
+        let bias_key = format!("{prefix}.bias");
+        let bias = if self.sd.contains_key(&bias_key) {
+            self.tensor(&bias_key)?;
+            Some(bias_key)
+        } else {
+            None
+        };
+        let out = self.push(
+            Op::Dense {
+                weight: format!("{prefix}.weight"),
+                bias,
+            },
+            x,
+            prefix.to_string(),
+        );
+        Ok((out, out_dim))
+    }
+
+    /// An SB3 `create_mlp` stack: `prefix.0`, `prefix.2`, ... Linear layers, each followed by `act`.
+    fn mlp(&mut self, prefix: &str, x: &str, dim: usize, act: &Op) -> Result<(String, usize), ImportError> {
+        let (mut x, mut dim) = (x.to_string(), dim);
+        let mut i = 0;
+        while self.sd.contains_key(&format!("{prefix}.{i}.weight")) {
+            let (y, d) = self.dense(&format!("{prefix}.{i}"), &x, dim)?;
+            x = self.push(act.clone(), &y, format!("{prefix}.{}", i + 1));
+            dim = d;
+            i += 2;
+        }
+        Ok((x, dim))
+    }
+
+    /// A features extractor: NatureCNN (`cnn.0/2/4` + `linear.0`) if its weights are there, else Flatten.
+    fn features(&mut self, prefix: &str, obs_shape: &[usize]) -> Result<(String, usize), ImportError> {
+        let cnn0 = format!("{prefix}.cnn.0.weight");
+        if !self.sd.contains_key(&cnn0) {
+            let n: usize = obs_shape.iter().product();
+            if obs_shape.len() == 1 {
+                return Ok((OBS_VALUE.to_string(), n));
+            }
+            let out = self.push(Op::Flatten, OBS_VALUE, format!("{prefix}.flatten"));
+            return Ok((out, n));
+        }
+        if obs_shape.len() != 3 {
+            return Err(bad(format!("NatureCNN weights on observations of shape {obs_shape:?}")));
+        }
+        // NatureCNN: Conv(8, 4) ReLU Conv(4, 2) ReLU Conv(3, 1) ReLU Flatten Linear ReLU.
+        let mut shape = obs_shape.to_vec();
+        let mut x = OBS_VALUE.to_string();
+        for (i, (k, s)) in [(8usize, 4usize), (4, 2), (3, 1)].iter().enumerate() {
+            let key = format!("{prefix}.cnn.{}", 2 * i);
+            let w = self.tensor(&format!("{key}.weight"))?.clone();
+            self.tensor(&format!("{key}.bias"))?;
+            if w.shape.len() != 4 || w.shape[1] != shape[0] || w.shape[2] != *k || w.shape[3] != *k {
+                return Err(bad(format!(
+                    "'{key}.weight' is {:?}; NatureCNN expects [_, {}, {k}, {k}] here",
+                    w.shape, shape[0]
+                )));
+            }
+            let y = self.push(
+                Op::Conv2d {
+                    weight: format!("{key}.weight"),
+                    bias: Some(format!("{key}.bias")),
+                    stride: [*s, *s],
+                    padding: [0; 4],
+                    dilation: [1, 1],
+                    groups: 1,
+                },
+                &x,
+                key.clone(),
+            );
+            x = self.push(Op::Relu, &y, format!("{prefix}.cnn.{}", 2 * i + 1));
+            let side = |n: usize| {
+                n.checked_sub(*k)
+                    .map(|v| v / s + 1)
+                    .ok_or_else(|| bad(format!("observation {obs_shape:?} too small for NatureCNN")))
+            };
+            shape = vec![w.shape[0], side(shape[1])?, side(shape[2])?];
+        }
+        let flat = self.push(Op::Flatten, &x, format!("{prefix}.cnn.6"));
+        let (y, d) = self.dense(&format!("{prefix}.linear.0"), &flat, shape.iter().product())?;
+        let out = self.push(Op::Relu, &y, format!("{prefix}.linear.1"));
+        Ok((out, d))
+    }
+
+    fn take_module(&mut self, name: &str, role: ModuleRole, inputs: Vec<String>, outputs: Vec<String>) -> Module {
+        Module {
+            name: name.into(),
+            role,
+            inputs,
+            outputs,
+            nodes: std::mem::take(&mut self.nodes),
+        }
+    }
+}
+
+/// Import an SB3 archive.
+pub fn import_sb3(bytes: &[u8], source: &str) -> Result<Imported, ImportError> {
+    let zip = Zip::open(bytes)?;
+    let data: Value = serde_json::from_slice(
+        zip.get("data")
+            .ok_or_else(|| bad("no 'data' entry (not a Stable-Baselines3 archive?)"))??,
+    )
+    .map_err(|e| bad(format!("'data' is not JSON: {e}")))?;
+    let sd = read_state_dict(
+        zip.get("policy.pth")
+            .ok_or_else(|| bad("no 'policy.pth' entry"))??,
+    )?;
+    let version = zip
+        .get("_stable_baselines3_version")
+        .and_then(Result::ok)
+        .map(|v| String::from_utf8_lossy(v).trim().to_string())
+        .unwrap_or_default();
+    let (observation, image) = observation_space(
+        data.get("observation_space")
+            .ok_or_else(|| bad("no observation_space"))?,
+    )?;
+    let action = action_space(data.get("action_space").ok_or_else(|| bad("no action_space"))?)?;
+    let kwargs = data.get("policy_kwargs").cloned().unwrap_or(Value::Null);
+    if kwargs.get("use_sde").and_then(Value::as_bool) == Some(true) || data.get("use_sde").and_then(Value::as_bool) == Some(true) {
+        return Err(unsupported("gSDE exploration (use_sde=True)", "train without use_sde"));
+    }
+    if kwargs.get("normalize_images").and_then(Value::as_bool) == Some(false) && image {
+        return Err(unsupported("normalize_images=False", "keep SB3's default /255 for images"));
+    }
+    let mut preprocess = vec![];
+    let obs_shape = match &observation {
+        ObservationSpace::Discrete { n } => {
+            preprocess.push(Preprocess::OneHot { n: *n });
+            vec![*n]
+        }
+        ObservationSpace::Box { shape, .. } => {
+            if image {
+                preprocess.push(Preprocess::Scale { factor: 1.0 / 255.0 });
+            }
+            shape.clone()
+        }
+    };
+    let mut g = Graph {
+        sd: &sd,
+        tensors: BTreeMap::new(),
+        nodes: vec![],
+    };
+    let mut modules = vec![];
+    let (distribution, value) = if sd.contains_key("actor.mu.weight") {
+        // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
+        let act = activation(&kwargs, Op::Relu)?;
+        let (f, d) = g.features("actor.features_extractor", &obs_shape)?;
+        let (latent, d) = g.mlp("actor.latent_pi", &f, d, &act)?;
+        let (mean, k) = g.dense("actor.mu", &latent, d)?;
+        let (ls, _) = g.dense("actor.log_std", &latent, d)?;
+        let log_std = g.push(
+            Op::Clip {
+                min: Some(-20.0),
+                max: Some(2.0),
+            },
+            &ls,
+            "actor.log_std.clamped".into(),
+        );
+        if !matches!(&action, ActionSpace::Box { low, high, .. } if low.iter().chain(high).all(Option::is_some))
+        {
+            return Err(unsupported("SAC without finite Box bounds", "bound the action space"));
+        }
+        if action.action_len() != k {
+            return Err(bad(format!("actor.mu has {k} outputs for {} actions", action.action_len())));
+        }
+        modules.push(g.take_module(
+            "actor",
+            ModuleRole::PolicyHead,
+            vec![OBS_VALUE.into()],
+            vec![mean.clone(), log_std.clone()],
+        ));
+        (
+            Distribution::SquashedGaussian {
+                mean,
+                log_std: LogStd::Value { value: log_std },
+                log_std_range: None,
+            },
+            None,
+        )
+    } else if sd.contains_key("action_net.weight") {
+        // PPO / A2C ActorCriticPolicy.
+        let act = activation(&kwargs, Op::Tanh)?;
+        let shared = sd.keys().any(|k| k.starts_with("features_extractor."))
+            || !sd.keys().any(|k| k.starts_with("pi_features_extractor."));
+        let (pi_f, vf_f, d) = if shared {
+            let (f, d) = g.features("features_extractor", &obs_shape)?;
+            if !g.nodes.is_empty() {
+                modules.push(g.take_module("features", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![f.clone()]));
+            }
+            (f.clone(), f, d)
+        } else {
+            let (pf, d) = g.features("pi_features_extractor", &obs_shape)?;
+            let (vf, _) = g.features("vf_features_extractor", &obs_shape)?;
+            if !g.nodes.is_empty() {
+                modules.push(g.take_module(
+                    "features",
+                    ModuleRole::Encoder,
+                    vec![OBS_VALUE.into()],
+                    vec![pf.clone(), vf.clone()],
+                ));
+            }
+            (pf, vf, d)
+        };
+        if sd.keys().any(|k| k.starts_with("mlp_extractor.shared_net.")) {
+            return Err(unsupported("a shared mlp_extractor trunk (SB3 < 1.8 net_arch)", "re-save with SB3 >= 2"));
+        }
+        let (latent_pi, dp) = g.mlp("mlp_extractor.policy_net", &pi_f, d, &act)?;
+        let (head, k) = g.dense("action_net", &latent_pi, dp)?;
+        if action_n(&action).is_some_and(|n| n != k) {
+            return Err(bad(format!("action_net has {k} outputs for {action:?}")));
+        }
+        let dist = match &action {
+            ActionSpace::Discrete { .. } => Distribution::Categorical { logits: head.clone() },
+            ActionSpace::MultiDiscrete { .. } => Distribution::MultiCategorical { logits: head.clone() },
+            ActionSpace::Box { .. } => {
+                if k != action.action_len() {
+                    return Err(bad(format!("action_net has {k} outputs for {} actions", action.action_len())));
+                }
+                g.tensor("log_std")?;
+                // SB3's predict clips Gaussian actions to the space (the policy itself is unsquashed).
+                Distribution::DiagGaussian {
+                    mean: head.clone(),
+                    log_std: LogStd::Parameter {
+                        tensor: "log_std".into(),
+                    },
+                    log_std_range: None,
+                    clip: true,
+                }
+            }
+        };
+        let pi_inputs = vec![pi_f.clone()];
+        modules.push(g.take_module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
+        let (latent_vf, dv) = g.mlp("mlp_extractor.value_net", &vf_f, d, &act)?;
+        let (value, one) = g.dense("value_net", &latent_vf, dv)?;
+        if one != 1 {
+            return Err(bad(format!("value_net has {one} outputs")));
+        }
+        modules.push(g.take_module("vf", ModuleRole::ValueHead, vec![vf_f], vec![value.clone()]));
+        (dist, Some(value))
+    } else if sd.keys().any(|k| k.starts_with("q_net.")) {
+        return Err(unsupported(
+            "a DQN Q-network (its actions are argmax / epsilon-greedy, not a distribution)",
+            "not supported yet",
+        ));
+    } else if sd.keys().any(|k| k.starts_with("actor.mu.")) {
+        return Err(unsupported("a TD3 / DDPG deterministic actor", "not supported yet"));
+    } else {
+        return Err(unsupported(
+            "an SB3 policy whose state dict has neither action_net nor actor.mu",
+            "PPO, A2C and SAC policies are supported",
+        ));
+    };
+    let manifest = Manifest {
+        name: source
+            .rsplit('/')
+            .next()
+            .unwrap_or(source)
+            .trim_end_matches(".zip")
+            .to_string(),
+        producer: Producer {
+            tool: "policyport".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            source: format!("sb3:{source}"),
+            notes: format!("stable-baselines3 {version}"),
+        },
+        observation,
+        action,
+        preprocess,
+        modules,
+        distribution,
+        value,
+        recurrent: None,
+        golden: vec![],
+    };
+    Ok(Imported {
+        manifest,
+        tensors: g.tensors,
+    })
+}
+
+fn action_n(a: &ActionSpace) -> Option<usize> {
+    match a {
+        ActionSpace::Discrete { n } => Some(*n),
+        ActionSpace::MultiDiscrete { nvec } => Some(nvec.iter().sum()),
+        ActionSpace::Box { .. } => None,
+    }
+}

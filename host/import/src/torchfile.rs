@@ -1,0 +1,218 @@
+//! PyTorch state dicts as `torch.save` writes them (the zip format of PyTorch ≥ 1.6): `<prefix>/data.pkl` is a
+//! pickle of an `OrderedDict` of tensors, each `torch._utils._rebuild_tensor_v2(storage, offset, size, stride,
+//! ...)` whose storage is a persistent reference `('storage', torch.FloatStorage, key, location, numel)` to the
+//! raw bytes in `<prefix>/data/<key>`. Read without executing anything ([`crate::pickle`]); every offset, size
+//! and stride is checked against its storage.
+
+use std::collections::BTreeMap;
+
+use policyport_format::container::Tensor;
+
+use crate::ImportError;
+use crate::pickle::{self, MAX_DEPTH, Node, Pickle};
+use crate::zipread::Zip;
+
+/// Elements one tensor may have (the artifact's own limit).
+const MAX_ELEMS: u64 = 1 << 28;
+
+fn bad(detail: impl Into<String>) -> ImportError {
+    ImportError::Malformed(format!("torch file: {}", detail.into()))
+}
+
+/// Every floating-point (and integer, converted) tensor of a `torch.save`d state dict, by its dotted key; nested
+/// dicts (a checkpoint `{"model": state_dict, ...}`) are flattened with `.`.
+pub fn read_state_dict(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportError> {
+    let zip = Zip::open(bytes)?;
+    let pkl_name = zip
+        .names()
+        .find(|n| n.ends_with("data.pkl") && n.matches('/').count() == 1)
+        .map(str::to_string)
+        .ok_or_else(|| bad("no <archive>/data.pkl entry (a legacy, pre-1.6 torch.save file?)"))?;
+    let prefix = pkl_name.trim_end_matches("data.pkl").to_string();
+    if let Some(order) = zip.get(&format!("{prefix}byteorder")) {
+        let order = order?;
+        if order != b"little" {
+            return Err(bad(format!(
+                "byte order '{}' (only little-endian files are read)",
+                String::from_utf8_lossy(order)
+            )));
+        }
+    }
+    let pk = pickle::parse(zip.get(&pkl_name).expect("listed")?).map_err(ImportError::Pickle)?;
+    let mut out = BTreeMap::new();
+    collect(&pk, &zip, &prefix, pk.root, String::new(), 0, &mut out)?;
+    if out.is_empty() {
+        return Err(bad("no tensors in the file"));
+    }
+    Ok(out)
+}
+
+fn dict_items(pk: &Pickle, i: usize) -> Option<&[(usize, usize)]> {
+    match pk.get(i) {
+        Node::Dict(items) => Some(items),
+        Node::Call { items, .. } if pk.call_name(i).as_deref() == Some("collections.OrderedDict") => {
+            Some(items)
+        }
+        _ => None,
+    }
+}
+
+fn collect(
+    pk: &Pickle,
+    zip: &Zip,
+    prefix: &str,
+    node: usize,
+    key: String,
+    depth: usize,
+    out: &mut BTreeMap<String, Tensor>,
+) -> Result<(), ImportError> {
+    if depth > MAX_DEPTH {
+        return Err(bad("nesting deeper than 64"));
+    }
+    if let Some(items) = dict_items(pk, node) {
+        for (k, v) in items {
+            let name = match pk.get(*k) {
+                Node::Str(s) => s.clone(),
+                Node::Int(i) => i.to_string(),
+                _ => continue,
+            };
+            let full = if key.is_empty() {
+                name
+            } else {
+                format!("{key}.{name}")
+            };
+            collect(pk, zip, prefix, *v, full, depth + 1, out)?;
+        }
+        return Ok(());
+    }
+    match pk.call_name(node).as_deref() {
+        Some("torch._utils._rebuild_tensor_v2" | "torch._utils._rebuild_tensor") => {
+            out.insert(key.clone(), rebuild(pk, zip, prefix, node, &key)?);
+        }
+        Some("torch._utils._rebuild_parameter") => {
+            let Node::Call { args, .. } = pk.get(node) else {
+                unreachable!()
+            };
+            let inner = pk
+                .items(*args)
+                .and_then(|a| a.first().copied())
+                .ok_or_else(|| bad(format!("'{key}': parameter without data")))?;
+            collect(pk, zip, prefix, inner, key, depth + 1, out)?;
+        }
+        // Other entries of a checkpoint (step counters, hyper-parameters) are not weights.
+        _ => {}
+    }
+    Ok(())
+}
+
+fn rebuild(
+    pk: &Pickle,
+    zip: &Zip,
+    prefix: &str,
+    node: usize,
+    key: &str,
+) -> Result<Tensor, ImportError> {
+    let Node::Call { args, .. } = pk.get(node) else {
+        unreachable!()
+    };
+    let a = pk
+        .items(*args)
+        .filter(|a| a.len() >= 4)
+        .ok_or_else(|| bad(format!("'{key}': tensor without storage, offset, size, stride")))?;
+    let Node::Persistent(pid) = pk.get(a[0]) else {
+        return Err(bad(format!("'{key}': storage is not a persistent reference")));
+    };
+    let p = pk
+        .items(*pid)
+        .filter(|p| p.len() >= 5)
+        .ok_or_else(|| bad(format!("'{key}': malformed storage reference")))?;
+    let dtype = match pk.get(p[1]) {
+        Node::Global(_, n) => n.clone(),
+        _ => return Err(bad(format!("'{key}': storage type is not a torch storage"))),
+    };
+    let skey = pk
+        .str(p[2])
+        .ok_or_else(|| bad(format!("'{key}': storage key is not a string")))?;
+    let raw = zip
+        .get(&format!("{prefix}data/{skey}"))
+        .ok_or_else(|| bad(format!("'{key}': storage data/{skey} is missing")))??;
+    let elem = match dtype.as_str() {
+        "FloatStorage" | "IntStorage" => 4,
+        "DoubleStorage" | "LongStorage" => 8,
+        "HalfStorage" | "BFloat16Storage" | "ShortStorage" => 2,
+        "ByteStorage" | "CharStorage" | "BoolStorage" => 1,
+        other => return Err(bad(format!("'{key}': storage type {other}"))),
+    };
+    let numel = raw.len() / elem;
+    let ints = |i: usize, what: &str| -> Result<Vec<u64>, ImportError> {
+        let items = match pk.get(i) {
+            Node::Tuple(v) | Node::List(v) => v.clone(),
+            _ => return Err(bad(format!("'{key}': {what} is not a tuple"))),
+        };
+        items
+            .iter()
+            .map(|x| {
+                pk.int(*x)
+                    .and_then(|v| u64::try_from(v).ok())
+                    .ok_or_else(|| bad(format!("'{key}': {what} holds a non-integer")))
+            })
+            .collect()
+    };
+    let offset = pk
+        .int(a[1])
+        .and_then(|v| u64::try_from(v).ok())
+        .ok_or_else(|| bad(format!("'{key}': bad storage offset")))?;
+    let size = ints(a[2], "size")?;
+    let stride = ints(a[3], "stride")?;
+    if size.len() != stride.len() {
+        return Err(bad(format!("'{key}': size {size:?} and stride {stride:?} differ in rank")));
+    }
+    let total = size
+        .iter()
+        .try_fold(1u64, |acc, d| acc.checked_mul(*d))
+        .filter(|n| *n <= MAX_ELEMS)
+        .ok_or_else(|| ImportError::Unsupported {
+            what: format!("tensor '{key}' of size {size:?}"),
+            hint: "tensors are limited to 2^28 elements".into(),
+        })?;
+    // The last element read must lie in the storage.
+    if total > 0 {
+        let last = size
+            .iter()
+            .zip(&stride)
+            .try_fold(offset, |acc, (d, s)| acc.checked_add((d - 1).checked_mul(*s)?))
+            .filter(|l| *l < numel as u64)
+            .ok_or_else(|| bad(format!("'{key}': view outside its storage of {numel} elements")))?;
+        let _ = last;
+    }
+    let read = |i: usize| -> f32 {
+        let b = &raw[i * elem..(i + 1) * elem];
+        match dtype.as_str() {
+            "FloatStorage" => f32::from_le_bytes(b.try_into().unwrap()),
+            "DoubleStorage" => f64::from_le_bytes(b.try_into().unwrap()) as f32,
+            "HalfStorage" => half::f16::from_le_bytes(b.try_into().unwrap()).to_f32(),
+            "BFloat16Storage" => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f32(),
+            "LongStorage" => i64::from_le_bytes(b.try_into().unwrap()) as f32,
+            "IntStorage" => i32::from_le_bytes(b.try_into().unwrap()) as f32,
+            "ShortStorage" => i16::from_le_bytes(b.try_into().unwrap()) as f32,
+            "CharStorage" => b[0] as i8 as f32,
+            _ => b[0] as f32,
+        }
+    };
+    let total = total as usize;
+    let mut data = Vec::with_capacity(total);
+    let rank = size.len();
+    let mut idx = vec![0u64; rank];
+    for _ in 0..total {
+        let at = offset + idx.iter().zip(&stride).map(|(i, s)| i * s).sum::<u64>();
+        data.push(read(at as usize));
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            if idx[d] < size[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(Tensor::new(size.iter().map(|d| *d as usize).collect(), data))
+}

@@ -1,0 +1,171 @@
+//! Stable-Baselines3 archives (`model.save()`, written by SB3 itself in tests/fixtures/generate_sb3.py) compile
+//! with nothing but the archive and reproduce SB3 on every backend: the distribution parameters and value within
+//! 1e-5 of SB3's modules run in float64, Philox samples equal to the Python sampler's, and the deterministic
+//! actions SB3's own `predict(obs, deterministic=True)` returned.
+
+use policyport::{ActMode, Observations, Request};
+use policyport_conformance::{backends, fixtures_dir};
+use policyport_import::{FixtureIo, ImportError, Storage, compile_sb3};
+
+fn archives() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir().join("sb3"))
+        .expect("tests/fixtures/sb3")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("model.zip").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn read(name: &str, file: &str) -> Vec<u8> {
+    std::fs::read(fixtures_dir().join("sb3").join(name).join(file)).unwrap()
+}
+
+#[test]
+fn every_sb3_archive_reproduces_sb3_on_every_backend() {
+    let names = archives();
+    for want in ["ppo_cartpole", "sac_pendulum", "ppo_cnn_frames", "ppo_grid_multidiscrete"] {
+        assert!(names.iter().any(|n| n == want), "sb3 fixture {want} missing: {names:?}");
+    }
+    let mut table = vec![];
+    for name in &names {
+        let zip = read(name, "model.zip");
+        let io: FixtureIo = serde_json::from_slice(&read(name, "io.json")).unwrap();
+        let trainer: serde_json::Value = serde_json::from_slice(&read(name, "trainer.json")).unwrap();
+        let bytes = compile_sb3(&zip, &format!("sb3/{name}/model.zip"), Some(&io), Storage::F32)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Without the oracle's cases the compiler embeds the float64 reference's: the same archive alone.
+        compile_sb3(&zip, name, None, Storage::F32).unwrap();
+        for backend in backends() {
+            let p = policyport_conformance::load(&bytes, backend)
+                .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
+            for r in p.verify().unwrap() {
+                let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
+                table.push(format!(
+                    "{name:<24} {:<8} {:<22} max rel err {worst:.2e}  sampled mismatches {}",
+                    backend.name(),
+                    r.name,
+                    r.sampled_mismatches
+                ));
+                assert!(r.passed, "{name} on {}: {r:?}", backend.name());
+            }
+            // SB3's own predict(deterministic=True), float32 end to end.
+            let mut s = p.session();
+            for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
+                let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
+                let out = s
+                    .act(&Request::new(
+                        Observations::F32(&case.obs),
+                        case.batch,
+                        ActMode::Deterministic,
+                    ))
+                    .unwrap();
+                let got: Vec<f64> = if out.continuous.is_empty() {
+                    out.discrete.iter().map(|a| *a as f64).collect()
+                } else {
+                    out.continuous.iter().map(|a| *a as f64).collect()
+                };
+                assert_eq!(got.len(), want.len(), "{name} {}", case.name);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{name} on {} case {}: {got:?} vs SB3's {want:?}",
+                        backend.name(),
+                        case.name
+                    );
+                }
+            }
+        }
+    }
+    println!("{}", table.join("\n"));
+}
+
+/// A minimal stored-entry zip writer, to build hostile archives.
+fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = vec![];
+    let mut central = vec![];
+    for (name, data) in entries {
+        let offset = out.len() as u32;
+        let mut h = vec![];
+        h.extend_from_slice(b"PK\x03\x04");
+        h.extend_from_slice(&[20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        h.extend_from_slice(&0u32.to_le_bytes()); // crc (not checked)
+        h.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        h.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        h.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        h.extend_from_slice(&0u16.to_le_bytes());
+        h.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        let mut c = vec![];
+        c.extend_from_slice(b"PK\x01\x02");
+        c.extend_from_slice(&[20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        c.extend_from_slice(&0u32.to_le_bytes());
+        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        c.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        c.extend_from_slice(&[0; 12]);
+        c.extend_from_slice(&offset.to_le_bytes());
+        c.extend_from_slice(name.as_bytes());
+        central.extend_from_slice(&c);
+    }
+    let cd_offset = out.len() as u32;
+    out.extend_from_slice(&central);
+    out.extend_from_slice(b"PK\x05\x06\0\0\0\0");
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
+    out.extend_from_slice(&cd_offset.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out
+}
+
+/// Hostile archives: a policy.pth whose pickle names a code-executing global, truncations at every length of a
+/// real archive's head, a lying central directory, missing entries, a tensor view outside its storage. Each is a
+/// typed error, never a panic, never code run.
+#[test]
+fn hostile_sb3_archives_are_typed_errors() {
+    let real = read("ppo_cartpole", "model.zip");
+    assert!(policyport_import::sb3::is_sb3_archive(&real));
+    // The real 'data' entry, reused in the forged archives.
+    let data = policyport_import::zipread::Zip::open(&real)
+        .unwrap()
+        .get("data")
+        .unwrap()
+        .unwrap()
+        .to_vec();
+    // os.system through the state dict's pickle.
+    let evil_pkl = b"\x80\x02cposix\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.";
+    let evil_pth = zip_of(&[("archive/data.pkl", evil_pkl), ("archive/byteorder", b"little")]);
+    let evil = zip_of(&[("data", &data), ("policy.pth", &evil_pth)]);
+    match compile_sb3(&evil, "evil", None, Storage::F32).unwrap_err() {
+        ImportError::Pickle(policyport_import::pickle::PickleError::ForbiddenGlobal { module, name }) => {
+            assert_eq!((module.as_str(), name.as_str()), ("posix", "system"))
+        }
+        other => panic!("{other}"),
+    }
+    // A tensor whose view runs past its 4-byte storage.
+    let oob_pkl = b"\x80\x02ccollections\nOrderedDict\n)R(X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x01tQK\x00K\x40\x85K\x01\x85\x89NtRu.";
+    let oob = zip_of(&[("data", &data), ("policy.pth", &zip_of(&[("archive/data.pkl", oob_pkl), ("archive/data/0", &[0u8; 4])]))]);
+    let e = compile_sb3(&oob, "oob", None, Storage::F32).unwrap_err();
+    assert!(e.to_string().contains("outside its storage"), "{e}");
+    // Missing pieces.
+    for (label, z) in [
+        ("no policy.pth", zip_of(&[("data", &data)])),
+        ("data not JSON", zip_of(&[("data", b"\x80\x02."), ("policy.pth", &evil_pth)])),
+    ] {
+        assert!(compile_sb3(&z, label, None, Storage::F32).is_err(), "{label}");
+    }
+    // Every truncation of the real archive, and a few flipped bytes in its central directory.
+    for cut in (0..real.len()).step_by(997).chain([real.len() - 1, real.len() - 22]) {
+        let _ = compile_sb3(&real[..cut], "cut", None, Storage::F32).unwrap_err();
+    }
+    let eocd = real.len() - 22;
+    for at in [eocd + 10, eocd + 12, eocd + 16] {
+        let mut z = real.clone();
+        z[at] ^= 0xff;
+        z[at + 1] ^= 0x7f;
+        let _ = compile_sb3(&z, "flipped", None, Storage::F32).unwrap_err();
+    }
+}
