@@ -8,6 +8,7 @@
 //! - `bad_input`: the hostile-input corpus: every case a typed error, never a panic.
 //! - `episodes`: the trained policies replay the PyTorch policy's evaluation episodes.
 //! - `recurrent`: per-env recurrent state on every backend.
+//! - `cleanrl`: CleanRL state dicts with `--layout` and spaces reproduce the agent everywhere; wrong layouts.
 //! - `sb3`: Stable-Baselines3 archives written by SB3 compile alone and reproduce SB3 everywhere; hostile archives.
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
@@ -19,6 +20,7 @@
 mod artifact;
 mod bad_input;
 mod capi;
+mod cleanrl;
 mod episodes;
 mod fixtures;
 mod frozen;

@@ -134,6 +134,28 @@ cli_preset() {
   "$PP_BIN" verify "$out/preset.policy"
 }
 check "CLI compile --preset logits-value" cli_preset
+# The README's "from a trainer" commands, exactly: an SB3 archive alone; a CleanRL state dict with its layout and
+# spaces; a state dict without --layout is a typed error saying what to pass.
+cli_sb3() {
+  "$PP_BIN" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$out/sb3_cartpole.policy"
+  "$PP_BIN" verify "$out/sb3_cartpole.policy"
+  "$PP_BIN" compile tests/fixtures/sb3/sac_pendulum/model.zip -o "$out/sb3_sac.policy"
+  "$PP_BIN" verify "$out/sb3_sac.policy"
+}
+check "CLI compile of Stable-Baselines3 archives (PPO, SAC)" cli_sb3
+cli_cleanrl() {
+  local rc=0
+  "$PP_BIN" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt --layout cleanrl-ppo --obs-shape 4 --actions 2 \
+    -o "$out/cleanrl_cartpole.policy"
+  "$PP_BIN" verify "$out/cleanrl_cartpole.policy"
+  "$PP_BIN" compile tests/fixtures/cleanrl/sac_actor/agent.pt --layout cleanrl-sac \
+    --spaces tests/fixtures/cleanrl/sac_actor/spaces.json -o "$out/cleanrl_sac.policy"
+  "$PP_BIN" verify "$out/cleanrl_sac.policy"
+  "$PP_BIN" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt -o "$out/nolayout.policy" 2> "$out/err.txt" || rc=$?
+  grep -q -- "--layout" "$out/err.txt" && [ "$rc" = 1 ] && [ ! -e "$out/nolayout.policy" ] ||
+    { echo "state dict without --layout: want a typed error naming --layout, exit 1, no file; got $rc"; cat "$out/err.txt"; return 1; }
+}
+check "CLI compile of CleanRL checkpoints (--layout, spaces); without --layout a typed error" cli_cleanrl
 cli_run() {
   echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
   "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"

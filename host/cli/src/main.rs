@@ -64,6 +64,22 @@ enum Cmd {
         /// Weight storage: f32, f16, bf16.
         #[arg(long, default_value = "f32")]
         storage: Storage,
+        /// For a PyTorch state dict: the agent that wrote it (cleanrl-ppo, cleanrl-ppo-continuous,
+        /// cleanrl-atari, cleanrl-sac).
+        #[arg(long)]
+        layout: Option<policyport_import::CleanrlLayout>,
+        /// For a state dict: the spaces as JSON, `{"observation": {...}, "action": {...}}` (SPEC.md's spaces).
+        #[arg(long)]
+        spaces: Option<PathBuf>,
+        /// For a state dict: the observation shape, comma-separated (instead of --spaces).
+        #[arg(long, value_delimiter = ',')]
+        obs_shape: Option<Vec<usize>>,
+        /// For a state dict: f32 or u8 observations.
+        #[arg(long, default_value = "f32")]
+        obs_dtype: String,
+        /// For a state dict: Discrete(N) actions (or --low/--high for a Box).
+        #[arg(long)]
+        actions: Option<usize>,
     },
     /// Print what an artifact holds.
     Inspect {
@@ -194,6 +210,11 @@ fn main() -> Result<()> {
             high,
             golden,
             storage,
+            layout,
+            spaces,
+            obs_shape,
+            obs_dtype,
+            actions,
         } => {
             let io: Option<FixtureIo> = match &golden {
                 Some(p) => Some(
@@ -228,12 +249,33 @@ fn main() -> Result<()> {
                 return Ok(());
             }
             if policyport_import::pickle_like(&model_bytes) {
-                bail!(
-                    "{} is a PyTorch file (torch.save), not an ONNX model: state dicts without their \
-                     architecture are not read yet; save the model with Stable-Baselines3 or export it to ONNX",
-                    model.display()
-                );
+                let Some(layout) = layout else {
+                    bail!(
+                        "{} is a PyTorch state dict (torch.save): it holds no architecture. Say which agent wrote \
+                         it with --layout cleanrl-ppo|cleanrl-ppo-continuous|cleanrl-atari|cleanrl-sac and give the \
+                         spaces (--spaces spaces.json, or --obs-shape/--obs-dtype with --actions N or --low/--high)",
+                        model.display()
+                    );
+                };
+                let (observation, action) = spaces_from_flags(spaces.as_deref(), obs_shape, &obs_dtype, actions, low, high)?;
+                let bytes = policyport_import::compile_cleanrl(
+                    &model_bytes,
+                    layout,
+                    observation,
+                    action,
+                    &model.display().to_string(),
+                    io.as_ref(),
+                    storage,
+                )?;
+                write_atomically(&out, &bytes)?;
+                println!("wrote {} ({} bytes) from a CleanRL checkpoint", out.display(), bytes.len());
+                return Ok(());
             }
+            anyhow::ensure!(
+                layout.is_none(),
+                "--layout is for PyTorch state dicts; {} is not one",
+                model.display()
+            );
             let (mut dist, mut logits, mut mean, mut log_std, mut value) =
                 (dist, logits, mean, log_std, value);
             let name = |n: &str| Some(n.to_string());
@@ -671,6 +713,47 @@ const BUNDLED: [Bundled; 2] = [
         io: include_bytes!("../../../tests/fixtures/pendulum/io.json"),
     },
 ];
+
+/// The spaces of a state dict import: `--spaces` JSON, or the shape / dtype / action flags.
+fn spaces_from_flags(
+    spaces: Option<&std::path::Path>,
+    obs_shape: Option<Vec<usize>>,
+    obs_dtype: &str,
+    actions: Option<usize>,
+    low: Option<Vec<f32>>,
+    high: Option<Vec<f32>>,
+) -> Result<(policyport_format::ObservationSpace, policyport_format::ActionSpace)> {
+    use policyport_format::{ActionSpace, ObsDType, ObservationSpace};
+    if let Some(p) = spaces {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Spaces {
+            observation: ObservationSpace,
+            action: ActionSpace,
+        }
+        let s: Spaces = serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))?;
+        return Ok((s.observation, s.action));
+    }
+    let shape = obs_shape.context("give the spaces: --spaces spaces.json, or --obs-shape (and --actions or --low/--high)")?;
+    let dtype = match obs_dtype {
+        "f32" => ObsDType::F32,
+        "u8" => ObsDType::U8,
+        other => bail!("--obs-dtype {other}: f32 or u8"),
+    };
+    let action = match (actions, low, high) {
+        (Some(n), None, None) => ActionSpace::Discrete { n },
+        (None, Some(low), Some(high)) => {
+            anyhow::ensure!(low.len() == high.len(), "--low and --high need the same number of values");
+            ActionSpace::Box {
+                shape: vec![low.len()],
+                low: low.into_iter().map(Some).collect(),
+                high: high.into_iter().map(Some).collect(),
+            }
+        }
+        _ => bail!("give the actions: --actions N (Discrete), or --low and --high (Box)"),
+    };
+    Ok((ObservationSpace::Box { shape, dtype }, action))
+}
 
 /// Write to a temporary file next to `out` and rename it over `out`: a crash never leaves a partial `.policy`.
 fn write_atomically(out: &std::path::Path, bytes: &[u8]) -> Result<()> {

@@ -49,6 +49,20 @@ pub fn compile_sb3(
     compile_imported(crate::sb3::import_sb3(archive, source)?, golden, storage)
 }
 
+/// A CleanRL `torch.save(agent.state_dict())` checkpoint of a known agent layout, with its spaces.
+pub fn compile_cleanrl(
+    checkpoint: &[u8],
+    layout: crate::CleanrlLayout,
+    observation: ObservationSpace,
+    action: policyport_format::ActionSpace,
+    source: &str,
+    golden: Option<&FixtureIo>,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
+    let imported = crate::cleanrl::import_cleanrl(checkpoint, layout, observation, action, source)?;
+    compile_imported(imported, golden, storage)
+}
+
 /// The shared back half of every route: golden vectors, storage precision, the writer.
 pub fn compile_imported(
     imported: crate::Imported,

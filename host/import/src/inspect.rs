@@ -6,33 +6,34 @@ use policyport_format::{Artifact, Op, ValidatedPlan};
 
 /// Multiply-adds count as 2 FLOPs; elementwise ops 1 per element (transcendentals too: a count, not a cost).
 pub fn flops_per_env(art: &Artifact, plan: &ValidatedPlan) -> u64 {
-    let numel = |v: &str| plan.shapes[v].iter().product::<usize>() as u64;
     art.manifest
         .modules
         .iter()
         .flat_map(|m| &m.nodes)
-        .map(|n| match &n.op {
-            Op::Dense { weight, bias } => {
-                let s = &art.tensors[weight].shape;
-                2 * (s[0] * s[1]) as u64 + bias.as_ref().map_or(0, |_| s[0] as u64)
-            }
-            Op::Conv2d { weight, bias, .. } => {
-                // Per output element: C/g·KH·KW multiply-adds (+ the bias).
-                let s = &art.tensors[weight].shape;
-                let per = (s[1] * s[2] * s[3]) as u64;
-                numel(&n.output) * (2 * per + bias.as_ref().map_or(0, |_| 1))
-            }
-            Op::MaxPool2d { kernel, .. } => numel(&n.output) * (kernel[0] * kernel[1]) as u64,
-            Op::LayerNorm { .. } => 8 * numel(&n.output),
-            Op::Flatten
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::Concat => 0,
-            Op::Softmax | Op::LogSoftmax => 4 * numel(&n.output),
-            _ => numel(&n.output),
-        })
+        .map(|n| node_flops(art, plan, n))
         .sum()
+}
+
+/// FLOPs of one node per env step (the rule of [`flops_per_env`]).
+pub fn node_flops(art: &Artifact, plan: &ValidatedPlan, n: &policyport_format::Node) -> u64 {
+    let numel = |v: &str| plan.shapes[v].iter().product::<usize>() as u64;
+    match &n.op {
+        Op::Dense { weight, bias } => {
+            let s = &art.tensors[weight].shape;
+            2 * (s[0] * s[1]) as u64 + bias.as_ref().map_or(0, |_| s[0] as u64)
+        }
+        Op::Conv2d { weight, bias, .. } => {
+            // Per output element: C/g·KH·KW multiply-adds (+ the bias).
+            let s = &art.tensors[weight].shape;
+            let per = (s[1] * s[2] * s[3]) as u64;
+            numel(&n.output) * (2 * per + bias.as_ref().map_or(0, |_| 1))
+        }
+        Op::MaxPool2d { kernel, .. } => numel(&n.output) * (kernel[0] * kernel[1]) as u64,
+        Op::LayerNorm { .. } => 8 * numel(&n.output),
+        Op::Flatten | Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } | Op::Concat => 0,
+        Op::Softmax | Op::LogSoftmax => 4 * numel(&n.output),
+        _ => numel(&n.output),
+    }
 }
 
 pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String {
@@ -94,9 +95,10 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
             .flat_map(|n| n.op.tensors())
             .map(|t| art.tensors[t].data.len())
             .sum();
+        let mf: u64 = module.nodes.iter().map(|n| node_flops(art, plan, n)).sum();
         let _ = writeln!(
             s,
-            "  {:<10} {:<14} {} -> {}  ({} nodes, {} params)",
+            "  {:<10} {:<14} {} -> {}  ({} nodes, {} params, {} FLOPs/step)",
             module.name,
             format!("{:?}", module.role),
             module
@@ -112,7 +114,8 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
                 .collect::<Vec<_>>()
                 .join(", "),
             module.nodes.len(),
-            mp
+            mp,
+            mf
         );
         for n in &module.nodes {
             let op = match &n.op {

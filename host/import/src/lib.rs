@@ -5,6 +5,7 @@
 //! Where things go: a new import route is one module here producing an [`Imported`]; an op the importer learns
 //! is lowered onto the format's IR in `onnx.rs` (and needs the runtime's kernels, see `guest/README.md`).
 
+pub mod cleanrl;
 mod compile;
 mod fixture;
 pub mod inspect;
@@ -20,7 +21,8 @@ pub mod zipread;
 use policyport_format::FormatError;
 use thiserror::Error;
 
-pub use compile::{Storage, compile_imported, compile_onnx, compile_sb3, random_obs};
+pub use cleanrl::CleanrlLayout;
+pub use compile::{Storage, compile_cleanrl, compile_imported, compile_onnx, compile_sb3, random_obs};
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};
 pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};
