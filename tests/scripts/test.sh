@@ -141,8 +141,11 @@ cli_sb3() {
   "$PP_BIN" verify "$out/sb3_cartpole.policy"
   "$PP_BIN" compile tests/fixtures/sb3/sac_pendulum/model.zip -o "$out/sb3_sac.policy"
   "$PP_BIN" verify "$out/sb3_sac.policy"
+  "$PP_BIN" compile tests/fixtures/sb3/ppo_pendulum_vecnormalize/model.zip \
+    --vecnormalize tests/fixtures/sb3/ppo_pendulum_vecnormalize/vecnormalize.pkl -o "$out/sb3_vecnorm.policy"
+  "$PP_BIN" inspect "$out/sb3_vecnorm.policy" | grep -q '"kind":"normalize"'
 }
-check "CLI compile of Stable-Baselines3 archives (PPO, SAC)" cli_sb3
+check "CLI compile of Stable-Baselines3 archives (PPO, SAC, VecNormalize)" cli_sb3
 cli_cleanrl() {
   local rc=0
   "$PP_BIN" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt --layout cleanrl-ppo --obs-shape 4 --actions 2 \

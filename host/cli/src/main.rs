@@ -80,6 +80,10 @@ enum Cmd {
         /// For a state dict: Discrete(N) actions (or --low/--high for a Box).
         #[arg(long)]
         actions: Option<usize>,
+        /// For an SB3 archive: the `VecNormalize.save()` pickle of the env it was trained in (observation
+        /// statistics become the policy's normalisation step).
+        #[arg(long)]
+        vecnormalize: Option<PathBuf>,
     },
     /// Print what an artifact holds.
     Inspect {
@@ -215,6 +219,7 @@ fn main() -> Result<()> {
             obs_shape,
             obs_dtype,
             actions,
+            vecnormalize,
         } => {
             let io: Option<FixtureIo> = match &golden {
                 Some(p) => Some(
@@ -238,8 +243,10 @@ fn main() -> Result<()> {
                     "{} is a Stable-Baselines3 archive: it says what its outputs mean, drop --spec/--preset/--dist",
                     model.display()
                 );
+                let vn = vecnormalize.as_deref().map(read).transpose()?;
                 let bytes = policyport_import::compile_sb3(
                     &model_bytes,
+                    vn.as_deref(),
                     &model.display().to_string(),
                     io.as_ref(),
                     storage,
@@ -271,6 +278,11 @@ fn main() -> Result<()> {
                 println!("wrote {} ({} bytes) from a CleanRL checkpoint", out.display(), bytes.len());
                 return Ok(());
             }
+            anyhow::ensure!(
+                vecnormalize.is_none(),
+                "--vecnormalize goes with a Stable-Baselines3 archive; {} is not one",
+                model.display()
+            );
             anyhow::ensure!(
                 layout.is_none(),
                 "--layout is for PyTorch state dicts; {} is not one",

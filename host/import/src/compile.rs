@@ -39,14 +39,15 @@ pub fn compile_onnx(
     compile_imported(import_onnx(onnx, spec, source)?, golden, storage)
 }
 
-/// A Stable-Baselines3 `model.save()` archive → `.policy` bytes (golden vectors as in [`compile_onnx`]).
+/// A Stable-Baselines3 `model.save()` archive (and its `VecNormalize.save()` pickle) → `.policy` bytes (golden vectors as in [`compile_onnx`]).
 pub fn compile_sb3(
     archive: &[u8],
+    vecnormalize: Option<&[u8]>,
     source: &str,
     golden: Option<&FixtureIo>,
     storage: Storage,
 ) -> Result<Vec<u8>, ImportError> {
-    compile_imported(crate::sb3::import_sb3(archive, source)?, golden, storage)
+    compile_imported(crate::sb3::import_sb3(archive, source, vecnormalize)?, golden, storage)
 }
 
 /// A CleanRL `torch.save(agent.state_dict())` checkpoint of a known agent layout, with its spaces.

@@ -8,6 +8,7 @@
 pub mod cleanrl;
 mod compile;
 mod fixture;
+pub mod npy_pickle;
 pub mod inspect;
 pub mod onnx;
 mod onnx_proto;

@@ -31,7 +31,10 @@ pub enum PickleError {
     TooLarge(String),
 }
 
-/// Callables a weight file may name. Calls are recorded, never made.
+/// Callables a weight file may name. Calls are recorded, never made: the list bounds what readers understand,
+/// not what could run (nothing runs). Besides PyTorch and NumPy: the classes of Stable-Baselines3's
+/// `VecNormalize.save()` pickle (the object, its `RunningMeanStd` statistics, the gymnasium spaces and NumPy
+/// random generators it carries), recorded as data.
 pub const ALLOWED: &[(&str, &str)] = &[
     ("collections", "OrderedDict"),
     ("torch._utils", "_rebuild_tensor_v2"),
@@ -64,6 +67,18 @@ pub const ALLOWED: &[(&str, &str)] = &[
     ("_codecs", "encode"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
+    ("stable_baselines3.common.vec_env.vec_normalize", "VecNormalize"),
+    ("stable_baselines3.common.running_mean_std", "RunningMeanStd"),
+    ("gymnasium.spaces.box", "Box"),
+    ("gymnasium.spaces.discrete", "Discrete"),
+    ("gymnasium.spaces.dict", "Dict"),
+    ("numpy.random._pickle", "__generator_ctor"),
+    ("numpy.random._pickle", "__bit_generator_ctor"),
+    ("numpy.random._pcg64", "PCG64"),
+    ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
+    ("numpy.random.bit_generator", "SeedSequence"),
+    ("copyreg", "_reconstructor"),
+    ("builtins", "object"),
 ];
 
 /// Deepest nesting a reader follows (a hostile file can nest lists arbitrarily deep).
@@ -74,6 +89,8 @@ pub enum Node {
     None,
     Bool(bool),
     Int(i64),
+    /// An integer wider than 64 bits (random generator states), as its little-endian two's-complement bytes.
+    BigInt(Vec<u8>),
     Float(f64),
     Str(String),
     Bytes(Vec<u8>),
@@ -254,9 +271,9 @@ pub fn parse(bytes: &[u8]) -> Result<Pickle, PickleError> {
                 let n = if op == 0x8a { r.u8()? as usize } else { r.u32()? };
                 let b = r.take(n)?;
                 if n > 8 {
-                    return Err(PickleError::TooLarge(format!(
-                        "integer of {n} bytes at byte {at}"
-                    )));
+                    let big = Node::BigInt(b.to_vec());
+                    push(&mut nodes, &mut stack, big);
+                    continue;
                 }
                 let mut v: i64 = 0;
                 for (i, byte) in b.iter().enumerate() {

@@ -334,8 +334,65 @@ impl Graph<'_> {
     }
 }
 
-/// Import an SB3 archive.
-pub fn import_sb3(bytes: &[u8], source: &str) -> Result<Imported, ImportError> {
+/// Observation statistics of a `VecNormalize.save()` pickle: `(x - mean) / sqrt(var + epsilon)` clipped to
+/// `±clip_obs`, as `VecNormalize.normalize_obs` computes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VecNormalizeStats {
+    pub mean: Vec<f32>,
+    /// `sqrt(var + epsilon)`, computed in f64.
+    pub std: Vec<f32>,
+    pub clip: f32,
+}
+
+/// Read a `VecNormalize.save()` pickle (nothing in it is executed; see [`crate::pickle`]). `None` when the
+/// wrapper does not normalise observations (`norm_obs=False`).
+pub fn read_vecnormalize(bytes: &[u8]) -> Result<Option<VecNormalizeStats>, ImportError> {
+    use crate::npy_pickle::{array, attributes};
+    let pk = crate::pickle::parse(bytes)?;
+    let vb = |d: &str| bad(format!("vecnormalize: {d}"));
+    if pk.call_name(pk.root).as_deref()
+        != Some("stable_baselines3.common.vec_env.vec_normalize.VecNormalize")
+    {
+        return Err(vb("not a VecNormalize object"));
+    }
+    let attrs = attributes(&pk, pk.root).ok_or_else(|| vb("no attributes"))?;
+    let get = |k: &str| attrs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+    let num = |k: &str| -> Result<f64, ImportError> {
+        let a = array(&pk, get(k).ok_or_else(|| vb(&format!("no {k}")))?).map_err(|e| vb(&e))?;
+        a.data.first().copied().filter(|_| a.data.len() == 1).ok_or_else(|| vb(&format!("{k} is not a number")))
+    };
+    if get("norm_obs").is_some_and(|i| pk.int(i) == Some(0)) {
+        return Ok(None);
+    }
+    if get("norm_obs_keys").is_some_and(|i| !matches!(pk.get(i), crate::pickle::Node::None) && pk.items(i).is_some_and(|v| !v.is_empty())) {
+        return Err(unsupported("VecNormalize over Dict observations", "not supported yet"));
+    }
+    let rms = get("obs_rms").ok_or_else(|| vb("no obs_rms"))?;
+    let rattrs = attributes(&pk, rms).ok_or_else(|| vb("obs_rms has no attributes"))?;
+    let rget = |k: &str| rattrs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+    let mean = array(&pk, rget("mean").ok_or_else(|| vb("no obs_rms.mean"))?).map_err(|e| vb(&e))?;
+    let var = array(&pk, rget("var").ok_or_else(|| vb("no obs_rms.var"))?).map_err(|e| vb(&e))?;
+    if mean.data.len() != var.data.len() || mean.data.is_empty() {
+        return Err(vb("mean and var differ in size"));
+    }
+    let eps = num("epsilon")?;
+    let clip = num("clip_obs")?;
+    if !(clip.is_finite() && clip > 0.0) || !eps.is_finite() || eps < 0.0 {
+        return Err(vb("clip_obs / epsilon out of range"));
+    }
+    let std: Vec<f32> = var.data.iter().map(|v| (v + eps).sqrt() as f32).collect();
+    if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) || mean.data.iter().any(|m| !m.is_finite()) {
+        return Err(vb("statistics are not finite and positive"));
+    }
+    Ok(Some(VecNormalizeStats {
+        mean: mean.data.iter().map(|v| *v as f32).collect(),
+        std,
+        clip: clip as f32,
+    }))
+}
+
+/// Import an SB3 archive, with the observation statistics of its `VecNormalize` wrapper if it was trained with one.
+pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Result<Imported, ImportError> {
     let zip = Zip::open(bytes)?;
     let data: Value = serde_json::from_slice(
         zip.get("data")
@@ -364,6 +421,26 @@ pub fn import_sb3(bytes: &[u8], source: &str) -> Result<Imported, ImportError> {
         return Err(unsupported("normalize_images=False", "keep SB3's default /255 for images"));
     }
     let mut preprocess = vec![];
+    let mut norm_tensors = vec![];
+    if let Some(vn) = vecnormalize.map(read_vecnormalize).transpose()?.flatten() {
+        // VecNormalize runs in the env wrapper, before the policy's own preprocessing.
+        let ObservationSpace::Box { shape, .. } = &observation else {
+            return Err(unsupported("VecNormalize statistics for Discrete observations", "drop --vecnormalize"));
+        };
+        if vn.mean.len() != shape.iter().product::<usize>() {
+            return Err(bad(format!(
+                "vecnormalize has {} statistics for observations of shape {shape:?}",
+                vn.mean.len()
+            )));
+        }
+        norm_tensors.push(("obs_norm.mean".to_string(), Tensor::new(shape.clone(), vn.mean)));
+        norm_tensors.push(("obs_norm.std".to_string(), Tensor::new(shape.clone(), vn.std)));
+        preprocess.push(Preprocess::Normalize {
+            mean: "obs_norm.mean".into(),
+            std: "obs_norm.std".into(),
+            clip: Some(vn.clip),
+        });
+    }
     let obs_shape = match &observation {
         ObservationSpace::Discrete { n } => {
             preprocess.push(Preprocess::OneHot { n: *n });
@@ -513,10 +590,9 @@ pub fn import_sb3(bytes: &[u8], source: &str) -> Result<Imported, ImportError> {
         recurrent: None,
         golden: vec![],
     };
-    Ok(Imported {
-        manifest,
-        tensors: g.tensors,
-    })
+    let mut tensors = g.tensors;
+    tensors.extend(norm_tensors);
+    Ok(Imported { manifest, tensors })
 }
 
 fn action_n(a: &ActionSpace) -> Option<usize> {
