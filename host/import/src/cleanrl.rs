@@ -10,15 +10,14 @@
 //! - `cleanrl-sac` (`sac_continuous_action.py`, the `Actor`): `fc1`, `fc2` (ReLU), `fc_mean`, `fc_logstd`, the log-std
 //!   squashed `-5 + 3.5 (tanh(l) + 1)`; the squashed Gaussian rescaled to the bounds (`action_scale`/`action_bias`).
 
-use std::collections::BTreeMap;
-
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, Distribution, LogStd, Manifest, Module, ModuleRole, Node, OBS_VALUE, ObsDType,
-    ObservationSpace, Op, Preprocess, Producer,
+    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
+    Op, Preprocess, Producer,
 };
 
 use crate::ImportError;
+use crate::builder::GraphBuilder;
 use crate::onnx::Imported;
 use crate::torchfile::read_state_dict;
 
@@ -52,82 +51,6 @@ fn bad(detail: impl Into<String>) -> ImportError {
     ImportError::Malformed(format!("CleanRL checkpoint: {}", detail.into()))
 }
 
-struct Builder<'a> {
-    sd: &'a BTreeMap<String, Tensor>,
-    tensors: BTreeMap<String, Tensor>,
-    nodes: Vec<Node>,
-}
-
-impl Builder<'_> {
-    fn take(&mut self, key: &str) -> Result<Tensor, ImportError> {
-        let t = self
-            .sd
-            .get(key)
-            .ok_or_else(|| bad(format!("no '{key}' (is --layout right?)")))?
-            .clone();
-        self.tensors.insert(key.to_string(), t.clone());
-        Ok(t)
-    }
-
-    fn node(&mut self, op: Op, x: &str, out: &str) -> String {
-        self.nodes.push(Node {
-            name: out.to_string(),
-            op,
-            inputs: vec![x.to_string()],
-            output: out.to_string(),
-        });
-        out.to_string()
-    }
-
-    fn linear(&mut self, key: &str, x: &str, dim: usize) -> Result<(String, usize), ImportError> {
-        let w = self.take(&format!("{key}.weight"))?;
-        if w.shape.len() != 2 || w.shape[1] != dim {
-            return Err(bad(format!("'{key}.weight' is {:?}, expected [_, {dim}]", w.shape)));
-        }
-        let b = format!("{key}.bias");
-        let bias = if self.sd.contains_key(&b) {
-            self.take(&b)?;
-            Some(b)
-        } else {
-            None
-        };
-        let y = self.node(
-            Op::Dense {
-                weight: format!("{key}.weight"),
-                bias,
-            },
-            x,
-            key,
-        );
-        Ok((y, w.shape[0]))
-    }
-
-    /// `prefix.0`, `prefix.2`, ..., Linear layers with `act` between (not after the last).
-    fn seq(&mut self, prefix: &str, x: &str, dim: usize, act: Op) -> Result<(String, usize), ImportError> {
-        let (mut x, mut dim) = (x.to_string(), dim);
-        let mut i = 0;
-        loop {
-            let (y, d) = self.linear(&format!("{prefix}.{i}"), &x, dim)?;
-            dim = d;
-            if !self.sd.contains_key(&format!("{prefix}.{}.weight", i + 2)) {
-                return Ok((y, dim));
-            }
-            x = self.node(act.clone(), &y, &format!("{prefix}.{}", i + 1));
-            i += 2;
-        }
-    }
-
-    fn module(&mut self, name: &str, role: ModuleRole, inputs: Vec<String>, outputs: Vec<String>) -> Module {
-        Module {
-            name: name.into(),
-            role,
-            inputs,
-            outputs,
-            nodes: std::mem::take(&mut self.nodes),
-        }
-    }
-}
-
 /// Import a CleanRL state dict with the given layout and spaces.
 pub fn import_cleanrl(
     bytes: &[u8],
@@ -137,11 +60,7 @@ pub fn import_cleanrl(
     source: &str,
 ) -> Result<Imported, ImportError> {
     let sd = read_state_dict(bytes)?;
-    let mut b = Builder {
-        sd: &sd,
-        tensors: BTreeMap::new(),
-        nodes: vec![],
-    };
+    let mut b = GraphBuilder::new(&sd, "CleanRL checkpoint");
     let mut preprocess = vec![];
     let obs_shape = match &observation {
         ObservationSpace::Box { shape, .. } => shape.clone(),
@@ -161,7 +80,7 @@ pub fn import_cleanrl(
     let (distribution, value) = match layout {
         CleanrlLayout::Ppo | CleanrlLayout::PpoContinuous => {
             let actor = if layout == CleanrlLayout::Ppo { "actor" } else { "actor_mean" };
-            let (head, k) = b.seq(actor, &x, flat, Op::Tanh)?;
+            let (head, k) = b.sequential(actor, &x, flat, &Op::Tanh, false)?;
             let dist = match (&action, layout) {
                 (ActionSpace::Discrete { n }, CleanrlLayout::Ppo) if *n == k => {
                     Distribution::Categorical { logits: head.clone() }
@@ -190,7 +109,7 @@ pub fn import_cleanrl(
                 }
             };
             modules.push(b.module("actor", ModuleRole::PolicyHead, vec![x.clone()], vec![head]));
-            let (v, one) = b.seq("critic", &x, flat, Op::Tanh)?;
+            let (v, one) = b.sequential("critic", &x, flat, &Op::Tanh, false)?;
             if one != 1 {
                 return Err(bad(format!("the critic has {one} outputs")));
             }
@@ -202,33 +121,8 @@ pub fn import_cleanrl(
                 return Err(bad(format!("cleanrl-atari needs uint8 [C, H, W] frames, not {observation:?}")));
             }
             preprocess.push(Preprocess::Scale { factor: 1.0 / 255.0 });
-            let mut shape = obs_shape.clone();
-            for (i, (k, s)) in [(8usize, 4usize), (4, 2), (3, 1)].iter().enumerate() {
-                let key = format!("network.{}", 2 * i);
-                let w = b.take(&format!("{key}.weight"))?;
-                b.take(&format!("{key}.bias"))?;
-                if w.shape != [w.shape[0], shape[0], *k, *k] {
-                    return Err(bad(format!("'{key}.weight' is {:?}, expected [_, {}, {k}, {k}]", w.shape, shape[0])));
-                }
-                let y = b.node(
-                    Op::Conv2d {
-                        weight: format!("{key}.weight"),
-                        bias: Some(format!("{key}.bias")),
-                        stride: [*s, *s],
-                        padding: [0; 4],
-                        dilation: [1, 1],
-                        groups: 1,
-                    },
-                    &x,
-                    &key,
-                );
-                x = b.node(Op::Relu, &y, &format!("network.{}", 2 * i + 1));
-                let side = |n: usize| n.checked_sub(*k).map(|v| v / s + 1).ok_or_else(|| bad("frames too small"));
-                shape = vec![w.shape[0], side(shape[1])?, side(shape[2])?];
-            }
-            let f = b.node(Op::Flatten, &x, "network.6");
-            let (h, d) = b.linear("network.7", &f, shape.iter().product())?;
-            let h = b.node(Op::Relu, &h, "network.8");
+            let convs = ["network.0", "network.2", "network.4"].map(String::from);
+            let (h, d) = b.nature_cnn(convs, "network.7", &x, &obs_shape, ["network.6", "network.8"])?;
             modules.push(b.module("network", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![h.clone()]));
             let (logits, k) = b.linear("actor", &h, d)?;
             if !matches!(action, ActionSpace::Discrete { n } if n == k) {

@@ -5,6 +5,7 @@
 //! Where things go: a new import route is one module here producing an [`Imported`]; an op the importer learns
 //! is lowered onto the format's IR in `onnx.rs` (and needs the runtime's kernels, see `guest/README.md`).
 
+mod builder;
 pub mod cleanrl;
 mod compile;
 mod fixture;

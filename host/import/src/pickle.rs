@@ -406,40 +406,23 @@ pub fn parse(bytes: &[u8]) -> Result<Pickle, PickleError> {
                 let g = global(m.clone(), n.clone())?;
                 push(&mut nodes, &mut stack, g)
             }
-            b'R' | 0x81 => {
+            // REDUCE, NEWOBJ, NEWOBJ_EX (whose kwargs are dropped): recorded as a call, never made.
+            b'R' | 0x81 | 0x92 => {
+                if op == 0x92 {
+                    let _kwargs = pop!();
+                }
                 let args = pop!();
                 let func = pop!();
                 if !matches!(nodes[func], Node::Global(..)) {
                     return Err(malformed("call of a non-global"));
                 }
-                push(
-                    &mut nodes,
-                    &mut stack,
-                    Node::Call {
-                        func,
-                        args,
-                        state: None,
-                        items: vec![],
-                    },
-                )
-            }
-            0x92 => {
-                let _kwargs = pop!();
-                let args = pop!();
-                let func = pop!();
-                if !matches!(nodes[func], Node::Global(..)) {
-                    return Err(malformed("call of a non-global"));
-                }
-                push(
-                    &mut nodes,
-                    &mut stack,
-                    Node::Call {
-                        func,
-                        args,
-                        state: None,
-                        items: vec![],
-                    },
-                )
+                let call = Node::Call {
+                    func,
+                    args,
+                    state: None,
+                    items: vec![],
+                };
+                push(&mut nodes, &mut stack, call)
             }
             b'b' => {
                 let st = pop!();

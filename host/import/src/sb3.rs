@@ -10,16 +10,16 @@
 //! Discrete, MultiDiscrete and Box actions; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary,
 //! Dict observations, gSDE) is a typed error naming it.
 
-use std::collections::BTreeMap;
 
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, Distribution, LogStd, Manifest, Module, ModuleRole, Node, OBS_VALUE, ObsDType,
-    ObservationSpace, Op, Preprocess, Producer,
+    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
+    Op, Preprocess, Producer,
 };
 use serde_json::Value;
 
 use crate::ImportError;
+use crate::builder::GraphBuilder;
 use crate::onnx::Imported;
 use crate::torchfile::read_state_dict;
 use crate::zipread::Zip;
@@ -203,135 +203,24 @@ fn activation(kwargs: &Value, default: Op) -> Result<Op, ImportError> {
     })
 }
 
-/// Builds one module's nodes over the state dict.
-struct Graph<'a> {
-    sd: &'a BTreeMap<String, Tensor>,
-    tensors: BTreeMap<String, Tensor>,
-    nodes: Vec<Node>,
-}
-
-impl Graph<'_> {
-    fn tensor(&mut self, key: &str) -> Result<&Tensor, ImportError> {
-        let t = self
-            .sd
-            .get(key)
-            .ok_or_else(|| bad(format!("policy.pth lacks '{key}'")))?;
-        self.tensors.insert(key.to_string(), t.clone());
-        Ok(t)
-    }
-
-    fn push(&mut self, op: Op, input: &str, out: String) -> String {
-        self.nodes.push(Node {
-            name: out.clone(),
-            op,
-            inputs: vec![input.to_string()],
-            output: out.clone(),
-        });
-        out
-    }
-
-    fn dense(&mut self, prefix: &str, x: &str, in_dim: usize) -> Result<(String, usize), ImportError> {
-        let w = self.tensor(&format!("{prefix}.weight"))?;
-        if w.shape.len() != 2 || w.shape[1] != in_dim {
-            return Err(bad(format!(
-                "'{prefix}.weight' is {:?}, expected [_, {in_dim}]",
-                w.shape
-            )));
+/// SB3's features extractors: NatureCNN (`cnn.0/2/4` + `linear.0`) if its weights are there, else Flatten.
+fn features(g: &mut GraphBuilder, prefix: &str, obs_shape: &[usize]) -> Result<(String, usize), ImportError> {
+    if !g.has(&format!("{prefix}.cnn.0.weight")) {
+        let n: usize = obs_shape.iter().product();
+        if obs_shape.len() == 1 {
+            return Ok((OBS_VALUE.to_string(), n));
         }
-        let out_dim = w.shape[0];
-        let bias_key = format!("{prefix}.bias");
-        let bias = if self.sd.contains_key(&bias_key) {
-            self.tensor(&bias_key)?;
-            Some(bias_key)
-        } else {
-            None
-        };
-        let out = self.push(
-            Op::Dense {
-                weight: format!("{prefix}.weight"),
-                bias,
-            },
-            x,
-            prefix.to_string(),
-        );
-        Ok((out, out_dim))
+        return Ok((g.node(Op::Flatten, OBS_VALUE, &format!("{prefix}.flatten")), n));
     }
-
-    /// An SB3 `create_mlp` stack: `prefix.0`, `prefix.2`, ... Linear layers, each followed by `act`.
-    fn mlp(&mut self, prefix: &str, x: &str, dim: usize, act: &Op) -> Result<(String, usize), ImportError> {
-        let (mut x, mut dim) = (x.to_string(), dim);
-        let mut i = 0;
-        while self.sd.contains_key(&format!("{prefix}.{i}.weight")) {
-            let (y, d) = self.dense(&format!("{prefix}.{i}"), &x, dim)?;
-            x = self.push(act.clone(), &y, format!("{prefix}.{}", i + 1));
-            dim = d;
-            i += 2;
-        }
-        Ok((x, dim))
-    }
-
-    /// A features extractor: NatureCNN (`cnn.0/2/4` + `linear.0`) if its weights are there, else Flatten.
-    fn features(&mut self, prefix: &str, obs_shape: &[usize]) -> Result<(String, usize), ImportError> {
-        let cnn0 = format!("{prefix}.cnn.0.weight");
-        if !self.sd.contains_key(&cnn0) {
-            let n: usize = obs_shape.iter().product();
-            if obs_shape.len() == 1 {
-                return Ok((OBS_VALUE.to_string(), n));
-            }
-            let out = self.push(Op::Flatten, OBS_VALUE, format!("{prefix}.flatten"));
-            return Ok((out, n));
-        }
-        if obs_shape.len() != 3 {
-            return Err(bad(format!("NatureCNN weights on observations of shape {obs_shape:?}")));
-        }
-        // NatureCNN: Conv(8, 4) ReLU Conv(4, 2) ReLU Conv(3, 1) ReLU Flatten Linear ReLU.
-        let mut shape = obs_shape.to_vec();
-        let mut x = OBS_VALUE.to_string();
-        for (i, (k, s)) in [(8usize, 4usize), (4, 2), (3, 1)].iter().enumerate() {
-            let key = format!("{prefix}.cnn.{}", 2 * i);
-            let w = self.tensor(&format!("{key}.weight"))?.clone();
-            self.tensor(&format!("{key}.bias"))?;
-            if w.shape.len() != 4 || w.shape[1] != shape[0] || w.shape[2] != *k || w.shape[3] != *k {
-                return Err(bad(format!(
-                    "'{key}.weight' is {:?}; NatureCNN expects [_, {}, {k}, {k}] here",
-                    w.shape, shape[0]
-                )));
-            }
-            let y = self.push(
-                Op::Conv2d {
-                    weight: format!("{key}.weight"),
-                    bias: Some(format!("{key}.bias")),
-                    stride: [*s, *s],
-                    padding: [0; 4],
-                    dilation: [1, 1],
-                    groups: 1,
-                },
-                &x,
-                key.clone(),
-            );
-            x = self.push(Op::Relu, &y, format!("{prefix}.cnn.{}", 2 * i + 1));
-            let side = |n: usize| {
-                n.checked_sub(*k)
-                    .map(|v| v / s + 1)
-                    .ok_or_else(|| bad(format!("observation {obs_shape:?} too small for NatureCNN")))
-            };
-            shape = vec![w.shape[0], side(shape[1])?, side(shape[2])?];
-        }
-        let flat = self.push(Op::Flatten, &x, format!("{prefix}.cnn.6"));
-        let (y, d) = self.dense(&format!("{prefix}.linear.0"), &flat, shape.iter().product())?;
-        let out = self.push(Op::Relu, &y, format!("{prefix}.linear.1"));
-        Ok((out, d))
-    }
-
-    fn take_module(&mut self, name: &str, role: ModuleRole, inputs: Vec<String>, outputs: Vec<String>) -> Module {
-        Module {
-            name: name.into(),
-            role,
-            inputs,
-            outputs,
-            nodes: std::mem::take(&mut self.nodes),
-        }
-    }
+    let convs = [0, 2, 4].map(|i| format!("{prefix}.cnn.{i}"));
+    let names = [format!("{prefix}.cnn.6"), format!("{prefix}.linear.1")];
+    g.nature_cnn(
+        convs,
+        &format!("{prefix}.linear.0"),
+        OBS_VALUE,
+        obs_shape,
+        [&names[0], &names[1]],
+    )
 }
 
 /// Observation statistics of a `VecNormalize.save()` pickle: `(x - mean) / sqrt(var + epsilon)` clipped to
@@ -453,26 +342,22 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
             shape.clone()
         }
     };
-    let mut g = Graph {
-        sd: &sd,
-        tensors: BTreeMap::new(),
-        nodes: vec![],
-    };
+    let mut g = GraphBuilder::new(&sd, "SB3 archive");
     let mut modules = vec![];
     let (distribution, value) = if sd.contains_key("actor.mu.weight") {
         // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
         let act = activation(&kwargs, Op::Relu)?;
-        let (f, d) = g.features("actor.features_extractor", &obs_shape)?;
-        let (latent, d) = g.mlp("actor.latent_pi", &f, d, &act)?;
-        let (mean, k) = g.dense("actor.mu", &latent, d)?;
-        let (ls, _) = g.dense("actor.log_std", &latent, d)?;
-        let log_std = g.push(
+        let (f, d) = features(&mut g, "actor.features_extractor", &obs_shape)?;
+        let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true)?;
+        let (mean, k) = g.linear("actor.mu", &latent, d)?;
+        let (ls, _) = g.linear("actor.log_std", &latent, d)?;
+        let log_std = g.node(
             Op::Clip {
                 min: Some(-20.0),
                 max: Some(2.0),
             },
             &ls,
-            "actor.log_std.clamped".into(),
+            "actor.log_std.clamped",
         );
         if !matches!(&action, ActionSpace::Box { low, high, .. } if low.iter().chain(high).all(Option::is_some))
         {
@@ -481,7 +366,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         if action.action_len() != k {
             return Err(bad(format!("actor.mu has {k} outputs for {} actions", action.action_len())));
         }
-        modules.push(g.take_module(
+        modules.push(g.module(
             "actor",
             ModuleRole::PolicyHead,
             vec![OBS_VALUE.into()],
@@ -501,16 +386,16 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         let shared = sd.keys().any(|k| k.starts_with("features_extractor."))
             || !sd.keys().any(|k| k.starts_with("pi_features_extractor."));
         let (pi_f, vf_f, d) = if shared {
-            let (f, d) = g.features("features_extractor", &obs_shape)?;
-            if !g.nodes.is_empty() {
-                modules.push(g.take_module("features", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![f.clone()]));
+            let (f, d) = features(&mut g, "features_extractor", &obs_shape)?;
+            if g.pending() {
+                modules.push(g.module("features", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![f.clone()]));
             }
             (f.clone(), f, d)
         } else {
-            let (pf, d) = g.features("pi_features_extractor", &obs_shape)?;
-            let (vf, _) = g.features("vf_features_extractor", &obs_shape)?;
-            if !g.nodes.is_empty() {
-                modules.push(g.take_module(
+            let (pf, d) = features(&mut g, "pi_features_extractor", &obs_shape)?;
+            let (vf, _) = features(&mut g, "vf_features_extractor", &obs_shape)?;
+            if g.pending() {
+                modules.push(g.module(
                     "features",
                     ModuleRole::Encoder,
                     vec![OBS_VALUE.into()],
@@ -522,8 +407,8 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         if sd.keys().any(|k| k.starts_with("mlp_extractor.shared_net.")) {
             return Err(unsupported("a shared mlp_extractor trunk (SB3 < 1.8 net_arch)", "re-save with SB3 >= 2"));
         }
-        let (latent_pi, dp) = g.mlp("mlp_extractor.policy_net", &pi_f, d, &act)?;
-        let (head, k) = g.dense("action_net", &latent_pi, dp)?;
+        let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, d, &act, true)?;
+        let (head, k) = g.linear("action_net", &latent_pi, dp)?;
         if action_n(&action).is_some_and(|n| n != k) {
             return Err(bad(format!("action_net has {k} outputs for {action:?}")));
         }
@@ -534,7 +419,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
                 if k != action.action_len() {
                     return Err(bad(format!("action_net has {k} outputs for {} actions", action.action_len())));
                 }
-                g.tensor("log_std")?;
+                g.take("log_std")?;
                 // SB3's predict clips Gaussian actions to the space (the policy itself is unsquashed).
                 Distribution::DiagGaussian {
                     mean: head.clone(),
@@ -547,13 +432,13 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
             }
         };
         let pi_inputs = vec![pi_f.clone()];
-        modules.push(g.take_module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
-        let (latent_vf, dv) = g.mlp("mlp_extractor.value_net", &vf_f, d, &act)?;
-        let (value, one) = g.dense("value_net", &latent_vf, dv)?;
+        modules.push(g.module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
+        let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, d, &act, true)?;
+        let (value, one) = g.linear("value_net", &latent_vf, dv)?;
         if one != 1 {
             return Err(bad(format!("value_net has {one} outputs")));
         }
-        modules.push(g.take_module("vf", ModuleRole::ValueHead, vec![vf_f], vec![value.clone()]));
+        modules.push(g.module("vf", ModuleRole::ValueHead, vec![vf_f], vec![value.clone()]));
         (dist, Some(value))
     } else if sd.keys().any(|k| k.starts_with("q_net.")) {
         return Err(unsupported(
