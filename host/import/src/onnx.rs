@@ -212,6 +212,19 @@ impl Importer<'_> {
             }
         };
         let op = node.op_type.as_str();
+        // The inputs each handler reads unconditionally: checked once here, so no handler indexes past them.
+        let min_inputs = match op {
+            "Constant" => 0,
+            "Gemm" | "MatMul" | "Add" | "Sub" | "Mul" | "Div" | "Reshape" => 2,
+            "Slice" => 3,
+            _ => 1,
+        };
+        if ins.len() < min_inputs {
+            return Err(ImportError::Malformed(format!(
+                "node {label} ({op}) has {} input(s), needs {min_inputs}",
+                ins.len()
+            )));
+        }
         match op {
             "Constant" => {
                 let t = attr(node, "value")
@@ -1140,4 +1153,81 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     };
     let _ = imp.spec;
     Ok(Imported { manifest, tensors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(nodes: Vec<pb::NodeProto>) -> Vec<u8> {
+        let dim = |v: Option<i64>| pb::Dimension {
+            dim_value: v,
+            dim_param: None,
+        };
+        let input = pb::ValueInfoProto {
+            name: "obs".into(),
+            r#type: Some(pb::TypeProto {
+                tensor_type: Some(pb::TypeProtoTensor {
+                    elem_type: data_type::FLOAT,
+                    shape: Some(pb::TensorShapeProto {
+                        dim: vec![dim(None), dim(Some(4))],
+                    }),
+                }),
+            }),
+        };
+        pb::ModelProto {
+            graph: Some(pb::GraphProto {
+                node: nodes,
+                input: vec![input],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    fn node(op: &str, inputs: &[&str], output: &str) -> pb::NodeProto {
+        pb::NodeProto {
+            op_type: op.into(),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![output.into()],
+            ..Default::default()
+        }
+    }
+
+    /// Regression (issue 15's corpus): a node without the inputs its op reads indexed past them and panicked.
+    #[test]
+    fn nodes_missing_inputs_are_malformed_not_a_panic() {
+        let spec = ImportSpec {
+            name: None,
+            distribution: DistSpec::Categorical {
+                logits: "logits".into(),
+            },
+            value: None,
+            observation: None,
+            action: None,
+            normalize: None,
+            scale: None,
+            input: None,
+            source: None,
+        };
+        for (op, inputs) in [
+            ("Relu", vec![]),
+            ("Add", vec!["obs"]),
+            ("Gemm", vec!["obs"]),
+            ("Reshape", vec!["obs"]),
+            ("Slice", vec!["obs", "obs"]),
+            ("Concat", vec![]),
+            ("Conv", vec![]),
+            ("Transpose", vec![]),
+            ("LayerNormalization", vec![]),
+            ("Gather", vec!["obs"]),
+        ] {
+            let bytes = model(vec![node(op, &inputs, "logits")]);
+            match import_onnx(&bytes, &spec, "t") {
+                Err(ImportError::Malformed(_) | ImportError::UnsupportedOp { .. }) => {}
+                other => panic!("{op} with {inputs:?}: {other:?}"),
+            }
+        }
+    }
 }
