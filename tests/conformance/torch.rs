@@ -98,9 +98,9 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
             .iter()
             .flat_map(|m| &m.nodes)
             .any(|n| matches!(n.op, policyport::format::Op::Conv2d { .. }));
-        let depth = if convolutional { 3.0 } else { 1.0 };
+        let conv_factor = if convolutional { 3.0 } else { 1.0 };
         for (label, o, loose) in &configs {
-            let loose = loose.map(|t| t * depth);
+            let loose = loose.map(|t| t * conv_factor);
             let o = TorchOptions {
                 device,
                 ..o.clone()

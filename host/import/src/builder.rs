@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use policyport_format::container::Tensor;
-use policyport_format::{Module, ModuleRole, Node, Op};
+use policyport_format::{Module, ModuleRole, Node, Op, Producer};
 
 use crate::ImportError;
 
@@ -178,4 +178,20 @@ impl<'a> GraphBuilder<'a> {
     pub(crate) fn pending(&self) -> bool {
         !self.nodes.is_empty()
     }
+}
+
+/// Who made an artifact: this toolchain, from `route:source` (e.g. `sb3:model.zip`), with the route's notes.
+pub(crate) fn producer(route: &str, source: &str, notes: String) -> Producer {
+    Producer {
+        tool: "policyport".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        source: format!("{route}:{source}"),
+        notes,
+    }
+}
+
+/// A policy's default name: the source file's name without its directory and `extension`.
+pub(crate) fn file_stem<'s>(source: &'s str, extension: &str) -> &'s str {
+    let name = source.rsplit('/').next().unwrap_or(source);
+    name.strip_suffix(extension).unwrap_or(name)
 }

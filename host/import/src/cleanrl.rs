@@ -13,11 +13,11 @@
 use policyport_format::container::Tensor;
 use policyport_format::{
     ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess, Producer,
+    Op, Preprocess,
 };
 
 use crate::ImportError;
-use crate::builder::GraphBuilder;
+use crate::builder::{GraphBuilder, file_stem, producer};
 use crate::onnx::Imported;
 use crate::torchfile::read_state_dict;
 
@@ -170,13 +170,8 @@ pub fn import_cleanrl(
         }
     };
     let manifest = Manifest {
-        name: source.rsplit('/').next().unwrap_or(source).to_string(),
-        producer: Producer {
-            tool: "policyport".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            source: format!("cleanrl:{source}"),
-            notes: format!("layout {layout:?}"),
-        },
+        name: file_stem(source, "").to_string(),
+        producer: producer("cleanrl", source, format!("layout {layout:?}")),
         observation,
         action,
         preprocess,

@@ -14,12 +14,12 @@
 use policyport_format::container::Tensor;
 use policyport_format::{
     ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess, Producer,
+    Op, Preprocess,
 };
 use serde_json::Value;
 
 use crate::ImportError;
-use crate::builder::GraphBuilder;
+use crate::builder::{GraphBuilder, file_stem, producer};
 use crate::onnx::Imported;
 use crate::torchfile::read_state_dict;
 use crate::zipread::Zip;
@@ -454,18 +454,8 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         ));
     };
     let manifest = Manifest {
-        name: source
-            .rsplit('/')
-            .next()
-            .unwrap_or(source)
-            .trim_end_matches(".zip")
-            .to_string(),
-        producer: Producer {
-            tool: "policyport".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            source: format!("sb3:{source}"),
-            notes: format!("stable-baselines3 {version}"),
-        },
+        name: file_stem(source, ".zip").to_string(),
+        producer: producer("sb3", source, format!("stable-baselines3 {version}")),
         observation,
         action,
         preprocess,
