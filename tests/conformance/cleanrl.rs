@@ -12,10 +12,11 @@ struct Case {
     layout: CleanrlLayout,
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 5] = [
     Case { dir: "ppo_cartpole", layout: CleanrlLayout::Ppo },
     Case { dir: "ppo_continuous_hopper", layout: CleanrlLayout::PpoContinuous },
     Case { dir: "ppo_atari_breakout", layout: CleanrlLayout::Atari },
+    Case { dir: "ppo_atari_lstm", layout: CleanrlLayout::AtariLstm },
     Case { dir: "sac_actor", layout: CleanrlLayout::Sac },
 ];
 

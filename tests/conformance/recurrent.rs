@@ -366,3 +366,219 @@ fn the_recurrent_policy_and_its_float64_answers_are_committed_for_the_browser() 
         &serde_json::to_string_pretty(&doc).unwrap(),
     );
 }
+
+/// A trainer's recurrent rollout (`sequence.json`, written by tests/fixtures/generate_sb3.py and
+/// generate_cleanrl.py): N envs over T steps with random episode starts, the trainer's network run over each
+/// sequence in float64, and the trainer's own deterministic actions stepped one observation at a time.
+#[derive(serde::Deserialize)]
+struct Rollout {
+    envs: usize,
+    tolerance: f64,
+    steps: Vec<RolloutStep>,
+}
+
+#[derive(serde::Deserialize)]
+struct RolloutStep {
+    obs: Vec<f32>,
+    episode_starts: Vec<bool>,
+    expected: BTreeMap<String, Vec<f64>>,
+    trainer_actions: Vec<f64>,
+}
+
+/// Every recurrent trainer fixture compiled by its own route: (name, artifact bytes, rollout).
+fn recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
+    use policyport_import::{CleanrlLayout, Storage, compile_cleanrl, compile_sb3};
+    let dir = policyport_conformance::fixtures_dir();
+    let mut out = vec![];
+    let mut sb3: Vec<_> = std::fs::read_dir(dir.join("sb3"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.join("sequence.json").exists())
+        .collect();
+    sb3.sort();
+    for p in sb3 {
+        let name = format!("sb3/{}", p.file_name().unwrap().to_string_lossy());
+        let bytes = compile_sb3(&std::fs::read(p.join("model.zip")).unwrap(), None, &name, None, Storage::F32)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
+        out.push((name, bytes, rollout));
+    }
+    let p = dir.join("cleanrl/ppo_atari_lstm");
+    let spaces: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("spaces.json")).unwrap()).unwrap();
+    let bytes = compile_cleanrl(
+        &std::fs::read(p.join("agent.pt")).unwrap(),
+        CleanrlLayout::AtariLstm,
+        serde_json::from_value(spaces["observation"].clone()).unwrap(),
+        serde_json::from_value(spaces["action"].clone()).unwrap(),
+        "cleanrl/ppo_atari_lstm",
+        None,
+        Storage::F32,
+    )
+    .unwrap();
+    let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
+    out.push(("cleanrl/ppo_atari_lstm".into(), bytes, rollout));
+    out
+}
+
+/// Issue 14's recurrent property, against the trainers themselves: stepping the compiled policy one observation
+/// at a time, with the rollout's episode starts as the request's mask, equals the trainer's network run over the
+/// whole sequence (SB3: `nn.LSTM` over each episode segment; CleanRL: its `get_states` loop), on every backend,
+/// within the fixture's tolerance at every step — and the deterministic actions equal the trainer's own
+/// (RecurrentPPO's `predict(obs, state, episode_start)`, CleanRL's argmax) at every step.
+#[test]
+fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
+    let fixtures = recurrent_trainer_fixtures();
+    let names: Vec<&str> = fixtures.iter().map(|f| f.0.as_str()).collect();
+    for want in [
+        "sb3/recurrent_ppo_cartpole",
+        "sb3/recurrent_ppo_pendulum_shared_2layers",
+        "sb3/recurrent_ppo_cnn_frames",
+        "cleanrl/ppo_atari_lstm",
+    ] {
+        assert!(names.contains(&want), "recurrent fixture {want} missing: {names:?}");
+    }
+    let mut table = vec![];
+    for (name, bytes, rollout) in &fixtures {
+        for backend in backends() {
+            let policy = policyport_conformance::load(bytes, backend)
+                .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
+            assert!(policy.info().recurrent_states > 0, "{name}");
+            let mut s = policy.session();
+            let (mut worst_params, mut worst_value) = (0.0f64, 0.0f64);
+            for (t, step) in rollout.steps.iter().enumerate() {
+                let req = Request::new(Observations::F32(&step.obs), rollout.envs, ActMode::Deterministic)
+                    .episode_starts(&step.episode_starts);
+                let out = s.act(&req).unwrap_or_else(|e| panic!("{name} step {t}: {e}"));
+                let want_params: Vec<f64> = ["logits", "mean", "log_std"]
+                    .iter()
+                    .filter_map(|k| step.expected.get(*k))
+                    .fold(vec![], |mut v, p| {
+                        v.extend(p);
+                        v
+                    });
+                // dist_params is per row [mean.., log_std..]; the fixture has all means, then all log-stds.
+                let got_params: Vec<f32> = if step.expected.contains_key("mean") {
+                    let k = out.dist_params.len() / rollout.envs / 2;
+                    let rows = out.dist_params.chunks(2 * k);
+                    rows.clone().flat_map(|r| r[..k].to_vec()).chain(rows.flat_map(|r| r[k..].to_vec())).collect()
+                } else {
+                    out.dist_params.clone()
+                };
+                let e = policyport::rel_err(&got_params, &want_params);
+                let v = policyport::rel_err(&out.value, &step.expected["value"]);
+                worst_params = worst_params.max(e);
+                worst_value = worst_value.max(v);
+                assert!(
+                    e <= rollout.tolerance && v <= rollout.tolerance,
+                    "{name} on {} step {t} (starts {:?}): params rel err {e:.2e}, value {v:.2e}",
+                    backend.name(),
+                    step.episode_starts
+                );
+                let got: Vec<f64> = if out.continuous.is_empty() {
+                    out.discrete.iter().map(|a| *a as f64).collect()
+                } else {
+                    out.continuous.iter().map(|a| *a as f64).collect()
+                };
+                assert_eq!(got.len(), step.trainer_actions.len());
+                for (g, w) in got.iter().zip(&step.trainer_actions) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{name} on {} step {t}: actions {got:?}, the trainer's {:?}",
+                        backend.name(),
+                        step.trainer_actions
+                    );
+                }
+            }
+            table.push(format!(
+                "{name:<44} {:<8} {} steps x {} envs  params max rel err {worst_params:.2e}  value {worst_value:.2e}",
+                backend.name(),
+                rollout.steps.len(),
+                rollout.envs
+            ));
+        }
+    }
+    println!("{}", table.join("\n"));
+}
+
+/// Random episode boundaries, env ids in shuffled subsets and orders, on every backend: each step's outputs and
+/// each env's state equal the float64 reference interpreter stepped env by env with its own state map (a start
+/// zeroes that env's state first). Seeded, 6 patterns × 10 steps, on two real recurrent policies (one LSTM per
+/// head over 1 layer; a 2-layer LSTM shared by both heads).
+#[test]
+fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
+    use policyport_format::philox::{Stream, u01};
+    let fixtures = recurrent_trainer_fixtures();
+    for (name, bytes, _) in fixtures.iter().filter(|f| !f.0.contains("frames") && !f.0.contains("atari")) {
+        let art = policyport_format::read_artifact(bytes).unwrap();
+        let m = &art.manifest;
+        let specs = &m.recurrent.as_ref().unwrap().states;
+        let raw = m.observation.raw_len();
+        for backend in backends() {
+            let policy = policyport_conformance::load(bytes, backend).unwrap();
+            let mut s = policy.session();
+            s.set_max_envs(6);
+            // Per env: its states (float64), zeros until stepped.
+            let mut state: Vec<Vec<Vec<f64>>> =
+                (0..6).map(|_| specs.iter().map(|sp| vec![0.0; sp.shape.iter().product()]).collect()).collect();
+            for pattern in 0..6u64 {
+                for step in 0..10u64 {
+                    let mut rs = Stream::new(pattern, step as u32, 77);
+                    let mut w = 0;
+                    let mut draw = || {
+                        w += 1;
+                        u01(rs.word(w))
+                    };
+                    // A shuffled subset of the 6 envs, 1..=6 rows.
+                    let mut ids: Vec<u32> = (0..6).collect();
+                    for i in (1..ids.len()).rev() {
+                        ids.swap(i, (draw() * (i + 1) as f32) as usize % (i + 1));
+                    }
+                    ids.truncate(1 + (draw() * 6.0) as usize % 6);
+                    let batch = ids.len();
+                    let starts: Vec<bool> = ids.iter().map(|_| draw() < 0.3).collect();
+                    let obs: Vec<f32> = (0..batch * raw).map(|_| (draw() - 0.5) * 4.0).collect();
+                    let req = Request::new(Observations::F32(&obs), batch, ActMode::Deterministic)
+                        .envs(EnvIds::List(&ids))
+                        .episode_starts(&starts);
+                    let out = s.act(&req).unwrap().clone();
+                    for (row, &env) in ids.iter().enumerate() {
+                        if starts[row] {
+                            state[env as usize].iter_mut().for_each(|v| v.iter_mut().for_each(|x| *x = 0.0));
+                        }
+                        let vals = policyport_import::reference::eval_step(
+                            m,
+                            &art.tensors,
+                            &obs[row * raw..(row + 1) * raw],
+                            1,
+                            &state[env as usize],
+                        )
+                        .unwrap();
+                        state[env as usize] = specs.iter().map(|sp| vals[&sp.next].clone()).collect();
+                        let want_value = &vals[m.value.as_deref().unwrap()];
+                        let e = policyport::rel_err(&out.value[row..row + 1], want_value);
+                        assert!(e < 1e-5, "{name} on {} pattern {pattern} step {step}: value {e:.2e}", backend.name());
+                    }
+                    // Every env's state, stepped or not, equals the reference's.
+                    for env in 0..6u32 {
+                        for (k, want) in state[env as usize].iter().enumerate() {
+                            if (env as usize) >= s.num_envs() {
+                                assert!(want.iter().all(|v| *v == 0.0));
+                                continue;
+                            }
+                            let got = s.state(k, env).unwrap();
+                            let scale = want.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
+                            for (g, w) in got.iter().zip(want) {
+                                assert!(
+                                    (*g as f64 - w).abs() <= 1e-5 * scale,
+                                    "{name} on {} pattern {pattern} step {step} env {env} state {k}: {g} vs {w}",
+                                    backend.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

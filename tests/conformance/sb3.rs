@@ -25,7 +25,16 @@ fn read(name: &str, file: &str) -> Vec<u8> {
 #[test]
 fn every_sb3_archive_reproduces_sb3_on_every_backend() {
     let names = archives();
-    for want in ["ppo_cartpole", "sac_pendulum", "ppo_cnn_frames", "ppo_grid_multidiscrete", "ppo_pendulum_vecnormalize"] {
+    for want in [
+        "ppo_cartpole",
+        "sac_pendulum",
+        "ppo_cnn_frames",
+        "ppo_grid_multidiscrete",
+        "ppo_pendulum_vecnormalize",
+        "recurrent_ppo_cartpole",
+        "recurrent_ppo_pendulum_shared_2layers",
+        "recurrent_ppo_cnn_frames",
+    ] {
         assert!(names.iter().any(|n| n == want), "sb3 fixture {want} missing: {names:?}");
     }
     let mut table = vec![];
@@ -52,9 +61,10 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend() {
                 ));
                 assert!(r.passed, "{name} on {}: {r:?}", backend.name());
             }
-            // SB3's own predict(deterministic=True), float32 end to end.
-            let mut s = p.session();
+            // SB3's own predict(deterministic=True), float32 end to end (a fresh session per case: a recurrent
+            // policy's predict without a state starts from zeros).
             for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
+                let mut s = p.session();
                 let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
                 let out = s
                     .act(&Request::new(

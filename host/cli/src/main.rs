@@ -65,7 +65,7 @@ enum Cmd {
         #[arg(long, default_value = "f32")]
         storage: Storage,
         /// For a PyTorch state dict: the agent that wrote it (cleanrl-ppo, cleanrl-ppo-continuous,
-        /// cleanrl-atari, cleanrl-sac).
+        /// cleanrl-atari, cleanrl-atari-lstm, cleanrl-sac).
         #[arg(long)]
         layout: Option<policyport_import::CleanrlLayout>,
         /// For a state dict: the spaces as JSON, `{"observation": {...}, "action": {...}}` (SPEC.md's spaces).
@@ -259,7 +259,7 @@ fn main() -> Result<()> {
                 let Some(layout) = layout else {
                     bail!(
                         "{} is a PyTorch state dict (torch.save): it holds no architecture. Say which agent wrote \
-                         it with --layout cleanrl-ppo|cleanrl-ppo-continuous|cleanrl-atari|cleanrl-sac and give the \
+                         it with --layout cleanrl-ppo|cleanrl-ppo-continuous|cleanrl-atari|cleanrl-atari-lstm|cleanrl-sac and give the \
                          spaces (--spaces spaces.json, or --obs-shape/--obs-dtype with --actions N or --low/--high)",
                         model.display()
                     );

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use policyport_format::container::Tensor;
-use policyport_format::{Module, ModuleRole, Node, Op, Producer};
+use policyport_format::{Module, ModuleRole, Node, Op, Producer, STATE_PREFIX, StateSpec};
 
 use crate::ImportError;
 
@@ -47,15 +47,234 @@ impl<'a> GraphBuilder<'a> {
         Ok(t)
     }
 
+    /// The state dict's tensor `key`, read but not recorded (its data goes into a derived weight).
+    pub(crate) fn peek(&self, key: &str) -> Result<&'a Tensor, ImportError> {
+        self.sd
+            .get(key)
+            .ok_or_else(|| self.bad(format!("the state dict lacks '{key}'")))
+    }
+
+    /// Record a weight computed at import (e.g. an LSTM's two matrices side by side); returns its name.
+    pub(crate) fn derived(&mut self, name: &str, t: Tensor) -> String {
+        self.tensors.insert(name.to_string(), t);
+        name.to_string()
+    }
+
     /// A node reading `x`, defining (and named) `out`.
     pub(crate) fn node(&mut self, op: Op, x: &str, out: &str) -> String {
+        self.node_n(op, &[x], out)
+    }
+
+    /// A node reading several values (Add, Mul, Concat).
+    pub(crate) fn node_n(&mut self, op: Op, inputs: &[&str], out: &str) -> String {
         self.nodes.push(Node {
             name: out.to_string(),
             op,
-            inputs: vec![x.to_string()],
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
             output: out.to_string(),
         });
         out.to_string()
+    }
+
+    /// A PyTorch `nn.LSTM` stored under `key` (`weight_ih_l{k}`, `weight_hh_l{k}`, optional `bias_ih_l{k}`,
+    /// `bias_hh_l{k}`; as many layers as it has), stepped once on `x` (`dim` features). Each layer's `h` and `c`
+    /// become per-env recurrent states (zeros at an episode start, as SB3, CleanRL and RLlib reset them).
+    pub(crate) fn torch_lstm(&mut self, key: &str, x: &str, dim: usize) -> Result<Recurrent, ImportError> {
+        self.torch_rnn(key, x, dim, 4, |g, name, x, dim, w| g.lstm_cell(name, x, dim, w))
+    }
+
+    /// A PyTorch `nn.GRU` stored under `key`, like [`Self::torch_lstm`] (one state `h` per layer).
+    pub(crate) fn torch_gru(&mut self, key: &str, x: &str, dim: usize) -> Result<Recurrent, ImportError> {
+        self.torch_rnn(key, x, dim, 3, |g, name, x, dim, w| g.gru_cell(name, x, dim, w, true))
+    }
+
+    fn torch_rnn(
+        &mut self,
+        key: &str,
+        x: &str,
+        dim: usize,
+        gates: usize,
+        cell: impl Fn(&mut Self, &str, &str, usize, CellWeights) -> Result<Recurrent, ImportError>,
+    ) -> Result<Recurrent, ImportError> {
+        let prefix = format!("{key}.");
+        for k in self.sd.keys().filter(|k| k.starts_with(&prefix)) {
+            let field = &k[prefix.len()..];
+            if field.ends_with("_reverse") {
+                return Err(ImportError::Unsupported {
+                    what: format!("a bidirectional recurrent layer ('{k}')"),
+                    hint: "a policy steps forward in time; train with bidirectional=False".into(),
+                });
+            }
+            if field.starts_with("weight_hr_") {
+                return Err(ImportError::Unsupported {
+                    what: format!("an LSTM with proj_size ('{k}')"),
+                    hint: "train with proj_size=0".into(),
+                });
+            }
+        }
+        let (mut x, mut dim) = (x.to_string(), dim);
+        let mut out = Recurrent::default();
+        let mut layer = 0;
+        while self.has(&format!("{key}.weight_ih_l{layer}")) || layer == 0 {
+            let w_ih = self.peek(&format!("{key}.weight_ih_l{layer}"))?;
+            let w_hh = self.peek(&format!("{key}.weight_hh_l{layer}"))?;
+            let h = w_hh.shape.get(1).copied().unwrap_or(0);
+            if w_hh.shape != [gates * h, h] || h == 0 {
+                return Err(self.bad(format!(
+                    "'{key}.weight_hh_l{layer}' is {:?}, expected [{gates}·H, H]",
+                    w_hh.shape
+                )));
+            }
+            if w_ih.shape != [gates * h, dim] {
+                return Err(self.bad(format!(
+                    "'{key}.weight_ih_l{layer}' is {:?}, expected [{}, {dim}]",
+                    w_ih.shape,
+                    gates * h
+                )));
+            }
+            let bias = |g: &Self, which: &str| -> Result<Option<&'a Tensor>, ImportError> {
+                let k = format!("{key}.bias_{which}_l{layer}");
+                if !g.has(&k) {
+                    return Ok(None);
+                }
+                let b = g.peek(&k)?;
+                if b.shape != [gates * h] {
+                    return Err(g.bad(format!("'{k}' is {:?}, expected [{}]", b.shape, gates * h)));
+                }
+                Ok(Some(b))
+            };
+            let (b_ih, b_hh) = (bias(self, "ih")?, bias(self, "hh")?);
+            let w = CellWeights {
+                hidden: h,
+                w_ih: &w_ih.data,
+                w_hh: &w_hh.data,
+                b_ih: b_ih.map(|b| b.data.as_slice()),
+                b_hh: b_hh.map(|b| b.data.as_slice()),
+            };
+            let layer_out = cell(self, &format!("{key}.l{layer}"), &x, dim, w)?;
+            x = layer_out.output;
+            dim = layer_out.hidden;
+            out.reads.extend(layer_out.reads);
+            out.states.extend(layer_out.states);
+            layer += 1;
+        }
+        out.output = x;
+        out.hidden = dim;
+        Ok(out)
+    }
+
+    /// One LSTM step (PyTorch's gate order i, f, g, o in `w`) in the format's ops: the two matrices side by side
+    /// over `concat(x, h)` (one GEMM, the two biases summed), the gate rows reordered to i, f, o, g so one sigmoid
+    /// covers three gates; `c' = f·c + i·g`, `h' = o·tanh(c')`.
+    pub(crate) fn lstm_cell(&mut self, name: &str, x: &str, dim: usize, w: CellWeights) -> Result<Recurrent, ImportError> {
+        let h = w.hidden;
+        let width = dim + h;
+        // New row block j reads PyTorch's block ORDER[j].
+        const ORDER: [usize; 4] = [0, 1, 3, 2];
+        let mut cat = Vec::with_capacity(4 * h * width);
+        let mut bias = Vec::with_capacity(4 * h);
+        for &src in &ORDER {
+            for r in src * h..(src + 1) * h {
+                cat.extend_from_slice(&w.w_ih[r * dim..(r + 1) * dim]);
+                cat.extend_from_slice(&w.w_hh[r * h..(r + 1) * h]);
+                let sum = w.b_ih.map_or(0.0, |b| b[r] as f64) + w.b_hh.map_or(0.0, |b| b[r] as f64);
+                bias.push(sum as f32);
+            }
+        }
+        let weight = self.derived(&format!("{name}.weight"), Tensor::new(vec![4 * h, width], cat));
+        let has_bias = w.b_ih.is_some() || w.b_hh.is_some();
+        let bias = has_bias.then(|| self.derived(&format!("{name}.bias"), Tensor::new(vec![4 * h], bias)));
+        let (h_state, c_state) = (format!("{name}.h"), format!("{name}.c"));
+        let (h_in, c_in) = (format!("{STATE_PREFIX}{h_state}"), format!("{STATE_PREFIX}{c_state}"));
+        let xh = self.node_n(Op::Concat, &[x, &h_in], &format!("{name}.xh"));
+        let gates = self.node(Op::Dense { weight, bias }, &xh, &format!("{name}.gates"));
+        let ifo = self.node(Op::Slice { start: 0, len: 3 * h }, &gates, &format!("{name}.ifo_pre"));
+        let ifo = self.node(Op::Sigmoid, &ifo, &format!("{name}.ifo"));
+        let g = self.node(Op::Slice { start: 3 * h, len: h }, &gates, &format!("{name}.g_pre"));
+        let g = self.node(Op::Tanh, &g, &format!("{name}.g"));
+        let i = self.node(Op::Slice { start: 0, len: h }, &ifo, &format!("{name}.i"));
+        let f = self.node(Op::Slice { start: h, len: h }, &ifo, &format!("{name}.f"));
+        let o = self.node(Op::Slice { start: 2 * h, len: h }, &ifo, &format!("{name}.o"));
+        let fc = self.node_n(Op::Mul, &[&f, &c_in], &format!("{name}.fc"));
+        let ig = self.node_n(Op::Mul, &[&i, &g], &format!("{name}.ig"));
+        let c_next = self.node_n(Op::Add, &[&fc, &ig], &format!("{name}.c_next"));
+        let tc = self.node(Op::Tanh, &c_next, &format!("{name}.tanh_c"));
+        let h_next = self.node_n(Op::Mul, &[&o, &tc], &format!("{name}.h_next"));
+        Ok(Recurrent {
+            output: h_next.clone(),
+            hidden: h,
+            reads: vec![h_in, c_in],
+            states: vec![
+                StateSpec { name: h_state, shape: vec![h], next: h_next },
+                StateSpec { name: c_state, shape: vec![h], next: c_next },
+            ],
+        })
+    }
+
+    /// One GRU step (PyTorch's gate order r, z, n in `w`): `r, z = σ(W_i x + b_i + W_h h + b_h)` on their rows,
+    /// `n = tanh(W_in x + b_in + r·(W_hn h + b_hn))` (`linear_before_reset`, PyTorch's form; otherwise ONNX's
+    /// default `n = tanh(W_in x + b_in + W_hn (r·h) + b_hn)`), `h' = (1 − z)·n + z·h`.
+    pub(crate) fn gru_cell(
+        &mut self,
+        name: &str,
+        x: &str,
+        dim: usize,
+        w: CellWeights,
+        linear_before_reset: bool,
+    ) -> Result<Recurrent, ImportError> {
+        let h = w.hidden;
+        let tensor = |rows: std::ops::Range<usize>, m: &[f32], cols: usize| {
+            Tensor::new(vec![rows.len(), cols], m[rows.start * cols..rows.end * cols].to_vec())
+        };
+        let bias_of = |g: &mut Self, b: Option<&[f32]>, rows: std::ops::Range<usize>, n: &str| {
+            b.map(|b| g.derived(n, Tensor::new(vec![rows.len()], b[rows].to_vec())))
+        };
+        let h_state = format!("{name}.h");
+        let h_in = format!("{STATE_PREFIX}{h_state}");
+        let wx = self.derived(&format!("{name}.weight_x"), tensor(0..3 * h, w.w_ih, dim));
+        let bx = bias_of(self, w.b_ih, 0..3 * h, &format!("{name}.bias_x"));
+        let gx = self.node(Op::Dense { weight: wx, bias: bx }, x, &format!("{name}.gx"));
+        let (gh_rz, gh_n) = if linear_before_reset {
+            let wh = self.derived(&format!("{name}.weight_h"), tensor(0..3 * h, w.w_hh, h));
+            let bh = bias_of(self, w.b_hh, 0..3 * h, &format!("{name}.bias_h"));
+            let gh = self.node(Op::Dense { weight: wh, bias: bh }, &h_in, &format!("{name}.gh"));
+            let rz = self.node(Op::Slice { start: 0, len: 2 * h }, &gh, &format!("{name}.gh_rz"));
+            let n = self.node(Op::Slice { start: 2 * h, len: h }, &gh, &format!("{name}.gh_n"));
+            (rz, Some(n))
+        } else {
+            let wh = self.derived(&format!("{name}.weight_h_rz"), tensor(0..2 * h, w.w_hh, h));
+            let bh = bias_of(self, w.b_hh, 0..2 * h, &format!("{name}.bias_h_rz"));
+            (self.node(Op::Dense { weight: wh, bias: bh }, &h_in, &format!("{name}.gh_rz")), None)
+        };
+        let gx_rz = self.node(Op::Slice { start: 0, len: 2 * h }, &gx, &format!("{name}.gx_rz"));
+        let rz = self.node_n(Op::Add, &[&gx_rz, &gh_rz], &format!("{name}.rz_pre"));
+        let rz = self.node(Op::Sigmoid, &rz, &format!("{name}.rz"));
+        let r = self.node(Op::Slice { start: 0, len: h }, &rz, &format!("{name}.r"));
+        let z = self.node(Op::Slice { start: h, len: h }, &rz, &format!("{name}.z"));
+        let hn = match gh_n {
+            Some(gh_n) => self.node_n(Op::Mul, &[&r, &gh_n], &format!("{name}.r_hn")),
+            None => {
+                let rh = self.node_n(Op::Mul, &[&r, &h_in], &format!("{name}.rh"));
+                let wn = self.derived(&format!("{name}.weight_h_n"), tensor(2 * h..3 * h, w.w_hh, h));
+                let bn = bias_of(self, w.b_hh, 2 * h..3 * h, &format!("{name}.bias_h_n"));
+                self.node(Op::Dense { weight: wn, bias: bn }, &rh, &format!("{name}.r_hn"))
+            }
+        };
+        let gx_n = self.node(Op::Slice { start: 2 * h, len: h }, &gx, &format!("{name}.gx_n"));
+        let n = self.node_n(Op::Add, &[&gx_n, &hn], &format!("{name}.n_pre"));
+        let n = self.node(Op::Tanh, &n, &format!("{name}.n"));
+        let minus = self.derived("one_minus.scale", Tensor::new(vec![1], vec![-1.0]));
+        let one = self.derived("one_minus.shift", Tensor::new(vec![1], vec![1.0]));
+        let omz = self.node(Op::Affine { scale: Some(minus), shift: Some(one) }, &z, &format!("{name}.one_minus_z"));
+        let a = self.node_n(Op::Mul, &[&omz, &n], &format!("{name}.keep_n"));
+        let b = self.node_n(Op::Mul, &[&z, &h_in], &format!("{name}.keep_h"));
+        let h_next = self.node_n(Op::Add, &[&a, &b], &format!("{name}.h_next"));
+        Ok(Recurrent {
+            output: h_next.clone(),
+            hidden: h,
+            reads: vec![h_in],
+            states: vec![StateSpec { name: h_state, shape: vec![h], next: h_next }],
+        })
     }
 
     /// `key.weight` `[out, dim]` (+ `key.bias` if present) as a dense layer on `x`; returns (value, out).
@@ -180,6 +399,35 @@ impl<'a> GraphBuilder<'a> {
     }
 }
 
+/// The weights of one recurrent layer in PyTorch's layout and gate order: `w_ih` `[G·H, in]`, `w_hh` `[G·H, H]`,
+/// biases `[G·H]` (G = 4 for an LSTM, 3 for a GRU).
+pub(crate) struct CellWeights<'w> {
+    pub(crate) hidden: usize,
+    pub(crate) w_ih: &'w [f32],
+    pub(crate) w_hh: &'w [f32],
+    pub(crate) b_ih: Option<&'w [f32]>,
+    pub(crate) b_hh: Option<&'w [f32]>,
+}
+
+/// What a stack of recurrent layers added: its output value and width, the state values it reads (the module's
+/// inputs besides `x`) and its states (for the manifest's `recurrent`), layer by layer.
+#[derive(Debug, Default)]
+pub(crate) struct Recurrent {
+    pub(crate) output: String,
+    pub(crate) hidden: usize,
+    pub(crate) reads: Vec<String>,
+    pub(crate) states: Vec<StateSpec>,
+}
+
+impl Recurrent {
+    /// The module's outputs: the stack's output, then every next state.
+    pub(crate) fn outputs(&self) -> Vec<String> {
+        let mut v = vec![self.output.clone()];
+        v.extend(self.states.iter().map(|s| s.next.clone()).filter(|n| *n != self.output));
+        v
+    }
+}
+
 /// Who made an artifact: this toolchain, from `route:source` (e.g. `sb3:model.zip`), with the route's notes.
 pub(crate) fn producer(route: &str, source: &str, notes: String) -> Producer {
     Producer {
@@ -194,4 +442,181 @@ pub(crate) fn producer(route: &str, source: &str, notes: String) -> Producer {
 pub(crate) fn file_stem<'s>(source: &'s str, extension: &str) -> &'s str {
     let name = source.rsplit('/').next().unwrap_or(source);
     name.strip_suffix(extension).unwrap_or(name)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The recurrent cells in the format's ops, against the textbook equations in float64 (PyTorch's, as its
+    //! `nn.LSTM` / `nn.GRU` docs write them), stepped with the state carried, through the reference interpreter.
+    use super::*;
+    use policyport_format::{
+        ActionSpace, Distribution, Manifest, OBS_VALUE, ObsDType, ObservationSpace, RecurrentSpec,
+    };
+
+    fn filled(shape: &[usize], seed: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::new(shape.to_vec(), (0..n).map(|i| ((i as f32 * 0.731 + seed).sin()) * 0.6).collect())
+    }
+
+    fn sig(v: f64) -> f64 {
+        1.0 / (1.0 + (-v).exp())
+    }
+
+    /// `W x` for a row-major `[rows, cols]` f32 matrix, rows `r0..r0+n`.
+    fn mv(w: &Tensor, x: &[f64], r0: usize, n: usize) -> Vec<f64> {
+        let cols = w.shape[1];
+        (r0..r0 + n)
+            .map(|r| (0..cols).map(|c| w.data[r * cols + c] as f64 * x[c]).sum())
+            .collect()
+    }
+
+    fn manifest(g: &mut GraphBuilder, kind: &str, linear_before_reset: bool, dim: usize) -> Manifest {
+        let r = match kind {
+            "lstm" => g.torch_lstm("rnn", OBS_VALUE, dim).unwrap(),
+            "gru" => g.torch_gru("rnn", OBS_VALUE, dim).unwrap(),
+            _ => {
+                let t = |k: &str| g.sd[k].clone();
+                let (wi, wh, bi, bh) = (t("rnn.weight_ih_l0"), t("rnn.weight_hh_l0"), t("rnn.bias_ih_l0"), t("rnn.bias_hh_l0"));
+                let w = CellWeights { hidden: 4, w_ih: &wi.data, w_hh: &wh.data, b_ih: Some(&bi.data), b_hh: Some(&bh.data) };
+                g.gru_cell("rnn.l0", OBS_VALUE, dim, w, linear_before_reset).unwrap()
+            }
+        };
+        let mut inputs = vec![OBS_VALUE.to_string()];
+        inputs.extend(r.reads.iter().cloned());
+        let module = g.module("rnn", ModuleRole::RecurrentCore, inputs, r.outputs());
+        Manifest {
+            name: kind.into(),
+            producer: producer("test", "x", String::new()),
+            observation: ObservationSpace::Box { shape: vec![dim], dtype: ObsDType::F32 },
+            action: ActionSpace::Discrete { n: r.hidden },
+            preprocess: vec![],
+            modules: vec![module],
+            distribution: Distribution::Categorical { logits: r.output.clone() },
+            value: None,
+            recurrent: Some(RecurrentSpec { states: r.states }),
+            golden: vec![],
+        }
+    }
+
+    /// Runs `steps` steps of a batch of 2 from zero state; returns each step's output rows.
+    fn run(m: &Manifest, t: &BTreeMap<String, Tensor>, xs: &[Vec<f32>]) -> Vec<Vec<f64>> {
+        let spec = &m.recurrent.as_ref().unwrap().states;
+        let mut states: Vec<Vec<f64>> = spec.iter().map(|s| vec![0.0; 2 * s.shape[0]]).collect();
+        let mut outs = vec![];
+        for x in xs {
+            let vals = crate::reference::eval_step(m, t, x, 2, &states).unwrap();
+            states = spec.iter().map(|s| vals[&s.next].clone()).collect();
+            outs.push(vals[m.distribution.param_values()[0]].clone());
+        }
+        outs
+    }
+
+    fn inputs(dim: usize) -> Vec<Vec<f32>> {
+        (0..4).map(|s| (0..2 * dim).map(|i| ((i * 7 + s * 3) as f32 * 0.41).cos()).collect()).collect()
+    }
+
+    #[test]
+    fn a_two_layer_lstm_steps_like_the_equations() {
+        let (dim, h) = (3, 4);
+        let mut sd = BTreeMap::new();
+        for (l, d) in [(0, dim), (1, h)] {
+            sd.insert(format!("rnn.weight_ih_l{l}"), filled(&[4 * h, d], 0.1 + l as f32));
+            sd.insert(format!("rnn.weight_hh_l{l}"), filled(&[4 * h, h], 0.2 + l as f32));
+            sd.insert(format!("rnn.bias_ih_l{l}"), filled(&[4 * h], 0.3 + l as f32));
+            sd.insert(format!("rnn.bias_hh_l{l}"), filled(&[4 * h], 0.4 + l as f32));
+        }
+        let mut g = GraphBuilder::new(&sd, "test");
+        let m = manifest(&mut g, "lstm", true, dim);
+        assert_eq!(m.recurrent.as_ref().unwrap().states.len(), 4, "h and c per layer");
+        let xs = inputs(dim);
+        let got = run(&m, &g.tensors, &xs);
+        // The equations, per env row.
+        let mut st = vec![[vec![0.0f64; h], vec![0.0; h], vec![0.0; h], vec![0.0; h]]; 2];
+        for (step, x) in xs.iter().enumerate() {
+            for row in 0..2 {
+                let mut inp: Vec<f64> = x[row * dim..(row + 1) * dim].iter().map(|v| *v as f64).collect();
+                for l in 0..2 {
+                    let (wi, wh) = (&sd[&format!("rnn.weight_ih_l{l}")], &sd[&format!("rnn.weight_hh_l{l}")]);
+                    let (bi, bh) = (&sd[&format!("rnn.bias_ih_l{l}")], &sd[&format!("rnn.bias_hh_l{l}")]);
+                    let a = mv(wi, &inp, 0, 4 * h);
+                    let b = mv(wh, &st[row][2 * l], 0, 4 * h);
+                    let z: Vec<f64> = (0..4 * h).map(|j| a[j] + b[j] + bi.data[j] as f64 + bh.data[j] as f64).collect();
+                    let c: Vec<f64> = (0..h)
+                        .map(|j| sig(z[h + j]) * st[row][2 * l + 1][j] + sig(z[j]) * z[2 * h + j].tanh())
+                        .collect();
+                    let hn: Vec<f64> = (0..h).map(|j| sig(z[3 * h + j]) * c[j].tanh()).collect();
+                    st[row][2 * l] = hn.clone();
+                    st[row][2 * l + 1] = c;
+                    inp = hn;
+                }
+                for j in 0..h {
+                    // The two biases are summed once in f32 at import: one rounding, ~1e-8 here.
+                    let d = (got[step][row * h + j] - inp[j]).abs();
+                    assert!(d < 1e-7, "step {step} row {row}: {d:e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_gru_steps_like_the_equations_in_both_reset_forms() {
+        let (dim, h) = (3, 4);
+        let mut sd = BTreeMap::new();
+        sd.insert("rnn.weight_ih_l0".to_string(), filled(&[3 * h, dim], 0.5));
+        sd.insert("rnn.weight_hh_l0".to_string(), filled(&[3 * h, h], 0.6));
+        sd.insert("rnn.bias_ih_l0".to_string(), filled(&[3 * h], 0.7));
+        sd.insert("rnn.bias_hh_l0".to_string(), filled(&[3 * h], 0.8));
+        for (kind, before) in [("gru", true), ("gru_cell", true), ("gru_cell", false)] {
+            let mut g = GraphBuilder::new(&sd, "test");
+            let m = manifest(&mut g, kind, before, dim);
+            let xs = inputs(dim);
+            let got = run(&m, &g.tensors, &xs);
+            let (wi, wh, bi, bh) = (&sd["rnn.weight_ih_l0"], &sd["rnn.weight_hh_l0"], &sd["rnn.bias_ih_l0"], &sd["rnn.bias_hh_l0"]);
+            let mut st = vec![vec![0.0f64; h]; 2];
+            for (step, x) in xs.iter().enumerate() {
+                for row in 0..2 {
+                    let inp: Vec<f64> = x[row * dim..(row + 1) * dim].iter().map(|v| *v as f64).collect();
+                    let hp = st[row].clone();
+                    let a = mv(wi, &inp, 0, 3 * h);
+                    let b = mv(wh, &hp, 0, 3 * h);
+                    let bi = |j: usize| bi.data[j] as f64;
+                    let bh = |j: usize| bh.data[j] as f64;
+                    let r: Vec<f64> = (0..h).map(|j| sig(a[j] + bi(j) + b[j] + bh(j))).collect();
+                    let z: Vec<f64> = (0..h).map(|j| sig(a[h + j] + bi(h + j) + b[h + j] + bh(h + j))).collect();
+                    let hn: Vec<f64> = if before {
+                        (0..h).map(|j| r[j] * (b[2 * h + j] + bh(2 * h + j))).collect()
+                    } else {
+                        let rh: Vec<f64> = (0..h).map(|j| r[j] * hp[j]).collect();
+                        let m = mv(wh, &rh, 2 * h, h);
+                        (0..h).map(|j| m[j] + bh(2 * h + j)).collect()
+                    };
+                    let n: Vec<f64> = (0..h).map(|j| (a[2 * h + j] + bi(2 * h + j) + hn[j]).tanh()).collect();
+                    st[row] = (0..h).map(|j| (1.0 - z[j]) * n[j] + z[j] * hp[j]).collect();
+                    for j in 0..h {
+                        assert!((got[step][row * h + j] - st[row][j]).abs() < 1e-12, "{kind} {before} step {step}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bidirectional_and_projected_lstms_are_refused_by_name() {
+        let mut sd = BTreeMap::new();
+        sd.insert("rnn.weight_ih_l0".to_string(), filled(&[8, 3], 0.1));
+        sd.insert("rnn.weight_hh_l0".to_string(), filled(&[8, 2], 0.1));
+        sd.insert("rnn.weight_ih_l0_reverse".to_string(), filled(&[8, 3], 0.1));
+        let mut g = GraphBuilder::new(&sd, "test");
+        let e = g.torch_lstm("rnn", OBS_VALUE, 3).unwrap_err();
+        assert!(e.to_string().contains("bidirectional"), "{e}");
+        sd.remove("rnn.weight_ih_l0_reverse");
+        sd.insert("rnn.weight_hr_l0".to_string(), filled(&[1, 2], 0.1));
+        let mut g = GraphBuilder::new(&sd, "test");
+        assert!(g.torch_lstm("rnn", OBS_VALUE, 3).unwrap_err().to_string().contains("proj_size"));
+        sd.remove("rnn.weight_hr_l0");
+        // A hidden size the input weights disagree with.
+        sd.insert("rnn.weight_hh_l0".to_string(), filled(&[8, 3], 0.1));
+        let mut g = GraphBuilder::new(&sd, "test");
+        assert!(g.torch_lstm("rnn", OBS_VALUE, 3).unwrap_err().to_string().contains("weight_hh_l0"));
+    }
 }

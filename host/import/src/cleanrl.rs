@@ -7,13 +7,15 @@
 //!   `actor_logstd` `[1, n]`; diagonal Gaussian, actions clipped to the bounds (the script's `ClipAction` wrapper).
 //! - `cleanrl-atari` (`ppo_atari.py`): `network.{0,2,4}` NatureCNN convolutions + `network.7` Linear, `actor`, `critic`
 //!   on `x / 255` of uint8 `[4, 84, 84]` frames.
+//! - `cleanrl-atari-lstm` (`ppo_atari_lstm.py`): the same `network` on `[1, 84, 84]` frames, then `lstm`
+//!   (`nn.LSTM(512, 128)`, its `h` and `c` per env, zeroed where `done`, i.e. at an episode start), `actor`, `critic`.
 //! - `cleanrl-sac` (`sac_continuous_action.py`, the `Actor`): `fc1`, `fc2` (ReLU), `fc_mean`, `fc_logstd`, the log-std
 //!   squashed `-5 + 3.5 (tanh(l) + 1)`; the squashed Gaussian rescaled to the bounds (`action_scale`/`action_bias`).
 
 use policyport_format::container::Tensor;
 use policyport_format::{
     ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess,
+    Op, Preprocess, RecurrentSpec,
 };
 
 use crate::ImportError;
@@ -27,6 +29,7 @@ pub enum CleanrlLayout {
     Ppo,
     PpoContinuous,
     Atari,
+    AtariLstm,
     Sac,
 }
 
@@ -37,10 +40,12 @@ impl std::str::FromStr for CleanrlLayout {
             "cleanrl-ppo" => CleanrlLayout::Ppo,
             "cleanrl-ppo-continuous" => CleanrlLayout::PpoContinuous,
             "cleanrl-atari" => CleanrlLayout::Atari,
+            "cleanrl-atari-lstm" => CleanrlLayout::AtariLstm,
             "cleanrl-sac" => CleanrlLayout::Sac,
             other => {
                 return Err(format!(
-                    "unknown layout '{other}' (cleanrl-ppo, cleanrl-ppo-continuous, cleanrl-atari, cleanrl-sac)"
+                    "unknown layout '{other}' (cleanrl-ppo, cleanrl-ppo-continuous, cleanrl-atari, \
+                     cleanrl-atari-lstm, cleanrl-sac)"
                 ));
             }
         })
@@ -72,7 +77,9 @@ pub fn import_cleanrl(
     let flat: usize = obs_shape.iter().product();
     let mut x = OBS_VALUE.to_string();
     let mut modules = vec![];
-    if obs_shape.len() > 1 && layout != CleanrlLayout::Atari {
+    let atari = matches!(layout, CleanrlLayout::Atari | CleanrlLayout::AtariLstm);
+    let mut states = vec![];
+    if obs_shape.len() > 1 && !atari {
         x = b.node(Op::Flatten, &x, "obs.flat");
         modules.push(b.module("flatten", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![x.clone()]));
     }
@@ -116,14 +123,22 @@ pub fn import_cleanrl(
             modules.push(b.module("critic", ModuleRole::ValueHead, vec![x.clone()], vec![v.clone()]));
             (dist, Some(v))
         }
-        CleanrlLayout::Atari => {
+        CleanrlLayout::Atari | CleanrlLayout::AtariLstm => {
             if obs_shape.len() != 3 || !matches!(observation, ObservationSpace::Box { dtype: ObsDType::U8, .. }) {
-                return Err(bad(format!("cleanrl-atari needs uint8 [C, H, W] frames, not {observation:?}")));
+                return Err(bad(format!("{layout:?} needs uint8 [C, H, W] frames, not {observation:?}")));
             }
             preprocess.push(Preprocess::Scale { factor: 1.0 / 255.0 });
             let convs = ["network.0", "network.2", "network.4"].map(String::from);
-            let (h, d) = b.nature_cnn(convs, "network.7", &x, &obs_shape, ["network.6", "network.8"])?;
+            let (mut h, mut d) = b.nature_cnn(convs, "network.7", &x, &obs_shape, ["network.6", "network.8"])?;
             modules.push(b.module("network", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![h.clone()]));
+            if layout == CleanrlLayout::AtariLstm {
+                let r = b.torch_lstm("lstm", &h, d)?;
+                let mut inputs = vec![h.clone()];
+                inputs.extend(r.reads.iter().cloned());
+                modules.push(b.module("lstm", ModuleRole::RecurrentCore, inputs, r.outputs()));
+                states = r.states;
+                (h, d) = (r.output, r.hidden);
+            }
             let (logits, k) = b.linear("actor", &h, d)?;
             if !matches!(action, ActionSpace::Discrete { n } if n == k) {
                 return Err(bad(format!("the actor has {k} outputs for {action:?}")));
@@ -178,7 +193,7 @@ pub fn import_cleanrl(
         modules,
         distribution,
         value,
-        recurrent: None,
+        recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
     };
     Ok(Imported {

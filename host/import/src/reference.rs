@@ -18,6 +18,18 @@ pub fn eval(
     obs: &[f32],
     batch: usize,
 ) -> Result<HashMap<String, Vec<f64>>, String> {
+    eval_step(manifest, tensors, obs, batch, &[])
+}
+
+/// [`eval`] from given recurrent states (per state, in manifest order, `batch x numel`; missing ones are zeros):
+/// one step of a recurrent policy. The next states are the values the manifest's `next` fields name.
+pub fn eval_step(
+    manifest: &Manifest,
+    tensors: &BTreeMap<String, Tensor>,
+    obs: &[f32],
+    batch: usize,
+    states: &[Vec<f64>],
+) -> Result<HashMap<String, Vec<f64>>, String> {
     let art = Artifact {
         manifest: manifest.clone(),
         tensors: tensors.clone(),
@@ -66,9 +78,14 @@ pub fn eval(
     }
     let mut vals: HashMap<String, Vec<f64>> = HashMap::new();
     vals.insert(OBS_VALUE.into(), x.iter().map(|v| *v as f64).collect());
-    for s in manifest.recurrent.iter().flat_map(|r| &r.states) {
+    for (k, s) in manifest.recurrent.iter().flat_map(|r| &r.states).enumerate() {
         let n: usize = s.shape.iter().product();
-        vals.insert(format!("{STATE_PREFIX}{}", s.name), vec![0.0; n * batch]);
+        let v = match states.get(k) {
+            Some(v) if v.len() == n * batch => v.clone(),
+            Some(v) => return Err(format!("state '{}' has {} numbers for batch {batch} x {n}", s.name, v.len())),
+            None => vec![0.0; n * batch],
+        };
+        vals.insert(format!("{STATE_PREFIX}{}", s.name), v);
     }
     let numel = |n: &str| -> usize { plan.shapes[n].iter().product() };
     for module in &manifest.modules {

@@ -7,14 +7,16 @@
 //! action distributions (`predict` clips Gaussian actions to the bounds; SAC squashes with tanh and rescales).
 //!
 //! Supported: PPO / A2C `ActorCriticPolicy` and `ActorCriticCnnPolicy` (shared or separate feature extractors) on
-//! Discrete, MultiDiscrete and Box actions; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary,
+//! Discrete, MultiDiscrete and Box actions; sb3-contrib `RecurrentPPO` (`MlpLstmPolicy`, `CnnLstmPolicy`: any
+//! number of LSTM layers, the critic with its own LSTM, a Linear, or the actor's), its LSTM states per env in the
+//! artifact; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary,
 //! Dict observations, gSDE) is a typed error naming it.
 
 
 use policyport_format::container::Tensor;
 use policyport_format::{
     ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess,
+    Op, Preprocess, RecurrentSpec,
 };
 use serde_json::Value;
 
@@ -344,6 +346,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
     };
     let mut g = GraphBuilder::new(&sd, "SB3 archive");
     let mut modules = vec![];
+    let mut states = vec![];
     let (distribution, value) = if sd.contains_key("actor.mu.weight") {
         // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
         let act = activation(&kwargs, Op::Relu)?;
@@ -407,7 +410,33 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         if sd.keys().any(|k| k.starts_with("mlp_extractor.shared_net.")) {
             return Err(unsupported("a shared mlp_extractor trunk (SB3 < 1.8 net_arch)", "re-save with SB3 >= 2"));
         }
-        let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, d, &act, true)?;
+        // sb3-contrib RecurrentPPO: an LSTM between the features and mlp_extractor, for the actor; the critic has
+        // its own LSTM (enable_critic_lstm), a Linear (neither), or reads the actor's (shared_lstm).
+        let (pi_f, vf_f, dp, dv) = if g.has("lstm_actor.weight_ih_l0") {
+            let actor = g.torch_lstm("lstm_actor", &pi_f, d)?;
+            let mut inputs = vec![pi_f.clone()];
+            inputs.extend(actor.reads.iter().cloned());
+            modules.push(g.module("lstm_actor", ModuleRole::RecurrentCore, inputs, actor.outputs()));
+            states.extend(actor.states.iter().cloned());
+            let (vf, dv) = if g.has("lstm_critic.weight_ih_l0") {
+                let critic = g.torch_lstm("lstm_critic", &vf_f, d)?;
+                let mut inputs = vec![vf_f.clone()];
+                inputs.extend(critic.reads.iter().cloned());
+                modules.push(g.module("lstm_critic", ModuleRole::RecurrentCore, inputs, critic.outputs()));
+                states.extend(critic.states);
+                (critic.output, critic.hidden)
+            } else if g.has("critic.weight") {
+                let (v, dv) = g.linear("critic", &vf_f, d)?;
+                modules.push(g.module("critic", ModuleRole::Encoder, vec![vf_f.clone()], vec![v.clone()]));
+                (v, dv)
+            } else {
+                (actor.output.clone(), actor.hidden)
+            };
+            (actor.output, vf, actor.hidden, dv)
+        } else {
+            (pi_f, vf_f, d, d)
+        };
+        let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, dp, &act, true)?;
         let (head, k) = g.linear("action_net", &latent_pi, dp)?;
         if action_n(&action).is_some_and(|n| n != k) {
             return Err(bad(format!("action_net has {k} outputs for {action:?}")));
@@ -433,7 +462,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         };
         let pi_inputs = vec![pi_f.clone()];
         modules.push(g.module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
-        let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, d, &act, true)?;
+        let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, dv, &act, true)?;
         let (value, one) = g.linear("value_net", &latent_vf, dv)?;
         if one != 1 {
             return Err(bad(format!("value_net has {one} outputs")));
@@ -462,7 +491,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         modules,
         distribution,
         value,
-        recurrent: None,
+        recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
     };
     let mut tensors = g.tensors;
