@@ -70,3 +70,40 @@ fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {
     // Not a state dict at all.
     assert!(compile_cleanrl(b"PK\x03\x04junk", CleanrlLayout::Ppo, spaces("ppo_cartpole").0, ActionSpace::Discrete { n: 2 }, "x", None, Storage::F32).is_err());
 }
+
+/// The same state dict saved as safetensors (`safetensors.torch.save_file(agent.state_dict(), ...)`) compiles to
+/// the very same artifact as its `torch.save` file, for every layout; a truncated or lying safetensors header is
+/// a typed error.
+#[test]
+fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
+    for c in &CASES {
+        let pt = read(c.dir, "agent.pt");
+        let sd = policyport_import::torchfile::read_state_dict(&pt).unwrap();
+        let views: Vec<(String, Vec<usize>, Vec<u8>)> = sd
+            .iter()
+            .map(|(k, t)| (k.clone(), t.shape.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect()))
+            .collect();
+        let st = safetensors::serialize(
+            views.iter().map(|(k, s, b)| {
+                (k.as_str(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())
+            }),
+            None,
+        )
+        .unwrap();
+        assert!(policyport_import::state_dict_like(&st) && !policyport_import::pickle_like(&st));
+        let (obs, act) = spaces(c.dir);
+        let from_pt = compile_cleanrl(&pt, c.layout, obs.clone(), act.clone(), c.dir, None, Storage::F32).unwrap();
+        let from_st = compile_cleanrl(&st, c.layout, obs.clone(), act.clone(), c.dir, None, Storage::F32)
+            .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
+        assert!(from_pt == from_st, "{}: the safetensors route wrote a different artifact", c.dir);
+        for cut in [9, 20, st.len() / 2, st.len() - 1] {
+            let e = compile_cleanrl(&st[..cut], c.layout, obs.clone(), act.clone(), c.dir, None, Storage::F32);
+            assert!(e.is_err(), "{} cut at {cut}", c.dir);
+        }
+    }
+    // A header claiming more bytes than the file has.
+    let mut lying = 1_000_000u64.to_le_bytes().to_vec();
+    lying.extend_from_slice(b"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}");
+    let (obs, act) = spaces("ppo_cartpole");
+    assert!(compile_cleanrl(&lying, CleanrlLayout::Ppo, obs, act, "x", None, Storage::F32).is_err());
+}

@@ -255,10 +255,10 @@ fn main() -> Result<()> {
                 println!("wrote {} ({} bytes) from a Stable-Baselines3 archive", out.display(), bytes.len());
                 return Ok(());
             }
-            if policyport_import::pickle_like(&model_bytes) {
+            if policyport_import::state_dict_like(&model_bytes) {
                 let Some(layout) = layout else {
                     bail!(
-                        "{} is a PyTorch state dict (torch.save): it holds no architecture. Say which agent wrote \
+                        "{} is a PyTorch state dict (torch.save or safetensors): it holds no architecture. Say which agent wrote \
                          it with --layout cleanrl-ppo|cleanrl-ppo-continuous|cleanrl-atari|cleanrl-atari-lstm|cleanrl-sac and give the \
                          spaces (--spaces spaces.json, or --obs-shape/--obs-dtype with --actions N or --low/--high)",
                         model.display()

@@ -1,4 +1,5 @@
-//! CleanRL checkpoints (`torch.save(agent.state_dict(), path)`) → manifest + weights. A state dict holds no
+//! CleanRL checkpoints (`torch.save(agent.state_dict(), path)`, or the same state dict as a safetensors file)
+//! → manifest + weights. A state dict holds no
 //! architecture and no spaces, so the user names the script's agent (`--layout`) and gives the spaces; the
 //! layouts are the single-file agents of CleanRL as published, and every key and shape is checked against them:
 //!
@@ -21,7 +22,7 @@ use policyport_format::{
 use crate::ImportError;
 use crate::builder::{GraphBuilder, file_stem, producer};
 use crate::onnx::Imported;
-use crate::torchfile::read_state_dict;
+use crate::torchfile::read_any_state_dict;
 
 /// Which CleanRL agent wrote the state dict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +65,7 @@ pub fn import_cleanrl(
     action: ActionSpace,
     source: &str,
 ) -> Result<Imported, ImportError> {
-    let sd = read_state_dict(bytes)?;
+    let sd = read_any_state_dict(bytes)?;
     let mut b = GraphBuilder::new(&sd, "CleanRL checkpoint");
     let mut preprocess = vec![];
     let obs_shape = match &observation {

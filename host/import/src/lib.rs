@@ -52,8 +52,16 @@ pub enum ImportError {
     Pickle(#[from] pickle::PickleError),
 }
 
+/// Is this a state dict a layout can read: a `torch.save` file or a safetensors file?
+pub fn state_dict_like(bytes: &[u8]) -> bool {
+    pickle_like(bytes) || torchfile::is_safetensors(bytes)
+}
+
 /// Is this a PyTorch `torch.save` file (a zip holding `<archive>/data.pkl`) or a bare pickle?
 pub fn pickle_like(bytes: &[u8]) -> bool {
+    if torchfile::is_safetensors(bytes) {
+        return false;
+    }
     if bytes.first() == Some(&0x80) {
         return true;
     }

@@ -216,3 +216,53 @@ fn rebuild(
     }
     Ok(Tensor::new(size.iter().map(|d| *d as usize).collect(), data))
 }
+
+/// Is this a safetensors file: an 8-byte little-endian header length, then that many bytes of a JSON object
+/// (`{` … `}`, space-padded)? (Its first byte may be 0x80, like a pickle's PROTO opcode: this check comes first.)
+pub fn is_safetensors(bytes: &[u8]) -> bool {
+    if bytes.len() < 10 {
+        return false;
+    }
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    if n < 2 || n > (bytes.len() - 8) as u64 {
+        return false;
+    }
+    let header = &bytes[8..8 + n as usize];
+    header[0] == b'{' && header.iter().rev().find(|b| **b != b' ') == Some(&b'}')
+}
+
+/// Every floating-point tensor of a safetensors state dict (F32, F16, BF16, F64 read as f32), by key. Integer
+/// tensors (step counters, `num_batches_tracked`) are left out: no layout reads them. Offsets and sizes are
+/// checked by the safetensors reader; element counts against the artifact's limit here.
+pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportError> {
+    use safetensors::{Dtype, SafeTensors};
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| ImportError::Malformed(format!("safetensors file: {e}")))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+        if numel.is_none_or(|n| n > MAX_ELEMS) {
+            return Err(ImportError::Malformed(format!("safetensors file: tensor '{name}' of shape {shape:?} is too large")));
+        }
+        let data = view.data();
+        let vals: Vec<f32> = match view.dtype() {
+            Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+            Dtype::BF16 => data.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
+            Dtype::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            _ => continue,
+        };
+        out.insert(name, Tensor::new(shape, vals));
+    }
+    Ok(out)
+}
+
+/// A state dict from either file a PyTorch user saves: `torch.save` (zip + pickle) or safetensors.
+pub fn read_any_state_dict(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportError> {
+    if is_safetensors(bytes) {
+        read_safetensors(bytes)
+    } else {
+        read_state_dict(bytes)
+    }
+}
