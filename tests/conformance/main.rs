@@ -27,6 +27,7 @@ mod frozen;
 mod gpu;
 mod parity;
 mod recurrent;
+mod rllib;
 mod sb3;
 mod torch;
 mod wasm;

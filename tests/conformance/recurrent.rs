@@ -418,6 +418,11 @@ fn recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
     .unwrap();
     let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
     out.push(("cleanrl/ppo_atari_lstm".into(), bytes, rollout));
+    let p = dir.join("rllib/ppo_lstm_cartpole");
+    let bytes = policyport_import::compile_rllib(&p.join("checkpoint"), "rllib/ppo_lstm_cartpole", None, Storage::F32)
+        .unwrap();
+    let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
+    out.push(("rllib/ppo_lstm_cartpole".into(), bytes, rollout));
     out
 }
 
@@ -435,6 +440,7 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
         "sb3/recurrent_ppo_pendulum_shared_2layers",
         "sb3/recurrent_ppo_cnn_frames",
         "cleanrl/ppo_atari_lstm",
+        "rllib/ppo_lstm_cartpole",
     ] {
         assert!(names.contains(&want), "recurrent fixture {want} missing: {names:?}");
     }

@@ -144,8 +144,11 @@ cli_sb3() {
   "$PP_BIN" compile tests/fixtures/sb3/ppo_pendulum_vecnormalize/model.zip \
     --vecnormalize tests/fixtures/sb3/ppo_pendulum_vecnormalize/vecnormalize.pkl -o "$out/sb3_vecnorm.policy"
   "$PP_BIN" inspect "$out/sb3_vecnorm.policy" | grep -q '"kind":"normalize"'
+  "$PP_BIN" compile tests/fixtures/sb3/recurrent_ppo_cartpole/model.zip -o "$out/sb3_lstm.policy"
+  "$PP_BIN" verify "$out/sb3_lstm.policy"
+  "$PP_BIN" inspect "$out/sb3_lstm.policy" | grep -q '^state .*lstm_actor.l0.c'
 }
-check "CLI compile of Stable-Baselines3 archives (PPO, SAC, VecNormalize)" cli_sb3
+check "CLI compile of Stable-Baselines3 archives (PPO, SAC, VecNormalize, RecurrentPPO)" cli_sb3
 cli_cleanrl() {
   local rc=0
   "$PP_BIN" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt --layout cleanrl-ppo --obs-shape 4 --actions 2 \
@@ -159,6 +162,15 @@ cli_cleanrl() {
     { echo "state dict without --layout: want a typed error naming --layout, exit 1, no file; got $rc"; cat "$out/err.txt"; return 1; }
 }
 check "CLI compile of CleanRL checkpoints (--layout, spaces); without --layout a typed error" cli_cleanrl
+cli_rllib() {
+  "$PP_BIN" compile tests/fixtures/rllib/ppo_cartpole/checkpoint -o "$out/rllib_cartpole.policy"
+  "$PP_BIN" verify "$out/rllib_cartpole.policy"
+  "$PP_BIN" compile tests/fixtures/rllib/ppo_lstm_cartpole/checkpoint -o "$out/rllib_lstm.policy"
+  "$PP_BIN" verify "$out/rllib_lstm.policy"
+  "$PP_BIN" compile tests/fixtures/rllib/ppo_pendulum_meanstd/checkpoint -o "$out/rllib_meanstd.policy"
+  "$PP_BIN" inspect "$out/rllib_meanstd.policy" | grep -q '"kind":"normalize"'
+}
+check "CLI compile of RLlib checkpoint directories (MLP, LSTM, MeanStdFilter)" cli_rllib
 cli_run() {
   echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
   "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"

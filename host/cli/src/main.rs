@@ -229,11 +229,21 @@ fn main() -> Result<()> {
                 None => None,
             };
             if model.is_dir() {
-                bail!(
-                    "{} is a directory: RLlib checkpoint directories are not read yet; export the RLModule to \
-                     ONNX, or save the policy with Stable-Baselines3",
+                anyhow::ensure!(
+                    policyport_import::rllib::is_rllib_checkpoint(&model),
+                    "{} is a directory but not an RLlib checkpoint (no rllib_checkpoint.json, module_state.pkl or \
+                     metadata.json + class_and_ctor_args.pkl); give a model file or what algo.save() wrote",
                     model.display()
                 );
+                anyhow::ensure!(
+                    spec.is_none() && preset.is_none() && dist.is_none() && layout.is_none() && vecnormalize.is_none(),
+                    "{} is an RLlib checkpoint: it says what its outputs mean; drop --spec/--preset/--dist/--layout/--vecnormalize",
+                    model.display()
+                );
+                let bytes = policyport_import::compile_rllib(&model, &model.display().to_string(), io.as_ref(), storage)?;
+                write_atomically(&out, &bytes)?;
+                println!("wrote {} ({} bytes) from an RLlib checkpoint", out.display(), bytes.len());
+                return Ok(());
             }
             let model_bytes = read(&model)?;
             if policyport_import::sb3::is_sb3_archive(&model_bytes) {

@@ -64,6 +64,17 @@ pub fn compile_cleanrl(
     compile_imported(imported, golden, storage)
 }
 
+/// An RLlib checkpoint directory (the algorithm's, its `rl_module`, or one module's) → `.policy` bytes.
+pub fn compile_rllib(
+    path: &std::path::Path,
+    source: &str,
+    golden: Option<&FixtureIo>,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
+    let files = crate::rllib::read_rllib_checkpoint(path)?;
+    compile_imported(crate::rllib::import_rllib(&files, source)?, golden, storage)
+}
+
 /// The shared back half of every route: golden vectors, storage precision, the writer.
 pub fn compile_imported(
     imported: crate::Imported,

@@ -15,6 +15,7 @@ pub mod onnx;
 mod onnx_proto;
 pub mod pickle;
 pub mod reference;
+pub mod rllib;
 pub mod sb3;
 pub mod spec;
 pub mod torchfile;
@@ -24,7 +25,7 @@ use policyport_format::FormatError;
 use thiserror::Error;
 
 pub use cleanrl::CleanrlLayout;
-pub use compile::{Storage, compile_cleanrl, compile_imported, compile_onnx, compile_sb3, random_obs};
+pub use compile::{Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_sb3, random_obs};
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};
 pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};

@@ -1,6 +1,7 @@
 //! NumPy arrays and scalars inside pickles (as `ndarray.__reduce__` writes them): `_reconstruct(ndarray, (0,),
 //! b'b')` followed by `BUILD (version, shape, dtype, fortran, data)`, the dtype itself `dtype('f8', False, True)` +
-//! `BUILD (3, '<', ...)`; scalars `scalar(dtype, bytes)`. Decoded to f64 values with their shape, checked.
+//! `BUILD (3, '<', ...)`; scalars `scalar(dtype, bytes)`; NumPy 2 under protocol 5 `_frombuffer(bytearray, dtype,
+//! shape, 'C')`. Decoded to f64 values with their shape, checked.
 
 use crate::pickle::{Node, Pickle};
 
@@ -102,6 +103,29 @@ pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
             let Node::Bytes(raw) = pk.get(st[4]) else {
                 return Err("ndarray data is not raw bytes (an object array?)".into());
             };
+            let n = shape.iter().try_fold(1usize, |a, d| a.checked_mul(*d)).ok_or("ndarray size overflows")?;
+            if n.checked_mul(elem_size(&kind)) != Some(raw.len()) {
+                return Err(format!("ndarray of shape {shape:?} ({kind}) holds {} bytes", raw.len()));
+            }
+            Ok(Array { shape, data: decode(&kind, big, raw)? })
+        }
+        Some("numpy.core.numeric._frombuffer" | "numpy._core.numeric._frombuffer") => {
+            // Protocol 5: `_frombuffer(buffer, dtype, shape, order)`, the buffer in-band (BYTEARRAY8).
+            let Node::Call { args, .. } = pk.get(i) else { unreachable!() };
+            let a = pk.items(*args).filter(|a| a.len() == 4).ok_or("_frombuffer without (buffer, dtype, shape, order)")?;
+            let Node::Bytes(raw) = pk.get(a[0]) else {
+                return Err("_frombuffer data is not raw bytes".into());
+            };
+            let (kind, big) = dtype_of(pk, a[1])?;
+            let shape: Vec<usize> = pk
+                .items(a[2])
+                .ok_or("_frombuffer shape is not a tuple")?
+                .iter()
+                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or("bad ndarray dim"))
+                .collect::<Result<_, _>>()?;
+            if pk.str(a[3]) != Some("C") {
+                return Err("only C-ordered arrays are read".into());
+            }
             let n = shape.iter().try_fold(1usize, |a, d| a.checked_mul(*d)).ok_or("ndarray size overflows")?;
             if n.checked_mul(elem_size(&kind)) != Some(raw.len()) {
                 return Err(format!("ndarray of shape {shape:?} ({kind}) holds {} bytes", raw.len()));

@@ -79,6 +79,26 @@ pub const ALLOWED: &[(&str, &str)] = &[
     ("numpy.random.bit_generator", "SeedSequence"),
     ("copyreg", "_reconstructor"),
     ("builtins", "object"),
+    // NumPy 2 arrays under pickle protocol 5 (RLlib's module state): `_frombuffer(bytearray, dtype, shape, order)`.
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("gymnasium.spaces.multi_discrete", "MultiDiscrete"),
+    // RLlib (new API stack) checkpoints: the classes its RLModule and connector files name (recorded, never
+    // called: the RLlib route reads the kwargs and spaces next to them).
+    ("ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module", "DefaultPPOTorchRLModule"),
+    ("ray.rllib.algorithms.ppo.ppo_catalog", "PPOCatalog"),
+    ("ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module", "DefaultSACTorchRLModule"),
+    ("ray.rllib.algorithms.sac.sac_catalog", "SACCatalog"),
+    ("ray.rllib.core.rl_module.multi_rl_module", "MultiRLModule"),
+    ("ray.rllib.core.rl_module.rl_module", "RLModuleSpec"),
+    ("ray.rllib.connectors.env_to_module.env_to_module_pipeline", "EnvToModulePipeline"),
+    ("ray.rllib.connectors.env_to_module.mean_std_filter", "MeanStdFilter"),
+    ("ray.rllib.connectors.common.add_observations_from_episodes_to_batch", "AddObservationsFromEpisodesToBatch"),
+    ("ray.rllib.connectors.common.add_time_dim_to_batch_and_zero_pad", "AddTimeDimToBatchAndZeroPad"),
+    ("ray.rllib.connectors.common.add_states_from_episodes_to_batch", "AddStatesFromEpisodesToBatch"),
+    ("ray.rllib.connectors.common.batch_individual_items", "BatchIndividualItems"),
+    ("ray.rllib.connectors.common.numpy_to_tensor", "NumpyToTensor"),
+    ("torch", "device"),
 ];
 
 /// Deepest nesting a reader follows (a hostile file can nest lists arbitrarily deep).

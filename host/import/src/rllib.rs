@@ -1,0 +1,787 @@
+//! RLlib (new API stack, Ray ≥ 2.40; measured on 2.60) checkpoint directories → manifest + weights, without
+//! Python. `algo.save(dir)` writes a tree of pickles; three of them say everything inference needs:
+//!
+//! - `learner_group/learner/rl_module/<module id>/module_state.pkl`: the RLModule's `state_dict()` as an
+//!   `OrderedDict` of NumPy arrays (the env runner's module is never saved; the learner's is the full one);
+//! - `.../<module id>/class_and_ctor_args.pkl`: the module class, the gymnasium spaces and the *partial*
+//!   `model_config` (only what the user or the algorithm set; the rest are `DefaultModelConfig`'s defaults);
+//! - `env_runner/env_to_module_connector/`: the connector pipeline (a `MeanStdFilter` piece, when configured,
+//!   runs first on the raw observations) and the filter's statistics in `MeanStdFilter/state.pkl` (base64 of a
+//!   zlib-compressed `.npy`, float64).
+//!
+//! Each is read by the restricted pickle reader ([`crate::pickle`]): nothing is executed, and a class outside the
+//! allow-list (a custom RLModule, a user connector) is a typed error naming it.
+//!
+//! Supported: `DefaultPPOTorchRLModule` with separate actor and critic encoders (PPO's default) — MLP
+//! (`fcnet_hiddens`, `fcnet_activation`), CNN (`conv_filters` or the default filters for 10/42/64/84/96-pixel
+//! square frames, TF-style "same" padding, channels-last input, flattened in (h, w, c) order) and `use_lstm`
+//! (the encoder as tokenizer, then `nn.LSTM`, its h and c per env) — with `head_fcnet_hiddens` heads, on
+//! Discrete, MultiDiscrete and Box actions. Box actions are mapped as RLlib's env runner maps them
+//! (`normalize_actions`: `low + (a + 1)(high − low)/2`, clipped): the artifact's Gaussian is that map applied to
+//! the module's mean and log-std, so its deterministic and sampled actions are the env's.
+//! Refused by name: SAC (its deterministic action is the un-squashed mean, which the format's squashed Gaussian
+//! does not express), `vf_share_layers=True`, `free_log_std`, LayerNorm encoders, multi-agent checkpoints with
+//! several modules (point at one module's directory), Dict observations, other connectors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use policyport_format::container::Tensor;
+use policyport_format::{
+    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace, Op,
+    Preprocess, RecurrentSpec,
+};
+
+use crate::ImportError;
+use crate::builder::{GraphBuilder, producer};
+use crate::npy_pickle::{Array, array, attributes};
+use crate::onnx::Imported;
+use crate::pickle::{self, Node, Pickle, PickleError};
+
+fn bad(detail: impl Into<String>) -> ImportError {
+    ImportError::Malformed(format!("RLlib checkpoint: {}", detail.into()))
+}
+
+fn unsupported(what: impl Into<String>, hint: impl Into<String>) -> ImportError {
+    ImportError::Unsupported {
+        what: what.into(),
+        hint: hint.into(),
+    }
+}
+
+/// The files of one RLModule of a checkpoint, read from disk.
+#[derive(Debug, Clone)]
+pub struct RllibFiles {
+    /// The module's directory (`.../rl_module/<module id>`).
+    pub module_dir: PathBuf,
+    pub module_state: Vec<u8>,
+    pub module_ctor: Vec<u8>,
+    /// `env_to_module_connector/class_and_ctor_args.pkl`, when the algorithm's directory is known.
+    pub env_to_module: Option<Vec<u8>>,
+    /// `env_to_module_connector/MeanStdFilter/state.pkl`, when present.
+    pub mean_std_state: Option<Vec<u8>>,
+}
+
+/// Is this directory an RLlib checkpoint (an algorithm's, a MultiRLModule's or one RLModule's)?
+pub fn is_rllib_checkpoint(path: &Path) -> bool {
+    path.is_dir()
+        && (path.join("rllib_checkpoint.json").is_file()
+            || path.join("module_state.pkl").is_file()
+            || path.join("metadata.json").is_file() && path.join("class_and_ctor_args.pkl").is_file())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ImportError> {
+    std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))
+}
+
+/// The module directories (holding `module_state.pkl`) directly inside `dir`.
+fn module_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.join("module_state.pkl").is_file() && p.join("class_and_ctor_args.pkl").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Find the module and the connector files from any of: the algorithm's directory (`algo.save(dir)`), its
+/// `learner_group/learner/rl_module` (a MultiRLModule with one module), or one module's directory.
+pub fn read_rllib_checkpoint(path: &Path) -> Result<RllibFiles, ImportError> {
+    let (module_dir, root) = if path.join("learner_group/learner/rl_module").is_dir() {
+        (path.join("learner_group/learner/rl_module"), Some(path.to_path_buf()))
+    } else {
+        (path.to_path_buf(), None)
+    };
+    let module_dir = if module_dir.join("module_state.pkl").is_file() && module_dirs(&module_dir).is_empty() {
+        module_dir
+    } else {
+        let mods = module_dirs(&module_dir);
+        match mods.len() {
+            1 => mods.into_iter().next().unwrap(),
+            0 => {
+                return Err(bad(format!(
+                    "{} holds no RLModule (no <module id>/module_state.pkl); give the directory algo.save() wrote",
+                    path.display()
+                )));
+            }
+            _ => {
+                return Err(unsupported(
+                    format!(
+                        "a checkpoint with {} RLModules ({})",
+                        mods.len(),
+                        mods.iter().map(|m| m.file_name().unwrap_or_default().to_string_lossy()).collect::<Vec<_>>().join(", ")
+                    ),
+                    "compile one module: give its directory (.../learner_group/learner/rl_module/<module id>)",
+                ));
+            }
+        }
+    };
+    // The algorithm's directory: given, or four levels above a module inside one.
+    let root = root.or_else(|| {
+        let r = module_dir.ancestors().nth(4)?;
+        r.join("rllib_checkpoint.json").is_file().then(|| r.to_path_buf())
+    });
+    let (mut env_to_module, mut mean_std_state) = (None, None);
+    if let Some(root) = &root {
+        for d in ["env_runner/env_to_module_connector", "env_to_module_connector"] {
+            let d = root.join(d);
+            if d.join("class_and_ctor_args.pkl").is_file() {
+                env_to_module = Some(read(&d.join("class_and_ctor_args.pkl"))?);
+                let f = d.join("MeanStdFilter/state.pkl");
+                if f.is_file() {
+                    mean_std_state = Some(read(&f)?);
+                }
+                break;
+            }
+        }
+    }
+    Ok(RllibFiles {
+        module_state: read(&module_dir.join("module_state.pkl"))?,
+        module_ctor: read(&module_dir.join("class_and_ctor_args.pkl"))?,
+        module_dir,
+        env_to_module,
+        mean_std_state,
+    })
+}
+
+/// A pickle of an RLlib file; a global outside the allow-list becomes "unsupported `what` <global>".
+fn parse(bytes: &[u8], what: &str) -> Result<Pickle, ImportError> {
+    pickle::parse(bytes).map_err(|e| match e {
+        PickleError::ForbiddenGlobal { module, name } => unsupported(
+            format!("{what} {module}.{name}"),
+            "RLlib's default PPO RLModule and its default connectors (plus MeanStdFilter) are read",
+        ),
+        other => other.into(),
+    })
+}
+
+/// `dict[key]` for a pickled dict (or a filled `OrderedDict()` call) with string keys.
+fn get<'p>(pk: &'p Pickle, i: usize, key: &str) -> Option<usize> {
+    let items = match pk.get(i) {
+        Node::Dict(items) => items,
+        Node::Call { items, .. } => items,
+        _ => return None,
+    };
+    items.iter().find(|(k, _)| pk.str(*k) == Some(key)).map(|(_, v)| *v)
+}
+
+/// A model_config value, as JSON (what the importer compares against).
+fn to_json(pk: &Pickle, i: usize, depth: usize) -> serde_json::Value {
+    use serde_json::Value;
+    if depth > pickle::MAX_DEPTH {
+        return Value::Null;
+    }
+    match pk.get(i) {
+        Node::None => Value::Null,
+        Node::Bool(b) => Value::Bool(*b),
+        Node::Int(v) => Value::from(*v),
+        Node::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        Node::Str(s) => Value::String(s.clone()),
+        Node::List(v) | Node::Tuple(v) => Value::Array(v.iter().map(|x| to_json(pk, *x, depth + 1)).collect()),
+        Node::Dict(items) => Value::Object(
+            items
+                .iter()
+                .filter_map(|(k, v)| Some((pk.str(*k)?.to_string(), to_json(pk, *v, depth + 1))))
+                .collect(),
+        ),
+        _ => Value::String("<object>".into()),
+    }
+}
+
+fn space_attr<'p>(pk: &'p Pickle, i: usize, key: &str) -> Result<usize, ImportError> {
+    attributes(pk, i)
+        .and_then(|a| a.iter().find(|(k, _)| *k == key).map(|(_, v)| *v))
+        .ok_or_else(|| bad(format!("space without '{key}'")))
+}
+
+fn arr(pk: &Pickle, i: usize, what: &str) -> Result<Array, ImportError> {
+    array(pk, i).map_err(|e| bad(format!("{what}: {e}")))
+}
+
+fn space_dtype_u8(pk: &Pickle, i: usize) -> bool {
+    let Ok(d) = space_attr(pk, i, "dtype") else { return false };
+    matches!(pk.get(d), Node::Call { args, .. } if pk.items(*args).and_then(|a| a.first()).and_then(|k| pk.str(*k)) == Some("u1"))
+}
+
+fn observation_space(pk: &Pickle, i: usize) -> Result<ObservationSpace, ImportError> {
+    match pk.call_name(i).as_deref() {
+        Some("gymnasium.spaces.box.Box") => {
+            let shape = pk
+                .items(space_attr(pk, i, "_shape")?)
+                .ok_or_else(|| bad("Box _shape is not a tuple"))?
+                .iter()
+                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or_else(|| bad("bad Box dim")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ObservationSpace::Box {
+                shape,
+                dtype: if space_dtype_u8(pk, i) { ObsDType::U8 } else { ObsDType::F32 },
+            })
+        }
+        Some("gymnasium.spaces.discrete.Discrete") => Err(unsupported(
+            "Discrete observations in an RLlib checkpoint",
+            "RLlib's default encoders one-hot them in a connector this route does not read yet",
+        )),
+        other => Err(unsupported(
+            format!("observation space {}", other.unwrap_or("?")),
+            "Box observations are supported (Dict: not yet)",
+        )),
+    }
+}
+
+fn action_space(pk: &Pickle, i: usize) -> Result<ActionSpace, ImportError> {
+    match pk.call_name(i).as_deref() {
+        Some("gymnasium.spaces.discrete.Discrete") => {
+            let n = arr(pk, space_attr(pk, i, "n")?, "Discrete.n")?;
+            if let Ok(s) = space_attr(pk, i, "start") {
+                if arr(pk, s, "Discrete.start")?.data.iter().any(|v| *v != 0.0) {
+                    return Err(unsupported("a Discrete action space with start != 0", "use start=0"));
+                }
+            }
+            match n.data.as_slice() {
+                [n] if *n >= 1.0 && *n < (1u64 << 31) as f64 => Ok(ActionSpace::Discrete { n: *n as usize }),
+                _ => Err(bad("Discrete.n is not a positive integer")),
+            }
+        }
+        Some("gymnasium.spaces.multi_discrete.MultiDiscrete") => {
+            let nvec = arr(pk, space_attr(pk, i, "nvec")?, "MultiDiscrete.nvec")?;
+            if let Ok(s) = space_attr(pk, i, "start") {
+                if arr(pk, s, "MultiDiscrete.start")?.data.iter().any(|v| *v != 0.0) {
+                    return Err(unsupported("a MultiDiscrete action space with start != 0", "use start=0"));
+                }
+            }
+            if nvec.shape.len() != 1 || nvec.data.iter().any(|n| !(*n >= 1.0 && *n < (1u64 << 31) as f64)) {
+                return Err(bad("MultiDiscrete.nvec is not a vector of positive integers"));
+            }
+            Ok(ActionSpace::MultiDiscrete { nvec: nvec.data.iter().map(|n| *n as usize).collect() })
+        }
+        Some("gymnasium.spaces.box.Box") => {
+            let low = arr(pk, space_attr(pk, i, "low")?, "Box.low")?;
+            let high = arr(pk, space_attr(pk, i, "high")?, "Box.high")?;
+            if low.shape.len() != 1 || low.shape != high.shape {
+                return Err(unsupported(format!("a Box action space of shape {:?}", low.shape), "flat Box actions"));
+            }
+            let b = |v: &[f64]| v.iter().map(|x| x.is_finite().then_some(*x as f32)).collect();
+            Ok(ActionSpace::Box { shape: low.shape.clone(), low: b(&low.data), high: b(&high.data) })
+        }
+        other => Err(unsupported(
+            format!("action space {}", other.unwrap_or("?")),
+            "Discrete, MultiDiscrete and Box actions are supported",
+        )),
+    }
+}
+
+/// `model_config` merged over RLlib's `DefaultModelConfig` (the keys this route reads).
+struct ModelConfig {
+    fcnet_activation: Option<Op>,
+    conv_activation: Option<Op>,
+    head_activation: Option<Op>,
+    conv_filters: Option<serde_json::Value>,
+    use_lstm: bool,
+    log_std_clip: f32,
+}
+
+fn activation(v: Option<&serde_json::Value>, default: &str) -> Result<Option<Op>, ImportError> {
+    let name = match v {
+        None => default,
+        Some(serde_json::Value::Null) => "linear",
+        Some(serde_json::Value::String(s)) => s.as_str(),
+        Some(other) => return Err(unsupported(format!("activation {other}"), "tanh, relu, elu, swish/silu or linear")),
+    };
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "tanh" => Some(Op::Tanh),
+        "relu" => Some(Op::Relu),
+        "elu" => Some(Op::Elu { alpha: 1.0 }),
+        "swish" | "silu" => Some(Op::Silu),
+        "linear" => None,
+        other => return Err(unsupported(format!("activation '{other}'"), "tanh, relu, elu, swish/silu or linear")),
+    })
+}
+
+fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
+    let empty = serde_json::Map::new();
+    let m = cfg.as_object().unwrap_or(&empty);
+    // Keys that change nothing at inference (initialisers, training-time sequence length) or that the weights'
+    // shapes already say (layer sizes); any other key could change the computation: refused by name.
+    const READ: &[&str] = &[
+        "fcnet_hiddens", "fcnet_activation", "conv_filters", "conv_activation", "head_fcnet_hiddens",
+        "head_fcnet_activation", "use_lstm", "lstm_cell_size", "max_seq_len", "vf_share_layers", "free_log_std",
+        "log_std_clip_param", "fcnet_use_layernorm", "head_fcnet_use_layernorm", "conv_use_layernorm",
+    ];
+    for k in m.keys() {
+        let harmless = k.ends_with("_initializer") || k.ends_with("_initializer_config") || k.ends_with("_initializer_kwargs");
+        if !READ.contains(&k.as_str()) && !harmless {
+            return Err(unsupported(format!("model_config key '{k}'"), "RLlib's DefaultModelConfig keys for PPO"));
+        }
+    }
+    let flag = |k: &str| m.get(k).and_then(serde_json::Value::as_bool).unwrap_or(false);
+    if m.get("vf_share_layers").and_then(serde_json::Value::as_bool) == Some(true) {
+        return Err(unsupported("vf_share_layers=True", "train with PPO's default (separate encoders)"));
+    }
+    if flag("free_log_std") {
+        return Err(unsupported("free_log_std=True", "train with the default (log-std from the policy head)"));
+    }
+    for k in ["fcnet_use_layernorm", "head_fcnet_use_layernorm", "conv_use_layernorm"] {
+        if flag(k) {
+            return Err(unsupported(format!("{k}=True"), "not read yet"));
+        }
+    }
+    Ok(ModelConfig {
+        fcnet_activation: activation(m.get("fcnet_activation"), "tanh")?,
+        conv_activation: activation(m.get("conv_activation"), "relu")?,
+        head_activation: activation(m.get("head_fcnet_activation"), "relu")?,
+        conv_filters: m.get("conv_filters").filter(|v| !v.is_null()).cloned(),
+        use_lstm: flag("use_lstm"),
+        log_std_clip: m.get("log_std_clip_param").and_then(serde_json::Value::as_f64).unwrap_or(20.0) as f32,
+    })
+}
+
+/// One conv layer of the config: (out channels, kernel, stride, "same" padding?).
+type Filter = (usize, usize, usize, bool);
+
+/// `conv_filters` (`[[out, kernel, stride(, padding)], ...]`, kernel/stride ints or pairs of equal ints), or
+/// RLlib's defaults for square frames (`get_filter_config`).
+fn filters(cfg: &Option<serde_json::Value>, h: usize, w: usize) -> Result<Vec<Filter>, ImportError> {
+    let Some(v) = cfg else {
+        let d: &[Filter] = match (h, w) {
+            (96, 96) => &[(16, 8, 4, true), (32, 4, 2, true), (256, 11, 2, true)],
+            (84, 84) => &[(16, 8, 4, true), (32, 4, 2, true), (256, 11, 1, true)],
+            (64, 64) => &[(16, 4, 2, true), (32, 4, 2, true), (64, 4, 2, true), (128, 4, 2, true)],
+            (42, 42) => &[(16, 4, 2, true), (32, 4, 2, true), (256, 11, 1, true)],
+            (10, 10) => &[(16, 5, 2, true), (32, 5, 2, true)],
+            _ => {
+                return Err(bad(format!(
+                    "no conv_filters in model_config and RLlib has no default for {h}x{w} frames"
+                )));
+            }
+        };
+        return Ok(d.to_vec());
+    };
+    let square = |x: &serde_json::Value| -> Option<usize> {
+        match x {
+            serde_json::Value::Number(n) => n.as_u64().map(|v| v as usize),
+            serde_json::Value::Array(a) if a.len() == 2 && a[0] == a[1] => a[0].as_u64().map(|v| v as usize),
+            _ => None,
+        }
+    };
+    v.as_array()
+        .ok_or_else(|| bad("conv_filters is not a list"))?
+        .iter()
+        .map(|f| {
+            let f = f.as_array().filter(|f| f.len() == 3 || f.len() == 4);
+            let parsed = f.and_then(|f| {
+                let same = match f.get(3) {
+                    None => true,
+                    Some(serde_json::Value::String(s)) if s == "same" => true,
+                    Some(serde_json::Value::String(s)) if s == "valid" => false,
+                    _ => return None,
+                };
+                Some((f[0].as_u64()? as usize, square(&f[1])?, square(&f[2])?, same))
+            });
+            parsed.filter(|p| p.1 >= 1 && p.2 >= 1).ok_or_else(|| {
+                unsupported(format!("conv_filters entry {f:?}"), "[out, k, stride(, \"same\"|\"valid\")] with square kernels")
+            })
+        })
+        .collect()
+}
+
+/// An encoder branch (`encoder.actor_encoder` / `encoder.critic_encoder`) on `x` of feature shape `shape`;
+/// returns (value, width).
+fn encoder(
+    g: &mut GraphBuilder,
+    p: &str,
+    x: &str,
+    shape: &[usize],
+    mc: &ModelConfig,
+) -> Result<(String, usize), ImportError> {
+    if g.has(&format!("{p}.net.0.cnn.1.weight")) || g.has(&format!("{p}.net.0.cnn.0.weight")) {
+        let [h, w, c] = shape else {
+            return Err(bad(format!("a CNN encoder on observations of shape {shape:?} (expects [H, W, C])")));
+        };
+        let (mut x, mut dims) = (
+            g.node(Op::Transpose { perm: vec![2, 0, 1] }, x, &format!("{p}.nchw")),
+            [*c, *h, *w],
+        );
+        let convs: Vec<usize> = (0..64).filter(|j| g.has(&format!("{p}.net.0.cnn.{j}.weight"))).collect();
+        let fl = filters(&mc.conv_filters, *h, *w)?;
+        if fl.len() != convs.len() {
+            return Err(bad(format!("{} conv layers in the weights, {} in conv_filters", convs.len(), fl.len())));
+        }
+        for (j, (out, k, s, same)) in convs.into_iter().zip(fl) {
+            let key = format!("{p}.net.0.cnn.{j}");
+            let wt = g.take(&format!("{key}.weight"))?;
+            if wt.shape != [out, dims[0], k, k] {
+                return Err(bad(format!("'{key}.weight' is {:?}, conv_filters say [{out}, {}, {k}, {k}]", wt.shape, dims[0])));
+            }
+            let bias = g.has(&format!("{key}.bias")).then(|| format!("{key}.bias"));
+            if let Some(b) = &bias {
+                g.take(b)?;
+            }
+            // TF-style "same" (RLlib's same_padding): out = ceil(in / s), the odd pixel of padding at the end.
+            let pad = |n: usize| -> (usize, usize) {
+                if !same {
+                    return (0, 0);
+                }
+                let o = n.div_ceil(s);
+                let total = ((o - 1) * s + k).saturating_sub(n);
+                (total / 2, total - total / 2)
+            };
+            let ((t, b), (l, r)) = (pad(dims[1]), pad(dims[2]));
+            let side = |n: usize, a: usize, z: usize| (n + a + z).checked_sub(k).map(|v| v / s + 1);
+            let (Some(oh), Some(ow)) = (side(dims[1], t, b), side(dims[2], l, r)) else {
+                return Err(bad(format!("frames {shape:?} are too small for '{key}'")));
+            };
+            let y = g.node(
+                Op::Conv2d {
+                    weight: format!("{key}.weight"),
+                    bias,
+                    stride: [s, s],
+                    padding: [t, l, b, r],
+                    dilation: [1, 1],
+                    groups: 1,
+                },
+                &x,
+                &key,
+            );
+            x = match &mc.conv_activation {
+                Some(act) => g.node(act.clone(), &y, &format!("{key}.act")),
+                None => y,
+            };
+            dims = [out, oh, ow];
+        }
+        // Back to channels-last, then Flatten: (h, w, c) order.
+        let nhwc = g.node(Op::Transpose { perm: vec![1, 2, 0] }, &x, &format!("{p}.nhwc"));
+        return Ok((g.node(Op::Flatten, &nhwc, &format!("{p}.flatten")), dims.iter().product()));
+    }
+    let n: usize = shape.iter().product();
+    let x = if shape.len() > 1 { g.node(Op::Flatten, x, &format!("{p}.flat_obs")) } else { x.to_string() };
+    if !g.has(&format!("{p}.net.mlp.0.weight")) {
+        return Err(bad(format!("no '{p}.net.mlp.0.weight' (not a default PPO encoder?)")));
+    }
+    match &mc.fcnet_activation {
+        Some(act) => g.sequential(&format!("{p}.net.mlp"), &x, n, act, true),
+        None => {
+            // Linear layers only (fcnet_activation "linear"): indices step by 1.
+            let (mut x, mut d, mut i) = (x, n, 0);
+            while g.has(&format!("{p}.net.mlp.{i}.weight")) {
+                (x, d) = g.linear(&format!("{p}.net.mlp.{i}"), &x, d)?;
+                i += 1;
+            }
+            Ok((x, d))
+        }
+    }
+}
+
+/// A head (`pi` / `vf`): `net.mlp` Linear layers, `head_fcnet_activation` between them, none after the last.
+fn head(g: &mut GraphBuilder, p: &str, x: &str, d: usize, mc: &ModelConfig) -> Result<(String, usize), ImportError> {
+    if !g.has(&format!("{p}.net.mlp.0.weight")) {
+        return Err(bad(format!("no '{p}.net.mlp.0.weight'")));
+    }
+    match &mc.head_activation {
+        Some(act) => g.sequential(&format!("{p}.net.mlp"), x, d, act, false),
+        None => {
+            let (mut x, mut d, mut i) = (x.to_string(), d, 0);
+            while g.has(&format!("{p}.net.mlp.{i}.weight")) {
+                (x, d) = g.linear(&format!("{p}.net.mlp.{i}"), &x, d)?;
+                i += 1;
+            }
+            Ok((x, d))
+        }
+    }
+}
+
+/// The MeanStdFilter's statistics: (mean, std + 1e-6, clip), per observation element.
+fn mean_std(bytes: &[u8], numel: usize) -> Result<(Vec<f32>, Vec<f32>, Option<f32>), ImportError> {
+    let pk = parse(bytes, "MeanStdFilter state")?;
+    let Node::Dict(items) = pk.get(pk.root) else {
+        return Err(bad("MeanStdFilter state is not a dict"));
+    };
+    let [(_, st)] = items.as_slice() else {
+        return Err(unsupported("a multi-agent MeanStdFilter", "one agent's statistics"));
+    };
+    let st = *st;
+    let truthy = |k: &str, default: bool| get(&pk, st, k).map_or(default, |i| pk.int(i).is_some_and(|v| v != 0));
+    let (demean, destd) = (truthy("de_mean_to_zero", true), truthy("de_std_to_one", true));
+    let clip = match get(&pk, st, "clip_by_value").map(|i| pk.get(i)) {
+        None | Some(Node::None) => None,
+        Some(Node::Float(f)) if *f > 0.0 && f.is_finite() => Some(*f as f32),
+        Some(Node::Int(v)) if *v > 0 => Some(*v as f32),
+        Some(Node::Float(f)) if *f == 0.0 => None,
+        _ => return Err(bad("MeanStdFilter clip_by_value is not a positive number")),
+    };
+    let rs = get(&pk, st, "running_stats").and_then(|i| pk.items(i)).ok_or_else(|| bad("MeanStdFilter without running_stats"))?;
+    let [rs] = rs else {
+        return Err(unsupported(format!("a MeanStdFilter over {} observation parts", rs.len()), "Box observations"));
+    };
+    let n = get(&pk, *rs, "num_pushes").and_then(|i| pk.int(i)).ok_or_else(|| bad("running_stats without num_pushes"))?;
+    let npy = |k: &str| -> Result<Vec<f64>, ImportError> {
+        let s = get(&pk, *rs, k).and_then(|i| pk.str(i)).ok_or_else(|| bad(format!("running_stats without {k}")))?;
+        let z = base64(s).ok_or_else(|| bad(format!("{k} is not base64")))?;
+        let raw = miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(&z, 16 + 8 * (1 << 24))
+            .map_err(|_| bad(format!("{k} is not zlib data (or inflates past the size limit)")))?;
+        let a = npy_f64(&raw).ok_or_else(|| bad(format!("{k} is not a float64 .npy array")))?;
+        if a.len() != numel {
+            return Err(bad(format!("{k} has {} values for {numel} observation elements", a.len())));
+        }
+        Ok(a)
+    };
+    let mean = npy("mean_array")?;
+    let ssd = npy("sum_sq_diff_array")?;
+    // RunningStat.var = float32(ssd / (n - 1)) (zeros for n <= 1); MeanStdFilter divides by std + 1e-6.
+    let std: Vec<f32> = ssd
+        .iter()
+        .map(|s| {
+            let var = if n > 1 { (s / (n - 1) as f64) as f32 } else { 0.0 };
+            if destd { ((var.max(0.0) as f64).sqrt() + 1e-6) as f32 } else { 1.0 }
+        })
+        .collect();
+    let mean = mean.iter().map(|m| if demean { *m as f32 } else { 0.0 }).collect();
+    Ok((mean, std, clip))
+}
+
+fn base64(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let body: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    let body = body.strip_suffix(b"==").or_else(|| body.strip_suffix(b"=")).unwrap_or(&body);
+    let mut out = Vec::with_capacity(body.len() * 3 / 4);
+    for chunk in body.chunks(4) {
+        let mut acc = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= val(*c)? << (18 - 6 * i);
+        }
+        let bytes = acc.to_be_bytes();
+        match chunk.len() {
+            4 => out.extend_from_slice(&bytes[1..4]),
+            3 => out.extend_from_slice(&bytes[1..3]),
+            2 => out.push(bytes[1]),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The values of a little-endian float64, C-ordered `.npy` (format 1.x / 2.x).
+fn npy_f64(b: &[u8]) -> Option<Vec<f64>> {
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return None;
+    }
+    let (hlen, start) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
+        2 | 3 => (u32::from_le_bytes(b.get(8..12)?.try_into().ok()?) as usize, 12),
+        _ => return None,
+    };
+    let header = std::str::from_utf8(b.get(start..start.checked_add(hlen)?)?).ok()?;
+    let compact: String = header.chars().filter(|c| !c.is_whitespace()).collect();
+    if !compact.contains("'descr':'<f8'") || !compact.contains("'fortran_order':False") {
+        return None;
+    }
+    let shape = compact.split("'shape':(").nth(1)?.split(')').next()?;
+    let n = shape
+        .split(',')
+        .filter(|d| !d.is_empty())
+        .try_fold(1usize, |a, d| a.checked_mul(d.parse::<usize>().ok()?))?;
+    let data = b.get(start + hlen..)?;
+    (data.len() == n.checked_mul(8)?).then(|| {
+        data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()
+    })
+}
+
+/// Import one RLModule of an RLlib checkpoint (see the module docs for what is read and what is refused).
+pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, ImportError> {
+    let ctor = parse(&files.module_ctor, "RLModule class")?;
+    let class = get(&ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
+    let class = match ctor.get(class) {
+        Node::Global(m, n) => format!("{m}.{n}"),
+        _ => return Err(bad("'class' is not a class")),
+    };
+    if class.ends_with("MultiRLModule") {
+        return Err(bad("this is a MultiRLModule's directory; give one module's directory inside it"));
+    }
+    if class.ends_with("DefaultSACTorchRLModule") {
+        return Err(unsupported(
+            "an RLlib SAC module",
+            "RLlib's deterministic SAC action is the un-squashed mean, which the format's squashed Gaussian does not express; not supported yet",
+        ));
+    }
+    if !class.ends_with("DefaultPPOTorchRLModule") {
+        return Err(unsupported(format!("RLModule class {class}"), "RLlib's DefaultPPOTorchRLModule"));
+    }
+    let kwargs = get(&ctor, ctor.root, "ctor_args_and_kwargs")
+        .and_then(|i| ctor.items(i))
+        .and_then(|t| t.get(1).copied())
+        .ok_or_else(|| bad("class_and_ctor_args without (args, kwargs)"))?;
+    let kw = |k: &str| get(&ctor, kwargs, k).ok_or_else(|| bad(format!("RLModule kwargs without '{k}'")));
+    let observation = observation_space(&ctor, kw("observation_space")?)?;
+    let action = action_space(&ctor, kw("action_space")?)?;
+    let mc = model_config(&to_json(&ctor, kw("model_config")?, 0))?;
+
+    // The env-to-module pipeline: its pieces must be RLlib's defaults (plus MeanStdFilter).
+    let mut preprocess = vec![];
+    let mut norm = vec![];
+    let ObservationSpace::Box { shape: obs_shape, .. } = &observation else {
+        return Err(unsupported("non-Box observations in an RLlib checkpoint", "Box observations"));
+    };
+    let numel: usize = obs_shape.iter().product();
+    let has_filter = match &files.env_to_module {
+        Some(b) => {
+            let pk = parse(b, "env-to-module connector")?;
+            pk.nodes.iter().any(|n| matches!(n, Node::Global(_, name) if name == "MeanStdFilter"))
+        }
+        None => false,
+    };
+    match (&files.mean_std_state, has_filter) {
+        (Some(st), _) => {
+            let (mean, std, clip) = mean_std(st, numel)?;
+            norm.push(("obs_filter.mean".to_string(), Tensor::new(obs_shape.clone(), mean)));
+            norm.push(("obs_filter.std".to_string(), Tensor::new(obs_shape.clone(), std)));
+            preprocess.push(Preprocess::Normalize { mean: "obs_filter.mean".into(), std: "obs_filter.std".into(), clip });
+        }
+        (None, true) => return Err(bad("the env-to-module pipeline has a MeanStdFilter but no saved statistics")),
+        (None, false) => {}
+    }
+
+    let state = parse(&files.module_state, "RLModule state")?;
+    let Node::Call { items, .. } = state.get(state.root) else {
+        return Err(bad("module_state.pkl is not an OrderedDict of arrays"));
+    };
+    let mut sd = BTreeMap::new();
+    for (k, v) in items {
+        let key = state.str(*k).ok_or_else(|| bad("a module_state key is not a string"))?;
+        let a = arr(&state, *v, key)?;
+        sd.insert(key.to_string(), Tensor::new(a.shape, a.data.iter().map(|x| *x as f32).collect()));
+    }
+    if !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
+        return Err(unsupported(
+            "an RLlib module without separate actor/critic encoders",
+            "PPO's default (vf_share_layers=False)",
+        ));
+    }
+
+    let mut g = GraphBuilder::new(&sd, "RLlib checkpoint");
+    let mut modules = vec![];
+    let mut states = vec![];
+    let mut branch = |g: &mut GraphBuilder, which: &str, modules: &mut Vec<_>| -> Result<(String, usize), ImportError> {
+        let p = format!("encoder.{which}_encoder");
+        if mc.use_lstm {
+            let (t, d) = encoder(g, &format!("{p}.tokenizer"), OBS_VALUE, obs_shape, &mc)?;
+            modules.push(g.module(&format!("{which}_tokenizer"), ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![t.clone()]));
+            let r = g.torch_lstm(&format!("{p}.lstm"), &t, d)?;
+            let mut inputs = vec![t];
+            inputs.extend(r.reads.iter().cloned());
+            modules.push(g.module(&format!("{which}_lstm"), ModuleRole::RecurrentCore, inputs, r.outputs()));
+            states.extend(r.states.iter().cloned());
+            Ok((r.output, r.hidden))
+        } else {
+            let (y, d) = encoder(g, &p, OBS_VALUE, obs_shape, &mc)?;
+            modules.push(g.module(&format!("{which}_encoder"), ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![y.clone()]));
+            Ok((y, d))
+        }
+    };
+    let (a, da) = branch(&mut g, "actor", &mut modules)?;
+    let (c, dc) = branch(&mut g, "critic", &mut modules)?;
+    let (logits, k) = head(&mut g, "pi", &a, da, &mc)?;
+    let distribution = match &action {
+        ActionSpace::Discrete { n } if *n == k => Distribution::Categorical { logits: logits.clone() },
+        ActionSpace::MultiDiscrete { nvec } if nvec.iter().sum::<usize>() == k => {
+            Distribution::MultiCategorical { logits: logits.clone() }
+        }
+        ActionSpace::Box { low, high, .. } if 2 * action.action_len() == k => {
+            let n = action.action_len();
+            let mean = g.node(Op::Slice { start: 0, len: n }, &logits, "pi.mean");
+            let ls = g.node(Op::Slice { start: n, len: n }, &logits, "pi.log_std_raw");
+            let c = mc.log_std_clip;
+            let ls = g.node(Op::Clip { min: Some(-c), max: Some(c) }, &ls, "pi.log_std_clipped");
+            let finite = low.iter().chain(high).all(Option::is_some);
+            let (mean, ls) = if finite {
+                // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
+                // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
+                let half: Vec<f32> = low.iter().zip(high).map(|(l, h)| ((h.unwrap() as f64 - l.unwrap() as f64) / 2.0) as f32).collect();
+                let shift: Vec<f32> = low.iter().zip(&half).map(|(l, h)| l.unwrap() + h).collect();
+                let ln: Vec<f32> = half.iter().map(|h| (*h as f64).ln() as f32).collect();
+                let s = g.derived("pi.env_scale", Tensor::new(vec![n], half));
+                let t = g.derived("pi.env_shift", Tensor::new(vec![n], shift));
+                let l = g.derived("pi.env_log_scale", Tensor::new(vec![n], ln));
+                (
+                    g.node(Op::Affine { scale: Some(s), shift: Some(t) }, &mean, "pi.mean_env"),
+                    g.node(Op::Affine { scale: None, shift: Some(l) }, &ls, "pi.log_std_env"),
+                )
+            } else {
+                (mean, ls)
+            };
+            Distribution::DiagGaussian {
+                mean,
+                log_std: LogStd::Value { value: ls },
+                log_std_range: None,
+                clip: finite,
+            }
+        }
+        _ => return Err(bad(format!("the pi head has {k} outputs, which does not fit {action:?}"))),
+    };
+    let head_out = distribution.param_values().iter().map(|s| s.to_string()).collect();
+    modules.push(g.module("pi", ModuleRole::PolicyHead, vec![a], head_out));
+    let (value, one) = head(&mut g, "vf", &c, dc, &mc)?;
+    if one != 1 {
+        return Err(bad(format!("the vf head has {one} outputs")));
+    }
+    modules.push(g.module("vf", ModuleRole::ValueHead, vec![c], vec![value.clone()]));
+    let name = files
+        .module_dir
+        .ancestors()
+        .nth(4)
+        .filter(|r| r.join("rllib_checkpoint.json").is_file())
+        .unwrap_or(&files.module_dir)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "rllib".into());
+    let manifest = Manifest {
+        name,
+        producer: producer("rllib", source, format!("{class}; model_config over DefaultModelConfig")),
+        observation,
+        action,
+        preprocess,
+        modules,
+        distribution,
+        value: Some(value),
+        recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
+        golden: vec![],
+    };
+    let mut tensors = g.tensors;
+    tensors.extend(norm);
+    Ok(Imported { manifest, tensors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_and_npy_round_trip_what_numpy_writes() {
+        assert_eq!(base64("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64("aGVsbG8h").unwrap(), b"hello!");
+        assert_eq!(base64("aGk=").unwrap(), b"hi");
+        assert!(base64("a$==").is_none());
+        let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+        let header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }";
+        let padded = format!("{header:<118}\n");
+        npy.extend_from_slice(&(padded.len() as u16).to_le_bytes());
+        npy.extend_from_slice(padded.as_bytes());
+        npy.extend_from_slice(&1.5f64.to_le_bytes());
+        npy.extend_from_slice(&(-2.0f64).to_le_bytes());
+        assert_eq!(npy_f64(&npy).unwrap(), vec![1.5, -2.0]);
+        assert!(npy_f64(&npy[..npy.len() - 1]).is_none(), "truncated data");
+        let f4: Vec<u8> = String::from_utf8_lossy(&npy[..10 + padded.len()]).replace("<f8", "<f4").into_bytes();
+        assert!(npy_f64(&f4).is_none(), "float32 is refused, not misread");
+    }
+}

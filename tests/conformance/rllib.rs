@@ -1,0 +1,123 @@
+//! RLlib checkpoint directories (`algo.save()`, written by RLlib 2.60 itself in tests/fixtures/generate_rllib.py)
+//! compile with nothing but the directory and reproduce the RLModule on every backend: distribution parameters
+//! and value within 1e-5 of the module run in float64 (after the MeanStdFilter's statistics, where saved), Philox
+//! samples equal to the Python sampler's, and the actions RLlib's own env runner sends the env with
+//! explore=False (`to_deterministic()`, then `unsquash_action`).
+
+use std::path::PathBuf;
+
+use policyport::{ActMode, Observations, Request};
+use policyport_conformance::{backends, fixtures_dir};
+use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
+
+const FIXTURES: [&str; 4] = ["ppo_cartpole", "ppo_pendulum_meanstd", "ppo_lstm_cartpole", "ppo_cnn_frames"];
+
+fn dir(name: &str) -> PathBuf {
+    fixtures_dir().join("rllib").join(name)
+}
+
+#[test]
+fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
+    let mut table = vec![];
+    for name in FIXTURES {
+        let io: FixtureIo = serde_json::from_slice(&std::fs::read(dir(name).join("io.json")).unwrap()).unwrap();
+        let trainer: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir(name).join("trainer.json")).unwrap()).unwrap();
+        let ckpt = dir(name).join("checkpoint");
+        let bytes = compile_rllib(&ckpt, name, Some(&io), Storage::F32).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The same module from its own directory and from the MultiRLModule's: the same artifact.
+        let module = ckpt.join("learner_group/learner/rl_module/default_policy");
+        assert!(compile_rllib(&module, name, Some(&io), Storage::F32).unwrap() == bytes, "{name}");
+        assert!(compile_rllib(&module.parent().unwrap(), name, Some(&io), Storage::F32).unwrap() == bytes);
+        for backend in backends() {
+            let p = policyport_conformance::load(&bytes, backend)
+                .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
+            for r in p.verify().unwrap() {
+                let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
+                table.push(format!("{name:<22} {:<8} {:<22} max rel err {worst:.2e}", backend.name(), r.name));
+                assert!(r.passed, "{name} on {}: {r:?}", backend.name());
+            }
+            for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
+                let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
+                let mut s = p.session();
+                let out = s.act(&Request::new(Observations::F32(&case.obs), case.batch, ActMode::Deterministic)).unwrap();
+                let got: Vec<f64> = if out.continuous.is_empty() {
+                    out.discrete.iter().map(|a| *a as f64).collect()
+                } else {
+                    out.continuous.iter().map(|a| *a as f64).collect()
+                };
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{name} on {} case {}: {got:?} vs RLlib's {want:?}",
+                        backend.name(),
+                        case.name
+                    );
+                }
+            }
+        }
+    }
+    println!("{}", table.join("\n"));
+}
+
+/// What a user might point the compiler at, or a hostile checkpoint: each a typed error naming the problem.
+#[test]
+fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
+    let tmp = std::env::temp_dir().join(format!("policyport-rllib-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        for e in walk(from) {
+            let rel = e.strip_prefix(from).unwrap();
+            std::fs::create_dir_all(to.join(rel).parent().unwrap()).unwrap();
+            std::fs::copy(&e, to.join(rel)).unwrap();
+        }
+    };
+    let src = dir("ppo_pendulum_meanstd").join("checkpoint");
+    let module = "learner_group/learner/rl_module/default_policy";
+    // An empty directory: no module.
+    std::fs::create_dir_all(tmp.join("empty")).unwrap();
+    assert!(compile_rllib(&tmp.join("empty"), "x", None, Storage::F32).is_err());
+    // The MeanStdFilter piece in the pipeline but its statistics deleted: refused, never silently unfiltered.
+    let c = tmp.join("no_stats");
+    copy(&src, &c);
+    std::fs::remove_dir_all(c.join("env_runner/env_to_module_connector/MeanStdFilter")).unwrap();
+    let e = compile_rllib(&c, "x", None, Storage::F32).unwrap_err();
+    assert!(e.to_string().contains("MeanStdFilter"), "{e}");
+    // A module class pickle naming os.system: the offending global, nothing run.
+    let c = tmp.join("evil");
+    copy(&src, &c);
+    std::fs::write(c.join(module).join("class_and_ctor_args.pkl"), b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x8c\x06system\x93.").unwrap();
+    match compile_rllib(&c, "x", None, Storage::F32).unwrap_err() {
+        ImportError::Unsupported { what, .. } => assert!(what.contains("posix.system"), "{what}"),
+        other => panic!("{other}"),
+    }
+    // Truncated weights, at several lengths.
+    let state = std::fs::read(src.join(module).join("module_state.pkl")).unwrap();
+    for cut in [0, 1, 20, state.len() / 3, state.len() - 1] {
+        let c = tmp.join(format!("cut{cut}"));
+        copy(&src, &c);
+        std::fs::write(c.join(module).join("module_state.pkl"), &state[..cut]).unwrap();
+        assert!(compile_rllib(&c, "x", None, Storage::F32).is_err(), "cut at {cut}");
+    }
+    // Two modules (multi-agent): say which to give.
+    let c = tmp.join("two");
+    copy(&src, &c);
+    copy(&src.join(module), &c.join("learner_group/learner/rl_module/other_policy"));
+    let e = compile_rllib(&c, "x", None, Storage::F32).unwrap_err();
+    assert!(e.to_string().contains("2 RLModules"), "{e}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+fn walk(d: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
