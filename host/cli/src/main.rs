@@ -367,6 +367,7 @@ fn main() -> Result<()> {
                     scale: None,
                     input: None,
                     source: None,
+                    recurrent: vec![],
                 });
                 base.distribution = ds;
                 s = Some(base);

@@ -80,12 +80,21 @@ impl<'a> GraphBuilder<'a> {
     /// `bias_hh_l{k}`; as many layers as it has), stepped once on `x` (`dim` features). Each layer's `h` and `c`
     /// become per-env recurrent states (zeros at an episode start, as SB3, CleanRL and RLlib reset them).
     pub(crate) fn torch_lstm(&mut self, key: &str, x: &str, dim: usize) -> Result<Recurrent, ImportError> {
-        self.torch_rnn(key, x, dim, 4, |g, name, x, dim, w| g.lstm_cell(name, x, dim, w))
-    }
-
-    /// A PyTorch `nn.GRU` stored under `key`, like [`Self::torch_lstm`] (one state `h` per layer).
-    pub(crate) fn torch_gru(&mut self, key: &str, x: &str, dim: usize) -> Result<Recurrent, ImportError> {
-        self.torch_rnn(key, x, dim, 3, |g, name, x, dim, w| g.gru_cell(name, x, dim, w, true))
+        self.torch_rnn(key, x, dim, 4, |g, name, x, dim, w| {
+            let h = w.hidden;
+            let (h_state, c_state) = (format!("{name}.h"), format!("{name}.c"));
+            let (h_in, c_in) = (format!("{STATE_PREFIX}{h_state}"), format!("{STATE_PREFIX}{c_state}"));
+            let (h_next, c_next) = g.lstm_cell(name, x, dim, w, &h_in, &c_in);
+            Ok(Recurrent {
+                output: h_next.clone(),
+                hidden: h,
+                reads: vec![h_in, c_in],
+                states: vec![
+                    StateSpec { name: h_state, shape: vec![h], next: h_next },
+                    StateSpec { name: c_state, shape: vec![h], next: c_next },
+                ],
+            })
+        })
     }
 
     fn torch_rnn(
@@ -166,7 +175,16 @@ impl<'a> GraphBuilder<'a> {
     /// One LSTM step (PyTorch's gate order i, f, g, o in `w`) in the format's ops: the two matrices side by side
     /// over `concat(x, h)` (one GEMM, the two biases summed), the gate rows reordered to i, f, o, g so one sigmoid
     /// covers three gates; `c' = f·c + i·g`, `h' = o·tanh(c')`.
-    pub(crate) fn lstm_cell(&mut self, name: &str, x: &str, dim: usize, w: CellWeights) -> Result<Recurrent, ImportError> {
+    /// Returns (h', c').
+    pub(crate) fn lstm_cell(
+        &mut self,
+        name: &str,
+        x: &str,
+        dim: usize,
+        w: CellWeights,
+        h_in: &str,
+        c_in: &str,
+    ) -> (String, String) {
         let h = w.hidden;
         let width = dim + h;
         // New row block j reads PyTorch's block ORDER[j].
@@ -184,9 +202,7 @@ impl<'a> GraphBuilder<'a> {
         let weight = self.derived(&format!("{name}.weight"), Tensor::new(vec![4 * h, width], cat));
         let has_bias = w.b_ih.is_some() || w.b_hh.is_some();
         let bias = has_bias.then(|| self.derived(&format!("{name}.bias"), Tensor::new(vec![4 * h], bias)));
-        let (h_state, c_state) = (format!("{name}.h"), format!("{name}.c"));
-        let (h_in, c_in) = (format!("{STATE_PREFIX}{h_state}"), format!("{STATE_PREFIX}{c_state}"));
-        let xh = self.node_n(Op::Concat, &[x, &h_in], &format!("{name}.xh"));
+        let xh = self.node_n(Op::Concat, &[x, h_in], &format!("{name}.xh"));
         let gates = self.node(Op::Dense { weight, bias }, &xh, &format!("{name}.gates"));
         let ifo = self.node(Op::Slice { start: 0, len: 3 * h }, &gates, &format!("{name}.ifo_pre"));
         let ifo = self.node(Op::Sigmoid, &ifo, &format!("{name}.ifo"));
@@ -195,20 +211,12 @@ impl<'a> GraphBuilder<'a> {
         let i = self.node(Op::Slice { start: 0, len: h }, &ifo, &format!("{name}.i"));
         let f = self.node(Op::Slice { start: h, len: h }, &ifo, &format!("{name}.f"));
         let o = self.node(Op::Slice { start: 2 * h, len: h }, &ifo, &format!("{name}.o"));
-        let fc = self.node_n(Op::Mul, &[&f, &c_in], &format!("{name}.fc"));
+        let fc = self.node_n(Op::Mul, &[&f, c_in], &format!("{name}.fc"));
         let ig = self.node_n(Op::Mul, &[&i, &g], &format!("{name}.ig"));
         let c_next = self.node_n(Op::Add, &[&fc, &ig], &format!("{name}.c_next"));
         let tc = self.node(Op::Tanh, &c_next, &format!("{name}.tanh_c"));
         let h_next = self.node_n(Op::Mul, &[&o, &tc], &format!("{name}.h_next"));
-        Ok(Recurrent {
-            output: h_next.clone(),
-            hidden: h,
-            reads: vec![h_in, c_in],
-            states: vec![
-                StateSpec { name: h_state, shape: vec![h], next: h_next },
-                StateSpec { name: c_state, shape: vec![h], next: c_next },
-            ],
-        })
+        (h_next, c_next)
     }
 
     /// One GRU step (PyTorch's gate order r, z, n in `w`): `r, z = σ(W_i x + b_i + W_h h + b_h)` on their rows,
@@ -221,7 +229,8 @@ impl<'a> GraphBuilder<'a> {
         dim: usize,
         w: CellWeights,
         linear_before_reset: bool,
-    ) -> Result<Recurrent, ImportError> {
+        h_in: &str,
+    ) -> String {
         let h = w.hidden;
         let tensor = |rows: std::ops::Range<usize>, m: &[f32], cols: usize| {
             Tensor::new(vec![rows.len(), cols], m[rows.start * cols..rows.end * cols].to_vec())
@@ -229,22 +238,20 @@ impl<'a> GraphBuilder<'a> {
         let bias_of = |g: &mut Self, b: Option<&[f32]>, rows: std::ops::Range<usize>, n: &str| {
             b.map(|b| g.derived(n, Tensor::new(vec![rows.len()], b[rows].to_vec())))
         };
-        let h_state = format!("{name}.h");
-        let h_in = format!("{STATE_PREFIX}{h_state}");
         let wx = self.derived(&format!("{name}.weight_x"), tensor(0..3 * h, w.w_ih, dim));
         let bx = bias_of(self, w.b_ih, 0..3 * h, &format!("{name}.bias_x"));
         let gx = self.node(Op::Dense { weight: wx, bias: bx }, x, &format!("{name}.gx"));
         let (gh_rz, gh_n) = if linear_before_reset {
             let wh = self.derived(&format!("{name}.weight_h"), tensor(0..3 * h, w.w_hh, h));
             let bh = bias_of(self, w.b_hh, 0..3 * h, &format!("{name}.bias_h"));
-            let gh = self.node(Op::Dense { weight: wh, bias: bh }, &h_in, &format!("{name}.gh"));
+            let gh = self.node(Op::Dense { weight: wh, bias: bh }, h_in, &format!("{name}.gh"));
             let rz = self.node(Op::Slice { start: 0, len: 2 * h }, &gh, &format!("{name}.gh_rz"));
             let n = self.node(Op::Slice { start: 2 * h, len: h }, &gh, &format!("{name}.gh_n"));
             (rz, Some(n))
         } else {
             let wh = self.derived(&format!("{name}.weight_h_rz"), tensor(0..2 * h, w.w_hh, h));
             let bh = bias_of(self, w.b_hh, 0..2 * h, &format!("{name}.bias_h_rz"));
-            (self.node(Op::Dense { weight: wh, bias: bh }, &h_in, &format!("{name}.gh_rz")), None)
+            (self.node(Op::Dense { weight: wh, bias: bh }, h_in, &format!("{name}.gh_rz")), None)
         };
         let gx_rz = self.node(Op::Slice { start: 0, len: 2 * h }, &gx, &format!("{name}.gx_rz"));
         let rz = self.node_n(Op::Add, &[&gx_rz, &gh_rz], &format!("{name}.rz_pre"));
@@ -254,7 +261,7 @@ impl<'a> GraphBuilder<'a> {
         let hn = match gh_n {
             Some(gh_n) => self.node_n(Op::Mul, &[&r, &gh_n], &format!("{name}.r_hn")),
             None => {
-                let rh = self.node_n(Op::Mul, &[&r, &h_in], &format!("{name}.rh"));
+                let rh = self.node_n(Op::Mul, &[&r, h_in], &format!("{name}.rh"));
                 let wn = self.derived(&format!("{name}.weight_h_n"), tensor(2 * h..3 * h, w.w_hh, h));
                 let bn = bias_of(self, w.b_hh, 2 * h..3 * h, &format!("{name}.bias_h_n"));
                 self.node(Op::Dense { weight: wn, bias: bn }, &rh, &format!("{name}.r_hn"))
@@ -263,18 +270,17 @@ impl<'a> GraphBuilder<'a> {
         let gx_n = self.node(Op::Slice { start: 2 * h, len: h }, &gx, &format!("{name}.gx_n"));
         let n = self.node_n(Op::Add, &[&gx_n, &hn], &format!("{name}.n_pre"));
         let n = self.node(Op::Tanh, &n, &format!("{name}.n"));
-        let minus = self.derived("one_minus.scale", Tensor::new(vec![1], vec![-1.0]));
-        let one = self.derived("one_minus.shift", Tensor::new(vec![1], vec![1.0]));
+        let minus = self.derived(&format!("{name}.one_minus.scale"), Tensor::new(vec![1], vec![-1.0]));
+        let one = self.derived(&format!("{name}.one_minus.shift"), Tensor::new(vec![1], vec![1.0]));
         let omz = self.node(Op::Affine { scale: Some(minus), shift: Some(one) }, &z, &format!("{name}.one_minus_z"));
         let a = self.node_n(Op::Mul, &[&omz, &n], &format!("{name}.keep_n"));
-        let b = self.node_n(Op::Mul, &[&z, &h_in], &format!("{name}.keep_h"));
-        let h_next = self.node_n(Op::Add, &[&a, &b], &format!("{name}.h_next"));
-        Ok(Recurrent {
-            output: h_next.clone(),
-            hidden: h,
-            reads: vec![h_in],
-            states: vec![StateSpec { name: h_state, shape: vec![h], next: h_next }],
-        })
+        let b = self.node_n(Op::Mul, &[&z, h_in], &format!("{name}.keep_h"));
+        self.node_n(Op::Add, &[&a, &b], &format!("{name}.h_next"))
+    }
+
+    /// The nodes built so far (for a route that owns its node list: the ONNX importer).
+    pub(crate) fn take_nodes(&mut self) -> Vec<Node> {
+        std::mem::take(&mut self.nodes)
     }
 
     /// `key.weight` `[out, dim]` (+ `key.bias` if present) as a dense layer on `x`; returns (value, out).
@@ -473,12 +479,17 @@ mod tests {
     fn manifest(g: &mut GraphBuilder, kind: &str, linear_before_reset: bool, dim: usize) -> Manifest {
         let r = match kind {
             "lstm" => g.torch_lstm("rnn", OBS_VALUE, dim).unwrap(),
-            "gru" => g.torch_gru("rnn", OBS_VALUE, dim).unwrap(),
             _ => {
                 let t = |k: &str| g.sd[k].clone();
                 let (wi, wh, bi, bh) = (t("rnn.weight_ih_l0"), t("rnn.weight_hh_l0"), t("rnn.bias_ih_l0"), t("rnn.bias_hh_l0"));
                 let w = CellWeights { hidden: 4, w_ih: &wi.data, w_hh: &wh.data, b_ih: Some(&bi.data), b_hh: Some(&bh.data) };
-                g.gru_cell("rnn.l0", OBS_VALUE, dim, w, linear_before_reset).unwrap()
+                let h_next = g.gru_cell("rnn.l0", OBS_VALUE, dim, w, linear_before_reset, "state/rnn.l0.h");
+                Recurrent {
+                    output: h_next.clone(),
+                    hidden: 4,
+                    reads: vec!["state/rnn.l0.h".into()],
+                    states: vec![StateSpec { name: "rnn.l0.h".into(), shape: vec![4], next: h_next }],
+                }
             }
         };
         let mut inputs = vec![OBS_VALUE.to_string()];
@@ -566,7 +577,7 @@ mod tests {
         sd.insert("rnn.weight_hh_l0".to_string(), filled(&[3 * h, h], 0.6));
         sd.insert("rnn.bias_ih_l0".to_string(), filled(&[3 * h], 0.7));
         sd.insert("rnn.bias_hh_l0".to_string(), filled(&[3 * h], 0.8));
-        for (kind, before) in [("gru", true), ("gru_cell", true), ("gru_cell", false)] {
+        for (kind, before) in [("gru_cell", true), ("gru_cell", false)] {
             let mut g = GraphBuilder::new(&sd, "test");
             let m = manifest(&mut g, kind, before, dim);
             let xs = inputs(dim);

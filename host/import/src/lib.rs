@@ -28,7 +28,7 @@ pub use cleanrl::CleanrlLayout;
 pub use compile::{Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_sb3, random_obs};
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};
-pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec};
+pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec, StatePair};
 
 #[derive(Debug, Error)]
 pub enum ImportError {

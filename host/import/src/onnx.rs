@@ -16,12 +16,16 @@ use crate::onnx_proto::{self as pb, data_type};
 use crate::spec::{DistSpec, ImportSpec, LogStdSpec};
 
 mod layout;
+mod recurrent;
 
 /// A value during import: known at compile time, or computed per step with this feature shape.
 #[derive(Debug, Clone)]
 enum Val {
     Const(Const),
     Runtime { name: String, shape: Vec<usize> },
+    /// A tensor with leading axes before the batch, `[K, (1,) batch, shape...]` (a recurrent op's time or layer
+    /// axis; `dir`: its num-directions axis of one too): one per-env value per leading index ([`recurrent`]).
+    Stacked { parts: Vec<String>, shape: Vec<usize>, dir: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -208,10 +212,26 @@ impl Importer<'_> {
         let runtime = |v: &Val| -> Option<(String, Vec<usize>)> {
             match v {
                 Val::Runtime { name, shape } => Some((name.clone(), shape.clone())),
-                Val::Const(_) => None,
+                Val::Const(_) | Val::Stacked { .. } => None,
             }
         };
         let op = node.op_type.as_str();
+        if op == "LSTM" || op == "GRU" {
+            return self.rnn(node, idx);
+        }
+        if ins.first().is_some_and(|v| matches!(v, Val::Stacked { .. }))
+            || (op == "Concat" && ins.iter().any(|v| matches!(v, Val::Stacked { .. })))
+        {
+            return self.stacked_op(node, idx, &ins, &out);
+        }
+        if ins.iter().any(|v| matches!(v, Val::Stacked { .. })) {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "a time- or layer-major tensor (a recurrent op's) as a later input",
+                "index the recurrent op's outputs back to [batch, features] first",
+            ));
+        }
         // The inputs each handler reads unconditionally: checked once here, so no handler indexes past them.
         let min_inputs = match op {
             "Constant" => 0,
@@ -338,6 +358,7 @@ impl Importer<'_> {
                 }
                 let wname = self.add_tensor(&format!("{}.weight", node.input[1]), vec![o, i], wd);
                 let bias = match ins.get(2) {
+                    Some(Val::Stacked { .. }) => return Err(self.stacked_input(node, idx)),
                     Some(Val::Const(c)) => {
                         if c.numel() != o && c.numel() != 1 {
                             return Err(self.unsupported(
@@ -825,6 +846,53 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             .insert(init.name.clone(), Val::Const(tensor_to_const(init)?));
     }
 
+    // Recurrent state inputs: `[layers, batch, features...]` (one state per layer) or `[batch, features...]`.
+    let dims_of = |i: &pb::ValueInfoProto| -> Vec<Option<i64>> {
+        i.r#type
+            .as_ref()
+            .and_then(|t| t.tensor_type.as_ref())
+            .and_then(|t| t.shape.as_ref())
+            .map(|s| s.dim.iter().map(|d| d.dim_value).collect())
+            .unwrap_or_default()
+    };
+    let static_dims = |d: &[Option<i64>], what: &str| -> Result<Vec<usize>, ImportError> {
+        d.iter()
+            .map(|v| v.filter(|v| *v > 0).map(|v| v as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ImportError::Spec(format!("{what} needs static dims besides the batch, has {d:?}")))
+    };
+    // Per pair: the state names and per-env shapes (one per layer).
+    let mut state_inputs: Vec<(Vec<String>, Vec<usize>, bool)> = vec![];
+    for pair in &spec.recurrent {
+        let gi = graph.input.iter().find(|i| i.name == pair.input).ok_or_else(|| {
+            ImportError::Spec(format!("recurrent input '{}' is not a graph input", pair.input))
+        })?;
+        if imp.vals.contains_key(&pair.input) {
+            return Err(ImportError::Spec(format!("recurrent input '{}' is an initializer", pair.input)));
+        }
+        let d = dims_of(gi);
+        let what = format!("recurrent input '{}'", pair.input);
+        let (names, shape, stacked) = if d.len() >= 3 {
+            let layers = static_dims(&d[..1], &what)?[0];
+            let feat = static_dims(&d[2..], &what)?;
+            ((0..layers).map(|k| format!("{}.{k}", pair.input)).collect::<Vec<_>>(), feat, true)
+        } else if d.len() == 2 {
+            (vec![pair.input.clone()], static_dims(&d[1..], &what)?, false)
+        } else {
+            return Err(ImportError::Spec(format!("{what} has rank {}: [layers, batch, ...] or [batch, ...]", d.len())));
+        };
+        let parts: Vec<String> = names.iter().map(|n| format!("{STATE_PREFIX}{n}")).collect();
+        imp.vals.insert(
+            pair.input.clone(),
+            if stacked {
+                Val::Stacked { parts, shape: shape.clone(), dir: false }
+            } else {
+                Val::Runtime { name: parts[0].clone(), shape: shape.clone() }
+            },
+        );
+        state_inputs.push((names, shape, stacked));
+    }
+
     // The observation input.
     let runtime_inputs: Vec<&pb::ValueInfoProto> = graph
         .input
@@ -891,6 +959,29 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     for (i, n) in graph.node.iter().enumerate() {
         imp.node(n, i)?;
     }
+    let mut states = vec![];
+    for (pair, (names, shape, stacked)) in spec.recurrent.iter().zip(&state_inputs) {
+        let next: Vec<String> = match (imp.vals.get(&pair.output), stacked) {
+            (Some(Val::Stacked { parts, shape: s, dir: false }), true) if s == shape && parts.len() == names.len() => {
+                parts.clone()
+            }
+            (Some(Val::Runtime { name, shape: s }), false) if s == shape => vec![name.clone()],
+            (None, _) => {
+                return Err(ImportError::Spec(format!("recurrent output '{}' is not a value of the graph", pair.output)));
+            }
+            _ => {
+                return Err(ImportError::Spec(format!(
+                    "recurrent output '{}' does not have the shape of input '{}' ({} x {shape:?})",
+                    pair.output,
+                    pair.input,
+                    names.len()
+                )));
+            }
+        };
+        for (n, nx) in names.iter().zip(next) {
+            states.push(policyport_format::StateSpec { name: n.clone(), shape: shape.clone(), next: nx });
+        }
+    }
 
     // Outputs named by the spec.
     let runtime_out =
@@ -899,6 +990,9 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                 Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
                 Some(Val::Const(_)) => Err(ImportError::Spec(format!(
                     "{what} '{name}' is a constant, not a function of the observation"
+                ))),
+                Some(Val::Stacked { .. }) => Err(ImportError::Spec(format!(
+                    "{what} '{name}' still has the time or layer axis of a recurrent op in front of the batch"
                 ))),
                 None => Err(ImportError::Spec(format!(
                     "{what} '{name}' is not a value of the graph (outputs: {:?})",
@@ -1024,21 +1118,27 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     };
     let pi = reach(&policy_values);
     let vf = reach(&value.iter().cloned().collect::<Vec<_>>());
+    let next_states: Vec<String> = states.iter().map(|s| s.next.clone()).collect();
+    let st = reach(&next_states);
     let mut groups: Vec<(&str, ModuleRole, Vec<Node>)> = vec![
         ("encoder", ModuleRole::Encoder, vec![]),
         ("pi", ModuleRole::PolicyHead, vec![]),
         ("vf", ModuleRole::ValueHead, vec![]),
+        // What only the next recurrent state needs (e.g. the last layer's cell state), after the heads.
+        ("recurrent_state", ModuleRole::RecurrentCore, vec![]),
     ];
     for (i, node) in imp.nodes.iter().enumerate() {
-        let g = match (pi[i], vf[i]) {
-            (true, true) => 0,
-            (true, false) => 1,
-            (false, true) => 2,
-            (false, false) => continue,
+        let g = match (pi[i], vf[i], st[i]) {
+            (true, true, _) => 0,
+            (true, false, _) => 1,
+            (false, true, _) => 2,
+            (false, false, true) => 3,
+            (false, false, false) => continue,
         };
         groups[g].2.push(node.clone());
     }
-    let final_reads: Vec<String> = policy_values.iter().chain(value.iter()).cloned().collect();
+    let final_reads: Vec<String> =
+        policy_values.iter().chain(value.iter()).chain(next_states.iter()).cloned().collect();
     let mut modules = vec![];
     for (gi, (name, role, nodes)) in groups.iter().enumerate() {
         if nodes.is_empty() {
@@ -1148,7 +1248,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         modules,
         distribution,
         value,
-        recurrent: None,
+        recurrent: (!states.is_empty()).then_some(policyport_format::RecurrentSpec { states }),
         golden: vec![],
     };
     let _ = imp.spec;
@@ -1210,6 +1310,7 @@ mod tests {
             scale: None,
             input: None,
             source: None,
+            recurrent: vec![],
         };
         for (op, inputs) in [
             ("Relu", vec![]),

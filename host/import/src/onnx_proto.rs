@@ -81,6 +81,8 @@ pub struct AttributeProto {
     pub floats: Vec<f32>,
     #[prost(int64, repeated, tag = "8")]
     pub ints: Vec<i64>,
+    #[prost(bytes = "vec", repeated, tag = "9")]
+    pub strings: Vec<Vec<u8>>,
     #[prost(int32, tag = "20")]
     pub r#type: i32,
 }

@@ -30,6 +30,18 @@ pub struct ImportSpec {
     pub input: Option<String>,
     #[serde(default)]
     pub source: Option<String>,
+    /// Recurrent state carried between steps: each pair names the graph input the state is fed to (as
+    /// `[layers, batch, hidden]`, the way `nn.LSTM` / `nn.GRU` take it, or `[batch, hidden]`) and the graph
+    /// output holding the next state. Zeros at an episode start.
+    #[serde(default)]
+    pub recurrent: Vec<StatePair>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatePair {
+    pub input: String,
+    pub output: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

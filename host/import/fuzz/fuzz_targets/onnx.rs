@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
         scale: None,
         input: None,
         source: None,
+        recurrent: vec![],
     };
     let _ = compile_onnx(data, &spec, "fuzz", None, Storage::F32);
 });

@@ -51,6 +51,7 @@ impl Importer<'_> {
             "Cast" => {
                 let to = int(node, "to", data_type::FLOAT as i64) as i32;
                 let v = match self.arg(ins, 0, node, idx)? {
+                    Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
                     Val::Const(c) => Val::Const(cast_const(c, to)),
                     // Run-time values are f32 here (uint8 observations arrive as exact f32 bytes), so a cast
                     // to a float type is the identity; to an integer type it would truncate.
@@ -75,6 +76,7 @@ impl Importer<'_> {
                 self.vals.insert(out.to_string(), v);
             }
             "Neg" => match self.arg(ins, 0, node, idx)? {
+                Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
                 Val::Const(c) => {
                     let c = Const {
                         dims: c.dims.clone(),
@@ -168,6 +170,12 @@ impl Importer<'_> {
                         .chain(shape.iter().map(|d| *d as f64))
                         .collect(),
                     Val::Const(c) => c.dims.iter().map(|d| *d as f64).collect(),
+                    // (Stacked inputs reach recurrent.rs, which reads Shape through this handler: see there.)
+                    Val::Stacked { parts, shape, dir } => std::iter::once(parts.len() as f64)
+                        .chain(dir.then_some(1.0))
+                        .chain(std::iter::once(BATCH))
+                        .chain(shape.iter().map(|d| *d as f64))
+                        .collect(),
                 };
                 let r = dims.len() as i64;
                 let norm = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
@@ -200,7 +208,7 @@ impl Importer<'_> {
             "Unsqueeze" | "Squeeze" => {
                 let axes = match ins.get(1) {
                     Some(Val::Const(c)) => Some(c.data.iter().map(|v| *v as i64).collect()),
-                    Some(Val::Runtime { .. }) => {
+                    Some(Val::Runtime { .. } | Val::Stacked { .. }) => {
                         return Err(self.unsupported(
                             node,
                             idx,
@@ -220,6 +228,11 @@ impl Importer<'_> {
                             Val::Const(Const { dims, data: c.data }),
                         );
                     }
+                    Val::Runtime { name, shape } if !squeeze && axes.as_deref() == Some(&[0]) => {
+                        // A time axis of one in front (a recurrent op's input): see recurrent.rs.
+                        self.vals.insert(out.to_string(), Val::Stacked { parts: vec![name], shape, dir: false });
+                    }
+                    Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
                     Val::Runtime { name, shape } => {
                         let full: Vec<usize> = std::iter::once(0).chain(shape.clone()).collect();
                         let dims = squeeze_dims(&full, axes.as_deref(), squeeze).ok();
@@ -334,6 +347,7 @@ impl Importer<'_> {
     ) -> Result<(String, Vec<usize>), ImportError> {
         match self.arg(ins, i, node, idx)? {
             Val::Runtime { name, shape } => Ok((name.clone(), shape.clone())),
+            Val::Stacked { .. } => Err(self.stacked_input(node, idx)),
             Val::Const(_) => Err(self.unsupported(
                 node,
                 idx,
