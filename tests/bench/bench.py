@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """act() latency on the benchmark policy (obs 64 -> 256 -> 256 tanh -> 4 logits + 1 value), policyport against
 onnxruntime and torch eager on the same model, in one invocation, one thread each. Prints a table with ratios.
+Then the model classes (`--models`, default the NatureCNN and the 2-layer LSTM fixtures) at batch 1 and 64, the
+same three in the same run; the LSTM carries its state between calls in all three.
 
 Run through tests/scripts/bench.sh (builds the CLI, makes the venv). The peers run the same ONNX file / the same
 weights; each timing is the median over blocks of back-to-back calls, inputs fixed, outputs read back.
@@ -69,6 +71,8 @@ def main():
     ap.add_argument("--plugin", help="policyport_plugin.wasm: also time act() inside the wasm sandbox")
     ap.add_argument("--wgpu", action="store_true", help="also the wgpu backend (lavapipe here: a correctness device)")
     ap.add_argument("--tch", action="store_true", help="also the libtorch executor on CPU (policyport bench-torch)")
+    ap.add_argument("--models", default="nature_cnn,lstm_policy",
+                    help="model-class fixtures to time at batch 1 and 64 ('' to skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -149,8 +153,90 @@ def main():
         for b in batches:
             print(f"| {b} | {dispatches['wgpu'][b]} | {ours['wgpu'][b]:.1f} | {ours['cpu'][b]:.1f} | "
                   f"{ours['wgpu'][b] / ours['cpu'][b]:.2f}x |")
+    classes = model_classes(args) if args.models else []
     if args.json:
-        json.dump(rows, open(args.json, "w"), indent=1)
+        json.dump({"mlp64": rows, "model_classes": classes}, open(args.json, "w"), indent=1)
+
+
+def fixture_model(name):
+    """The fixture's PyTorch module, rebuilt as tests/fixtures/generate.py builds it (same class, same seed), and
+    the inputs (besides the observation) its ONNX graph takes: zero recurrent state."""
+    from generate import NatureCnn, RecurrentActorCritic
+    if name == "nature_cnn":
+        torch.manual_seed(5)
+        return NatureCnn(6).eval(), (84, 84, 4), np.uint8
+    if name == "lstm_policy":
+        torch.manual_seed(20)
+        return RecurrentActorCritic("lstm", 6, 16, 2, 3).eval(), (6,), np.float32
+    raise SystemExit(f"--models: no PyTorch module known for {name}")
+
+
+def model_classes(args):
+    """policyport (cpu) vs onnxruntime vs torch eager on the model-class fixtures, batches 1 and 64."""
+    batches = [1, 64]
+    out = []
+    for name in args.models.split(","):
+        fix = os.path.join(HERE, "..", "fixtures", name)
+        model, shape, dtype = fixture_model(name)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(f"{fix}/policy.onnx", so, providers=["CPUExecutionProvider"])
+        with tempfile.TemporaryDirectory() as tmp:
+            art = os.path.join(tmp, f"{name}.policy")
+            subprocess.run([args.policyport, "compile", f"{fix}/policy.onnx", "--spec", f"{fix}/import.json",
+                            "--golden", f"{fix}/io.json", "-o", art], check=True, stdout=subprocess.DEVNULL)
+            recs = subprocess.run([args.policyport, "bench", art, "--batches", ",".join(map(str, batches)),
+                                   "--seconds", str(args.seconds), "--backend", "cpu"], check=True,
+                                  capture_output=True, text=True).stdout
+            ours = {r["batch"]: r["us_per_act"] for r in map(json.loads, recs.strip().splitlines())}
+        for b in batches:
+            rng = np.random.default_rng(b)
+            x = (rng.integers(0, 256, (b, *shape)) if dtype == np.uint8 else rng.standard_normal((b, *shape)))
+            x = x.astype(dtype)
+            feed = {"obs": x}
+            extra = []
+            if name == "lstm_policy":
+                # The state fed back each call, as a rollout does (zeros to start).
+                z = np.zeros((2, b, 16), np.float32)
+                feed.update({"h": z, "c": z.copy()})
+                extra = [torch.zeros(2, b, 16), torch.zeros(2, b, 16)]
+            xt = torch.from_numpy(x)
+            # The same model: the rebuilt module agrees with the ONNX file.
+            with torch.inference_mode():
+                want = model(xt, *extra)[0].numpy()
+            got = sess.run(None, feed)[0]
+            assert np.abs(got - want).max() <= 1e-4 * max(np.abs(want).max(), 1.0), (name, np.abs(got - want).max())
+            state = {"feed": feed}
+
+            def run_ort():
+                r = sess.run(None, state["feed"])
+                if len(r) > 2:  # next state in
+                    state["feed"] = {"obs": x, "h": r[2], "c": r[3]}
+                return r
+            t_ort = median_us(run_ort, args.seconds)
+            tstate = {"s": extra}
+
+            def eager():
+                with torch.inference_mode():
+                    r = model(xt, *tstate["s"])
+                    if len(r) > 2:
+                        tstate["s"] = list(r[2:])
+                    return r[0].numpy(), r[1].numpy()
+            t_torch = median_us(eager, args.seconds)
+            out.append({"model": name, "batch": b, "policyport_cpu_us": ours[b], "onnxruntime_us": t_ort,
+                        "torch_eager_us": t_torch})
+    print()
+    print("model classes, 1 thread, median us per act() (policyport: checks, preprocessing, forward, sampling, "
+          "value; recurrent state carried in all three)")
+    print("| model | batch | policyport cpu | onnxruntime | torch eager | ort / cpu | torch / cpu |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out:
+        c = r["policyport_cpu_us"]
+        print(f"| {r['model']} | {r['batch']} | {c:.1f} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
+              f"{r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x |")
+    print("(ratios > 1: policyport faster)")
+    return out
 
 
 if __name__ == "__main__":

@@ -213,3 +213,102 @@ fn c_example_runs_cartpole_natively_and_sandboxed() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The C example for recurrent and pixel policies (host/capi/examples/rollout.c), natively and sandboxed: the
+/// SB3 RecurrentPPO CnnLstmPolicy (NatureCNN on uint8 frames, then an LSTM) stepped through its rollout with the
+/// rollout's episode starts as `episode_starts`, and CleanRL's Atari LSTM: every step's actions are the trainer's
+/// own, every value within 1e-5 of the trainer's network run over the sequence.
+#[test]
+fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
+    let dir = std::env::temp_dir().join(format!("policyport-c-rollout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib_dir = target_profile_dir();
+    let header_dir = Path::new(HEADER).parent().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/capi/examples/rollout.c");
+    let exe = dir.join("rollout");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
+        .arg(&example)
+        .arg(format!("-I{}", header_dir.display()))
+        .arg(format!("-L{}", lib_dir.display()))
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .args(["-lpolicyport_capi", "-o"])
+        .arg(&exe)
+        .status()
+        .expect("running the C compiler");
+    assert!(status.success(), "C rollout example failed to compile");
+    let plugin = target_profile_dir().parent().unwrap().join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    let fixtures = policyport_conformance::fixtures_dir();
+    let sb3 = fixtures.join("sb3/recurrent_ppo_cnn_frames");
+    let bytes = policyport_import::compile_sb3(
+        &std::fs::read(sb3.join("model.zip")).unwrap(),
+        None,
+        "sb3/recurrent_ppo_cnn_frames",
+        None,
+        policyport_import::Storage::F32,
+    )
+    .unwrap();
+    let cl = fixtures.join("cleanrl/ppo_atari_lstm");
+    let spaces: serde_json::Value = serde_json::from_slice(&std::fs::read(cl.join("spaces.json")).unwrap()).unwrap();
+    let atari = policyport_import::compile_cleanrl(
+        &std::fs::read(cl.join("agent.pt")).unwrap(),
+        policyport_import::CleanrlLayout::AtariLstm,
+        serde_json::from_value(spaces["observation"].clone()).unwrap(),
+        serde_json::from_value(spaces["action"].clone()).unwrap(),
+        "cleanrl/ppo_atari_lstm",
+        None,
+        policyport_import::Storage::F32,
+    )
+    .unwrap();
+    for (name, bytes, seq) in [("sb3_cnn_lstm", bytes, sb3.join("sequence.json")), ("cleanrl_atari_lstm", atari, cl.join("sequence.json"))] {
+        let rollout: serde_json::Value = serde_json::from_slice(&std::fs::read(seq).unwrap()).unwrap();
+        let envs = rollout["envs"].as_u64().unwrap() as usize;
+        let steps = rollout["steps"].as_array().unwrap();
+        let obs_len = steps[0]["obs"].as_array().unwrap().len() / envs;
+        let mut text = format!("{envs} {} {obs_len}\n", steps.len());
+        for s in steps {
+            for f in s["episode_starts"].as_array().unwrap() {
+                text += if f.as_bool().unwrap() { "1 " } else { "0 " };
+            }
+            for v in s["obs"].as_array().unwrap() {
+                text += &format!("{} ", v.as_f64().unwrap() as f32);
+            }
+            text += "\n";
+        }
+        let (art, input) = (dir.join(format!("{name}.policy")), dir.join(format!("{name}.txt")));
+        std::fs::write(&art, &bytes).unwrap();
+        std::fs::write(&input, text).unwrap();
+        let mut outputs = vec![];
+        for extra in [None, Some(&plugin)] {
+            let mut cmd = Command::new(&exe);
+            cmd.arg(&art).arg(&input);
+            if let Some(p) = extra {
+                cmd.arg(p);
+            }
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), steps.len(), "{name}");
+            for (t, (line, s)) in lines.iter().zip(steps).enumerate() {
+                let (acts, vals) = line.split_once('|').unwrap();
+                let got: Vec<f64> = acts.split_whitespace().map(|a| a.parse().unwrap()).collect();
+                let want: Vec<f64> = serde_json::from_value(s["trainer_actions"].clone()).unwrap();
+                assert_eq!(got, want, "{name} step {t} ({}): actions", if extra.is_some() { "sandboxed" } else { "native" });
+                let got: Vec<f64> = vals.split_whitespace().map(|v| v.parse().unwrap()).collect();
+                let want: Vec<f64> = serde_json::from_value(s["expected"]["value"].clone()).unwrap();
+                let scale = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() / scale <= 1e-5, "{name} step {t}: value {g} vs {w}");
+                }
+            }
+            outputs.push(text);
+        }
+        // Same actions natively and sandboxed (values agree to the kernels' rounding: AVX vs SIMD128 sums).
+        let actions = |t: &str| t.lines().map(|l| l.split('|').next().unwrap().to_string()).collect::<Vec<_>>();
+        assert_eq!(actions(&outputs[0]), actions(&outputs[1]), "{name}: the sandboxed policy must play the same steps");
+        println!("{name}: {} steps x {envs} envs, native and sandboxed, the trainer's actions at every step", steps.len());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
