@@ -24,6 +24,7 @@ mod cleanrl;
 mod episodes;
 mod fixtures;
 mod frozen;
+mod onnx_backend;
 mod gpu;
 mod parity;
 mod recurrent;

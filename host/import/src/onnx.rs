@@ -203,12 +203,23 @@ impl Importer<'_> {
                 "export with standard ONNX ops (inline functions, no custom ops)",
             ));
         }
-        let ins: Vec<Val> = node
+        let mut ins: Vec<Val> = node
             .input
             .iter()
             .filter(|n| !n.is_empty())
             .map(|n| self.get(n, node, idx))
             .collect::<Result<_, _>>()?;
+        // Slice before opset 10 takes its bounds as attributes: the same values as inputs (starts, ends, axes).
+        if node.op_type == "Slice" && ins.len() == 1 {
+            if let (Some(s), Some(e)) = (attr(node, "starts"), attr(node, "ends")) {
+                let c = |v: &[i64]| Val::Const(Const { dims: vec![v.len()], data: v.iter().map(|x| *x as f64).collect() });
+                ins.push(c(&s.ints));
+                ins.push(c(&e.ints));
+                if let Some(a) = attr(node, "axes") {
+                    ins.push(c(&a.ints));
+                }
+            }
+        }
         let runtime = |v: &Val| -> Option<(String, Vec<usize>)> {
             match v {
                 Val::Runtime { name, shape } => Some((name.clone(), shape.clone())),
@@ -810,6 +821,21 @@ impl Importer<'_> {
     }
 }
 
+/// The names of a model's graph outputs, in order.
+pub fn graph_output_names(bytes: &[u8]) -> Result<Vec<String>, ImportError> {
+    let model = pb::ModelProto::decode(bytes)
+        .map_err(|e| ImportError::Malformed(format!("not an ONNX model: {e}")))?;
+    Ok(model.graph.map(|g| g.output.into_iter().map(|o| o.name).collect()).unwrap_or_default())
+}
+
+/// A serialized ONNX `TensorProto` (e.g. a backend test's `input_0.pb`): its dims and values as f64.
+pub fn read_tensor(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f64>), ImportError> {
+    let t = pb::TensorProto::decode(bytes)
+        .map_err(|e| ImportError::Malformed(format!("not an ONNX TensorProto: {e}")))?;
+    let c = tensor_to_const(&t)?;
+    Ok((c.dims, c.data))
+}
+
 /// The result of an import: a manifest (without golden vectors) and its weights.
 #[derive(Debug, Clone)]
 pub struct Imported {
@@ -1005,6 +1031,15 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         DistSpec::Categorical { logits } => {
             let (v, s) = runtime_out(&imp, logits, "logits")?;
             let n = s.iter().product();
+            // Logits of several axes (a spatial action map, a conv layer's output): one categorical over all of
+            // them, row-major.
+            let v = if s.len() > 1 {
+                let flat = format!("{logits}.flat");
+                imp.emit(&flat, Op::Flatten, vec![v], &flat, vec![n]);
+                Importer::ir_name(&flat)
+            } else {
+                v
+            };
             (
                 Distribution::Categorical { logits: v.clone() },
                 Some(ActionSpace::Discrete { n }),

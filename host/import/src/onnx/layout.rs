@@ -125,6 +125,37 @@ impl Importer<'_> {
                 let (min, max) = (bound(1, "min")?, bound(2, "max")?);
                 self.emit(&label, Op::Clip { min, max }, vec![x], out, xs);
             }
+            "Transpose" if matches!(ins.first(), Some(Val::Const(_))) => {
+                // A constant transposed (a weight the exporter left as `W^T`): folded.
+                let Some(Val::Const(c)) = ins.first() else { unreachable!() };
+                let rank = c.dims.len();
+                let perm = ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
+                let mut seen = vec![false; rank];
+                let ok = perm.len() == rank
+                    && perm.iter().all(|&p| usize::try_from(p).ok().filter(|p| *p < rank).is_some_and(|p| !std::mem::replace(&mut seen[p], true)));
+                if !ok {
+                    return Err(ImportError::Malformed(format!("node {label}: perm {perm:?} for rank {rank}")));
+                }
+                let perm: Vec<usize> = perm.iter().map(|p| *p as usize).collect();
+                let odims: Vec<usize> = perm.iter().map(|&p| c.dims[p]).collect();
+                let mut strides = vec![1usize; rank];
+                for d in (0..rank.saturating_sub(1)).rev() {
+                    strides[d] = strides[d + 1] * c.dims[d + 1];
+                }
+                let mut data = Vec::with_capacity(c.numel());
+                let mut at = vec![0usize; rank];
+                for _ in 0..c.numel() {
+                    data.push(c.data[at.iter().zip(&perm).map(|(i, &p)| i * strides[p]).sum::<usize>()]);
+                    for d in (0..rank).rev() {
+                        at[d] += 1;
+                        if at[d] < odims[d] {
+                            break;
+                        }
+                        at[d] = 0;
+                    }
+                }
+                self.vals.insert(out.to_string(), Val::Const(Const { dims: odims, data }));
+            }
             "Transpose" => {
                 let v = self.arg(ins, 0, node, idx)?.clone();
                 let Val::Runtime { name, shape } = v else {
