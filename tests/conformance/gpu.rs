@@ -221,3 +221,64 @@ fn recurrent_state_stays_on_the_device() {
         Err(policyport::PolicyError::EnvIds(_))
     ));
 }
+
+/// Regression (found by ONNX's backend test models): a categorical over more than 32768 logits read back wrong
+/// values on wgpu (relative error 0.65 at 33 000). Now refused at load with a typed error naming the limit; a head
+/// just under it (32 000) loads and matches the cpu backend.
+#[test]
+#[cfg_attr(
+    not(feature = "wgpu"),
+    ignore = "built without the wgpu backend (feature wgpu)"
+)]
+fn a_wide_head_is_refused_on_wgpu_not_answered_wrong() {
+    use policyport_format::container::{StorageDType, Tensor};
+    use policyport_format::*;
+    let artifact = |n: usize| {
+        let mut t = std::collections::BTreeMap::new();
+        t.insert(
+            "w".to_string(),
+            Tensor::new(vec![n, 4], (0..4 * n).map(|i| ((i as f32) * 0.37).sin() * 0.1).collect()),
+        );
+        let m = Manifest {
+            name: "wide".into(),
+            producer: Producer { tool: "test".into(), version: "0".into(), source: "hand-built".into(), notes: String::new() },
+            observation: ObservationSpace::Box { shape: vec![4], dtype: ObsDType::F32 },
+            action: ActionSpace::Discrete { n },
+            preprocess: vec![],
+            modules: vec![Module {
+                name: "pi".into(),
+                role: ModuleRole::PolicyHead,
+                inputs: vec!["obs".into()],
+                outputs: vec!["logits".into()],
+                nodes: vec![Node {
+                    name: "logits".into(),
+                    op: Op::Dense { weight: "w".into(), bias: None },
+                    inputs: vec!["obs".into()],
+                    output: "logits".into(),
+                }],
+            }],
+            distribution: Distribution::Categorical { logits: "logits".into() },
+            value: None,
+            recurrent: None,
+            golden: vec![],
+        };
+        write_artifact(&m, &t, &|_| StorageDType::F32).unwrap()
+    };
+    match CompiledPolicy::load(&artifact(33_000), Backend::Wgpu).err() {
+        Some(policyport::PolicyError::Backend(policyport::BackendError::Unsupported(why))) => {
+            assert!(why.contains("32768"), "{why}")
+        }
+        other => panic!("want a typed refusal, got {other:?}"),
+    }
+    let bytes = artifact(32_000);
+    let obs = [0.3f32, -0.2, 0.9, 0.1, 1.0, 0.5, -0.7, 0.2];
+    let mut outs = vec![];
+    for b in [Backend::Cpu, Backend::Wgpu] {
+        let p = CompiledPolicy::load(&bytes, b).unwrap();
+        let mut s = p.session();
+        outs.push(s.act(&Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)).unwrap().clone());
+    }
+    let want: Vec<f64> = outs[0].dist_params.iter().map(|v| *v as f64).collect();
+    assert!(policyport::rel_err(&outs[1].dist_params, &want) < 1e-5);
+    assert_eq!(outs[0].discrete, outs[1].discrete);
+}

@@ -98,8 +98,8 @@ fn run_model(dir: &Path) -> Outcome {
 /// Models with a known defect, each with what is wrong: asserted to still fail, so a fix must remove its entry.
 const KNOWN_FAILING: &[(&str, &str)] = &[(
     "pytorch-converted/test_MaxPool2d_stride_padding_dilation",
-    "wgpu (lavapipe): a 1000 x 1000 observation fails in execution (typed BackendError at load); values of about \
-     500 K numbers per env read back wrong there — noticed, open (issue 15: no silent wrong answer)",
+    "wgpu (lavapipe): a 1000 x 1000 observation (1 M numbers per env) fails in execution, a typed BackendError at \
+     load; cause not found (open). (Heads wider than 32768 numbers, which read back wrong, are refused at load.)",
 )];
 
 #[test]
