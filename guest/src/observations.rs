@@ -153,13 +153,7 @@ pub fn check_observations(
                 }
             }
         }
-        (
-            Observations::U8(_),
-            ObservationSpace::Box {
-                dtype: ObsDType::U8,
-                ..
-            },
-        ) => {}
+        (Observations::U8(_), space) if space.raw_dtype() == ObsDType::U8 => {}
         (Observations::U8(_), _) => {
             return Err(ObservationError::DType {
                 expected: "f32",

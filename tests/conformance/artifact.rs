@@ -36,6 +36,42 @@ fn a_newer_op_in_an_older_file_is_refused() {
     assert!(read_artifact(&policyport_format::container::assemble_versioned(m, w, 1)).is_ok());
 }
 
+/// Format 1.2's dict observation: a file holding one is stamped 1.2 (and an MLP on a box stays 1.0); one stamped
+/// older is refused naming the dict; a dict with a repeated or empty key, or no parts, is refused at validation.
+#[test]
+fn a_dict_observation_needs_format_1_2() {
+    let zip = std::fs::read(fixtures_dir().join("sb3/ppo_multi_input_dict/model.zip")).unwrap();
+    let bytes = policyport_import::compile_sb3(&zip, None, "dict", None, Storage::F32).unwrap();
+    let art = read_artifact(&bytes).unwrap();
+    assert_eq!(art.version, (1, 2));
+    let policyport_format::ObservationSpace::Dict { spaces } = &art.manifest.observation else {
+        panic!("{:?}", art.manifest.observation)
+    };
+    let keys: Vec<&str> = spaces.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["image", "vec"]);
+    assert_eq!(art.manifest.observation.raw_len(), 3 * 36 * 36 + 5);
+    let (m, w) = policyport_format::container::sections(&bytes).unwrap();
+    match read_artifact(&policyport_format::container::assemble_versioned(m, w, 1)).unwrap_err() {
+        policyport_format::FormatError::OpNewerThanFile { op, since, file } => {
+            assert_eq!((op.as_str(), since, file), ("observation kind 'dict'", (1, 2), (1, 1)))
+        }
+        other => panic!("{other}"),
+    }
+    for bad in [
+        |s: &mut Vec<policyport_format::DictEntry>| s[1].key = "image".into(),
+        |s: &mut Vec<policyport_format::DictEntry>| s[0].key = String::new(),
+        |s: &mut Vec<policyport_format::DictEntry>| s.clear(),
+        |s: &mut Vec<policyport_format::DictEntry>| s[1].shape = vec![0],
+    ] {
+        let mut a = art.clone();
+        if let policyport_format::ObservationSpace::Dict { spaces } = &mut a.manifest.observation {
+            bad(spaces);
+        }
+        let e = validate(&a, &Limits::default()).unwrap_err();
+        assert!(matches!(e, policyport_format::FormatError::Invalid { .. } | policyport_format::FormatError::Shape { .. } | policyport_format::FormatError::TooLarge { .. }), "{e:?}");
+    }
+}
+
 /// The float64 reference interpreter (the toolchain's oracle for bare ONNX files) agrees with PyTorch float64.
 #[test]
 fn reference_interpreter_matches_pytorch_float64() {

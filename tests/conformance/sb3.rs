@@ -34,6 +34,7 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend() {
         "recurrent_ppo_cartpole",
         "recurrent_ppo_pendulum_shared_2layers",
         "recurrent_ppo_cnn_frames",
+        "ppo_multi_input_dict",
     ] {
         assert!(names.iter().any(|n| n == want), "sb3 fixture {want} missing: {names:?}");
     }

@@ -28,7 +28,7 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// 1.1 added the ops `exp clip reshape transpose conv2d max_pool2d layer_norm` (SPEC.md §3). The writer stamps
 /// the lowest minor a file needs ([`Manifest::required_minor`]), so a policy that uses only 1.0 ops still loads in
 /// a 1.0 runtime already shipped in a game.
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 2;
 const HEADER_LEN: usize = 96;
 const ALIGN: usize = 64;
 
@@ -167,6 +167,13 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
         return Err(FormatError::OpNewerThanFile {
             op,
             since: (FORMAT_MAJOR, since),
+            file: (major, minor),
+        });
+    }
+    if manifest.observation.since_minor() > minor {
+        return Err(FormatError::OpNewerThanFile {
+            op: "observation kind 'dict'".into(),
+            since: (FORMAT_MAJOR, manifest.observation.since_minor()),
             file: (major, minor),
         });
     }

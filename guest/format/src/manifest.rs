@@ -60,7 +60,7 @@ impl Manifest {
 
     /// The lowest format minor (of major 1) able to hold this manifest.
     pub fn required_minor(&self) -> u16 {
-        self.newest_op().map_or(0, |(_, m)| m)
+        self.newest_op().map_or(0, |(_, m)| m).max(self.observation.since_minor())
     }
 }
 
@@ -83,6 +83,20 @@ pub enum ObservationSpace {
     Discrete {
         n: usize,
     },
+    /// (1.2) A gymnasium `Dict` of boxes: the runtime receives each env's parts flattened and concatenated in
+    /// this order (the order the trainer iterates them); the value `obs` is that flat vector.
+    Dict {
+        spaces: Vec<DictEntry>,
+    },
+}
+
+/// One part of a [`ObservationSpace::Dict`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DictEntry {
+    pub key: String,
+    pub shape: Vec<usize>,
+    pub dtype: ObsDType,
 }
 
 impl ObservationSpace {
@@ -91,6 +105,25 @@ impl ObservationSpace {
         match self {
             ObservationSpace::Box { shape, .. } => shape.iter().product(),
             ObservationSpace::Discrete { .. } => 1,
+            ObservationSpace::Dict { spaces } => spaces.iter().map(|e| e.shape.iter().product::<usize>()).sum(),
+        }
+    }
+
+    /// The element type the runtime receives: bytes for a `u8` box or a dict of `u8` boxes only, else f32.
+    pub fn raw_dtype(&self) -> ObsDType {
+        match self {
+            ObservationSpace::Box { dtype, .. } => *dtype,
+            ObservationSpace::Discrete { .. } => ObsDType::F32,
+            ObservationSpace::Dict { spaces } if spaces.iter().all(|e| e.dtype == ObsDType::U8) => ObsDType::U8,
+            ObservationSpace::Dict { .. } => ObsDType::F32,
+        }
+    }
+
+    /// The first format minor (of major 1) that has this kind of space.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            ObservationSpace::Dict { .. } => 2,
+            _ => 0,
         }
     }
 }

@@ -425,6 +425,25 @@ impl Checker<'_> {
                 }
                 vec![1]
             }
+            ObservationSpace::Dict { spaces } => {
+                if spaces.is_empty() {
+                    return Err(FormatError::invalid("observation.spaces", "a dict needs at least one part"));
+                }
+                let mut total = 0u64;
+                for (i, e) in spaces.iter().enumerate() {
+                    if e.key.is_empty() || spaces[..i].iter().any(|o| o.key == e.key) {
+                        return Err(FormatError::invalid(
+                            "observation.spaces",
+                            format!("part {i}: key '{}' is empty or repeated", e.key),
+                        ));
+                    }
+                    self.check_value_size(&format!("observation part '{}'", e.key), &e.shape)?;
+                    total = total.saturating_add(e.shape.iter().map(|d| *d as u64).product::<u64>());
+                }
+                let flat = vec![usize::try_from(total).unwrap_or(usize::MAX)];
+                self.check_value_size("observation space", &flat)?;
+                flat
+            }
         };
         let mut one_hot_done = false;
         for (i, p) in m.preprocess.iter().enumerate() {

@@ -152,13 +152,7 @@ pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
             return Err(fail(ERR_CALL, "info pointer is null or misaligned"));
         };
         let i = &slot.info;
-        let u8_obs = matches!(
-            i.observation,
-            policyport::format::ObservationSpace::Box {
-                dtype: policyport::format::ObsDType::U8,
-                ..
-            }
-        );
+        let u8_obs = i.observation.raw_dtype() == policyport::format::ObsDType::U8;
         let info = PluginInfo {
             obs_len: i.obs_len as u32,
             action_len: i.action_len as u32,

@@ -69,6 +69,9 @@ pub fn import_cleanrl(
     let mut b = GraphBuilder::new(&sd, "CleanRL checkpoint");
     let mut preprocess = vec![];
     let obs_shape = match &observation {
+        ObservationSpace::Dict { .. } => {
+            return Err(bad("CleanRL's agents take Box or Discrete observations, not a Dict"));
+        }
         ObservationSpace::Box { shape, .. } => shape.clone(),
         ObservationSpace::Discrete { n } => {
             preprocess.push(Preprocess::OneHot { n: *n });

@@ -122,20 +122,23 @@ pub fn compile_imported(
 
 /// Seeded observations that fit a space (standard normal-ish floats, bytes, or valid discrete ids).
 pub fn random_obs(space: &ObservationSpace, batch: usize, seed: u64) -> Vec<f32> {
-    let n = space.raw_len() * batch;
-    (0..n)
+    let raw = space.raw_len();
+    // Per element of a row: its dtype (a dict's parts each have their own).
+    let u8_at: Vec<bool> = match space {
+        ObservationSpace::Dict { spaces } => spaces
+            .iter()
+            .flat_map(|e| std::iter::repeat_n(e.dtype == ObsDType::U8, e.shape.iter().product()))
+            .collect(),
+        _ => vec![space.raw_dtype() == ObsDType::U8; raw],
+    };
+    (0..raw * batch)
         .map(|i| {
             let mut s = Stream::new(seed, i as u32, 0xFFFF_FFFF);
             let (a, b) = (u01(s.word(0)).max(1e-7), u01(s.word(1)));
             match space {
-                ObservationSpace::Box {
-                    dtype: ObsDType::U8,
-                    ..
-                } => (a * 256.0).floor().min(255.0),
-                ObservationSpace::Box { .. } => {
-                    (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
-                }
                 ObservationSpace::Discrete { n } => ((a * *n as f32).floor()).min(*n as f32 - 1.0),
+                _ if u8_at[i % raw] => (a * 256.0).floor().min(255.0),
+                _ => (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos(),
             }
         })
         .collect()

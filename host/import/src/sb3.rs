@@ -7,15 +7,16 @@
 //! action distributions (`predict` clips Gaussian actions to the bounds; SAC squashes with tanh and rescales).
 //!
 //! Supported: PPO / A2C `ActorCriticPolicy` and `ActorCriticCnnPolicy` (shared or separate feature extractors) on
-//! Discrete, MultiDiscrete and Box actions; sb3-contrib `RecurrentPPO` (`MlpLstmPolicy`, `CnnLstmPolicy`: any
+//! Discrete, MultiDiscrete and Box actions; `MultiInputPolicy` (a Dict of Box parts through `CombinedExtractor`:
+//! NatureCNN for images, Flatten for the rest; format 1.2's dict observation); sb3-contrib `RecurrentPPO` (`MlpLstmPolicy`, `CnnLstmPolicy`: any
 //! number of LSTM layers, the critic with its own LSTM, a Linear, or the actor's), its LSTM states per env in the
-//! artifact; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary,
-//! Dict observations, gSDE) is a typed error naming it.
+//! artifact; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary, Dict parts that are not
+//! boxes, gSDE) is a typed error naming it.
 
 
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
+    ActionSpace, DictEntry, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
     Op, Preprocess, RecurrentSpec,
 };
 use serde_json::Value;
@@ -121,9 +122,16 @@ fn observation_space(v: &Value) -> Result<(ObservationSpace, bool), ImportError>
                 false,
             ))
         }
+        "Dict" => {
+            let repr = v
+                .get("spaces")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("Dict space without its 'spaces'"))?;
+            Ok((ObservationSpace::Dict { spaces: dict_entries(repr)? }, false))
+        }
         other => Err(unsupported(
             format!("observation space {other}"),
-            "Box and Discrete observations are supported (Dict / MultiInputPolicy: not yet)",
+            "Box, Discrete and Dict (of Box) observations are supported",
         )),
     }
 }
@@ -205,8 +213,105 @@ fn activation(kwargs: &Value, default: Op) -> Result<Op, ImportError> {
     })
 }
 
+/// The parts of a Dict space from the `repr` SB3 writes for it, e.g. `{'image': Box(0, 255, (3, 36, 36), uint8),
+/// 'vec': Box(-1.0, 1.0, (5,), float32)}` (keys in the space's order: the order `CombinedExtractor` concatenates).
+/// Only the shape and dtype are read (the bounds are not needed: images are known by their CNN weights).
+fn dict_entries(repr: &str) -> Result<Vec<DictEntry>, ImportError> {
+    let body = repr.trim().strip_prefix('{').and_then(|r| r.strip_suffix('}')).ok_or_else(|| bad(format!("Dict spaces '{repr}'")))?;
+    let mut out = vec![];
+    let mut rest = body.trim();
+    while !rest.is_empty() {
+        let r = rest.strip_prefix('\'').ok_or_else(|| bad(format!("Dict key in '{rest}'")))?;
+        let end = r.find('\'').ok_or_else(|| bad("unterminated Dict key"))?;
+        let key = r[..end].to_string();
+        let r = r[end + 1..].trim_start().strip_prefix(':').ok_or_else(|| bad("Dict entry without ':'"))?.trim_start();
+        let Some(r) = r.strip_prefix("Box(") else {
+            let kind: String = r.chars().take_while(|c| c.is_alphanumeric()).collect();
+            return Err(unsupported(format!("a Dict observation part '{key}' of kind {kind}"), "Dict parts must be Box spaces"));
+        };
+        // The Box's closing parenthesis: the first ')' at depth 0 (bounds may be arrays, the shape a tuple).
+        let mut depth = 0i32;
+        let close = r
+            .char_indices()
+            .find(|(_, c)| {
+                match c {
+                    '(' | '[' => depth += 1,
+                    ')' | ']' => depth -= 1,
+                    _ => {}
+                }
+                depth < 0
+            })
+            .map(|(i, _)| i)
+            .ok_or_else(|| bad(format!("unterminated Box of part '{key}'")))?;
+        let inner = &r[..close];
+        let (shape_part, dtype) = inner.rsplit_once("),").ok_or_else(|| bad(format!("Box of part '{key}' without a shape")))?;
+        let shape_str = shape_part.rsplit_once('(').map(|(_, s)| s).ok_or_else(|| bad("Box shape"))?;
+        let shape = shape_str
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| d.parse::<usize>().map_err(|_| bad(format!("Box dim '{d}' of part '{key}'"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dtype = match dtype.trim() {
+            "uint8" => ObsDType::U8,
+            "float32" | "float64" | "float16" => ObsDType::F32,
+            other => return Err(unsupported(format!("Dict part '{key}' of dtype {other}"), "float or uint8 boxes")),
+        };
+        if shape.is_empty() {
+            return Err(bad(format!("Dict part '{key}' has no shape")));
+        }
+        out.push(DictEntry { key, shape, dtype });
+        rest = r[close + 1..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+    if out.is_empty() {
+        return Err(bad("an empty Dict space"));
+    }
+    Ok(out)
+}
+
+/// SB3's `CombinedExtractor` on the flat dict observation: each part sliced out (in the space's order), images
+/// (parts with `extractors.<key>.cnn` weights) reshaped, scaled by 1/255 and through their NatureCNN, the others
+/// as they are (Flatten); then concatenated.
+fn dict_features(g: &mut GraphBuilder, prefix: &str, spaces: &[DictEntry]) -> Result<(String, usize), ImportError> {
+    let (mut off, mut feats, mut dim) = (0usize, vec![], 0usize);
+    for e in spaces {
+        let n: usize = e.shape.iter().product();
+        let base = format!("{prefix}.extractors.{}", e.key);
+        let part = g.node(Op::Slice { start: off, len: n }, OBS_VALUE, &format!("{base}.obs"));
+        off += n;
+        if g.has(&format!("{base}.cnn.0.weight")) {
+            if e.dtype != ObsDType::U8 || e.shape.len() != 3 {
+                return Err(bad(format!("part '{}' has CNN weights but is not a uint8 image", e.key)));
+            }
+            let img = g.node(Op::Reshape { shape: e.shape.clone() }, &part, &format!("{base}.chw"));
+            let scale = g.derived(&format!("{base}.scale"), Tensor::new(vec![1], vec![1.0 / 255.0]));
+            let img = g.node(Op::Affine { scale: Some(scale), shift: None }, &img, &format!("{base}.scaled"));
+            let convs = [0, 2, 4].map(|i| format!("{base}.cnn.{i}"));
+            let names = [format!("{base}.cnn.6"), format!("{base}.linear.1")];
+            let (f, d) = g.nature_cnn(convs, &format!("{base}.linear.0"), &img, &e.shape, [&names[0], &names[1]])?;
+            feats.push(f);
+            dim += d;
+        } else {
+            feats.push(part);
+            dim += n;
+        }
+    }
+    let refs: Vec<&str> = feats.iter().map(String::as_str).collect();
+    let f = if refs.len() == 1 { feats[0].clone() } else { g.node_n(Op::Concat, &refs, &format!("{prefix}.concat")) };
+    Ok((f, dim))
+}
+
 /// SB3's features extractors: NatureCNN (`cnn.0/2/4` + `linear.0`) if its weights are there, else Flatten.
-fn features(g: &mut GraphBuilder, prefix: &str, obs_shape: &[usize]) -> Result<(String, usize), ImportError> {
+fn features(
+    g: &mut GraphBuilder,
+    prefix: &str,
+    observation: &ObservationSpace,
+    obs_shape: &[usize],
+) -> Result<(String, usize), ImportError> {
+    if let ObservationSpace::Dict { spaces } = observation {
+        return dict_features(g, prefix, spaces);
+    }
     if !g.has(&format!("{prefix}.cnn.0.weight")) {
         let n: usize = obs_shape.iter().product();
         if obs_shape.len() == 1 {
@@ -316,7 +421,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
     if let Some(vn) = vecnormalize.map(read_vecnormalize).transpose()?.flatten() {
         // VecNormalize runs in the env wrapper, before the policy's own preprocessing.
         let ObservationSpace::Box { shape, .. } = &observation else {
-            return Err(unsupported("VecNormalize statistics for Discrete observations", "drop --vecnormalize"));
+            return Err(unsupported("VecNormalize statistics for Discrete or Dict observations", "drop --vecnormalize"));
         };
         if vn.mean.len() != shape.iter().product::<usize>() {
             return Err(bad(format!(
@@ -333,6 +438,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         });
     }
     let obs_shape = match &observation {
+        ObservationSpace::Dict { .. } => vec![observation.raw_len()],
         ObservationSpace::Discrete { n } => {
             preprocess.push(Preprocess::OneHot { n: *n });
             vec![*n]
@@ -350,7 +456,7 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
     let (distribution, value) = if sd.contains_key("actor.mu.weight") {
         // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
         let act = activation(&kwargs, Op::Relu)?;
-        let (f, d) = features(&mut g, "actor.features_extractor", &obs_shape)?;
+        let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
         let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true)?;
         let (mean, k) = g.linear("actor.mu", &latent, d)?;
         let (ls, _) = g.linear("actor.log_std", &latent, d)?;
@@ -389,14 +495,14 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         let shared = sd.keys().any(|k| k.starts_with("features_extractor."))
             || !sd.keys().any(|k| k.starts_with("pi_features_extractor."));
         let (pi_f, vf_f, d) = if shared {
-            let (f, d) = features(&mut g, "features_extractor", &obs_shape)?;
+            let (f, d) = features(&mut g, "features_extractor", &observation, &obs_shape)?;
             if g.pending() {
                 modules.push(g.module("features", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![f.clone()]));
             }
             (f.clone(), f, d)
         } else {
-            let (pf, d) = features(&mut g, "pi_features_extractor", &obs_shape)?;
-            let (vf, _) = features(&mut g, "vf_features_extractor", &obs_shape)?;
+            let (pf, d) = features(&mut g, "pi_features_extractor", &observation, &obs_shape)?;
+            let (vf, _) = features(&mut g, "vf_features_extractor", &observation, &obs_shape)?;
             if g.pending() {
                 modules.push(g.module(
                     "features",
