@@ -153,6 +153,27 @@ fn c_abi_errors_are_typed_and_never_panic() {
 
 /// The C example, built with the system C compiler against the cbindgen header and the cdylib, runs the
 /// trained CartPole policy natively and inside the wasm sandbox.
+/// Compile `host/capi/examples/<name>.c` against the built library (warnings are errors) into `dir`.
+fn compile_c_example(name: &str, dir: &Path) -> std::path::PathBuf {
+    let lib_dir = target_profile_dir();
+    let header_dir = Path::new(HEADER).parent().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../host/capi/examples/{name}.c"));
+    let exe = dir.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
+        .arg(&example)
+        .arg(format!("-I{}", header_dir.display()))
+        .arg(format!("-L{}", lib_dir.display()))
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .args(["-lpolicyport_capi", "-lm", "-o"])
+        .arg(&exe)
+        .status()
+        .expect("running the C compiler");
+    assert!(status.success(), "C example {name}.c failed to compile");
+    exe
+}
+
 #[test]
 fn c_example_runs_cartpole_natively_and_sandboxed() {
     let dir = std::env::temp_dir().join(format!("policyport-c-{}", std::process::id()));
@@ -165,21 +186,7 @@ fn c_example_runs_cartpole_natively_and_sandboxed() {
         "build the workspace first (cdylib missing in {})",
         lib_dir.display()
     );
-    let header_dir = Path::new(HEADER).parent().unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/capi/examples/cartpole.c");
-    let exe = dir.join("cartpole");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
-        .arg(&example)
-        .arg(format!("-I{}", header_dir.display()))
-        .arg(format!("-L{}", lib_dir.display()))
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .args(["-lpolicyport_capi", "-lm", "-o"])
-        .arg(&exe)
-        .status()
-        .expect("running the C compiler");
-    assert!(status.success(), "C example failed to compile");
+    let exe = compile_c_example("cartpole", &dir);
     let run = |args: &[&Path]| {
         let out = Command::new(&exe).args(args).output().unwrap();
         assert!(
@@ -222,22 +229,7 @@ fn c_example_runs_cartpole_natively_and_sandboxed() {
 fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
     let dir = std::env::temp_dir().join(format!("policyport-c-rollout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let lib_dir = target_profile_dir();
-    let header_dir = Path::new(HEADER).parent().unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/capi/examples/rollout.c");
-    let exe = dir.join("rollout");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
-        .arg(&example)
-        .arg(format!("-I{}", header_dir.display()))
-        .arg(format!("-L{}", lib_dir.display()))
-        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
-        .args(["-lpolicyport_capi", "-o"])
-        .arg(&exe)
-        .status()
-        .expect("running the C compiler");
-    assert!(status.success(), "C rollout example failed to compile");
+    let exe = compile_c_example("rollout", &dir);
     let plugin = target_profile_dir().parent().unwrap().join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
     let fixtures = policyport_conformance::fixtures_dir();
     let sb3 = fixtures.join("sb3/recurrent_ppo_cnn_frames");

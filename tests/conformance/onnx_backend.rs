@@ -54,18 +54,7 @@ fn run_model(dir: &Path) -> Outcome {
     }
     // The graph's output name: the first graph output (what output_0.pb holds).
     let name = policyport_import::onnx::graph_output_names(&model).unwrap().remove(0);
-    let spec = ImportSpec {
-        name: None,
-        distribution: DistSpec::Categorical { logits: name },
-        value: None,
-        observation: None,
-        action: None,
-        normalize: None,
-        scale: None,
-        input: None,
-        source: None,
-        recurrent: vec![],
-    };
+    let spec = ImportSpec::new(DistSpec::Categorical { logits: name });
     let bytes = match compile_onnx(&model, &spec, "onnx-backend", None, Storage::F32) {
         Ok(b) => b,
         Err(e @ (ImportError::UnsupportedOp { .. } | ImportError::Unsupported { .. } | ImportError::Spec(_))) => {

@@ -489,20 +489,11 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
                     backend.name(),
                     step.episode_starts
                 );
-                let got: Vec<f64> = if out.continuous.is_empty() {
-                    out.discrete.iter().map(|a| *a as f64).collect()
-                } else {
-                    out.continuous.iter().map(|a| *a as f64).collect()
-                };
-                assert_eq!(got.len(), step.trainer_actions.len());
-                for (g, w) in got.iter().zip(&step.trainer_actions) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                        "{name} on {} step {t}: actions {got:?}, the trainer's {:?}",
-                        backend.name(),
-                        step.trainer_actions
-                    );
-                }
+                policyport_conformance::assert_trainer_actions(
+                    out,
+                    &step.trainer_actions,
+                    &format!("{name} on {} step {t}", backend.name()),
+                );
             }
             table.push(format!(
                 "{name:<44} {:<8} {} steps x {} envs  params max rel err {worst_params:.2e}  value {worst_value:.2e}",

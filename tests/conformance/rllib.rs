@@ -41,20 +41,11 @@ fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
                 let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
                 let mut s = p.session();
                 let out = s.act(&Request::new(Observations::F32(&case.obs), case.batch, ActMode::Deterministic)).unwrap();
-                let got: Vec<f64> = if out.continuous.is_empty() {
-                    out.discrete.iter().map(|a| *a as f64).collect()
-                } else {
-                    out.continuous.iter().map(|a| *a as f64).collect()
-                };
-                assert_eq!(got.len(), want.len());
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                        "{name} on {} case {}: {got:?} vs RLlib's {want:?}",
-                        backend.name(),
-                        case.name
-                    );
-                }
+                policyport_conformance::assert_trainer_actions(
+                    out,
+                    &want,
+                    &format!("{name} on {} case {}", backend.name(), case.name),
+                );
             }
         }
     }

@@ -74,20 +74,11 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend() {
                         ActMode::Deterministic,
                     ))
                     .unwrap();
-                let got: Vec<f64> = if out.continuous.is_empty() {
-                    out.discrete.iter().map(|a| *a as f64).collect()
-                } else {
-                    out.continuous.iter().map(|a| *a as f64).collect()
-                };
-                assert_eq!(got.len(), want.len(), "{name} {}", case.name);
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                        "{name} on {} case {}: {got:?} vs SB3's {want:?}",
-                        backend.name(),
-                        case.name
-                    );
-                }
+                policyport_conformance::assert_trainer_actions(
+                    out,
+                    &want,
+                    &format!("{name} on {} case {}", backend.name(), case.name),
+                );
             }
         }
     }

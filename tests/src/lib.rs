@@ -216,3 +216,21 @@ fn compare_or_bless(path: &Path, got: &[u8]) -> Result<(), Option<Vec<u8>>> {
     );
     Ok(())
 }
+
+/// The actions of a step as f64 (discrete or continuous, whichever the policy has).
+pub fn actions_f64(out: &policyport::ActOutputs) -> Vec<f64> {
+    if out.continuous.is_empty() {
+        out.discrete.iter().map(|a| *a as f64).collect()
+    } else {
+        out.continuous.iter().map(|a| *a as f64).collect()
+    }
+}
+
+/// A step's actions equal a trainer's own deterministic actions (continuous ones to float32 rounding).
+pub fn assert_trainer_actions(out: &policyport::ActOutputs, want: &[f64], what: &str) {
+    let got = actions_f64(out);
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{what}: {got:?} vs the trainer's {want:?}");
+    }
+}

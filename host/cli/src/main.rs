@@ -357,18 +357,7 @@ fn main() -> Result<()> {
                         "unknown --dist '{other}' (categorical, diag-gaussian, squashed-gaussian)"
                     ),
                 };
-                let mut base = s.take().unwrap_or(ImportSpec {
-                    name: None,
-                    distribution: ds.clone(),
-                    value: None,
-                    observation: None,
-                    action: None,
-                    normalize: None,
-                    scale: None,
-                    input: None,
-                    source: None,
-                    recurrent: vec![],
-                });
+                let mut base = s.take().unwrap_or(ImportSpec::new(ds.clone()));
                 base.distribution = ds;
                 s = Some(base);
             }

@@ -69,6 +69,15 @@ fn elem_size(kind: &str) -> usize {
     kind.get(1..).and_then(|s| s.parse().ok()).unwrap_or(1)
 }
 
+/// An array's shape tuple.
+fn shape_of(pk: &Pickle, i: usize) -> Result<Vec<usize>, String> {
+    pk.items(i)
+        .ok_or("ndarray shape is not a tuple")?
+        .iter()
+        .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or_else(|| "bad ndarray dim".to_string()))
+        .collect()
+}
+
 /// An `ndarray` (or a NumPy scalar, as a 0-d array) at node `i`.
 pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
     match pk.call_name(i).as_deref() {
@@ -90,12 +99,7 @@ pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
                 .and_then(|s| pk.items(s))
                 .filter(|s| s.len() == 5)
                 .ok_or("ndarray without its (version, shape, dtype, fortran, data) state")?;
-            let shape: Vec<usize> = pk
-                .items(st[1])
-                .ok_or("ndarray shape is not a tuple")?
-                .iter()
-                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or("bad ndarray dim"))
-                .collect::<Result<_, _>>()?;
+            let shape = shape_of(pk, st[1])?;
             let (kind, big) = dtype_of(pk, st[2])?;
             if pk.int(st[3]).unwrap_or(0) != 0 {
                 return Err("Fortran-ordered arrays are not read".into());
@@ -117,12 +121,7 @@ pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
                 return Err("_frombuffer data is not raw bytes".into());
             };
             let (kind, big) = dtype_of(pk, a[1])?;
-            let shape: Vec<usize> = pk
-                .items(a[2])
-                .ok_or("_frombuffer shape is not a tuple")?
-                .iter()
-                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or("bad ndarray dim"))
-                .collect::<Result<_, _>>()?;
+            let shape = shape_of(pk, a[2])?;
             if pk.str(a[3]) != Some("C") {
                 return Err("only C-ordered arrays are read".into());
             }

@@ -1333,20 +1333,9 @@ mod tests {
     /// Regression (issue 15's corpus): a node without the inputs its op reads indexed past them and panicked.
     #[test]
     fn nodes_missing_inputs_are_malformed_not_a_panic() {
-        let spec = ImportSpec {
-            name: None,
-            distribution: DistSpec::Categorical {
-                logits: "logits".into(),
-            },
-            value: None,
-            observation: None,
-            action: None,
-            normalize: None,
-            scale: None,
-            input: None,
-            source: None,
-            recurrent: vec![],
-        };
+        let spec = ImportSpec::new(DistSpec::Categorical {
+            logits: "logits".into(),
+        });
         for (op, inputs) in [
             ("Relu", vec![]),
             ("Add", vec!["obs"]),

@@ -44,6 +44,25 @@ pub struct StatePair {
     pub output: String,
 }
 
+impl ImportSpec {
+    /// A spec saying only what the outputs mean; everything else defaulted (spaces from the graph, no
+    /// preprocessing, one graph input, no recurrent state).
+    pub fn new(distribution: DistSpec) -> Self {
+        ImportSpec {
+            name: None,
+            distribution,
+            value: None,
+            observation: None,
+            action: None,
+            normalize: None,
+            scale: None,
+            input: None,
+            source: None,
+            recurrent: vec![],
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DistSpec {

@@ -6,16 +6,8 @@ use policyport_import::{DistSpec, ImportSpec, Storage, compile_onnx};
 
 fuzz_target!(|data: &[u8]| {
     let spec = ImportSpec {
-        name: None,
-        distribution: DistSpec::Categorical { logits: "logits".into() },
         value: Some("value".into()),
-        observation: None,
-        action: None,
-        normalize: None,
-        scale: None,
-        input: None,
-        source: None,
-        recurrent: vec![],
+        ..ImportSpec::new(DistSpec::Categorical { logits: "logits".into() })
     };
     let _ = compile_onnx(data, &spec, "fuzz", None, Storage::F32);
 });
