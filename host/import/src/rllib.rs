@@ -214,7 +214,7 @@ fn observation_space(pk: &Pickle, i: usize) -> Result<ObservationSpace, ImportEr
                 .items(space_attr(pk, i, "_shape")?)
                 .ok_or_else(|| bad("Box _shape is not a tuple"))?
                 .iter()
-                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or_else(|| bad("bad Box dim")))
+                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).filter(|v| *v >= 1).ok_or_else(|| bad("a Box dim that is not a positive size")))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(ObservationSpace::Box {
                 shape,
