@@ -80,31 +80,7 @@ impl<'a> GraphBuilder<'a> {
     /// `bias_hh_l{k}`; as many layers as it has), stepped once on `x` (`dim` features). Each layer's `h` and `c`
     /// become per-env recurrent states (zeros at an episode start, as SB3, CleanRL and RLlib reset them).
     pub(crate) fn torch_lstm(&mut self, key: &str, x: &str, dim: usize) -> Result<Recurrent, ImportError> {
-        self.torch_rnn(key, x, dim, 4, |g, name, x, dim, w| {
-            let h = w.hidden;
-            let (h_state, c_state) = (format!("{name}.h"), format!("{name}.c"));
-            let (h_in, c_in) = (format!("{STATE_PREFIX}{h_state}"), format!("{STATE_PREFIX}{c_state}"));
-            let (h_next, c_next) = g.lstm_cell(name, x, dim, w, &h_in, &c_in);
-            Ok(Recurrent {
-                output: h_next.clone(),
-                hidden: h,
-                reads: vec![h_in, c_in],
-                states: vec![
-                    StateSpec { name: h_state, shape: vec![h], next: h_next },
-                    StateSpec { name: c_state, shape: vec![h], next: c_next },
-                ],
-            })
-        })
-    }
-
-    fn torch_rnn(
-        &mut self,
-        key: &str,
-        x: &str,
-        dim: usize,
-        gates: usize,
-        cell: impl Fn(&mut Self, &str, &str, usize, CellWeights) -> Result<Recurrent, ImportError>,
-    ) -> Result<Recurrent, ImportError> {
+        const GATES: usize = 4;
         let prefix = format!("{key}.");
         for k in self.sd.keys().filter(|k| k.starts_with(&prefix)) {
             let field = &k[prefix.len()..];
@@ -128,17 +104,17 @@ impl<'a> GraphBuilder<'a> {
             let w_ih = self.peek(&format!("{key}.weight_ih_l{layer}"))?;
             let w_hh = self.peek(&format!("{key}.weight_hh_l{layer}"))?;
             let h = w_hh.shape.get(1).copied().unwrap_or(0);
-            if w_hh.shape != [gates * h, h] || h == 0 {
+            if w_hh.shape != [GATES * h, h] || h == 0 {
                 return Err(self.bad(format!(
-                    "'{key}.weight_hh_l{layer}' is {:?}, expected [{gates}·H, H]",
+                    "'{key}.weight_hh_l{layer}' is {:?}, expected [{GATES}·H, H]",
                     w_hh.shape
                 )));
             }
-            if w_ih.shape != [gates * h, dim] {
+            if w_ih.shape != [GATES * h, dim] {
                 return Err(self.bad(format!(
                     "'{key}.weight_ih_l{layer}' is {:?}, expected [{}, {dim}]",
                     w_ih.shape,
-                    gates * h
+                    GATES * h
                 )));
             }
             let bias = |g: &Self, which: &str| -> Result<Option<&'a Tensor>, ImportError> {
@@ -147,8 +123,8 @@ impl<'a> GraphBuilder<'a> {
                     return Ok(None);
                 }
                 let b = g.peek(&k)?;
-                if b.shape != [gates * h] {
-                    return Err(g.bad(format!("'{k}' is {:?}, expected [{}]", b.shape, gates * h)));
+                if b.shape != [GATES * h] {
+                    return Err(g.bad(format!("'{k}' is {:?}, expected [{}]", b.shape, GATES * h)));
                 }
                 Ok(Some(b))
             };
@@ -160,11 +136,14 @@ impl<'a> GraphBuilder<'a> {
                 b_ih: b_ih.map(|b| b.data.as_slice()),
                 b_hh: b_hh.map(|b| b.data.as_slice()),
             };
-            let layer_out = cell(self, &format!("{key}.l{layer}"), &x, dim, w)?;
-            x = layer_out.output;
-            dim = layer_out.hidden;
-            out.reads.extend(layer_out.reads);
-            out.states.extend(layer_out.states);
+            let name = format!("{key}.l{layer}");
+            let (h_state, c_state) = (format!("{name}.h"), format!("{name}.c"));
+            let (h_in, c_in) = (format!("{STATE_PREFIX}{h_state}"), format!("{STATE_PREFIX}{c_state}"));
+            let (h_next, c_next) = self.lstm_cell(&name, &x, dim, w, &h_in, &c_in);
+            out.reads.extend([h_in, c_in]);
+            out.states.push(StateSpec { name: h_state, shape: vec![h], next: h_next.clone() });
+            out.states.push(StateSpec { name: c_state, shape: vec![h], next: c_next });
+            (x, dim) = (h_next, h);
             layer += 1;
         }
         out.output = x;
