@@ -136,7 +136,9 @@ impl ExecutorBuilder for Backend {
                         // here with a typed error rather than answered wrong (regression test in
                         // tests/conformance/gpu.rs, found by ONNX's backend test models).
                         let h = &plan.head;
-                        if h.action_len + h.dist_params_len + h.has_value() as usize > WGPU_MAX_HEAD_WIDTH {
+                        if h.action_len + h.dist_params_len + h.has_value() as usize
+                            > WGPU_MAX_HEAD_WIDTH
+                        {
                             return Err(BackendError::Unsupported(
                                 "a policy head wider than 32768 numbers per env (actions + distribution parameters \
                                  + value) reads back wrong on wgpu (a known defect); use the cpu backend",

@@ -85,6 +85,8 @@ pub struct CompiledPolicy {
     pre: Preprocessor,
     one_hot: Option<usize>,
     selection: Option<Selection>,
+    /// The limits it was validated under; act() checks its memory against them.
+    limits: Limits,
 }
 
 impl std::fmt::Debug for CompiledPolicy {
@@ -110,6 +112,18 @@ impl CompiledPolicy {
         Self::with_builder(artifact, Arc::new(backend))
     }
 
+    /// [`CompiledPolicy::load`] under other [`Limits`] than the defaults (a stricter memory budget for a
+    /// policy from an untrusted source, or a larger one for a big model on a big machine). The limits stay with
+    /// the policy: every act() is checked against `limits.max_memory_bytes` before anything is allocated.
+    pub fn load_with_limits(
+        bytes: &[u8],
+        backend: Backend,
+        limits: Limits,
+    ) -> Result<Arc<Self>, PolicyError> {
+        backend.check_compiled()?;
+        Self::with_builder_and_limits(read_artifact(bytes)?, Arc::new(backend), limits)
+    }
+
     /// [`CompiledPolicy::from_artifact`] on an executor built by `builder`: how a backend whose executor lives in
     /// another crate (libtorch, `policyport_torch::load`) gets the same policy, sessions, request checks, state
     /// model, sampling and golden verification as the built-in ones.
@@ -117,7 +131,16 @@ impl CompiledPolicy {
         artifact: Artifact,
         builder: Arc<dyn ExecutorBuilder>,
     ) -> Result<Arc<Self>, PolicyError> {
-        let policy = Arc::new(Self::build(artifact, builder)?);
+        Self::with_builder_and_limits(artifact, builder, Limits::default())
+    }
+
+    /// [`CompiledPolicy::with_builder`] under other [`Limits`] ([`CompiledPolicy::load_with_limits`]).
+    pub fn with_builder_and_limits(
+        artifact: Artifact,
+        builder: Arc<dyn ExecutorBuilder>,
+        limits: Limits,
+    ) -> Result<Arc<Self>, PolicyError> {
+        let policy = Arc::new(Self::build(artifact, builder, limits)?);
         // A WebGPU program in a browser cannot block on its warm-up readback: load_async warms it instead.
         if !(cfg!(target_family = "wasm") && policy.exec.placement().sampling) {
             for batch in policy.warm_up_batches() {
@@ -127,8 +150,12 @@ impl CompiledPolicy {
         Ok(policy)
     }
 
-    fn build(artifact: Artifact, builder: Arc<dyn ExecutorBuilder>) -> Result<Self, PolicyError> {
-        let plan = validate(&artifact, &Limits::default())?;
+    fn build(
+        artifact: Artifact,
+        builder: Arc<dyn ExecutorBuilder>,
+        limits: Limits,
+    ) -> Result<Self, PolicyError> {
+        let plan = validate(&artifact, &limits)?;
         let exec = builder.build(&artifact, &plan, None)?;
         let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
         Ok(CompiledPolicy {
@@ -139,6 +166,7 @@ impl CompiledPolicy {
             builder,
             pre,
             selection: None,
+            limits,
         })
     }
 
@@ -146,7 +174,11 @@ impl CompiledPolicy {
     /// asynchronously (once per process) and the warm-up acts are awaited.
     pub async fn load_async(bytes: &[u8], backend: Backend) -> Result<Arc<Self>, PolicyError> {
         crate::backend::prepare_async(backend).await?;
-        let policy = Arc::new(Self::build(read_artifact(bytes)?, Arc::new(backend))?);
+        let policy = Arc::new(Self::build(
+            read_artifact(bytes)?,
+            Arc::new(backend),
+            Limits::default(),
+        )?);
         for batch in policy.warm_up_batches() {
             let mut s = policy.session();
             let obs = policy.zero_obs(batch);
@@ -321,6 +353,26 @@ impl CompiledPolicy {
         &self.plan
     }
 
+    /// The limits this policy was loaded under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Refuse an act() of `batch` rows in a session holding state for `envs` envs when the estimate
+    /// ([`ValidatedPlan::memory`]) is over `max_memory_bytes`: a typed error before anything is allocated.
+    pub(crate) fn check_memory(&self, batch: usize, envs: usize) -> Result<(), PolicyError> {
+        let bytes = self.plan.memory.bytes_for(batch, envs);
+        if bytes > self.limits.max_memory_bytes {
+            return Err(PolicyError::Memory {
+                batch,
+                envs,
+                bytes,
+                limit: self.limits.max_memory_bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// The decoded action head (the one decoder of the distribution).
     pub fn head(&self) -> &HeadPlan {
         &self.plan.head
@@ -425,6 +477,9 @@ impl CompiledPolicy {
                 },
             ));
         }
+        // The probe program's buffers and the case's state rows, bounded like any act() (on wasm32 the products
+        // below would otherwise wrap).
+        self.check_memory(case.batch, case.batch)?;
         if cfg!(target_family = "wasm") && self.exec.placement().sampling {
             return Err(BackendError::Unsupported(
                 "intermediate golden values need a blocking readback, impossible on WebGPU",

@@ -299,7 +299,14 @@ mod tests {
     /// Strides, asymmetric padding, dilation and groups against the definition, on every instruction set here.
     #[test]
     fn conv2d_matches_the_definition() {
-        let cases: &[([usize; 3], [usize; 4], [usize; 2], [usize; 4], [usize; 2], usize)] = &[
+        let cases: &[(
+            [usize; 3],
+            [usize; 4],
+            [usize; 2],
+            [usize; 4],
+            [usize; 2],
+            usize,
+        )] = &[
             ([4, 12, 12], [8, 4, 8, 8], [4, 4], [0, 0, 0, 0], [1, 1], 1),
             ([3, 9, 7], [6, 1, 3, 3], [1, 2], [1, 0, 2, 1], [1, 1], 3),
             ([2, 10, 10], [5, 2, 3, 2], [2, 1], [1, 1, 1, 1], [2, 3], 1),
@@ -345,7 +352,11 @@ mod tests {
                         groups,
                         [oh, ow],
                     );
-                    for (i, (g, w)) in y[bi * n_out..(bi + 1) * n_out].iter().zip(&want).enumerate() {
+                    for (i, (g, w)) in y[bi * n_out..(bi + 1) * n_out]
+                        .iter()
+                        .zip(&want)
+                        .enumerate()
+                    {
                         let w = w.max(0.0);
                         assert!(
                             (*g as f64 - w).abs() < 1e-5,
@@ -376,8 +387,18 @@ mod tests {
         pool.run(&x, &mut y, 1);
         assert_eq!(y, vec![-1.0, -2.0, -4.0, -5.0]);
         let mut z = vec![0.0; 4];
-        layer_norm(&[1.0, 2.0, 3.0, 4.0], &mut z, 4, Some(&[1.0, 1.0, 2.0, 2.0]), None, 0.0);
+        layer_norm(
+            &[1.0, 2.0, 3.0, 4.0],
+            &mut z,
+            4,
+            Some(&[1.0, 1.0, 2.0, 2.0]),
+            None,
+            0.0,
+        );
         let s = (1.25f32).sqrt();
-        assert!((z[0] + 1.5 / s).abs() < 1e-6 && (z[3] - 3.0 / s).abs() < 1e-6, "{z:?}");
+        assert!(
+            (z[0] + 1.5 / s).abs() < 1e-6 && (z[3] - 3.0 / s).abs() < 1e-6,
+            "{z:?}"
+        );
     }
 }

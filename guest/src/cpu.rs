@@ -435,7 +435,13 @@ impl Executor for CpuProgram {
         step: &StepInput<'_>,
         rows: &mut Vec<f32>,
     ) -> Result<Pending, PolicyError> {
-        self.run(scratch_of::<CpuScratch>(scratch), step.batch, step.obs, step.states, rows);
+        self.run(
+            scratch_of::<CpuScratch>(scratch),
+            step.batch,
+            step.obs,
+            step.states,
+            rows,
+        );
         Ok(Pending::Ready)
     }
 }

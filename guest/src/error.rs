@@ -15,6 +15,26 @@ pub enum PolicyError {
     Observation(#[from] ObservationError),
     #[error("batch size {batch} is not supported (1 ..= {max})")]
     Batch { batch: usize, max: usize },
+    #[error(
+        "an act() of {batch} rows with state for {envs} envs needs about {bytes} bytes, over this policy's \
+         memory limit of {limit} (Limits::max_memory_bytes; CompiledPolicy::load_with_limits)"
+    )]
+    Memory {
+        batch: usize,
+        envs: usize,
+        bytes: u64,
+        limit: u64,
+    },
+    #[error(
+        "the policy computed a non-finite {what} for env row {row} (value {value}): its weights or inputs \
+         overflow float32. On executors that keep recurrent state on the device that state has advanced; start \
+         the env's episode again"
+    )]
+    NonFiniteOutput {
+        row: usize,
+        what: &'static str,
+        value: f32,
+    },
     #[error("env ids: {0}")]
     EnvIds(#[from] EnvIdError),
     #[error("recurrent state: {0}")]

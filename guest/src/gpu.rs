@@ -607,7 +607,10 @@ mod tests {
             )));
             let want = reference::preprocess(&x, len, &steps, &stats);
             for (g, e) in got.iter().zip(&want) {
-                assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{steps:?}: {g} vs {e}");
+                assert!(
+                    (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                    "{steps:?}: {g} vs {e}"
+                );
             }
         }
     }

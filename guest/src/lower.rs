@@ -140,20 +140,32 @@ fn fuse_dense_activations<'a>(
 ) -> Vec<LoweredNode<'a>> {
     let mut absorbed = vec![None; nodes.len()];
     let mut gone = vec![false; nodes.len()];
+    // The first node reading each slot, in one pass (a scan of the later nodes per Dense made this O(N^2) in
+    // node count: a hostile 100k-node graph). Values are SSA, so a slot's readers all come after its writer.
+    let mut first_reader = vec![usize::MAX; readers.len()];
+    for (j, m) in nodes.iter().enumerate() {
+        for &s in &m.ins {
+            if let Some(r) = first_reader.get_mut(s)
+                && *r == usize::MAX
+            {
+                *r = j;
+            }
+        }
+    }
+    let read_back: std::collections::HashSet<usize> = readback.iter().map(|(s, _)| *s).collect();
     for (i, n) in nodes.iter().enumerate() {
         if !matches!(n.op, Op::Dense { .. } | Op::Conv2d { .. })
             || readers[n.out] != 1
-            || readback.iter().any(|(s, _)| *s == n.out)
+            || read_back.contains(&n.out)
         {
             continue;
         }
-        if let Some((j, reader)) = nodes
-            .iter()
-            .enumerate()
-            .skip(i + 1)
-            .find(|(_, m)| m.ins.contains(&n.out))
-            && let Some(f) = act_of(reader.op)
+        let j = first_reader[n.out];
+        if j != usize::MAX
+            && j > i
+            && let Some(f) = act_of(nodes[j].op)
         {
+            let reader = &nodes[j];
             absorbed[i] = Some((f, reader.out));
             gone[j] = true;
         }
@@ -203,14 +215,19 @@ pub fn affine_group(
     total: usize,
     last: usize,
 ) -> usize {
-    let cols = |n: &String| {
-        if art.tensors[n].data.len() == total {
-            total
-        } else {
-            last
-        }
+    // Validation proved each tensor holds 1, `last` or `total` numbers and that scale and shift agree on the
+    // group (one of them may be a single number): the group is `total` if either tensor spans the whole vector.
+    // Choosing from `scale` alone let a one-number scale with a whole-vector shift index the shift by `last`
+    // (regression test `affine_scale_and_shift_of_different_groups_are_refused`).
+    let spans_total = |n: &Option<String>| {
+        n.as_ref()
+            .is_some_and(|n| art.tensors[n].data.len() == total)
     };
-    scale.as_ref().or(shift.as_ref()).map(cols).unwrap_or(total)
+    if spans_total(scale) || spans_total(shift) {
+        total
+    } else {
+        last
+    }
 }
 
 /// A one-element affine tensor repeated over its group.

@@ -210,7 +210,8 @@ impl Session {
     }
 
     /// Limit the envs this session may hold state for (memory is `max_envs x state size`); env ids at or above
-    /// it are a typed error. Default [`DEFAULT_MAX_ENVS`].
+    /// it are a typed error. Default [`DEFAULT_MAX_ENVS`]. Whatever the limit, growing the state past the
+    /// policy's memory budget ([`CompiledPolicy::limits`]) is refused with [`PolicyError::Memory`].
     pub fn set_max_envs(&mut self, max_envs: usize) {
         self.max_envs = max_envs;
     }
@@ -255,6 +256,8 @@ impl Session {
             .into());
         }
         let needed = envs.iter().map(|e| *e as usize + 1).max().unwrap_or(0);
+        self.policy
+            .check_memory(1, needed.max(self.state.num_envs))?;
         self.state.grow(needed);
         for &e in envs {
             self.state.zero(e);
@@ -293,6 +296,7 @@ impl Session {
                 max: MAX_BATCH,
             });
         }
+        self.policy.check_memory(batch, self.state.num_envs)?;
         req.envs.resolve(batch, &mut self.ids)?;
         if let Some(s) = req.episode_starts
             && s.len() != batch
@@ -336,6 +340,8 @@ impl Session {
                 .into());
             }
             envs_needed = max as usize + 1;
+            self.policy
+                .check_memory(batch, envs_needed.max(self.state.num_envs))?;
         }
         self.starts.clear();
         if let Some(s) = req.episode_starts
@@ -393,6 +399,19 @@ impl Session {
         if let Err(e) = result {
             self.rows = rows;
             return Err(e);
+        }
+        // Non-finite outputs are an error, never an answer: with a NaN logit the sampler and argmax disagreed
+        // (argmax skipped it, sampling fell through to the last action), and a NaN mean or value went out as
+        // the action (regression test `non_finite_outputs_are_a_typed_error`). O(row width) per row.
+        let width = self.policy.executor().row_width();
+        if let Some(i) = rows.iter().position(|x| !x.is_finite()) {
+            let value = rows[i];
+            self.rows = rows;
+            return Err(PolicyError::NonFiniteOutput {
+                row: if width == 0 { 0 } else { i / width },
+                what: "output (action distribution or value)",
+                value,
+            });
         }
         self.finish(&rows, p);
         self.rows = rows;

@@ -17,7 +17,15 @@ fn write_read_write_is_byte_identical() {
         assert_eq!(art.version, (1, art.manifest.required_minor()), "{name}");
         let convolutional = name.contains("cnn");
         // (The recurrent fixtures lower to 1.0 ops: the dynamo exporter's unit-axis reshapes are folded away.)
-        assert_eq!(art.version.1, if convolutional || name.contains("layernorm") { 1 } else { 0 }, "{name}");
+        assert_eq!(
+            art.version.1,
+            if convolutional || name.contains("layernorm") {
+                1
+            } else {
+                0
+            },
+            "{name}"
+        );
     }
 }
 
@@ -53,7 +61,10 @@ fn a_dict_observation_needs_format_1_2() {
     let (m, w) = policyport_format::container::sections(&bytes).unwrap();
     match read_artifact(&policyport_format::container::assemble_versioned(m, w, 1)).unwrap_err() {
         policyport_format::FormatError::OpNewerThanFile { op, since, file } => {
-            assert_eq!((op.as_str(), since, file), ("observation kind 'dict'", (1, 2), (1, 1)))
+            assert_eq!(
+                (op.as_str(), since, file),
+                ("observation kind 'dict'", (1, 2), (1, 1))
+            )
         }
         other => panic!("{other}"),
     }
@@ -68,7 +79,15 @@ fn a_dict_observation_needs_format_1_2() {
             bad(spaces);
         }
         let e = validate(&a, &Limits::default()).unwrap_err();
-        assert!(matches!(e, policyport_format::FormatError::Invalid { .. } | policyport_format::FormatError::Shape { .. } | policyport_format::FormatError::TooLarge { .. }), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                policyport_format::FormatError::Invalid { .. }
+                    | policyport_format::FormatError::Shape { .. }
+                    | policyport_format::FormatError::TooLarge { .. }
+            ),
+            "{e:?}"
+        );
     }
 }
 

@@ -47,7 +47,11 @@ fn container_corruption() {
     let mut bad = good.clone();
     bad[0] = b'X';
     assert!(matches!(load_err(&bad), FormatError::BadMagic { .. }));
-    for (major, minor) in [(2u16, 0u16), (1, policyport_format::FORMAT_MINOR + 1), (0, 9)] {
+    for (major, minor) in [
+        (2u16, 0u16),
+        (1, policyport_format::FORMAT_MINOR + 1),
+        (0, 9),
+    ] {
         let mut v = good.clone();
         v[8..10].copy_from_slice(&major.to_le_bytes());
         v[10..12].copy_from_slice(&minor.to_le_bytes());
@@ -283,4 +287,277 @@ fn mutated_manifests_never_panic() {
         refused > 200 * policyport_conformance::backends().len(),
         "mutations should mostly be refused ({refused})"
     );
+}
+
+// ---- Hostile artifacts that pass the container checks: each once reached a panic, an abort or a silent wrong
+// answer inside load's warm-up or act() (issue 15). Each is now refused by validation or at act() with a typed
+// error, on every backend. Built from JSON + tensors with the unvalidated encoder, as a hostile writer would.
+
+/// A manifest from JSON plus named tensors, encoded without validation.
+fn hostile_artifact(
+    manifest: serde_json::Value,
+    tensors: &[(&str, Vec<usize>, Vec<f32>)],
+) -> Vec<u8> {
+    let m: policyport_format::Manifest =
+        serde_json::from_value(manifest).expect("test manifest parses");
+    let t = tensors
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.to_string(),
+                policyport_format::container::Tensor::new(s.clone(), d.clone()),
+            )
+        })
+        .collect();
+    policyport_format::container::encode_unvalidated(&m, &t, &|_| {
+        policyport_format::container::StorageDType::F32
+    })
+    .unwrap()
+}
+
+/// A one-module policy: `obs` (the given space and preprocessing) -> nodes -> `logits` for a Discrete(n) action
+/// (or the given action / distribution), no golden cases.
+fn policy_json(
+    observation: serde_json::Value,
+    preprocess: serde_json::Value,
+    nodes: serde_json::Value,
+    action: serde_json::Value,
+    distribution: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "name": "hostile", "producer": {"tool": "test", "version": "0", "source": "", "notes": ""},
+        "observation": observation, "action": action, "preprocess": preprocess,
+        "modules": [{"name": "pi", "role": "policy_head", "inputs": ["obs"], "outputs": ["logits"], "nodes": nodes}],
+        "distribution": distribution, "value": null, "recurrent": null, "golden": []
+    })
+}
+
+fn dense(input: &str, weight: &str, output: &str) -> serde_json::Value {
+    serde_json::json!({"name": output, "op": {"kind": "dense", "weight": weight, "bias": null},
+                       "inputs": [input], "output": output})
+}
+
+/// Every backend refuses `bytes` at load with an artifact error (never a panic), and the error matches.
+fn refused_everywhere(bytes: &[u8], what: &str, matches: impl Fn(&FormatError) -> bool) {
+    for backend in policyport_conformance::backends() {
+        let r =
+            std::panic::catch_unwind(|| policyport_conformance::load(bytes, backend).map(|_| ()));
+        match r {
+            Err(_) => panic!("{what}: panic on {backend:?}"),
+            Ok(Ok(())) => panic!("{what}: accepted on {backend:?}"),
+            Ok(Err(e)) => {
+                let text = e.to_string();
+                if let PolicyError::Artifact(f) = &e {
+                    assert!(matches(f), "{what} on {backend:?}: unexpected error {f}");
+                } else if !text.contains("invalid artifact") {
+                    panic!("{what} on {backend:?}: not an artifact error: {text}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn preprocessing_before_one_hot_is_refused() {
+    // A scale of 1000 before one_hot made the one-hot write 1000x out of bounds (a panic in warm-up; in the
+    // browser, an abort of the page's whole wasm instance); a fraction silently picked another state.
+    for step in [
+        serde_json::json!({"kind": "scale", "factor": 1000.0}),
+        serde_json::json!({"kind": "normalize", "mean": "m", "std": "s", "clip": null}),
+    ] {
+        let bytes = hostile_artifact(
+            policy_json(
+                serde_json::json!({"kind": "discrete", "n": 4}),
+                serde_json::json!([step, {"kind": "one_hot", "n": 4}]),
+                serde_json::json!([dense("obs", "w", "logits")]),
+                serde_json::json!({"kind": "discrete", "n": 2}),
+                serde_json::json!({"kind": "categorical", "logits": "logits"}),
+            ),
+            &[
+                ("w", vec![2, 4], vec![0.5; 8]),
+                ("m", vec![1], vec![0.5]),
+                ("s", vec![1], vec![0.001]),
+            ],
+        );
+        refused_everywhere(&bytes, "step before one_hot", |e| {
+            matches!(e, FormatError::Invalid { .. })
+        });
+    }
+}
+
+#[test]
+fn multi_discrete_nvec_that_wraps_is_refused() {
+    // nvec = [usize::MAX, 5] summed (wrapping) to 4, matched 4 logits, and the sampler sliced past them.
+    let bytes = hostile_artifact(
+        policy_json(
+            serde_json::json!({"kind": "box", "shape": [3], "dtype": "f32"}),
+            serde_json::json!([]),
+            serde_json::json!([dense("obs", "w", "logits")]),
+            serde_json::json!({"kind": "multi_discrete", "nvec": [u64::MAX, 5]}),
+            serde_json::json!({"kind": "multi_categorical", "logits": "logits"}),
+        ),
+        &[("w", vec![4, 3], vec![0.1; 12])],
+    );
+    refused_everywhere(&bytes, "wrapping nvec", |e| {
+        matches!(e, FormatError::TooLarge { .. })
+    });
+}
+
+#[test]
+fn affine_scale_and_shift_of_different_groups_are_refused() {
+    // A scale over the last axis with a shift over the whole [2, 3] value (and the reverse) panicked in the
+    // cpu executor, silently used a prefix of the shift on others, and failed to broadcast in burn.
+    for (scale_n, shift_n) in [(3usize, 6usize), (6, 3)] {
+        let nodes = serde_json::json!([
+            {"name": "r", "op": {"kind": "reshape", "shape": [2, 3]}, "inputs": ["obs"], "output": "r"},
+            {"name": "a", "op": {"kind": "affine", "scale": "sc", "shift": "sh"}, "inputs": ["r"], "output": "a"},
+            {"name": "f", "op": {"kind": "reshape", "shape": [6]}, "inputs": ["a"], "output": "f"},
+            dense("f", "w", "logits"),
+        ]);
+        let bytes = hostile_artifact(
+            policy_json(
+                serde_json::json!({"kind": "box", "shape": [6], "dtype": "f32"}),
+                serde_json::json!([]),
+                nodes,
+                serde_json::json!({"kind": "discrete", "n": 2}),
+                serde_json::json!({"kind": "categorical", "logits": "logits"}),
+            ),
+            &[
+                ("sc", vec![scale_n], vec![2.0; scale_n]),
+                ("sh", vec![shift_n], vec![1.0; shift_n]),
+                ("w", vec![2, 6], vec![0.1; 12]),
+            ],
+        );
+        refused_everywhere(&bytes, "affine groups", |e| {
+            matches!(e, FormatError::Shape { .. })
+        });
+    }
+}
+
+#[test]
+fn graphs_over_the_memory_budget_are_refused_before_allocating() {
+    // One 16M-element weight read by 200 Dense nodes: every node packs its own copy (~13 GB). The file is
+    // one 64 MB tensor and a little JSON; it used to allocate until the host died.
+    let mut nodes = vec![];
+    let mut prev = "obs".to_string();
+    for i in 0..200 {
+        let out = if i == 199 {
+            "h".to_string()
+        } else {
+            format!("n{i}")
+        };
+        nodes.push(dense(&prev, "w", &out));
+        prev = out;
+    }
+    nodes.push(dense("h", "head", "logits"));
+    let bytes = hostile_artifact(
+        policy_json(
+            serde_json::json!({"kind": "box", "shape": [4096], "dtype": "f32"}),
+            serde_json::json!([]),
+            serde_json::Value::Array(nodes),
+            serde_json::json!({"kind": "discrete", "n": 2}),
+            serde_json::json!({"kind": "categorical", "logits": "logits"}),
+        ),
+        &[
+            ("w", vec![4096, 4096], vec![0.001; 1 << 24]),
+            ("head", vec![2, 4096], vec![0.0; 8192]),
+        ],
+    );
+    refused_everywhere(&bytes, "memory budget", |e| {
+        matches!(e, FormatError::MemoryBudget { .. })
+    });
+
+    // A stricter budget is the caller's choice, and holds at act() too: the same small policy refuses a batch
+    // whose rows do not fit, with a typed error, and then keeps working.
+    let good = cartpole();
+    let small = Limits {
+        max_memory_bytes: 200_000,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        CompiledPolicy::load_with_limits(
+            &good,
+            Backend::Cpu,
+            Limits {
+                max_memory_bytes: 1_000,
+                ..Limits::default()
+            }
+        ),
+        Err(PolicyError::Artifact(FormatError::MemoryBudget { .. }))
+    ));
+    let p = CompiledPolicy::load_with_limits(&good, Backend::Cpu, small).unwrap();
+    let per_env = p.plan().memory.bytes_per_env as usize;
+    let too_many = (200_000 / per_env) + 10;
+    let obs = vec![0.0f32; too_many * 4];
+    let mut s = Session::new(p.clone());
+    let req = Request::new(Observations::F32(&obs), too_many, ActMode::Deterministic);
+    assert!(
+        matches!(s.act(&req), Err(PolicyError::Memory { .. })),
+        "batch {too_many}"
+    );
+    let req = Request::new(Observations::F32(&obs[..4]), 1, ActMode::Deterministic);
+    assert!(s.act(&req).is_ok());
+}
+
+#[test]
+fn golden_cases_that_check_nothing_are_refused() {
+    // `verify` said ok for a case with no values and no actions, and for a tolerance of +inf or 1e300 (with
+    // which a NaN output, relative error infinity, passed).
+    let good = cartpole();
+    let vacuous = with_manifest(&good, |v| {
+        let g = &mut v["golden"][0];
+        g["values"] = serde_json::json!({});
+        g["sampled_actions"] = serde_json::json!([]);
+        g["deterministic_actions"] = serde_json::json!([]);
+    });
+    assert!(matches!(load_err(&vacuous), FormatError::Invalid { .. }));
+    for tol in [1e300, 2.0] {
+        let loose = with_manifest(&good, |v| {
+            v["golden"][0]["tolerance"] = serde_json::json!(tol)
+        });
+        assert!(
+            matches!(load_err(&loose), FormatError::Invalid { .. }),
+            "tolerance {tol}"
+        );
+    }
+    // JSON has no infinity: serde writes null, which is refused as a malformed manifest.
+    let inf = with_manifest(&good, |v| {
+        v["golden"][0]["tolerance"] = serde_json::Value::Null
+    });
+    assert!(matches!(load_err(&inf), FormatError::BadManifest(_)));
+}
+
+#[test]
+fn non_finite_outputs_are_a_typed_error() {
+    // Weights near f32::MAX times an observation of 10 overflow to inf, then tanh(inf) - ... : here a logit of
+    // +inf and one of -inf. Before, argmax picked one action and sampling (total = NaN) fell through to the last.
+    let bytes = hostile_artifact(
+        policy_json(
+            serde_json::json!({"kind": "box", "shape": [2], "dtype": "f32"}),
+            serde_json::json!([]),
+            serde_json::json!([dense("obs", "w", "logits")]),
+            serde_json::json!({"kind": "discrete", "n": 2}),
+            serde_json::json!({"kind": "categorical", "logits": "logits"}),
+        ),
+        &[("w", vec![2, 2], vec![3e38, 3e38, -3e38, -3e38])],
+    );
+    for backend in policyport_conformance::backends() {
+        let p = policyport_conformance::load(&bytes, backend)
+            .expect("finite at the zero warm-up observation");
+        let mut s = Session::new(p);
+        let obs = [10.0f32, 10.0, 0.1, 0.1];
+        for mode in [ActMode::Deterministic, ActMode::Sample { seed: 1, step: 0 }] {
+            let req = Request::new(Observations::F32(&obs), 2, mode);
+            match s.act(&req) {
+                Err(PolicyError::NonFiniteOutput { row: 0, .. }) => {}
+                // The sandbox refuses inside the plugin: its typed code (-9) comes back through the host.
+                Err(e) if backend == Backend::Wasmtime && e.to_string().contains("non-finite") => {}
+                Err(e) => panic!("{backend:?}: wrong error {e}"),
+                Ok(o) => panic!("{backend:?}: answered {:?} for infinite logits", o.discrete),
+            }
+        }
+        // Still works for finite rows.
+        let req = Request::new(Observations::F32(&obs[2..]), 1, ActMode::Deterministic);
+        assert!(s.act(&req).is_ok(), "{backend:?}");
+    }
 }

@@ -135,6 +135,43 @@ fn c_abi_errors_are_typed_and_never_panic() {
             ),
             PpStatus::BadCall
         );
+        // Misaligned buffers and a huge batch with episode-start flags: typed statuses, checked before any
+        // slice is made from the caller's pointers (these were undefined behaviour / an out-of-bounds read).
+        let raw = [0u8; 64];
+        // An odd address: never aligned for f32.
+        let misaligned = raw.as_ptr().wrapping_add(1 - raw.as_ptr() as usize % 2) as *const f32;
+        let st = pp_policy_act(
+            p,
+            misaligned,
+            1,
+            0,
+            0,
+            0,
+            0,
+            a.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null(),
+        );
+        assert_eq!(st, PpStatus::BadCall);
+        assert!(last_error().contains("aligned"), "{}", last_error());
+        let flags = [1u8; 1];
+        let st = pp_policy_act(
+            p,
+            ok.as_ptr(),
+            usize::MAX / 2,
+            0,
+            0,
+            0,
+            0,
+            a.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            flags.as_ptr(),
+        );
+        assert_eq!(st, PpStatus::BadCall);
         assert_eq!(pp_policy_reset(p, [3u32].as_ptr(), 1), PpStatus::Ok);
         pp_policy_free(p);
         pp_policy_free(std::ptr::null_mut());
@@ -157,7 +194,8 @@ fn c_abi_errors_are_typed_and_never_panic() {
 fn compile_c_example(name: &str, dir: &Path) -> std::path::PathBuf {
     let lib_dir = target_profile_dir();
     let header_dir = Path::new(HEADER).parent().unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../host/capi/examples/{name}.c"));
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../host/capi/examples/{name}.c"));
     let exe = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
@@ -230,7 +268,10 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
     let dir = std::env::temp_dir().join(format!("policyport-c-rollout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = compile_c_example("rollout", &dir);
-    let plugin = target_profile_dir().parent().unwrap().join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    let plugin = target_profile_dir()
+        .parent()
+        .unwrap()
+        .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
     let fixtures = policyport_conformance::fixtures_dir();
     let sb3 = fixtures.join("sb3/recurrent_ppo_cnn_frames");
     let bytes = policyport_import::compile_sb3(
@@ -242,7 +283,8 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
     )
     .unwrap();
     let cl = fixtures.join("cleanrl/ppo_atari_lstm");
-    let spaces: serde_json::Value = serde_json::from_slice(&std::fs::read(cl.join("spaces.json")).unwrap()).unwrap();
+    let spaces: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cl.join("spaces.json")).unwrap()).unwrap();
     let atari = policyport_import::compile_cleanrl(
         &std::fs::read(cl.join("agent.pt")).unwrap(),
         policyport_import::CleanrlLayout::AtariLstm,
@@ -253,8 +295,12 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
         policyport_import::Storage::F32,
     )
     .unwrap();
-    for (name, bytes, seq) in [("sb3_cnn_lstm", bytes, sb3.join("sequence.json")), ("cleanrl_atari_lstm", atari, cl.join("sequence.json"))] {
-        let rollout: serde_json::Value = serde_json::from_slice(&std::fs::read(seq).unwrap()).unwrap();
+    for (name, bytes, seq) in [
+        ("sb3_cnn_lstm", bytes, sb3.join("sequence.json")),
+        ("cleanrl_atari_lstm", atari, cl.join("sequence.json")),
+    ] {
+        let rollout: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(seq).unwrap()).unwrap();
         let envs = rollout["envs"].as_u64().unwrap() as usize;
         let steps = rollout["steps"].as_array().unwrap();
         let obs_len = steps[0]["obs"].as_array().unwrap().len() / envs;
@@ -268,7 +314,10 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
             }
             text += "\n";
         }
-        let (art, input) = (dir.join(format!("{name}.policy")), dir.join(format!("{name}.txt")));
+        let (art, input) = (
+            dir.join(format!("{name}.policy")),
+            dir.join(format!("{name}.txt")),
+        );
         std::fs::write(&art, &bytes).unwrap();
         std::fs::write(&input, text).unwrap();
         let mut outputs = vec![];
@@ -279,28 +328,62 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
                 cmd.arg(p);
             }
             let out = cmd.output().unwrap();
-            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
             let lines: Vec<&str> = text.lines().collect();
             assert_eq!(lines.len(), steps.len(), "{name}");
             for (t, (line, s)) in lines.iter().zip(steps).enumerate() {
                 let (acts, vals) = line.split_once('|').unwrap();
-                let got: Vec<f64> = acts.split_whitespace().map(|a| a.parse().unwrap()).collect();
+                let got: Vec<f64> = acts
+                    .split_whitespace()
+                    .map(|a| a.parse().unwrap())
+                    .collect();
                 let want: Vec<f64> = serde_json::from_value(s["trainer_actions"].clone()).unwrap();
-                assert_eq!(got, want, "{name} step {t} ({}): actions", if extra.is_some() { "sandboxed" } else { "native" });
-                let got: Vec<f64> = vals.split_whitespace().map(|v| v.parse().unwrap()).collect();
-                let want: Vec<f64> = serde_json::from_value(s["expected"]["value"].clone()).unwrap();
+                assert_eq!(
+                    got,
+                    want,
+                    "{name} step {t} ({}): actions",
+                    if extra.is_some() {
+                        "sandboxed"
+                    } else {
+                        "native"
+                    }
+                );
+                let got: Vec<f64> = vals
+                    .split_whitespace()
+                    .map(|v| v.parse().unwrap())
+                    .collect();
+                let want: Vec<f64> =
+                    serde_json::from_value(s["expected"]["value"].clone()).unwrap();
                 let scale = want.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
                 for (g, w) in got.iter().zip(&want) {
-                    assert!((g - w).abs() / scale <= 1e-5, "{name} step {t}: value {g} vs {w}");
+                    assert!(
+                        (g - w).abs() / scale <= 1e-5,
+                        "{name} step {t}: value {g} vs {w}"
+                    );
                 }
             }
             outputs.push(text);
         }
         // Same actions natively and sandboxed (values agree to the kernels' rounding: AVX vs SIMD128 sums).
-        let actions = |t: &str| t.lines().map(|l| l.split('|').next().unwrap().to_string()).collect::<Vec<_>>();
-        assert_eq!(actions(&outputs[0]), actions(&outputs[1]), "{name}: the sandboxed policy must play the same steps");
-        println!("{name}: {} steps x {envs} envs, native and sandboxed, the trainer's actions at every step", steps.len());
+        let actions = |t: &str| {
+            t.lines()
+                .map(|l| l.split('|').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            actions(&outputs[0]),
+            actions(&outputs[1]),
+            "{name}: the sandboxed policy must play the same steps"
+        );
+        println!(
+            "{name}: {} steps x {envs} envs, native and sandboxed, the trainer's actions at every step",
+            steps.len()
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,11 +13,26 @@ struct Case {
 }
 
 const CASES: [Case; 5] = [
-    Case { dir: "ppo_cartpole", layout: CleanrlLayout::Ppo },
-    Case { dir: "ppo_continuous_hopper", layout: CleanrlLayout::PpoContinuous },
-    Case { dir: "ppo_atari_breakout", layout: CleanrlLayout::Atari },
-    Case { dir: "ppo_atari_lstm", layout: CleanrlLayout::AtariLstm },
-    Case { dir: "sac_actor", layout: CleanrlLayout::Sac },
+    Case {
+        dir: "ppo_cartpole",
+        layout: CleanrlLayout::Ppo,
+    },
+    Case {
+        dir: "ppo_continuous_hopper",
+        layout: CleanrlLayout::PpoContinuous,
+    },
+    Case {
+        dir: "ppo_atari_breakout",
+        layout: CleanrlLayout::Atari,
+    },
+    Case {
+        dir: "ppo_atari_lstm",
+        layout: CleanrlLayout::AtariLstm,
+    },
+    Case {
+        dir: "sac_actor",
+        layout: CleanrlLayout::Sac,
+    },
 ];
 
 fn read(dir: &str, file: &str) -> Vec<u8> {
@@ -38,14 +53,27 @@ fn every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend() {
     for c in &CASES {
         let (obs, act) = spaces(c.dir);
         let io: FixtureIo = serde_json::from_slice(&read(c.dir, "io.json")).unwrap();
-        let bytes = compile_cleanrl(&read(c.dir, "agent.pt"), c.layout, obs, act, c.dir, Some(&io), Storage::F32)
-            .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
+        let bytes = compile_cleanrl(
+            &read(c.dir, "agent.pt"),
+            c.layout,
+            obs,
+            act,
+            c.dir,
+            Some(&io),
+            Storage::F32,
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
         for backend in backends() {
             let p = policyport_conformance::load(&bytes, backend)
                 .unwrap_or_else(|e| panic!("{} on {}: {e}", c.dir, backend.name()));
             for r in p.verify().unwrap() {
                 let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
-                table.push(format!("{:<24} {:<8} {:<22} max rel err {worst:.2e}", c.dir, backend.name(), r.name));
+                table.push(format!(
+                    "{:<24} {:<8} {:<22} max rel err {worst:.2e}",
+                    c.dir,
+                    backend.name(),
+                    r.name
+                ));
                 assert!(r.passed, "{} on {}: {r:?}", c.dir, backend.name());
             }
         }
@@ -57,18 +85,65 @@ fn every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend() {
 fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {
     let pt = read("ppo_cartpole", "agent.pt");
     let (obs, act) = spaces("ppo_cartpole");
-    for layout in [CleanrlLayout::PpoContinuous, CleanrlLayout::Atari, CleanrlLayout::Sac] {
-        let e = compile_cleanrl(&pt, layout, obs.clone(), act.clone(), "x", None, Storage::F32).unwrap_err();
-        assert!(e.to_string().contains("CleanRL checkpoint"), "{layout:?}: {e}");
-    }
-    let wrong_obs = ObservationSpace::Box { shape: vec![5], dtype: policyport_format::ObsDType::F32 };
-    let e = compile_cleanrl(&pt, CleanrlLayout::Ppo, wrong_obs, act.clone(), "x", None, Storage::F32).unwrap_err();
-    assert!(e.to_string().contains("actor.0.weight"), "{e}");
-    let e = compile_cleanrl(&pt, CleanrlLayout::Ppo, obs, ActionSpace::Discrete { n: 3 }, "x", None, Storage::F32)
+    for layout in [
+        CleanrlLayout::PpoContinuous,
+        CleanrlLayout::Atari,
+        CleanrlLayout::Sac,
+    ] {
+        let e = compile_cleanrl(
+            &pt,
+            layout,
+            obs.clone(),
+            act.clone(),
+            "x",
+            None,
+            Storage::F32,
+        )
         .unwrap_err();
+        assert!(
+            e.to_string().contains("CleanRL checkpoint"),
+            "{layout:?}: {e}"
+        );
+    }
+    let wrong_obs = ObservationSpace::Box {
+        shape: vec![5],
+        dtype: policyport_format::ObsDType::F32,
+    };
+    let e = compile_cleanrl(
+        &pt,
+        CleanrlLayout::Ppo,
+        wrong_obs,
+        act.clone(),
+        "x",
+        None,
+        Storage::F32,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("actor.0.weight"), "{e}");
+    let e = compile_cleanrl(
+        &pt,
+        CleanrlLayout::Ppo,
+        obs,
+        ActionSpace::Discrete { n: 3 },
+        "x",
+        None,
+        Storage::F32,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("2 outputs"), "{e}");
     // Not a state dict at all.
-    assert!(compile_cleanrl(b"PK\x03\x04junk", CleanrlLayout::Ppo, spaces("ppo_cartpole").0, ActionSpace::Discrete { n: 2 }, "x", None, Storage::F32).is_err());
+    assert!(
+        compile_cleanrl(
+            b"PK\x03\x04junk",
+            CleanrlLayout::Ppo,
+            spaces("ppo_cartpole").0,
+            ActionSpace::Discrete { n: 2 },
+            "x",
+            None,
+            Storage::F32
+        )
+        .is_err()
+    );
 }
 
 /// The same state dict saved as safetensors (`safetensors.torch.save_file(agent.state_dict(), ...)`) compiles to
@@ -81,23 +156,62 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
         let sd = policyport_import::torchfile::read_state_dict(&pt).unwrap();
         let views: Vec<(String, Vec<usize>, Vec<u8>)> = sd
             .iter()
-            .map(|(k, t)| (k.clone(), t.shape.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect()))
+            .map(|(k, t)| {
+                (
+                    k.clone(),
+                    t.shape.clone(),
+                    t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                )
+            })
             .collect();
         let st = safetensors::serialize(
             views.iter().map(|(k, s, b)| {
-                (k.as_str(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())
+                (
+                    k.as_str(),
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                        .unwrap(),
+                )
             }),
             None,
         )
         .unwrap();
         assert!(policyport_import::state_dict_like(&st) && !policyport_import::pickle_like(&st));
         let (obs, act) = spaces(c.dir);
-        let from_pt = compile_cleanrl(&pt, c.layout, obs.clone(), act.clone(), c.dir, None, Storage::F32).unwrap();
-        let from_st = compile_cleanrl(&st, c.layout, obs.clone(), act.clone(), c.dir, None, Storage::F32)
-            .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
-        assert!(from_pt == from_st, "{}: the safetensors route wrote a different artifact", c.dir);
+        let from_pt = compile_cleanrl(
+            &pt,
+            c.layout,
+            obs.clone(),
+            act.clone(),
+            c.dir,
+            None,
+            Storage::F32,
+        )
+        .unwrap();
+        let from_st = compile_cleanrl(
+            &st,
+            c.layout,
+            obs.clone(),
+            act.clone(),
+            c.dir,
+            None,
+            Storage::F32,
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
+        assert!(
+            from_pt == from_st,
+            "{}: the safetensors route wrote a different artifact",
+            c.dir
+        );
         for cut in [9, 20, st.len() / 2, st.len() - 1] {
-            let e = compile_cleanrl(&st[..cut], c.layout, obs.clone(), act.clone(), c.dir, None, Storage::F32);
+            let e = compile_cleanrl(
+                &st[..cut],
+                c.layout,
+                obs.clone(),
+                act.clone(),
+                c.dir,
+                None,
+                Storage::F32,
+            );
             assert!(e.is_err(), "{} cut at {cut}", c.dir);
         }
     }
@@ -105,5 +219,16 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
     let mut lying = 1_000_000u64.to_le_bytes().to_vec();
     lying.extend_from_slice(b"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}");
     let (obs, act) = spaces("ppo_cartpole");
-    assert!(compile_cleanrl(&lying, CleanrlLayout::Ppo, obs, act, "x", None, Storage::F32).is_err());
+    assert!(
+        compile_cleanrl(
+            &lying,
+            CleanrlLayout::Ppo,
+            obs,
+            act,
+            "x",
+            None,
+            Storage::F32
+        )
+        .is_err()
+    );
 }

@@ -237,12 +237,25 @@ fn a_wide_head_is_refused_on_wgpu_not_answered_wrong() {
         let mut t = std::collections::BTreeMap::new();
         t.insert(
             "w".to_string(),
-            Tensor::new(vec![n, 4], (0..4 * n).map(|i| ((i as f32) * 0.37).sin() * 0.1).collect()),
+            Tensor::new(
+                vec![n, 4],
+                (0..4 * n)
+                    .map(|i| ((i as f32) * 0.37).sin() * 0.1)
+                    .collect(),
+            ),
         );
         let m = Manifest {
             name: "wide".into(),
-            producer: Producer { tool: "test".into(), version: "0".into(), source: "hand-built".into(), notes: String::new() },
-            observation: ObservationSpace::Box { shape: vec![4], dtype: ObsDType::F32 },
+            producer: Producer {
+                tool: "test".into(),
+                version: "0".into(),
+                source: "hand-built".into(),
+                notes: String::new(),
+            },
+            observation: ObservationSpace::Box {
+                shape: vec![4],
+                dtype: ObsDType::F32,
+            },
             action: ActionSpace::Discrete { n },
             preprocess: vec![],
             modules: vec![Module {
@@ -252,12 +265,17 @@ fn a_wide_head_is_refused_on_wgpu_not_answered_wrong() {
                 outputs: vec!["logits".into()],
                 nodes: vec![Node {
                     name: "logits".into(),
-                    op: Op::Dense { weight: "w".into(), bias: None },
+                    op: Op::Dense {
+                        weight: "w".into(),
+                        bias: None,
+                    },
                     inputs: vec!["obs".into()],
                     output: "logits".into(),
                 }],
             }],
-            distribution: Distribution::Categorical { logits: "logits".into() },
+            distribution: Distribution::Categorical {
+                logits: "logits".into(),
+            },
             value: None,
             recurrent: None,
             golden: vec![],
@@ -276,7 +294,15 @@ fn a_wide_head_is_refused_on_wgpu_not_answered_wrong() {
     for b in [Backend::Cpu, Backend::Wgpu] {
         let p = CompiledPolicy::load(&bytes, b).unwrap();
         let mut s = p.session();
-        outs.push(s.act(&Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)).unwrap().clone());
+        outs.push(
+            s.act(&Request::new(
+                Observations::F32(&obs),
+                2,
+                ActMode::Deterministic,
+            ))
+            .unwrap()
+            .clone(),
+        );
     }
     let want: Vec<f64> = outs[0].dist_params.iter().map(|v| *v as f64).collect();
     assert!(policyport::rel_err(&outs[1].dist_params, &want) < 1e-5);

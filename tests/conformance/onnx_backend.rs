@@ -23,12 +23,18 @@ fn data_dir() -> PathBuf {
     );
     let lib = Path::new(&venv).join("lib");
     for e in std::fs::read_dir(&lib).unwrap_or_else(|e| panic!("{}: {e}", lib.display())) {
-        let d = e.unwrap().path().join("site-packages/onnx/backend/test/data");
+        let d = e
+            .unwrap()
+            .path()
+            .join("site-packages/onnx/backend/test/data");
         if d.is_dir() {
             return d;
         }
     }
-    panic!("no onnx/backend/test/data under {}: the venv lacks the onnx package", lib.display());
+    panic!(
+        "no onnx/backend/test/data under {}: the venv lacks the onnx package",
+        lib.display()
+    );
 }
 
 enum Outcome {
@@ -50,14 +56,22 @@ fn run_model(dir: &Path) -> Outcome {
     let (in_dims, x) = policyport_import::onnx::read_tensor(&input).unwrap();
     let (out_dims, want) = policyport_import::onnx::read_tensor(&output).unwrap();
     if in_dims.len() < 2 || out_dims.first() != in_dims.first() {
-        return Outcome::Refused(format!("input {in_dims:?} / output {out_dims:?}: no leading batch axis"));
+        return Outcome::Refused(format!(
+            "input {in_dims:?} / output {out_dims:?}: no leading batch axis"
+        ));
     }
     // The graph's output name: the first graph output (what output_0.pb holds).
-    let name = policyport_import::onnx::graph_output_names(&model).unwrap().remove(0);
+    let name = policyport_import::onnx::graph_output_names(&model)
+        .unwrap()
+        .remove(0);
     let spec = ImportSpec::new(DistSpec::Categorical { logits: name });
     let bytes = match compile_onnx(&model, &spec, "onnx-backend", None, Storage::F32) {
         Ok(b) => b,
-        Err(e @ (ImportError::UnsupportedOp { .. } | ImportError::Unsupported { .. } | ImportError::Spec(_))) => {
+        Err(
+            e @ (ImportError::UnsupportedOp { .. }
+            | ImportError::Unsupported { .. }
+            | ImportError::Spec(_)),
+        ) => {
             return Outcome::Refused(e.to_string());
         }
         Err(e) => return Outcome::Failed(format!("import: {e}")),
@@ -71,7 +85,11 @@ fn run_model(dir: &Path) -> Outcome {
             Err(e) => return Outcome::Failed(format!("load on {}: {e}", backend.name())),
         };
         let mut s = p.session();
-        let out = match s.act(&Request::new(Observations::F32(&obs), batch, ActMode::Deterministic)) {
+        let out = match s.act(&Request::new(
+            Observations::F32(&obs),
+            batch,
+            ActMode::Deterministic,
+        )) {
             Ok(o) => o,
             Err(e) => return Outcome::Failed(format!("act on {}: {e}", backend.name())),
         };
@@ -113,10 +131,17 @@ fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend() {
                     passed.push(name);
                 }
                 Outcome::Refused(why) => {
-                    table.push(format!("refused  {name:<60} {}", why.lines().next().unwrap_or("")));
+                    table.push(format!(
+                        "refused  {name:<60} {}",
+                        why.lines().next().unwrap_or("")
+                    ));
                     refused.push(name);
                 }
-                Outcome::Failed(why) if KNOWN_FAILING.iter().any(|(n, b, _)| *n == name && why.contains(b.name())) => {
+                Outcome::Failed(why)
+                    if KNOWN_FAILING
+                        .iter()
+                        .any(|(n, b, _)| *n == name && why.contains(b.name())) =>
+                {
                     table.push(format!("known    {name:<60} {why}"));
                     known.push(name);
                 }
@@ -137,9 +162,15 @@ fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend() {
     );
     for (name, backend, why) in KNOWN_FAILING {
         if backends().contains(backend) {
-            assert!(known.iter().any(|k| k == name), "{name} no longer fails ({why}): remove it from KNOWN_FAILING");
+            assert!(
+                known.iter().any(|k| k == name),
+                "{name} no longer fails ({why}): remove it from KNOWN_FAILING"
+            );
         }
     }
     assert!(passed.len() >= 20, "too few models pass: {passed:?}");
-    assert!(failed.is_empty(), "wrong answers or untyped errors: {failed:?}");
+    assert!(
+        failed.is_empty(),
+        "wrong answers or untyped errors: {failed:?}"
+    );
 }

@@ -399,13 +399,21 @@ fn recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
     sb3.sort();
     for p in sb3 {
         let name = format!("sb3/{}", p.file_name().unwrap().to_string_lossy());
-        let bytes = compile_sb3(&std::fs::read(p.join("model.zip")).unwrap(), None, &name, None, Storage::F32)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
+        let bytes = compile_sb3(
+            &std::fs::read(p.join("model.zip")).unwrap(),
+            None,
+            &name,
+            None,
+            Storage::F32,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let rollout =
+            serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
         out.push((name, bytes, rollout));
     }
     let p = dir.join("cleanrl/ppo_atari_lstm");
-    let spaces: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("spaces.json")).unwrap()).unwrap();
+    let spaces: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(p.join("spaces.json")).unwrap()).unwrap();
     let bytes = compile_cleanrl(
         &std::fs::read(p.join("agent.pt")).unwrap(),
         CleanrlLayout::AtariLstm,
@@ -421,12 +429,19 @@ fn recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
     for name in ["lstm_policy", "gru_policy_dynamo"] {
         let f = policyport_conformance::load_fixture(name);
         let bytes = policyport_conformance::compile_fixture(&f);
-        let rollout = serde_json::from_slice(&std::fs::read(dir.join(name).join("sequence.json")).unwrap()).unwrap();
+        let rollout =
+            serde_json::from_slice(&std::fs::read(dir.join(name).join("sequence.json")).unwrap())
+                .unwrap();
         out.push((format!("onnx/{name}"), bytes, rollout));
     }
     let p = dir.join("rllib/ppo_lstm_cartpole");
-    let bytes = policyport_import::compile_rllib(&p.join("checkpoint"), "rllib/ppo_lstm_cartpole", None, Storage::F32)
-        .unwrap();
+    let bytes = policyport_import::compile_rllib(
+        &p.join("checkpoint"),
+        "rllib/ppo_lstm_cartpole",
+        None,
+        Storage::F32,
+    )
+    .unwrap();
     let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
     out.push(("rllib/ppo_lstm_cartpole".into(), bytes, rollout));
     out
@@ -450,7 +465,10 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
         "onnx/lstm_policy",
         "onnx/gru_policy_dynamo",
     ] {
-        assert!(names.contains(&want), "recurrent fixture {want} missing: {names:?}");
+        assert!(
+            names.contains(&want),
+            "recurrent fixture {want} missing: {names:?}"
+        );
     }
     let mut table = vec![];
     for (name, bytes, rollout) in &fixtures {
@@ -461,9 +479,15 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
             let mut s = policy.session();
             let (mut worst_params, mut worst_value) = (0.0f64, 0.0f64);
             for (t, step) in rollout.steps.iter().enumerate() {
-                let req = Request::new(Observations::F32(&step.obs), rollout.envs, ActMode::Deterministic)
-                    .episode_starts(&step.episode_starts);
-                let out = s.act(&req).unwrap_or_else(|e| panic!("{name} step {t}: {e}"));
+                let req = Request::new(
+                    Observations::F32(&step.obs),
+                    rollout.envs,
+                    ActMode::Deterministic,
+                )
+                .episode_starts(&step.episode_starts);
+                let out = s
+                    .act(&req)
+                    .unwrap_or_else(|e| panic!("{name} step {t}: {e}"));
                 let want_params: Vec<f64> = ["logits", "mean", "log_std"]
                     .iter()
                     .filter_map(|k| step.expected.get(*k))
@@ -475,7 +499,10 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
                 let got_params: Vec<f32> = if step.expected.contains_key("mean") {
                     let k = out.dist_params.len() / rollout.envs / 2;
                     let rows = out.dist_params.chunks(2 * k);
-                    rows.clone().flat_map(|r| r[..k].to_vec()).chain(rows.flat_map(|r| r[k..].to_vec())).collect()
+                    rows.clone()
+                        .flat_map(|r| r[..k].to_vec())
+                        .chain(rows.flat_map(|r| r[k..].to_vec()))
+                        .collect()
                 } else {
                     out.dist_params.clone()
                 };
@@ -514,7 +541,10 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
 fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
     use policyport_format::philox::{Stream, u01};
     let fixtures = recurrent_trainer_fixtures();
-    for (name, bytes, _) in fixtures.iter().filter(|f| !f.0.contains("frames") && !f.0.contains("atari")) {
+    for (name, bytes, _) in fixtures
+        .iter()
+        .filter(|f| !f.0.contains("frames") && !f.0.contains("atari"))
+    {
         let art = policyport_format::read_artifact(bytes).unwrap();
         let m = &art.manifest;
         let specs = &m.recurrent.as_ref().unwrap().states;
@@ -524,8 +554,14 @@ fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
             let mut s = policy.session();
             s.set_max_envs(6);
             // Per env: its states (float64), zeros until stepped.
-            let mut state: Vec<Vec<Vec<f64>>> =
-                (0..6).map(|_| specs.iter().map(|sp| vec![0.0; sp.shape.iter().product()]).collect()).collect();
+            let mut state: Vec<Vec<Vec<f64>>> = (0..6)
+                .map(|_| {
+                    specs
+                        .iter()
+                        .map(|sp| vec![0.0; sp.shape.iter().product()])
+                        .collect()
+                })
+                .collect();
             for pattern in 0..6u64 {
                 for step in 0..10u64 {
                     let mut rs = Stream::new(pattern, step as u32, 77);
@@ -549,7 +585,9 @@ fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
                     let out = s.act(&req).unwrap().clone();
                     for (row, &env) in ids.iter().enumerate() {
                         if starts[row] {
-                            state[env as usize].iter_mut().for_each(|v| v.iter_mut().for_each(|x| *x = 0.0));
+                            state[env as usize]
+                                .iter_mut()
+                                .for_each(|v| v.iter_mut().for_each(|x| *x = 0.0));
                         }
                         let vals = policyport_import::reference::eval_step(
                             m,
@@ -559,11 +597,17 @@ fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
                             &state[env as usize],
                         )
                         .unwrap();
-                        state[env as usize] = specs.iter().map(|sp| vals[&sp.next].clone()).collect();
+                        state[env as usize] =
+                            specs.iter().map(|sp| vals[&sp.next].clone()).collect();
                         // One number: its error relative to max(|value|, 1) (a value can pass near zero).
                         let want_value = vals[m.value.as_deref().unwrap()][0];
-                        let e = (out.value[row] as f64 - want_value).abs() / want_value.abs().max(1.0);
-                        assert!(e < 1e-5, "{name} on {} pattern {pattern} step {step}: value {e:.2e}", backend.name());
+                        let e =
+                            (out.value[row] as f64 - want_value).abs() / want_value.abs().max(1.0);
+                        assert!(
+                            e < 1e-5,
+                            "{name} on {} pattern {pattern} step {step}: value {e:.2e}",
+                            backend.name()
+                        );
                     }
                     // Every env's state, stepped or not, equals the reference's.
                     for env in 0..6u32 {

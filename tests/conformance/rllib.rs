@@ -10,7 +10,12 @@ use policyport::{ActMode, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
-const FIXTURES: [&str; 4] = ["ppo_cartpole", "ppo_pendulum_meanstd", "ppo_lstm_cartpole", "ppo_cnn_frames"];
+const FIXTURES: [&str; 4] = [
+    "ppo_cartpole",
+    "ppo_pendulum_meanstd",
+    "ppo_lstm_cartpole",
+    "ppo_cnn_frames",
+];
 
 fn dir(name: &str) -> PathBuf {
     fixtures_dir().join("rllib").join(name)
@@ -20,27 +25,46 @@ fn dir(name: &str) -> PathBuf {
 fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
     let mut table = vec![];
     for name in FIXTURES {
-        let io: FixtureIo = serde_json::from_slice(&std::fs::read(dir(name).join("io.json")).unwrap()).unwrap();
+        let io: FixtureIo =
+            serde_json::from_slice(&std::fs::read(dir(name).join("io.json")).unwrap()).unwrap();
         let trainer: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir(name).join("trainer.json")).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(dir(name).join("trainer.json")).unwrap())
+                .unwrap();
         let ckpt = dir(name).join("checkpoint");
-        let bytes = compile_rllib(&ckpt, name, Some(&io), Storage::F32).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let bytes = compile_rllib(&ckpt, name, Some(&io), Storage::F32)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         // The same module from its own directory and from the MultiRLModule's: the same artifact.
         let module = ckpt.join("learner_group/learner/rl_module/default_policy");
-        assert!(compile_rllib(&module, name, Some(&io), Storage::F32).unwrap() == bytes, "{name}");
-        assert!(compile_rllib(&module.parent().unwrap(), name, Some(&io), Storage::F32).unwrap() == bytes);
+        assert!(
+            compile_rllib(&module, name, Some(&io), Storage::F32).unwrap() == bytes,
+            "{name}"
+        );
+        assert!(
+            compile_rllib(&module.parent().unwrap(), name, Some(&io), Storage::F32).unwrap()
+                == bytes
+        );
         for backend in backends() {
             let p = policyport_conformance::load(&bytes, backend)
                 .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
             for r in p.verify().unwrap() {
                 let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
-                table.push(format!("{name:<22} {:<8} {:<22} max rel err {worst:.2e}", backend.name(), r.name));
+                table.push(format!(
+                    "{name:<22} {:<8} {:<22} max rel err {worst:.2e}",
+                    backend.name(),
+                    r.name
+                ));
                 assert!(r.passed, "{name} on {}: {r:?}", backend.name());
             }
             for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
                 let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
                 let mut s = p.session();
-                let out = s.act(&Request::new(Observations::F32(&case.obs), case.batch, ActMode::Deterministic)).unwrap();
+                let out = s
+                    .act(&Request::new(
+                        Observations::F32(&case.obs),
+                        case.batch,
+                        ActMode::Deterministic,
+                    ))
+                    .unwrap();
                 policyport_conformance::assert_trainer_actions(
                     out,
                     &want,
@@ -78,7 +102,11 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
     // A module class pickle naming os.system: the offending global, nothing run.
     let c = tmp.join("evil");
     copy(&src, &c);
-    std::fs::write(c.join(module).join("class_and_ctor_args.pkl"), b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x8c\x06system\x93.").unwrap();
+    std::fs::write(
+        c.join(module).join("class_and_ctor_args.pkl"),
+        b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x8c\x06system\x93.",
+    )
+    .unwrap();
     match compile_rllib(&c, "x", None, Storage::F32).unwrap_err() {
         ImportError::Unsupported { what, .. } => assert!(what.contains("posix.system"), "{what}"),
         other => panic!("{other}"),
@@ -89,12 +117,18 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
         let c = tmp.join(format!("cut{cut}"));
         copy(&src, &c);
         std::fs::write(c.join(module).join("module_state.pkl"), &state[..cut]).unwrap();
-        assert!(compile_rllib(&c, "x", None, Storage::F32).is_err(), "cut at {cut}");
+        assert!(
+            compile_rllib(&c, "x", None, Storage::F32).is_err(),
+            "cut at {cut}"
+        );
     }
     // Two modules (multi-agent): say which to give.
     let c = tmp.join("two");
     copy(&src, &c);
-    copy(&src.join(module), &c.join("learner_group/learner/rl_module/other_policy"));
+    copy(
+        &src.join(module),
+        &c.join("learner_group/learner/rl_module/other_policy"),
+    );
     let e = compile_rllib(&c, "x", None, Storage::F32).unwrap_err();
     assert!(e.to_string().contains("2 RLModules"), "{e}");
     let _ = std::fs::remove_dir_all(&tmp);

@@ -36,17 +36,30 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend() {
         "recurrent_ppo_cnn_frames",
         "ppo_multi_input_dict",
     ] {
-        assert!(names.iter().any(|n| n == want), "sb3 fixture {want} missing: {names:?}");
+        assert!(
+            names.iter().any(|n| n == want),
+            "sb3 fixture {want} missing: {names:?}"
+        );
     }
     let mut table = vec![];
     for name in &names {
         let zip = read(name, "model.zip");
         let io: FixtureIo = serde_json::from_slice(&read(name, "io.json")).unwrap();
-        let trainer: serde_json::Value = serde_json::from_slice(&read(name, "trainer.json")).unwrap();
-        let vn_path = fixtures_dir().join("sb3").join(name).join("vecnormalize.pkl");
+        let trainer: serde_json::Value =
+            serde_json::from_slice(&read(name, "trainer.json")).unwrap();
+        let vn_path = fixtures_dir()
+            .join("sb3")
+            .join(name)
+            .join("vecnormalize.pkl");
         let vn = std::fs::read(&vn_path).ok();
-        let bytes = compile_sb3(&zip, vn.as_deref(), &format!("sb3/{name}/model.zip"), Some(&io), Storage::F32)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let bytes = compile_sb3(
+            &zip,
+            vn.as_deref(),
+            &format!("sb3/{name}/model.zip"),
+            Some(&io),
+            Storage::F32,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         // Without the oracle's cases the compiler embeds the float64 reference's: the same archive alone.
         compile_sb3(&zip, vn.as_deref(), name, None, Storage::F32).unwrap();
         for backend in backends() {
@@ -141,28 +154,49 @@ fn hostile_sb3_archives_are_typed_errors() {
         .to_vec();
     // os.system through the state dict's pickle.
     let evil_pkl = b"\x80\x02cposix\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.";
-    let evil_pth = zip_of(&[("archive/data.pkl", evil_pkl), ("archive/byteorder", b"little")]);
+    let evil_pth = zip_of(&[
+        ("archive/data.pkl", evil_pkl),
+        ("archive/byteorder", b"little"),
+    ]);
     let evil = zip_of(&[("data", &data), ("policy.pth", &evil_pth)]);
     match compile_sb3(&evil, None, "evil", None, Storage::F32).unwrap_err() {
-        ImportError::Pickle(policyport_import::pickle::PickleError::ForbiddenGlobal { module, name }) => {
+        ImportError::Pickle(policyport_import::pickle::PickleError::ForbiddenGlobal {
+            module,
+            name,
+        }) => {
             assert_eq!((module.as_str(), name.as_str()), ("posix", "system"))
         }
         other => panic!("{other}"),
     }
     // A tensor whose view runs past its 4-byte storage.
     let oob_pkl = b"\x80\x02ccollections\nOrderedDict\n)R(X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x01tQK\x00K\x40\x85K\x01\x85\x89NtRu.";
-    let oob = zip_of(&[("data", &data), ("policy.pth", &zip_of(&[("archive/data.pkl", oob_pkl), ("archive/data/0", &[0u8; 4])]))]);
+    let oob = zip_of(&[
+        ("data", &data),
+        (
+            "policy.pth",
+            &zip_of(&[("archive/data.pkl", oob_pkl), ("archive/data/0", &[0u8; 4])]),
+        ),
+    ]);
     let e = compile_sb3(&oob, None, "oob", None, Storage::F32).unwrap_err();
     assert!(e.to_string().contains("outside its storage"), "{e}");
     // Missing pieces.
     for (label, z) in [
         ("no policy.pth", zip_of(&[("data", &data)])),
-        ("data not JSON", zip_of(&[("data", b"\x80\x02."), ("policy.pth", &evil_pth)])),
+        (
+            "data not JSON",
+            zip_of(&[("data", b"\x80\x02."), ("policy.pth", &evil_pth)]),
+        ),
     ] {
-        assert!(compile_sb3(&z, None, label, None, Storage::F32).is_err(), "{label}");
+        assert!(
+            compile_sb3(&z, None, label, None, Storage::F32).is_err(),
+            "{label}"
+        );
     }
     // Every truncation of the real archive, and a few flipped bytes in its central directory.
-    for cut in (0..real.len()).step_by(997).chain([real.len() - 1, real.len() - 22]) {
+    for cut in (0..real.len())
+        .step_by(997)
+        .chain([real.len() - 1, real.len() - 22])
+    {
         let _ = compile_sb3(&real[..cut], None, "cut", None, Storage::F32).unwrap_err();
     }
     let eocd = real.len() - 22;
@@ -179,12 +213,20 @@ fn hostile_sb3_archives_are_typed_errors() {
 #[test]
 fn hostile_vecnormalize_pickles_are_typed_errors() {
     let zip = read("ppo_pendulum_vecnormalize", "model.zip");
-    let evil = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93\x8c\x02id\x85R.";
+    let evil =
+        b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93\x8c\x02id\x85R.";
     let e = compile_sb3(&zip, Some(evil), "x", None, Storage::F32).unwrap_err();
     assert!(e.to_string().contains("os.system"), "{e}");
     // The CartPole archive (4 observations) with Pendulum's statistics (3).
     let vn = read("ppo_pendulum_vecnormalize", "vecnormalize.pkl");
-    let e = compile_sb3(&read("ppo_cartpole", "model.zip"), Some(&vn), "x", None, Storage::F32).unwrap_err();
+    let e = compile_sb3(
+        &read("ppo_cartpole", "model.zip"),
+        Some(&vn),
+        "x",
+        None,
+        Storage::F32,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("3 statistics"), "{e}");
     for cut in (0..vn.len()).step_by(37) {
         assert!(compile_sb3(&zip, Some(&vn[..cut]), "x", None, Storage::F32).is_err());

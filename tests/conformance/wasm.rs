@@ -171,6 +171,37 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
 }
 
 #[test]
+fn the_deadline_outlives_the_runtime_handle() {
+    // The epoch ticker that enforces deadlines belonged to the WasmRuntime: with the caller's handle dropped
+    // while a policy lived (the CLI's `bench --plugin` did this), a looping pp_act hung the host forever.
+    let looping = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
+        r#"(func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) i32.const 0)"#,
+        r#"(func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) (loop br 0) i32.const 0)"#,
+    );
+    let rt = WasmRuntime::new(looping.as_bytes()).unwrap();
+    let limits = WasmLimits {
+        deadline: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let mut p = WasmPolicy::load(&rt, b"x", limits).unwrap();
+    drop(rt);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let obs = vec![0.0f32; p.info().obs_len];
+        let mut out = ActOutputs::default();
+        let r = p.act(
+            &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic),
+            &mut out,
+        );
+        let _ = tx.send(format!("{r:?}"));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("pp_act still running 20 s after a 50 ms deadline");
+    assert!(r.contains("Deadline"), "{r}");
+}
+
+#[test]
 fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
     let grow = "(block (loop (br_if 1 (i32.eq (memory.grow (i32.const 16)) (i32.const -1))) (br 0))) unreachable";
     let rt = WasmRuntime::new(hostile(policyport_wasmtime::ABI_VERSION, grow).as_bytes()).unwrap();
@@ -257,10 +288,17 @@ fn hostile_and_foreign_modules_are_refused() {
         let rt = WasmRuntime::new(hostile(old, "i32.const 0").as_bytes()).unwrap();
         assert!(matches!(
             WasmPolicy::load(&rt, b"x", WasmLimits::default()),
-            Err(WasmError::AbiVersion { found, expected: 3 }) if found == old
+            Err(WasmError::AbiVersion { found, expected }) if found == old && expected == policyport_wasmtime::ABI_VERSION
         ));
     }
-    let rt = WasmRuntime::new(br#"(module (memory (export "memory") 1) (func (export "pp_abi_version") (result i32) i32.const 3))"#).unwrap();
+    let rt = WasmRuntime::new(
+        format!(
+            r#"(module (memory (export "memory") 1) (func (export "pp_abi_version") (result i32) i32.const {}))"#,
+            policyport_wasmtime::ABI_VERSION
+        )
+        .as_bytes(),
+    )
+    .unwrap();
     assert!(matches!(
         WasmPolicy::load(&rt, b"x", WasmLimits::default()),
         Err(WasmError::MissingExport(_))
@@ -287,27 +325,65 @@ fn the_plugin_imports_nothing_and_the_module_cache_round_trips() {
     // WasmRuntime refuses any import; the plugin loads.
     let rt = WasmRuntime::new(&wasm).unwrap();
     assert!(!rt.from_cache);
-    let dir = std::env::temp_dir().join(format!("policyport-cache-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cache = dir.join("plugin.cwasm");
-    let _ = std::fs::remove_file(&cache);
+    let root = std::env::temp_dir().join(format!("policyport-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = root.join("private");
     let t0 = Instant::now();
-    let cold = WasmRuntime::with_cache(&wasm, &cache).unwrap();
+    let cold = WasmRuntime::with_cache_dir(&wasm, &dir).unwrap();
     let cold_t = t0.elapsed();
     assert!(!cold.from_cache);
     let t1 = Instant::now();
-    let warm = WasmRuntime::with_cache(&wasm, &cache).unwrap();
+    let warm = WasmRuntime::with_cache_dir(&wasm, &dir).unwrap();
     let warm_t = t1.elapsed();
     assert!(warm.from_cache, "second load must come from the cache");
     println!("plugin module: compile {cold_t:?}, from .cwasm cache {warm_t:?}");
     let bytes = compile_fixture(&load_fixture("cartpole"));
     WasmPolicy::load(&warm, &bytes, WasmLimits::default()).unwrap();
-    // A damaged cache is recompiled, not trusted.
-    std::fs::write(&cache, b"garbage").unwrap();
-    let again = WasmRuntime::with_cache(&wasm, &cache).unwrap();
+    // One entry, named by a SHA-256, no temporary file left behind; the directory was made private.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(
+        names[0].len() == 64 + 6 && names[0].ends_with(".cwasm"),
+        "{names:?}"
+    );
+    let entry = dir.join(&names[0]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // An entry others could have written is not trusted: recompiled (and replaced).
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!WasmRuntime::with_cache_dir(&wasm, &dir).unwrap().from_cache);
+        assert!(WasmRuntime::with_cache_dir(&wasm, &dir).unwrap().from_cache);
+        // A directory others can write is refused with a typed error: nothing is read from it or written to it.
+        let open = root.join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(
+            WasmRuntime::with_cache_dir(&wasm, &open),
+            Err(WasmError::Cache(_))
+        ));
+        assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+        // So is a symlink to the private directory.
+        let link = root.join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(matches!(
+            WasmRuntime::with_cache_dir(&wasm, &link),
+            Err(WasmError::Cache(_))
+        ));
+    }
+    // A damaged entry is recompiled, not trusted.
+    std::fs::write(&entry, b"garbage").unwrap();
+    let again = WasmRuntime::with_cache_dir(&wasm, &dir).unwrap();
     assert!(!again.from_cache);
     WasmPolicy::load(&again, &bytes, WasmLimits::default()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[test]
@@ -362,4 +438,3 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
         t.join().unwrap();
     }
 }
-

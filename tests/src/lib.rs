@@ -134,11 +134,9 @@ pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, Polic
                 deadline: std::time::Duration::from_secs(60),
                 ..Default::default()
             };
-            policyport_wasmtime::load(&plugin_runtime(), bytes, limits).map_err(|e| {
-                match e {
-                    WasmError::Policy(p) => p,
-                    other => BackendError::Device(other.to_string()).into(),
-                }
+            policyport_wasmtime::load(&plugin_runtime(), bytes, limits).map_err(|e| match e {
+                WasmError::Policy(p) => p,
+                other => BackendError::Device(other.to_string()).into(),
             })
         }
         _ => CompiledPolicy::load(bytes, backend),
@@ -231,6 +229,9 @@ pub fn assert_trainer_actions(out: &policyport::ActOutputs, want: &[f64], what: 
     let got = actions_f64(out);
     assert_eq!(got.len(), want.len(), "{what}");
     for (g, w) in got.iter().zip(want) {
-        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{what}: {got:?} vs the trainer's {want:?}");
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+            "{what}: {got:?} vs the trainer's {want:?}"
+        );
     }
 }

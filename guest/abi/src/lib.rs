@@ -1,4 +1,4 @@
-//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 3) as code: one definition of the version, the export
+//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 4) as code: one definition of the version, the export
 //! names, the error codes, the `pp_info` words and the `pp_act` argument encodings, shared by the plugin (inside the
 //! sandbox), the wasmtime host and the C ABI. Before this crate each side kept its own copy (the plugin's `ERR_*`
 //! constants were unused by the host, which matched literal `-1`..`-4`, and decoded `pp_info` by index).
@@ -7,8 +7,9 @@
 
 /// The ABI version a plugin reports from `pp_abi_version` and a host requires. Version 2 added `pp_act`'s
 /// `episode_starts` (the one state model: a per-row flag that zeroes the env's state before the step); version 3
-/// added `pp_state` (reading the recurrent state back, so the plugin is a runtime `Executor` like any other).
-pub const ABI_VERSION: u32 = 3;
+/// added `pp_state` (reading the recurrent state back, so the plugin is a runtime `Executor` like any other);
+/// version 4 the codes [`ErrorCode::TooLarge`] and [`ErrorCode::NonFinite`].
+pub const ABI_VERSION: u32 = 4;
 
 /// Export names (and the one exported memory).
 pub mod export {
@@ -62,10 +63,14 @@ pub enum ErrorCode {
     Handle = -6,
     /// The plugin ran out of memory.
     Memory = -7,
+    /// The request (batch, envs) or the policy is over the policy's memory limit: refused before allocating.
+    TooLarge = -8,
+    /// The policy computed a non-finite output.
+    NonFinite = -9,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::Artifact,
         ErrorCode::Observation,
         ErrorCode::Call,
@@ -73,6 +78,8 @@ impl ErrorCode {
         ErrorCode::Backend,
         ErrorCode::Handle,
         ErrorCode::Memory,
+        ErrorCode::TooLarge,
+        ErrorCode::NonFinite,
     ];
 
     pub const fn code(self) -> i32 {
@@ -94,6 +101,8 @@ impl ErrorCode {
             ErrorCode::Backend => "backend",
             ErrorCode::Handle => "unknown handle",
             ErrorCode::Memory => "out of memory",
+            ErrorCode::TooLarge => "over the memory limit",
+            ErrorCode::NonFinite => "non-finite output",
         }
     }
 }
@@ -269,7 +278,7 @@ mod tests {
             assert_eq!(ErrorCode::from_code(c.code()), Some(c));
         }
         assert_eq!(ErrorCode::from_code(0), None);
-        assert_eq!(ErrorCode::from_code(-8), None);
+        assert_eq!(ErrorCode::from_code(-10), None);
         assert_eq!(ErrorCode::from_code(i32::MIN), None);
         let info = PluginInfo {
             obs_len: 4,

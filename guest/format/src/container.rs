@@ -308,7 +308,16 @@ pub fn write_artifact(
         }
     }
     crate::validate::validate(&stored, &crate::validate::Limits::default())?;
+    encode_unvalidated(manifest, tensors, storage)
+}
 
+/// Encode an artifact **without validating it**: for tests and fuzzers that must hand readers what a hostile
+/// writer would (every reader validates; [`write_artifact`] is the writer to use).
+pub fn encode_unvalidated(
+    manifest: &Manifest,
+    tensors: &BTreeMap<String, Tensor>,
+    storage: &dyn Fn(&str) -> StorageDType,
+) -> Result<Vec<u8>, FormatError> {
     let manifest_bytes =
         serde_json::to_vec(manifest).map_err(|e| FormatError::BadManifest(e.to_string()))?;
     let encoded: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors

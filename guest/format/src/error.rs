@@ -66,6 +66,14 @@ pub enum FormatError {
     UndefinedValue { name: String, user: String },
     #[error("value '{name}' is defined twice")]
     DuplicateValue { name: String },
+    #[error(
+        "{what} needs about {bytes} bytes, over the memory limit of {limit} (Limits::max_memory_bytes)"
+    )]
+    MemoryBudget {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("{what} has {found} elements, over the limit of {limit}")]
     TooLarge {
         what: String,

@@ -16,4 +16,6 @@ pub use container::{Artifact, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, read_artifact, 
 pub use error::FormatError;
 pub use head::{HeadKind, HeadPlan, LogStdSource};
 pub use manifest::*;
-pub use validate::{Limits, ValidatedPlan, validate};
+pub use validate::{
+    DEFAULT_MAX_MEMORY_BYTES, Limits, MAX_GOLDEN_TOLERANCE, MemoryEstimate, ValidatedPlan, validate,
+};

@@ -60,7 +60,9 @@ impl Manifest {
 
     /// The lowest format minor (of major 1) able to hold this manifest.
     pub fn required_minor(&self) -> u16 {
-        self.newest_op().map_or(0, |(_, m)| m).max(self.observation.since_minor())
+        self.newest_op()
+            .map_or(0, |(_, m)| m)
+            .max(self.observation.since_minor())
     }
 }
 
@@ -105,7 +107,10 @@ impl ObservationSpace {
         match self {
             ObservationSpace::Box { shape, .. } => shape.iter().product(),
             ObservationSpace::Discrete { .. } => 1,
-            ObservationSpace::Dict { spaces } => spaces.iter().map(|e| e.shape.iter().product::<usize>()).sum(),
+            ObservationSpace::Dict { spaces } => spaces
+                .iter()
+                .map(|e| e.shape.iter().product::<usize>())
+                .sum(),
         }
     }
 
@@ -114,7 +119,9 @@ impl ObservationSpace {
         match self {
             ObservationSpace::Box { dtype, .. } => *dtype,
             ObservationSpace::Discrete { .. } => ObsDType::F32,
-            ObservationSpace::Dict { spaces } if spaces.iter().all(|e| e.dtype == ObsDType::U8) => ObsDType::U8,
+            ObservationSpace::Dict { spaces } if spaces.iter().all(|e| e.dtype == ObsDType::U8) => {
+                ObsDType::U8
+            }
             ObservationSpace::Dict { .. } => ObsDType::F32,
         }
     }
@@ -261,9 +268,13 @@ pub enum Op {
         max: Option<f32>,
     },
     /// The feature shape becomes `shape` (same element count, row-major order kept) (format 1.1).
-    Reshape { shape: Vec<usize> },
+    Reshape {
+        shape: Vec<usize>,
+    },
     /// Permute the feature axes: output axis `i` is input axis `perm[i]` (format 1.1). The batch axis stays first.
-    Transpose { perm: Vec<usize> },
+    Transpose {
+        perm: Vec<usize>,
+    },
     /// 2-D cross-correlation (PyTorch's `Conv2d`) over a `[C, H, W]` input, giving `[O, OH, OW]` (format 1.1).
     /// `weight` is `[O, C / groups, KH, KW]`, `bias` `[O]`; `padding` is `[top, left, bottom, right]` (zeros);
     /// `OH = (H + top + bottom - dilation[0] * (KH - 1) - 1) / stride[0] + 1`, and the same for `OW`.
@@ -328,9 +339,7 @@ impl Op {
                 .collect(),
             Op::Affine { scale, shift }
             | Op::LayerNorm {
-                scale,
-                bias: shift,
-                ..
+                scale, bias: shift, ..
             } => scale
                 .as_deref()
                 .into_iter()

@@ -19,7 +19,16 @@ pub struct Limits {
     pub max_nodes: usize,
     /// Rows in one golden case.
     pub max_golden_batch: usize,
+    /// Bytes a loaded policy may use: the weights and their packed copies, plus every value, the state rows and
+    /// the convolution scratch for the rows of one act() ([`MemoryEstimate`]). Validation refuses a policy that
+    /// does not fit at batch 1, and runtimes refuse a batch (or a number of recurrent envs) that does not fit,
+    /// before allocating anything — a 200 KB file used to ask for 100+ GiB.
+    pub max_memory_bytes: u64,
 }
+
+/// The default [`Limits::max_memory_bytes`]: 8 GiB where addresses are 64-bit, 1 GiB on 32-bit targets (wasm32,
+/// whose whole linear memory is at most 4 GiB).
+pub const DEFAULT_MAX_MEMORY_BYTES: u64 = if usize::BITS >= 64 { 8 << 30 } else { 1 << 30 };
 
 impl Default for Limits {
     fn default() -> Self {
@@ -28,9 +37,14 @@ impl Default for Limits {
             max_value_elems: 1 << 24,
             max_nodes: 100_000,
             max_golden_batch: 1 << 16,
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
         }
     }
 }
+
+/// The largest relative tolerance a golden case may declare. Relative errors above 1 mean "any answer of the
+/// right order of magnitude", which is no check at all.
+pub const MAX_GOLDEN_TOLERANCE: f64 = 1.0;
 
 /// What validation learned about an artifact.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +59,29 @@ pub struct ValidatedPlan {
     pub dist_params_len: usize,
     /// The action head, decoded once (the only decoder of the distribution: every sampler is built from it).
     pub head: crate::head::HeadPlan,
+    /// What a runtime allocates to run it (an upper estimate, the same for every executor).
+    pub memory: MemoryEstimate,
+}
+
+/// An upper estimate of a loaded policy's memory, computed from the validated shapes before anything is
+/// allocated: `fixed_bytes` is paid once (the weights, one packed copy per node that reads a tensor, transpose
+/// indices, the largest convolution scratch), `bytes_per_env` per row of an act() (every value of the graph, the
+/// raw and preprocessed observation) and `state_bytes_per_env` per env a recurrent session holds (host rows, the
+/// executor's copy, the step's input and output).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    pub fixed_bytes: u64,
+    pub bytes_per_env: u64,
+    pub state_bytes_per_env: u64,
+}
+
+impl MemoryEstimate {
+    /// Bytes for one act() of `batch` rows in a session holding state for `envs` envs (saturating).
+    pub fn bytes_for(&self, batch: usize, envs: usize) -> u64 {
+        self.fixed_bytes
+            .saturating_add(self.bytes_per_env.saturating_mul(batch as u64))
+            .saturating_add(self.state_bytes_per_env.saturating_mul(envs as u64))
+    }
 }
 
 /// Output positions of a sliding window along one axis (convolution and pooling share the rule), checked:
@@ -58,7 +95,9 @@ pub fn window_count(
     pad_end: usize,
 ) -> Result<usize, String> {
     if k == 0 || stride == 0 || dilation == 0 {
-        return Err(format!("kernel {k}, stride {stride} and dilation {dilation} must be >= 1"));
+        return Err(format!(
+            "kernel {k}, stride {stride} and dilation {dilation} must be >= 1"
+        ));
     }
     let padded = (n as u64) + (pad_begin as u64) + (pad_end as u64);
     let extent = (dilation as u64)
@@ -108,6 +147,17 @@ impl Checker<'_> {
                 user: user.into(),
                 expected: want.to_vec(),
                 found: t.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_memory(&self, what: &str, bytes: u64) -> Result<(), FormatError> {
+        if bytes > self.limits.max_memory_bytes {
+            return Err(FormatError::MemoryBudget {
+                what: what.into(),
+                bytes,
+                limit: self.limits.max_memory_bytes,
             });
         }
         Ok(())
@@ -228,9 +278,15 @@ impl Checker<'_> {
             }
             Op::Affine { scale, shift } => {
                 arity(1)?;
+                // Each tensor broadcasts over the last axis or the whole vector (or is one number), and scale
+                // and shift must agree on which: runtimes index both by one group (`affine_group`). A scale of
+                // the last axis with a shift of the whole vector panicked in the cpu executor and silently used
+                // a prefix of the shift elsewhere.
+                let whole = numel(ins[0]);
+                let mut sizes = Vec::new();
                 for t in scale.iter().chain(shift.iter()) {
                     let tn = numel(&self.tensor(t, &user)?.shape);
-                    if tn != last(ins[0]) as u64 && tn != numel(ins[0]) && tn != 1 {
+                    if tn != last(ins[0]) as u64 && tn != whole && tn != 1 {
                         return Err(FormatError::TensorShape {
                             name: t.clone(),
                             user: user.clone(),
@@ -238,6 +294,22 @@ impl Checker<'_> {
                             found: self.art.tensors[t].shape.clone(),
                         });
                     }
+                    sizes.push(tn);
+                }
+                let group = if sizes.contains(&whole) {
+                    whole
+                } else {
+                    last(ins[0]) as u64
+                };
+                if sizes.iter().any(|&n| n != 1 && n != group) {
+                    return Err(FormatError::shape(
+                        user,
+                        format!(
+                            "scale and shift broadcast differently ({sizes:?} numbers over a {:?} value): both must \
+                             span the last axis or both the whole value (or be one number)",
+                            ins[0]
+                        ),
+                    ));
                 }
                 ins[0].clone()
             }
@@ -312,17 +384,36 @@ impl Checker<'_> {
                     return Err(FormatError::TensorShape {
                         name: weight.clone(),
                         user,
-                        expected: vec![w.shape.first().copied().unwrap_or(0), x[0] / g.max(1), 0, 0],
+                        expected: vec![
+                            w.shape.first().copied().unwrap_or(0),
+                            x[0] / g.max(1),
+                            0,
+                            0,
+                        ],
                         found: w.shape.clone(),
                     });
                 }
                 if let Some(b) = bias {
                     self.tensor_with_numel(b, &user, &[w.shape[0]])?;
                 }
-                let oh = window_count(x[1], w.shape[2], stride[0], dilation[0], padding[0], padding[2])
-                    .map_err(|e| FormatError::shape(&user, format!("height: {e}")))?;
-                let ow = window_count(x[2], w.shape[3], stride[1], dilation[1], padding[1], padding[3])
-                    .map_err(|e| FormatError::shape(&user, format!("width: {e}")))?;
+                let oh = window_count(
+                    x[1],
+                    w.shape[2],
+                    stride[0],
+                    dilation[0],
+                    padding[0],
+                    padding[2],
+                )
+                .map_err(|e| FormatError::shape(&user, format!("height: {e}")))?;
+                let ow = window_count(
+                    x[2],
+                    w.shape[3],
+                    stride[1],
+                    dilation[1],
+                    padding[1],
+                    padding[3],
+                )
+                .map_err(|e| FormatError::shape(&user, format!("width: {e}")))?;
                 vec![w.shape[0], oh, ow]
             }
             Op::MaxPool2d {
@@ -341,8 +432,15 @@ impl Checker<'_> {
                 }
                 let mut out = vec![x[0]];
                 for a in 0..2 {
-                    let n = window_count(x[1 + a], kernel[a], stride[a], dilation[a], padding[a], padding[a + 2])
-                        .map_err(|e| FormatError::shape(&user, format!("axis {}: {e}", a + 1)))?;
+                    let n = window_count(
+                        x[1 + a],
+                        kernel[a],
+                        stride[a],
+                        dilation[a],
+                        padding[a],
+                        padding[a + 2],
+                    )
+                    .map_err(|e| FormatError::shape(&user, format!("axis {}: {e}", a + 1)))?;
                     // Every window must see the input: a window entirely in the padding has no maximum.
                     for o in 0..n {
                         let start = (o * stride[a]) as i64 - padding[a] as i64;
@@ -351,7 +449,10 @@ impl Checker<'_> {
                         if first >= kernel[a] as i64 || start + first * d >= x[1 + a] as i64 {
                             return Err(FormatError::shape(
                                 &user,
-                                format!("window {o} of axis {} lies entirely in the padding", a + 1),
+                                format!(
+                                    "window {o} of axis {} lies entirely in the padding",
+                                    a + 1
+                                ),
                             ));
                         }
                     }
@@ -366,7 +467,10 @@ impl Checker<'_> {
             } => {
                 arity(1)?;
                 if !(epsilon.is_finite() && *epsilon >= 0.0) {
-                    return Err(FormatError::invalid(user, "epsilon must be finite and >= 0"));
+                    return Err(FormatError::invalid(
+                        user,
+                        "epsilon must be finite and >= 0",
+                    ));
                 }
                 for t in scale.iter().chain(bias.iter()) {
                     self.tensor_with_numel(t, &user, &[last(ins[0])])?;
@@ -427,18 +531,24 @@ impl Checker<'_> {
             }
             ObservationSpace::Dict { spaces } => {
                 if spaces.is_empty() {
-                    return Err(FormatError::invalid("observation.spaces", "a dict needs at least one part"));
+                    return Err(FormatError::invalid(
+                        "observation.spaces",
+                        "a dict needs at least one part",
+                    ));
                 }
                 let mut total = 0u64;
+                // A set, not a scan of the earlier keys: up to 2^24 one-element parts pass the size check.
+                let mut keys = std::collections::BTreeSet::new();
                 for (i, e) in spaces.iter().enumerate() {
-                    if e.key.is_empty() || spaces[..i].iter().any(|o| o.key == e.key) {
+                    if e.key.is_empty() || !keys.insert(e.key.as_str()) {
                         return Err(FormatError::invalid(
                             "observation.spaces",
                             format!("part {i}: key '{}' is empty or repeated", e.key),
                         ));
                     }
                     self.check_value_size(&format!("observation part '{}'", e.key), &e.shape)?;
-                    total = total.saturating_add(e.shape.iter().map(|d| *d as u64).product::<u64>());
+                    total =
+                        total.saturating_add(e.shape.iter().map(|d| *d as u64).product::<u64>());
                 }
                 let flat = vec![usize::try_from(total).unwrap_or(usize::MAX)];
                 self.check_value_size("observation space", &flat)?;
@@ -449,6 +559,18 @@ impl Checker<'_> {
         for (i, p) in m.preprocess.iter().enumerate() {
             let user = format!("preprocess step {i}");
             match p {
+                // A discrete observation is an index until one_hot expands it: a step before one_hot would
+                // turn it into a non-index (a scale of 1000 made the one-hot write out of bounds; a fraction
+                // silently picked another state). Regression test `preprocessing_before_one_hot_is_refused`.
+                Preprocess::Scale { .. } | Preprocess::Normalize { .. }
+                    if matches!(m.observation, ObservationSpace::Discrete { .. })
+                        && !one_hot_done =>
+                {
+                    return Err(FormatError::invalid(
+                        user,
+                        "a discrete observation is an index: no step may come before one_hot",
+                    ));
+                }
                 Preprocess::Scale { factor } => {
                     if !factor.is_finite() {
                         return Err(FormatError::invalid(user, "scale factor must be finite"));
@@ -503,6 +625,18 @@ impl Checker<'_> {
         // Modules, in order, with shape inference. `visible`: what later modules and the policy may read.
         let mut visible: std::collections::BTreeSet<String> = shapes.keys().cloned().collect();
         let mut total_nodes = 0usize;
+        let mut mem = MemoryEstimate {
+            // The weights as loaded (the artifact's own copy).
+            fixed_bytes: self
+                .art
+                .tensors
+                .values()
+                .fold(0u64, |a, t| a.saturating_add(4 * numel(&t.shape))),
+            // The observation value itself (every state value too, below).
+            bytes_per_env: 4 * numel(&obs_shape),
+            state_bytes_per_env: 0,
+        };
+        let mut conv_scratch = 0u64;
         for module in &m.modules {
             total_nodes = total_nodes.saturating_add(module.nodes.len());
             if total_nodes > self.limits.max_nodes {
@@ -538,6 +672,31 @@ impl Checker<'_> {
                 }
                 let out = self.node_shape(&module.name, node, &ins)?;
                 self.check_value_size(&format!("output of node '{}'", node.name), &out)?;
+                // Memory, node by node, so a huge graph is refused as soon as it stops fitting.
+                mem.bytes_per_env = mem.bytes_per_env.saturating_add(4 * numel(&out));
+                for t in node.op.tensors() {
+                    mem.fixed_bytes = mem
+                        .fixed_bytes
+                        .saturating_add(4 * numel(&self.art.tensors[t].shape));
+                }
+                match &node.op {
+                    Op::Transpose { .. } => {
+                        mem.fixed_bytes = mem.fixed_bytes.saturating_add(4 * numel(&out));
+                    }
+                    Op::Conv2d { weight, .. } => {
+                        // Per env: the patch matrix (output positions x one filter's inputs) and the GEMM result.
+                        let w = numel(&self.art.tensors[weight].shape);
+                        let positions = numel(&out) / (out[0].max(1) as u64);
+                        let filter = w / (out[0].max(1) as u64);
+                        let scratch = positions.saturating_mul(filter).saturating_add(numel(&out));
+                        conv_scratch = conv_scratch.max(4u64.saturating_mul(scratch));
+                    }
+                    _ => {}
+                }
+                self.check_memory(
+                    &format!("node '{}'", node.name),
+                    mem.bytes_for(1, 0).saturating_add(conv_scratch),
+                )?;
                 if local.contains_key(node.output.as_str()) || shapes.contains_key(&node.output) {
                     return Err(FormatError::DuplicateValue {
                         name: node.output.clone(),
@@ -557,6 +716,22 @@ impl Checker<'_> {
             }
         }
 
+        // The rest of the per-env memory: raw and preprocessed observation, each state (host row, executor copy,
+        // step input and output).
+        mem.fixed_bytes = mem.fixed_bytes.saturating_add(conv_scratch);
+        mem.bytes_per_env = mem
+            .bytes_per_env
+            .saturating_add(4 * m.observation.raw_len() as u64)
+            .saturating_add(4 * numel(&obs_shape));
+        if let Some(rec) = &m.recurrent {
+            for st in &rec.states {
+                mem.state_bytes_per_env = mem
+                    .state_bytes_per_env
+                    .saturating_add(16 * numel(&st.shape));
+            }
+        }
+        self.check_memory("the policy at batch 1", mem.bytes_for(1, 1))?;
+
         let value_shape = |name: &str, user: &str| -> Result<Vec<usize>, FormatError> {
             visible
                 .contains(name)
@@ -569,19 +744,40 @@ impl Checker<'_> {
         };
 
         // Distribution against the action space.
-        let action_len = m.action.action_len();
+        // Sizes from the action space are checked before anything multiplies or sums them: an nvec summing past
+        // usize::MAX wrapped to a small logits width that passed, and the sampler then sliced past the logits
+        // (regression test `multi_discrete_nvec_that_wraps_is_refused`).
         match &m.action {
-            ActionSpace::Discrete { n } if *n == 0 => {
-                return Err(FormatError::invalid("action.n", "must be >= 1"));
-            }
-            ActionSpace::MultiDiscrete { nvec } if nvec.is_empty() || nvec.contains(&0) => {
+            ActionSpace::Discrete { n } if *n == 0 || *n as u64 > self.limits.max_value_elems => {
                 return Err(FormatError::invalid(
-                    "action.nvec",
-                    "needs >= 1 component, each >= 1",
+                    "action.n",
+                    format!("{n} is not a usable number of actions"),
                 ));
             }
-            ActionSpace::Box { shape, low, high } => {
-                self.check_value_size("action space", shape)?;
+            ActionSpace::MultiDiscrete { nvec } => {
+                if nvec.is_empty() || nvec.contains(&0) {
+                    return Err(FormatError::invalid(
+                        "action.nvec",
+                        "needs >= 1 component, each >= 1",
+                    ));
+                }
+                let total = nvec
+                    .iter()
+                    .try_fold(0u64, |acc, &n| acc.checked_add(n as u64));
+                if total.is_none_or(|t| t > self.limits.max_value_elems) {
+                    return Err(FormatError::TooLarge {
+                        what: "action.nvec (sum of the choices)".into(),
+                        found: total.unwrap_or(u64::MAX),
+                        limit: self.limits.max_value_elems,
+                    });
+                }
+            }
+            ActionSpace::Box { shape, .. } => self.check_value_size("action space", shape)?,
+            _ => {}
+        }
+        let action_len = m.action.action_len();
+        match &m.action {
+            ActionSpace::Box { low, high, .. } => {
                 if low.len() != action_len || high.len() != action_len {
                     return Err(FormatError::invalid(
                         "action bounds",
@@ -616,7 +812,7 @@ impl Checker<'_> {
             }
             (Distribution::MultiCategorical { logits }, ActionSpace::MultiDiscrete { nvec }) => {
                 let s = value_shape(logits, dist_user)?;
-                let total: usize = nvec.iter().sum();
+                let total: usize = nvec.iter().sum(); // bounded by max_value_elems above
                 if s != vec![total] {
                     return Err(FormatError::shape(
                         dist_user,
@@ -724,10 +920,12 @@ impl Checker<'_> {
                     format!("batch {} out of range", g.batch),
                 ));
             }
-            if g.obs.len() != g.batch * raw_len {
+            // u64 products: on wasm32 batch (<= 2^16) times a per-env length (<= 2^24) wraps usize.
+            let need_obs = g.batch as u64 * raw_len as u64;
+            if g.obs.len() as u64 != need_obs {
                 return Err(FormatError::invalid(
                     user,
-                    format!("{} obs numbers, need {}", g.obs.len(), g.batch * raw_len),
+                    format!("{} obs numbers, need {need_obs}", g.obs.len()),
                 ));
             }
             for (name, vals) in &g.values {
@@ -749,25 +947,41 @@ impl Checker<'_> {
                 ("sampled", &g.sampled_actions),
                 ("deterministic", &g.deterministic_actions),
             ] {
-                if !acts.is_empty() && acts.len() != g.batch * action_len {
+                let need = g.batch as u64 * action_len as u64;
+                if !acts.is_empty() && acts.len() as u64 != need {
                     return Err(FormatError::invalid(
                         user,
-                        format!(
-                            "{what} actions: {} numbers, need {}",
-                            acts.len(),
-                            g.batch * action_len
-                        ),
+                        format!("{what} actions: {} numbers, need {need}", acts.len()),
                     ));
                 }
             }
-            if !(g.tolerance >= 0.0) {
-                return Err(FormatError::invalid(user, "tolerance must be >= 0"));
+            // A case must be able to fail: one that checks no value and no action, or whose tolerance admits
+            // anything (+inf, 1e300: a NaN output's relative error, infinity, still passed), verified nothing
+            // while `verify` said "ok" (regression test `golden_cases_that_check_nothing_are_refused`).
+            if g.values.is_empty()
+                && g.sampled_actions.is_empty()
+                && g.deterministic_actions.is_empty()
+            {
+                return Err(FormatError::invalid(
+                    user,
+                    "checks nothing: no values and no actions",
+                ));
+            }
+            if !(0.0..=MAX_GOLDEN_TOLERANCE).contains(&g.tolerance) {
+                return Err(FormatError::invalid(
+                    user,
+                    format!(
+                        "tolerance {} is not in [0, {MAX_GOLDEN_TOLERANCE}]",
+                        g.tolerance
+                    ),
+                ));
             }
         }
 
         let head = crate::head::HeadPlan::new(self.art, &shapes);
         Ok(ValidatedPlan {
             head,
+            memory: mem,
             shapes,
             obs_shape,
             action_len,

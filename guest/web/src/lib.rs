@@ -120,6 +120,12 @@ unsafe extern "C" {
     fn __wasm_call_ctors();
 }
 
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(message: &str);
+}
+
 #[wasm_bindgen(start)]
 fn start() {
     #[cfg(target_family = "wasm")]
@@ -127,6 +133,16 @@ fn start() {
     unsafe {
         __wasm_call_ctors();
     }
+    // The bundles build with panic = "abort" (wasm32 cannot unwind on stable): a panic traps and leaves this
+    // instance unusable. Nothing on the API should panic (hostile inputs are typed errors; issue 15's classes
+    // were closed at their root), but if one does, say what and where on the console instead of a bare
+    // "RuntimeError: unreachable".
+    std::panic::set_hook(Box::new(|info| {
+        console_error(&format!(
+            "policyport panicked (a bug, please report it): {info}. This page's policyport instance is unusable \
+             until the page is reloaded."
+        ));
+    }));
 }
 
 fn now_us() -> f64 {
@@ -171,6 +187,8 @@ fn policy_error(e: &PolicyError) -> JsValue {
         PolicyError::State(_) => "PolicyportStateError",
         PolicyError::Backend(_) => "PolicyportBackendError",
         PolicyError::NotCompiled { .. } => "PolicyportNotCompiledError",
+        PolicyError::Memory { .. } => "PolicyportMemoryError",
+        PolicyError::NonFiniteOutput { .. } => "PolicyportNonFiniteError",
     };
     error(kind, e)
 }

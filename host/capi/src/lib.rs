@@ -39,6 +39,10 @@ pub enum PpStatus {
     Panic = 7,
     Sandbox = 8,
     Io = 9,
+    /// Over the policy's memory limit (this batch or number of envs, or the policy itself): nothing allocated.
+    TooLarge = 10,
+    /// The policy computed NaN or infinity.
+    NonFiniteOutput = 11,
 }
 
 /// Native backends.
@@ -106,6 +110,8 @@ fn status_of(e: &PolicyError) -> PpStatus {
         | PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => PpStatus::BadCall,
         PolicyError::State(_) => PpStatus::State,
         PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => PpStatus::Backend,
+        PolicyError::Memory { .. } => PpStatus::TooLarge,
+        PolicyError::NonFiniteOutput { .. } => PpStatus::NonFiniteOutput,
     }
 }
 
@@ -120,6 +126,8 @@ fn wasm_status(e: &WasmError) -> PpStatus {
             ErrorCode::Backend => PpStatus::Backend,
             // The host's own handle or the sandbox's memory: a failure of the sandbox, not of the caller's input.
             ErrorCode::Handle | ErrorCode::Memory => PpStatus::Sandbox,
+            ErrorCode::TooLarge => PpStatus::TooLarge,
+            ErrorCode::NonFinite => PpStatus::NonFiniteOutput,
         },
         WasmError::Call(_) => PpStatus::BadCall,
         WasmError::Policy(p) => status_of(p),
@@ -153,6 +161,22 @@ fn null(what: &str) -> (PpStatus, String) {
     (PpStatus::NullPointer, format!("{what} is null"))
 }
 
+/// A caller's pointer must be aligned for its element type before any slice is made from it (a misaligned
+/// `*const f32` turned into `&[f32]` is undefined behaviour, not an error). Null passes (checked elsewhere).
+fn aligned<T>(p: *const T, what: &str) -> Result<(), (PpStatus, String)> {
+    if p.is_null() || p.is_aligned() {
+        Ok(())
+    } else {
+        Err((
+            PpStatus::BadCall,
+            format!(
+                "{what} ({p:p}) is not aligned to {} bytes",
+                std::mem::align_of::<T>()
+            ),
+        ))
+    }
+}
+
 /// # Safety
 /// `bytes` covers `len` bytes (or is null with `len` 0); `out` is writable.
 unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpStatus, String)> {
@@ -162,6 +186,12 @@ unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpSta
         } else {
             Err(null("bytes"))
         };
+    }
+    if len > isize::MAX as usize {
+        return Err((
+            PpStatus::BadCall,
+            format!("len {len} is larger than any object"),
+        ));
     }
     Ok(unsafe { std::slice::from_raw_parts(bytes, len) })
 }
@@ -213,8 +243,22 @@ pub unsafe extern "C" fn pp_policy_load(
 
 static RUNTIMES: Mutex<Vec<(std::path::PathBuf, Arc<WasmRuntime>)>> = Mutex::new(Vec::new());
 
+/// Where `pp_policy_load_wasm` keeps precompiled plugins (a private, per-user directory).
+fn cache_dir() -> Option<std::path::PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    var("POLICYPORT_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("policyport").join("wasm")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("policyport").join("wasm")))
+}
+
 /// Load an artifact inside the wasm sandbox: `plugin_path` is `policyport_plugin.wasm` (compiled once per path
-/// and process, cached next to it as `.cwasm` when that directory is writable); `memory_bytes` caps the
+/// and process; the compiled module is cached in this user's private cache directory — `$POLICYPORT_CACHE_DIR`,
+/// else `$XDG_CACHE_HOME/policyport/wasm`, else `$HOME/.cache/policyport/wasm`, mode 0700 — and compiled
+/// without a cache when that directory is not private; see `WasmRuntime::with_cache_dir`); `memory_bytes` caps the
 /// instance's memory, `deadline_ms` bounds every call (0 = defaults: 256 MiB, 1000 ms).
 ///
 /// # Safety
@@ -248,10 +292,18 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
                 None => {
                     let wasm = std::fs::read(&path)
                         .map_err(|e| (PpStatus::Io, format!("{}: {e}", path.display())))?;
-                    let cache = path.with_extension("cwasm");
-                    let rt = WasmRuntime::with_cache(&wasm, &cache)
-                        .or_else(|_| WasmRuntime::new(&wasm))
-                        .map_err(|e| (wasm_status(&e), e.to_string()))?;
+                    // The cache only saves compile time: without a usable private directory, compile (an
+                    // error of the module itself comes from `new` either way).
+                    let rt = match cache_dir() {
+                        Some(dir) => {
+                            WasmRuntime::with_cache_dir(&wasm, &dir).or_else(|e| match e {
+                                WasmError::Cache(_) => WasmRuntime::new(&wasm),
+                                other => Err(other),
+                            })
+                        }
+                        None => WasmRuntime::new(&wasm),
+                    }
+                    .map_err(|e| (wasm_status(&e), e.to_string()))?;
                     rts.push((path, rt.clone()));
                     rt
                 }
@@ -342,6 +394,19 @@ pub unsafe extern "C" fn pp_policy_act(
         if obs.is_null() {
             return Err(null("obs"));
         }
+        // The batch bounds every slice made below (episode_starts was read as `batch` bytes before the runtime
+        // checked the batch).
+        if batch == 0 || batch > policyport::MAX_BATCH {
+            return Err((
+                PpStatus::BadCall,
+                format!("batch {batch} is not in 1..={}", policyport::MAX_BATCH),
+            ));
+        }
+        aligned(obs, "obs")?;
+        aligned(discrete_actions, "discrete_actions")?;
+        aligned(continuous_actions, "continuous_actions")?;
+        aligned(value, "value")?;
+        aligned(dist_params, "dist_params")?;
         if !episode_starts.is_null() {
             p.starts.clear();
             p.starts.extend(
@@ -432,7 +497,13 @@ pub unsafe extern "C" fn pp_policy_reset(
             &[][..]
         } else if envs.is_null() {
             return Err(null("envs"));
+        } else if n > policyport::MAX_BATCH {
+            return Err((
+                PpStatus::BadCall,
+                format!("{n} env ids (at most {})", policyport::MAX_BATCH),
+            ));
         } else {
+            aligned(envs, "envs")?;
             unsafe { std::slice::from_raw_parts(envs, n) }
         };
         match &mut p.inner {

@@ -198,7 +198,19 @@ fn read(p: &Path) -> Result<Vec<u8>> {
     std::fs::read(p).with_context(|| format!("reading {}", p.display()))
 }
 
-fn main() -> Result<()> {
+/// Every failure ends the same way: one `Error:` line on stderr (the cause chain joined with ": ", names from
+/// the file escaped so they cannot drive the terminal) and exit code 1.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!(
+            "Error: {}",
+            inspect::terminal_safe(&format!("{e:#}")).replace('\n', " ")
+        );
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Compile {
             model,
@@ -236,13 +248,26 @@ fn main() -> Result<()> {
                     model.display()
                 );
                 anyhow::ensure!(
-                    spec.is_none() && preset.is_none() && dist.is_none() && layout.is_none() && vecnormalize.is_none(),
+                    spec.is_none()
+                        && preset.is_none()
+                        && dist.is_none()
+                        && layout.is_none()
+                        && vecnormalize.is_none(),
                     "{} is an RLlib checkpoint: it says what its outputs mean; drop --spec/--preset/--dist/--layout/--vecnormalize",
                     model.display()
                 );
-                let bytes = policyport_import::compile_rllib(&model, &model.display().to_string(), io.as_ref(), storage)?;
+                let bytes = policyport_import::compile_rllib(
+                    &model,
+                    &model.display().to_string(),
+                    io.as_ref(),
+                    storage,
+                )?;
                 write_atomically(&out, &bytes)?;
-                println!("wrote {} ({} bytes) from an RLlib checkpoint", out.display(), bytes.len());
+                println!(
+                    "wrote {} ({} bytes) from an RLlib checkpoint",
+                    out.display(),
+                    bytes.len()
+                );
                 return Ok(());
             }
             let model_bytes = read(&model)?;
@@ -262,7 +287,11 @@ fn main() -> Result<()> {
                     storage,
                 )?;
                 write_atomically(&out, &bytes)?;
-                println!("wrote {} ({} bytes) from a Stable-Baselines3 archive", out.display(), bytes.len());
+                println!(
+                    "wrote {} ({} bytes) from a Stable-Baselines3 archive",
+                    out.display(),
+                    bytes.len()
+                );
                 return Ok(());
             }
             if policyport_import::state_dict_like(&model_bytes) {
@@ -274,7 +303,14 @@ fn main() -> Result<()> {
                         model.display()
                     );
                 };
-                let (observation, action) = spaces_from_flags(spaces.as_deref(), obs_shape, &obs_dtype, actions, low, high)?;
+                let (observation, action) = spaces_from_flags(
+                    spaces.as_deref(),
+                    obs_shape,
+                    &obs_dtype,
+                    actions,
+                    low,
+                    high,
+                )?;
                 let bytes = policyport_import::compile_cleanrl(
                     &model_bytes,
                     layout,
@@ -285,7 +321,11 @@ fn main() -> Result<()> {
                     storage,
                 )?;
                 write_atomically(&out, &bytes)?;
-                println!("wrote {} ({} bytes) from a CleanRL checkpoint", out.display(), bytes.len());
+                println!(
+                    "wrote {} ({} bytes) from a CleanRL checkpoint",
+                    out.display(),
+                    bytes.len()
+                );
                 return Ok(());
             }
             anyhow::ensure!(
@@ -395,7 +435,10 @@ fn main() -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&art.manifest)?);
             } else {
-                print!("{}", inspect::summary(&art, &plan, bytes.len()));
+                print!(
+                    "{}",
+                    inspect::terminal_safe(&inspect::summary(&art, &plan, bytes.len()))
+                );
             }
         }
         Cmd::Run {
@@ -414,6 +457,15 @@ fn main() -> Result<()> {
             } else {
                 let v: Vec<Vec<f32>> =
                     serde_json::from_slice(&raw).context("obs JSON must be [[..], [..]]")?;
+                // Every row one env's observation: ragged rows ([[1,2,3],[4]]) were concatenated and re-cut
+                // into rows of the policy's width, silently.
+                let want = policy.info().obs_len;
+                if let Some((i, r)) = v.iter().enumerate().find(|(_, r)| r.len() != want) {
+                    bail!(
+                        "obs JSON row {i} has {} numbers; this policy takes {want} per env",
+                        r.len()
+                    );
+                }
                 (vec![v.len()], v.concat())
             };
             let batch = shape.first().copied().unwrap_or(1).max(1);
@@ -734,7 +786,10 @@ fn spaces_from_flags(
     actions: Option<usize>,
     low: Option<Vec<f32>>,
     high: Option<Vec<f32>>,
-) -> Result<(policyport_format::ObservationSpace, policyport_format::ActionSpace)> {
+) -> Result<(
+    policyport_format::ObservationSpace,
+    policyport_format::ActionSpace,
+)> {
     use policyport_format::{ActionSpace, ObsDType, ObservationSpace};
     if let Some(p) = spaces {
         #[derive(serde::Deserialize)]
@@ -743,10 +798,13 @@ fn spaces_from_flags(
             observation: ObservationSpace,
             action: ActionSpace,
         }
-        let s: Spaces = serde_json::from_slice(&read(p)?).with_context(|| format!("parsing {}", p.display()))?;
+        let s: Spaces = serde_json::from_slice(&read(p)?)
+            .with_context(|| format!("parsing {}", p.display()))?;
         return Ok((s.observation, s.action));
     }
-    let shape = obs_shape.context("give the spaces: --spaces spaces.json, or --obs-shape (and --actions or --low/--high)")?;
+    let shape = obs_shape.context(
+        "give the spaces: --spaces spaces.json, or --obs-shape (and --actions or --low/--high)",
+    )?;
     let dtype = match obs_dtype {
         "f32" => ObsDType::F32,
         "u8" => ObsDType::U8,
@@ -755,7 +813,10 @@ fn spaces_from_flags(
     let action = match (actions, low, high) {
         (Some(n), None, None) => ActionSpace::Discrete { n },
         (None, Some(low), Some(high)) => {
-            anyhow::ensure!(low.len() == high.len(), "--low and --high need the same number of values");
+            anyhow::ensure!(
+                low.len() == high.len(),
+                "--low and --high need the same number of values"
+            );
             ActionSpace::Box {
                 shape: vec![low.len()],
                 low: low.into_iter().map(Some).collect(),
@@ -767,17 +828,40 @@ fn spaces_from_flags(
     Ok((ObservationSpace::Box { shape, dtype }, action))
 }
 
-/// Write to a temporary file next to `out` and rename it over `out`: a crash never leaves a partial `.policy`.
+/// Write to a fresh temporary file next to `out` (`create_new`: never an existing file, never through a
+/// symlink), sync it, and rename it over `out`: a crash never leaves a partial file under `out`'s name, and a
+/// failed write leaves no temporary file behind.
 fn write_atomically(out: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    use std::io::Write;
+    let dir = out
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        out.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        ".{}.tmp-{}-{nanos}",
+        out.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
         std::process::id()
     ));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
-    Ok(())
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .with_context(|| format!("writing {}", tmp.display()))
+        .and_then(|()| {
+            std::fs::rename(&tmp, out)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 fn compile_bundled(b: &Bundled) -> Result<Vec<u8>> {
@@ -848,7 +932,7 @@ fn trace(
         "value": values,
         "finished_returns": env.finished_returns(),
     });
-    std::fs::write(out, serde_json::to_vec(&doc)?)?;
+    write_atomically(out, &serde_json::to_vec(&doc)?)?;
     println!(
         "trace: {n} {kind:?} envs x {steps} steps on {} -> {} ({} episodes finished)",
         backend.name(),
@@ -931,7 +1015,7 @@ fn demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
             Storage::F32,
         )?;
         let path = out_dir.join(format!("{}.policy", b.name));
-        std::fs::write(&path, &bytes)?;
+        write_atomically(&path, &bytes)?;
         let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let policy = load_policy(&std::fs::read(&path)?, backend)?;

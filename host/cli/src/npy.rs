@@ -30,20 +30,32 @@ pub fn read_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
         let i = header.find(&format!("'{k}'"))? + k.len() + 2;
         Some(header[i..].trim_start_matches([':', ' ']))
     };
+    // Parsed with strip_prefix / split_once, never byte-indexed: an empty or non-ASCII field panicked.
     let descr = field("descr").ok_or_else(|| err("no descr"))?;
-    let descr = &descr[1..descr[1..].find('\'').ok_or_else(|| err("descr"))? + 1];
+    let descr = descr
+        .strip_prefix('\'')
+        .and_then(|d| d.split_once('\''))
+        .map(|(d, _)| d)
+        .ok_or_else(|| err("descr"))?;
     if field("fortran_order").is_some_and(|v| v.starts_with("True")) {
         return Err(err("fortran order is not supported"));
     }
     let shape_txt = field("shape").ok_or_else(|| err("no shape"))?;
-    let shape_txt = &shape_txt[1..shape_txt.find(')').ok_or_else(|| err("shape"))?];
+    let shape_txt = shape_txt
+        .strip_prefix('(')
+        .and_then(|t| t.split_once(')'))
+        .map(|(t, _)| t)
+        .ok_or_else(|| err("shape"))?;
     let shape: Vec<usize> = shape_txt
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| err("shape entry")))
         .collect::<Result<_, _>>()?;
-    let n: usize = shape.iter().product();
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| err("shape overflows"))?;
     let data = &bytes[start + hlen..];
     let vals: Vec<f32> = match descr {
         "<f4" => data
@@ -73,6 +85,24 @@ pub fn read_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Headers that panicked the reader (byte slicing of empty / non-ASCII fields, an overflowing shape).
+    #[test]
+    fn malformed_headers_are_typed_errors() {
+        for header in [
+            "{'descr':",
+            "{'descr': '",
+            "{'descr': 'é<f4', 'shape': (2,), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': ), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': é), }",
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4294967296), }",
+        ] {
+            let mut v = b"\x93NUMPY\x01\x00".to_vec();
+            v.extend_from_slice(&(header.len() as u16).to_le_bytes());
+            v.extend_from_slice(header.as_bytes());
+            assert!(read_npy(&v).is_err(), "{header}");
+        }
+    }
 
     fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
         let mut header =

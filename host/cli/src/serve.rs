@@ -9,10 +9,22 @@
 //! its threaded build in the benchmark page. Caching is off: a rebuilt bundle is picked up on reload.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Limits that keep one client from holding the server: the request line and all headers together are read
+/// through an 8 KiB window, a connection idle for 10 s is closed, at most 64 connections are served at once
+/// (the rest are closed at accept), and only regular files up to 256 MiB under the root are served.
+/// (Before: unbounded `read_line`, no timeouts, a thread per connection, any file type — a FIFO blocked a
+/// thread forever, `/dev/zero` through a symlink exhausted memory.)
+pub const MAX_REQUEST_HEAD: u64 = 8 << 10;
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
 /// What the server serves: a directory tree plus files held in memory (which win over the tree).
 #[derive(Debug, Clone, Default)]
@@ -101,6 +113,17 @@ impl Site {
         let Some(path) = resolve(&self.root, url_path) else {
             return not_found("outside the served directory");
         };
+        // Symlinks are followed only when the target stays under the root, and only regular files of a sane
+        // size are read.
+        let inside = match (path.canonicalize(), self.root.canonicalize()) {
+            (Ok(p), Ok(r)) => p.starts_with(&r),
+            _ => false,
+        };
+        let regular =
+            std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= MAX_FILE_BYTES);
+        if !inside || !regular {
+            return not_found("not found");
+        }
         match std::fs::read(&path) {
             Ok(body) => Response {
                 status: 200,
@@ -113,10 +136,12 @@ impl Site {
 }
 
 fn handle(site: &Site, stream: TcpStream) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut reader = BufReader::new(stream.try_clone()?.take(MAX_REQUEST_HEAD));
     let mut line = String::new();
     reader.read_line(&mut line)?;
-    // Drain the headers (a GET has no body we need).
+    // Drain the headers (a GET has no body we need), within the same 8 KiB window.
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
@@ -155,15 +180,25 @@ fn handle(site: &Site, stream: TcpStream) -> std::io::Result<()> {
     out.flush()
 }
 
-/// Serve `site` on `listener` until the process ends (one thread per connection).
+/// Serve `site` on `listener` until the process ends (a thread per connection, at most [`MAX_CONNECTIONS`]).
 pub fn serve(listener: TcpListener, site: Site) -> std::io::Result<()> {
     let site = Arc::new(site);
+    let open = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        let site = site.clone();
-        std::thread::spawn(move || {
+        if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::SeqCst);
+            drop(stream);
+            continue;
+        }
+        let (site, mine) = (site.clone(), open.clone());
+        let spawned = std::thread::Builder::new().spawn(move || {
             let _ = handle(&site, stream);
+            mine.fetch_sub(1, Ordering::SeqCst);
         });
+        if spawned.is_err() {
+            open.fetch_sub(1, Ordering::SeqCst);
+        }
     }
     Ok(())
 }
@@ -217,6 +252,32 @@ mod tests {
         assert!(policy.contains("application/octet-stream") && policy.ends_with("\u{1}\u{2}\u{3}"));
         assert!(fetch("/../Cargo.toml").starts_with("HTTP/1.1 404"));
         assert!(fetch("/missing.js").starts_with("HTTP/1.1 404"));
+        // A symlink out of the root and a special file are not served.
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink("/etc/hostname", dir.join("out.txt")).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", dir.join("zero.bin")).unwrap();
+            assert!(fetch("/out.txt").starts_with("HTTP/1.1 404"));
+            assert!(fetch("/zero.bin").starts_with("HTTP/1.1 404"));
+        }
+        // A request line that never ends is cut at 8 KiB and answered or closed (never buffered without bound;
+        // the server may reset the connection while the client still writes), and the server keeps serving.
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let long = format!("GET /{} HTTP/1.1\r\n", "a".repeat(1 << 20));
+        let _ = s.write_all(long.as_bytes());
+        let mut r = vec![];
+        match s.read_to_end(&mut r) {
+            Ok(_) => {
+                assert!(r.is_empty() || String::from_utf8_lossy(&r).starts_with("HTTP/1.1 404"))
+            }
+            Err(e) => assert_ne!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock,
+                "the server kept reading"
+            ),
+        }
+        assert!(fetch("/").starts_with("HTTP/1.1 200"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -79,7 +79,12 @@ impl<'a> GraphBuilder<'a> {
     /// A PyTorch `nn.LSTM` stored under `key` (`weight_ih_l{k}`, `weight_hh_l{k}`, optional `bias_ih_l{k}`,
     /// `bias_hh_l{k}`; as many layers as it has), stepped once on `x` (`dim` features). Each layer's `h` and `c`
     /// become per-env recurrent states (zeros at an episode start, as SB3, CleanRL and RLlib reset them).
-    pub(crate) fn torch_lstm(&mut self, key: &str, x: &str, dim: usize) -> Result<Recurrent, ImportError> {
+    pub(crate) fn torch_lstm(
+        &mut self,
+        key: &str,
+        x: &str,
+        dim: usize,
+    ) -> Result<Recurrent, ImportError> {
         const GATES: usize = 4;
         let prefix = format!("{key}.");
         for k in self.sd.keys().filter(|k| k.starts_with(&prefix)) {
@@ -138,11 +143,22 @@ impl<'a> GraphBuilder<'a> {
             };
             let name = format!("{key}.l{layer}");
             let (h_state, c_state) = (format!("{name}.h"), format!("{name}.c"));
-            let (h_in, c_in) = (format!("{STATE_PREFIX}{h_state}"), format!("{STATE_PREFIX}{c_state}"));
+            let (h_in, c_in) = (
+                format!("{STATE_PREFIX}{h_state}"),
+                format!("{STATE_PREFIX}{c_state}"),
+            );
             let (h_next, c_next) = self.lstm_cell(&name, &x, dim, w, &h_in, &c_in);
             out.reads.extend([h_in, c_in]);
-            out.states.push(StateSpec { name: h_state, shape: vec![h], next: h_next.clone() });
-            out.states.push(StateSpec { name: c_state, shape: vec![h], next: c_next });
+            out.states.push(StateSpec {
+                name: h_state,
+                shape: vec![h],
+                next: h_next.clone(),
+            });
+            out.states.push(StateSpec {
+                name: c_state,
+                shape: vec![h],
+                next: c_next,
+            });
             (x, dim) = (h_next, h);
             layer += 1;
         }
@@ -178,18 +194,43 @@ impl<'a> GraphBuilder<'a> {
                 bias.push(sum as f32);
             }
         }
-        let weight = self.derived(&format!("{name}.weight"), Tensor::new(vec![4 * h, width], cat));
+        let weight = self.derived(
+            &format!("{name}.weight"),
+            Tensor::new(vec![4 * h, width], cat),
+        );
         let has_bias = w.b_ih.is_some() || w.b_hh.is_some();
-        let bias = has_bias.then(|| self.derived(&format!("{name}.bias"), Tensor::new(vec![4 * h], bias)));
+        let bias =
+            has_bias.then(|| self.derived(&format!("{name}.bias"), Tensor::new(vec![4 * h], bias)));
         let xh = self.node_n(Op::Concat, &[x, h_in], &format!("{name}.xh"));
         let gates = self.node(Op::Dense { weight, bias }, &xh, &format!("{name}.gates"));
-        let ifo = self.node(Op::Slice { start: 0, len: 3 * h }, &gates, &format!("{name}.ifo_pre"));
+        let ifo = self.node(
+            Op::Slice {
+                start: 0,
+                len: 3 * h,
+            },
+            &gates,
+            &format!("{name}.ifo_pre"),
+        );
         let ifo = self.node(Op::Sigmoid, &ifo, &format!("{name}.ifo"));
-        let g = self.node(Op::Slice { start: 3 * h, len: h }, &gates, &format!("{name}.g_pre"));
+        let g = self.node(
+            Op::Slice {
+                start: 3 * h,
+                len: h,
+            },
+            &gates,
+            &format!("{name}.g_pre"),
+        );
         let g = self.node(Op::Tanh, &g, &format!("{name}.g"));
         let i = self.node(Op::Slice { start: 0, len: h }, &ifo, &format!("{name}.i"));
         let f = self.node(Op::Slice { start: h, len: h }, &ifo, &format!("{name}.f"));
-        let o = self.node(Op::Slice { start: 2 * h, len: h }, &ifo, &format!("{name}.o"));
+        let o = self.node(
+            Op::Slice {
+                start: 2 * h,
+                len: h,
+            },
+            &ifo,
+            &format!("{name}.o"),
+        );
         let fc = self.node_n(Op::Mul, &[&f, c_in], &format!("{name}.fc"));
         let ig = self.node_n(Op::Mul, &[&i, &g], &format!("{name}.ig"));
         let c_next = self.node_n(Op::Add, &[&fc, &ig], &format!("{name}.c_next"));
@@ -212,27 +253,75 @@ impl<'a> GraphBuilder<'a> {
     ) -> String {
         let h = w.hidden;
         let tensor = |rows: std::ops::Range<usize>, m: &[f32], cols: usize| {
-            Tensor::new(vec![rows.len(), cols], m[rows.start * cols..rows.end * cols].to_vec())
+            Tensor::new(
+                vec![rows.len(), cols],
+                m[rows.start * cols..rows.end * cols].to_vec(),
+            )
         };
         let bias_of = |g: &mut Self, b: Option<&[f32]>, rows: std::ops::Range<usize>, n: &str| {
             b.map(|b| g.derived(n, Tensor::new(vec![rows.len()], b[rows].to_vec())))
         };
         let wx = self.derived(&format!("{name}.weight_x"), tensor(0..3 * h, w.w_ih, dim));
         let bx = bias_of(self, w.b_ih, 0..3 * h, &format!("{name}.bias_x"));
-        let gx = self.node(Op::Dense { weight: wx, bias: bx }, x, &format!("{name}.gx"));
+        let gx = self.node(
+            Op::Dense {
+                weight: wx,
+                bias: bx,
+            },
+            x,
+            &format!("{name}.gx"),
+        );
         let (gh_rz, gh_n) = if linear_before_reset {
             let wh = self.derived(&format!("{name}.weight_h"), tensor(0..3 * h, w.w_hh, h));
             let bh = bias_of(self, w.b_hh, 0..3 * h, &format!("{name}.bias_h"));
-            let gh = self.node(Op::Dense { weight: wh, bias: bh }, h_in, &format!("{name}.gh"));
-            let rz = self.node(Op::Slice { start: 0, len: 2 * h }, &gh, &format!("{name}.gh_rz"));
-            let n = self.node(Op::Slice { start: 2 * h, len: h }, &gh, &format!("{name}.gh_n"));
+            let gh = self.node(
+                Op::Dense {
+                    weight: wh,
+                    bias: bh,
+                },
+                h_in,
+                &format!("{name}.gh"),
+            );
+            let rz = self.node(
+                Op::Slice {
+                    start: 0,
+                    len: 2 * h,
+                },
+                &gh,
+                &format!("{name}.gh_rz"),
+            );
+            let n = self.node(
+                Op::Slice {
+                    start: 2 * h,
+                    len: h,
+                },
+                &gh,
+                &format!("{name}.gh_n"),
+            );
             (rz, Some(n))
         } else {
             let wh = self.derived(&format!("{name}.weight_h_rz"), tensor(0..2 * h, w.w_hh, h));
             let bh = bias_of(self, w.b_hh, 0..2 * h, &format!("{name}.bias_h_rz"));
-            (self.node(Op::Dense { weight: wh, bias: bh }, h_in, &format!("{name}.gh_rz")), None)
+            (
+                self.node(
+                    Op::Dense {
+                        weight: wh,
+                        bias: bh,
+                    },
+                    h_in,
+                    &format!("{name}.gh_rz"),
+                ),
+                None,
+            )
         };
-        let gx_rz = self.node(Op::Slice { start: 0, len: 2 * h }, &gx, &format!("{name}.gx_rz"));
+        let gx_rz = self.node(
+            Op::Slice {
+                start: 0,
+                len: 2 * h,
+            },
+            &gx,
+            &format!("{name}.gx_rz"),
+        );
         let rz = self.node_n(Op::Add, &[&gx_rz, &gh_rz], &format!("{name}.rz_pre"));
         let rz = self.node(Op::Sigmoid, &rz, &format!("{name}.rz"));
         let r = self.node(Op::Slice { start: 0, len: h }, &rz, &format!("{name}.r"));
@@ -241,17 +330,47 @@ impl<'a> GraphBuilder<'a> {
             Some(gh_n) => self.node_n(Op::Mul, &[&r, &gh_n], &format!("{name}.r_hn")),
             None => {
                 let rh = self.node_n(Op::Mul, &[&r, h_in], &format!("{name}.rh"));
-                let wn = self.derived(&format!("{name}.weight_h_n"), tensor(2 * h..3 * h, w.w_hh, h));
+                let wn = self.derived(
+                    &format!("{name}.weight_h_n"),
+                    tensor(2 * h..3 * h, w.w_hh, h),
+                );
                 let bn = bias_of(self, w.b_hh, 2 * h..3 * h, &format!("{name}.bias_h_n"));
-                self.node(Op::Dense { weight: wn, bias: bn }, &rh, &format!("{name}.r_hn"))
+                self.node(
+                    Op::Dense {
+                        weight: wn,
+                        bias: bn,
+                    },
+                    &rh,
+                    &format!("{name}.r_hn"),
+                )
             }
         };
-        let gx_n = self.node(Op::Slice { start: 2 * h, len: h }, &gx, &format!("{name}.gx_n"));
+        let gx_n = self.node(
+            Op::Slice {
+                start: 2 * h,
+                len: h,
+            },
+            &gx,
+            &format!("{name}.gx_n"),
+        );
         let n = self.node_n(Op::Add, &[&gx_n, &hn], &format!("{name}.n_pre"));
         let n = self.node(Op::Tanh, &n, &format!("{name}.n"));
-        let minus = self.derived(&format!("{name}.one_minus.scale"), Tensor::new(vec![1], vec![-1.0]));
-        let one = self.derived(&format!("{name}.one_minus.shift"), Tensor::new(vec![1], vec![1.0]));
-        let omz = self.node(Op::Affine { scale: Some(minus), shift: Some(one) }, &z, &format!("{name}.one_minus_z"));
+        let minus = self.derived(
+            &format!("{name}.one_minus.scale"),
+            Tensor::new(vec![1], vec![-1.0]),
+        );
+        let one = self.derived(
+            &format!("{name}.one_minus.shift"),
+            Tensor::new(vec![1], vec![1.0]),
+        );
+        let omz = self.node(
+            Op::Affine {
+                scale: Some(minus),
+                shift: Some(one),
+            },
+            &z,
+            &format!("{name}.one_minus_z"),
+        );
         let a = self.node_n(Op::Mul, &[&omz, &n], &format!("{name}.keep_n"));
         let b = self.node_n(Op::Mul, &[&z, h_in], &format!("{name}.keep_h"));
         self.node_n(Op::Add, &[&a, &b], &format!("{name}.h_next"))
@@ -263,10 +382,18 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// `key.weight` `[out, dim]` (+ `key.bias` if present) as a dense layer on `x`; returns (value, out).
-    pub(crate) fn linear(&mut self, key: &str, x: &str, dim: usize) -> Result<(String, usize), ImportError> {
+    pub(crate) fn linear(
+        &mut self,
+        key: &str,
+        x: &str,
+        dim: usize,
+    ) -> Result<(String, usize), ImportError> {
         let w = self.take(&format!("{key}.weight"))?;
         if w.shape.len() != 2 || w.shape[1] != dim {
-            return Err(self.bad(format!("'{key}.weight' is {:?}, expected [_, {dim}]", w.shape)));
+            return Err(self.bad(format!(
+                "'{key}.weight' is {:?}, expected [_, {dim}]",
+                w.shape
+            )));
         }
         let b = format!("{key}.bias");
         let bias = if self.has(&b) {
@@ -353,7 +480,11 @@ impl<'a> GraphBuilder<'a> {
             let side = |n: usize| n.checked_sub(k).map(|v| v / s + 1);
             match (side(shape[1]), side(shape[2])) {
                 (Some(h), Some(w2)) => shape = vec![w.shape[0], h, w2],
-                _ => return Err(self.bad(format!("observations {input:?} are too small for NatureCNN"))),
+                _ => {
+                    return Err(self.bad(format!(
+                        "observations {input:?} are too small for NatureCNN"
+                    )));
+                }
             }
         }
         let flat = self.node(Op::Flatten, &x, names[0]);
@@ -408,7 +539,12 @@ impl Recurrent {
     /// The module's outputs: the stack's output, then every next state.
     pub(crate) fn outputs(&self) -> Vec<String> {
         let mut v = vec![self.output.clone()];
-        v.extend(self.states.iter().map(|s| s.next.clone()).filter(|n| *n != self.output));
+        v.extend(
+            self.states
+                .iter()
+                .map(|s| s.next.clone())
+                .filter(|n| *n != self.output),
+        );
         v
     }
 }
@@ -440,7 +576,12 @@ mod tests {
 
     fn filled(shape: &[usize], seed: f32) -> Tensor {
         let n: usize = shape.iter().product();
-        Tensor::new(shape.to_vec(), (0..n).map(|i| ((i as f32 * 0.731 + seed).sin()) * 0.6).collect())
+        Tensor::new(
+            shape.to_vec(),
+            (0..n)
+                .map(|i| ((i as f32 * 0.731 + seed).sin()) * 0.6)
+                .collect(),
+        )
     }
 
     fn sig(v: f64) -> f64 {
@@ -455,19 +596,46 @@ mod tests {
             .collect()
     }
 
-    fn manifest(g: &mut GraphBuilder, kind: &str, linear_before_reset: bool, dim: usize) -> Manifest {
+    fn manifest(
+        g: &mut GraphBuilder,
+        kind: &str,
+        linear_before_reset: bool,
+        dim: usize,
+    ) -> Manifest {
         let r = match kind {
             "lstm" => g.torch_lstm("rnn", OBS_VALUE, dim).unwrap(),
             _ => {
                 let t = |k: &str| g.sd[k].clone();
-                let (wi, wh, bi, bh) = (t("rnn.weight_ih_l0"), t("rnn.weight_hh_l0"), t("rnn.bias_ih_l0"), t("rnn.bias_hh_l0"));
-                let w = CellWeights { hidden: 4, w_ih: &wi.data, w_hh: &wh.data, b_ih: Some(&bi.data), b_hh: Some(&bh.data) };
-                let h_next = g.gru_cell("rnn.l0", OBS_VALUE, dim, w, linear_before_reset, "state/rnn.l0.h");
+                let (wi, wh, bi, bh) = (
+                    t("rnn.weight_ih_l0"),
+                    t("rnn.weight_hh_l0"),
+                    t("rnn.bias_ih_l0"),
+                    t("rnn.bias_hh_l0"),
+                );
+                let w = CellWeights {
+                    hidden: 4,
+                    w_ih: &wi.data,
+                    w_hh: &wh.data,
+                    b_ih: Some(&bi.data),
+                    b_hh: Some(&bh.data),
+                };
+                let h_next = g.gru_cell(
+                    "rnn.l0",
+                    OBS_VALUE,
+                    dim,
+                    w,
+                    linear_before_reset,
+                    "state/rnn.l0.h",
+                );
                 Recurrent {
                     output: h_next.clone(),
                     hidden: 4,
                     reads: vec!["state/rnn.l0.h".into()],
-                    states: vec![StateSpec { name: "rnn.l0.h".into(), shape: vec![4], next: h_next }],
+                    states: vec![StateSpec {
+                        name: "rnn.l0.h".into(),
+                        shape: vec![4],
+                        next: h_next,
+                    }],
                 }
             }
         };
@@ -477,11 +645,16 @@ mod tests {
         Manifest {
             name: kind.into(),
             producer: producer("test", "x", String::new()),
-            observation: ObservationSpace::Box { shape: vec![dim], dtype: ObsDType::F32 },
+            observation: ObservationSpace::Box {
+                shape: vec![dim],
+                dtype: ObsDType::F32,
+            },
             action: ActionSpace::Discrete { n: r.hidden },
             preprocess: vec![],
             modules: vec![module],
-            distribution: Distribution::Categorical { logits: r.output.clone() },
+            distribution: Distribution::Categorical {
+                logits: r.output.clone(),
+            },
             value: None,
             recurrent: Some(RecurrentSpec { states: r.states }),
             golden: vec![],
@@ -502,7 +675,13 @@ mod tests {
     }
 
     fn inputs(dim: usize) -> Vec<Vec<f32>> {
-        (0..4).map(|s| (0..2 * dim).map(|i| ((i * 7 + s * 3) as f32 * 0.41).cos()).collect()).collect()
+        (0..4)
+            .map(|s| {
+                (0..2 * dim)
+                    .map(|i| ((i * 7 + s * 3) as f32 * 0.41).cos())
+                    .collect()
+            })
+            .collect()
     }
 
     #[test]
@@ -510,29 +689,58 @@ mod tests {
         let (dim, h) = (3, 4);
         let mut sd = BTreeMap::new();
         for (l, d) in [(0, dim), (1, h)] {
-            sd.insert(format!("rnn.weight_ih_l{l}"), filled(&[4 * h, d], 0.1 + l as f32));
-            sd.insert(format!("rnn.weight_hh_l{l}"), filled(&[4 * h, h], 0.2 + l as f32));
-            sd.insert(format!("rnn.bias_ih_l{l}"), filled(&[4 * h], 0.3 + l as f32));
-            sd.insert(format!("rnn.bias_hh_l{l}"), filled(&[4 * h], 0.4 + l as f32));
+            sd.insert(
+                format!("rnn.weight_ih_l{l}"),
+                filled(&[4 * h, d], 0.1 + l as f32),
+            );
+            sd.insert(
+                format!("rnn.weight_hh_l{l}"),
+                filled(&[4 * h, h], 0.2 + l as f32),
+            );
+            sd.insert(
+                format!("rnn.bias_ih_l{l}"),
+                filled(&[4 * h], 0.3 + l as f32),
+            );
+            sd.insert(
+                format!("rnn.bias_hh_l{l}"),
+                filled(&[4 * h], 0.4 + l as f32),
+            );
         }
         let mut g = GraphBuilder::new(&sd, "test");
         let m = manifest(&mut g, "lstm", true, dim);
-        assert_eq!(m.recurrent.as_ref().unwrap().states.len(), 4, "h and c per layer");
+        assert_eq!(
+            m.recurrent.as_ref().unwrap().states.len(),
+            4,
+            "h and c per layer"
+        );
         let xs = inputs(dim);
         let got = run(&m, &g.tensors, &xs);
         // The equations, per env row.
         let mut st = vec![[vec![0.0f64; h], vec![0.0; h], vec![0.0; h], vec![0.0; h]]; 2];
         for (step, x) in xs.iter().enumerate() {
             for row in 0..2 {
-                let mut inp: Vec<f64> = x[row * dim..(row + 1) * dim].iter().map(|v| *v as f64).collect();
+                let mut inp: Vec<f64> = x[row * dim..(row + 1) * dim]
+                    .iter()
+                    .map(|v| *v as f64)
+                    .collect();
                 for l in 0..2 {
-                    let (wi, wh) = (&sd[&format!("rnn.weight_ih_l{l}")], &sd[&format!("rnn.weight_hh_l{l}")]);
-                    let (bi, bh) = (&sd[&format!("rnn.bias_ih_l{l}")], &sd[&format!("rnn.bias_hh_l{l}")]);
+                    let (wi, wh) = (
+                        &sd[&format!("rnn.weight_ih_l{l}")],
+                        &sd[&format!("rnn.weight_hh_l{l}")],
+                    );
+                    let (bi, bh) = (
+                        &sd[&format!("rnn.bias_ih_l{l}")],
+                        &sd[&format!("rnn.bias_hh_l{l}")],
+                    );
                     let a = mv(wi, &inp, 0, 4 * h);
                     let b = mv(wh, &st[row][2 * l], 0, 4 * h);
-                    let z: Vec<f64> = (0..4 * h).map(|j| a[j] + b[j] + bi.data[j] as f64 + bh.data[j] as f64).collect();
+                    let z: Vec<f64> = (0..4 * h)
+                        .map(|j| a[j] + b[j] + bi.data[j] as f64 + bh.data[j] as f64)
+                        .collect();
                     let c: Vec<f64> = (0..h)
-                        .map(|j| sig(z[h + j]) * st[row][2 * l + 1][j] + sig(z[j]) * z[2 * h + j].tanh())
+                        .map(|j| {
+                            sig(z[h + j]) * st[row][2 * l + 1][j] + sig(z[j]) * z[2 * h + j].tanh()
+                        })
                         .collect();
                     let hn: Vec<f64> = (0..h).map(|j| sig(z[3 * h + j]) * c[j].tanh()).collect();
                     st[row][2 * l] = hn.clone();
@@ -561,29 +769,46 @@ mod tests {
             let m = manifest(&mut g, kind, before, dim);
             let xs = inputs(dim);
             let got = run(&m, &g.tensors, &xs);
-            let (wi, wh, bi, bh) = (&sd["rnn.weight_ih_l0"], &sd["rnn.weight_hh_l0"], &sd["rnn.bias_ih_l0"], &sd["rnn.bias_hh_l0"]);
+            let (wi, wh, bi, bh) = (
+                &sd["rnn.weight_ih_l0"],
+                &sd["rnn.weight_hh_l0"],
+                &sd["rnn.bias_ih_l0"],
+                &sd["rnn.bias_hh_l0"],
+            );
             let mut st = vec![vec![0.0f64; h]; 2];
             for (step, x) in xs.iter().enumerate() {
                 for row in 0..2 {
-                    let inp: Vec<f64> = x[row * dim..(row + 1) * dim].iter().map(|v| *v as f64).collect();
+                    let inp: Vec<f64> = x[row * dim..(row + 1) * dim]
+                        .iter()
+                        .map(|v| *v as f64)
+                        .collect();
                     let hp = st[row].clone();
                     let a = mv(wi, &inp, 0, 3 * h);
                     let b = mv(wh, &hp, 0, 3 * h);
                     let bi = |j: usize| bi.data[j] as f64;
                     let bh = |j: usize| bh.data[j] as f64;
                     let r: Vec<f64> = (0..h).map(|j| sig(a[j] + bi(j) + b[j] + bh(j))).collect();
-                    let z: Vec<f64> = (0..h).map(|j| sig(a[h + j] + bi(h + j) + b[h + j] + bh(h + j))).collect();
+                    let z: Vec<f64> = (0..h)
+                        .map(|j| sig(a[h + j] + bi(h + j) + b[h + j] + bh(h + j)))
+                        .collect();
                     let hn: Vec<f64> = if before {
-                        (0..h).map(|j| r[j] * (b[2 * h + j] + bh(2 * h + j))).collect()
+                        (0..h)
+                            .map(|j| r[j] * (b[2 * h + j] + bh(2 * h + j)))
+                            .collect()
                     } else {
                         let rh: Vec<f64> = (0..h).map(|j| r[j] * hp[j]).collect();
                         let m = mv(wh, &rh, 2 * h, h);
                         (0..h).map(|j| m[j] + bh(2 * h + j)).collect()
                     };
-                    let n: Vec<f64> = (0..h).map(|j| (a[2 * h + j] + bi(2 * h + j) + hn[j]).tanh()).collect();
+                    let n: Vec<f64> = (0..h)
+                        .map(|j| (a[2 * h + j] + bi(2 * h + j) + hn[j]).tanh())
+                        .collect();
                     st[row] = (0..h).map(|j| (1.0 - z[j]) * n[j] + z[j] * hp[j]).collect();
                     for j in 0..h {
-                        assert!((got[step][row * h + j] - st[row][j]).abs() < 1e-12, "{kind} {before} step {step}");
+                        assert!(
+                            (got[step][row * h + j] - st[row][j]).abs() < 1e-12,
+                            "{kind} {before} step {step}"
+                        );
                     }
                 }
             }
@@ -602,11 +827,21 @@ mod tests {
         sd.remove("rnn.weight_ih_l0_reverse");
         sd.insert("rnn.weight_hr_l0".to_string(), filled(&[1, 2], 0.1));
         let mut g = GraphBuilder::new(&sd, "test");
-        assert!(g.torch_lstm("rnn", OBS_VALUE, 3).unwrap_err().to_string().contains("proj_size"));
+        assert!(
+            g.torch_lstm("rnn", OBS_VALUE, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("proj_size")
+        );
         sd.remove("rnn.weight_hr_l0");
         // A hidden size the input weights disagree with.
         sd.insert("rnn.weight_hh_l0".to_string(), filled(&[8, 3], 0.1));
         let mut g = GraphBuilder::new(&sd, "test");
-        assert!(g.torch_lstm("rnn", OBS_VALUE, 3).unwrap_err().to_string().contains("weight_hh_l0"));
+        assert!(
+            g.torch_lstm("rnn", OBS_VALUE, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("weight_hh_l0")
+        );
     }
 }

@@ -70,7 +70,9 @@ pub fn import_cleanrl(
     let mut preprocess = vec![];
     let obs_shape = match &observation {
         ObservationSpace::Dict { .. } => {
-            return Err(bad("CleanRL's agents take Box or Discrete observations, not a Dict"));
+            return Err(bad(
+                "CleanRL's agents take Box or Discrete observations, not a Dict",
+            ));
         }
         ObservationSpace::Box { shape, .. } => shape.clone(),
         ObservationSpace::Discrete { n } => {
@@ -85,24 +87,44 @@ pub fn import_cleanrl(
     let mut states = vec![];
     if obs_shape.len() > 1 && !atari {
         x = b.node(Op::Flatten, &x, "obs.flat");
-        modules.push(b.module("flatten", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![x.clone()]));
+        modules.push(b.module(
+            "flatten",
+            ModuleRole::Encoder,
+            vec![OBS_VALUE.into()],
+            vec![x.clone()],
+        ));
     }
     let box_bounds = |a: &ActionSpace| matches!(a, ActionSpace::Box { low, high, .. } if low.iter().chain(high).all(Option::is_some));
     let (distribution, value) = match layout {
         CleanrlLayout::Ppo | CleanrlLayout::PpoContinuous => {
-            let actor = if layout == CleanrlLayout::Ppo { "actor" } else { "actor_mean" };
+            let actor = if layout == CleanrlLayout::Ppo {
+                "actor"
+            } else {
+                "actor_mean"
+            };
             let (head, k) = b.sequential(actor, &x, flat, &Op::Tanh, false)?;
             let dist = match (&action, layout) {
                 (ActionSpace::Discrete { n }, CleanrlLayout::Ppo) if *n == k => {
-                    Distribution::Categorical { logits: head.clone() }
+                    Distribution::Categorical {
+                        logits: head.clone(),
+                    }
                 }
-                (ActionSpace::MultiDiscrete { nvec }, CleanrlLayout::Ppo) if nvec.iter().sum::<usize>() == k => {
-                    Distribution::MultiCategorical { logits: head.clone() }
+                (ActionSpace::MultiDiscrete { nvec }, CleanrlLayout::Ppo)
+                    if nvec.iter().sum::<usize>() == k =>
+                {
+                    Distribution::MultiCategorical {
+                        logits: head.clone(),
+                    }
                 }
-                (ActionSpace::Box { .. }, CleanrlLayout::PpoContinuous) if action.action_len() == k => {
+                (ActionSpace::Box { .. }, CleanrlLayout::PpoContinuous)
+                    if action.action_len() == k =>
+                {
                     let ls = b.take("actor_logstd")?;
                     if ls.data.len() != k {
-                        return Err(bad(format!("actor_logstd has {} values for {k} actions", ls.data.len())));
+                        return Err(bad(format!(
+                            "actor_logstd has {} values for {k} actions",
+                            ls.data.len()
+                        )));
                     }
                     Distribution::DiagGaussian {
                         mean: head.clone(),
@@ -124,17 +146,45 @@ pub fn import_cleanrl(
             if one != 1 {
                 return Err(bad(format!("the critic has {one} outputs")));
             }
-            modules.push(b.module("critic", ModuleRole::ValueHead, vec![x.clone()], vec![v.clone()]));
+            modules.push(b.module(
+                "critic",
+                ModuleRole::ValueHead,
+                vec![x.clone()],
+                vec![v.clone()],
+            ));
             (dist, Some(v))
         }
         CleanrlLayout::Atari | CleanrlLayout::AtariLstm => {
-            if obs_shape.len() != 3 || !matches!(observation, ObservationSpace::Box { dtype: ObsDType::U8, .. }) {
-                return Err(bad(format!("{layout:?} needs uint8 [C, H, W] frames, not {observation:?}")));
+            if obs_shape.len() != 3
+                || !matches!(
+                    observation,
+                    ObservationSpace::Box {
+                        dtype: ObsDType::U8,
+                        ..
+                    }
+                )
+            {
+                return Err(bad(format!(
+                    "{layout:?} needs uint8 [C, H, W] frames, not {observation:?}"
+                )));
             }
-            preprocess.push(Preprocess::Scale { factor: 1.0 / 255.0 });
+            preprocess.push(Preprocess::Scale {
+                factor: 1.0 / 255.0,
+            });
             let convs = ["network.0", "network.2", "network.4"].map(String::from);
-            let (mut h, mut d) = b.nature_cnn(convs, "network.7", &x, &obs_shape, ["network.6", "network.8"])?;
-            modules.push(b.module("network", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![h.clone()]));
+            let (mut h, mut d) = b.nature_cnn(
+                convs,
+                "network.7",
+                &x,
+                &obs_shape,
+                ["network.6", "network.8"],
+            )?;
+            modules.push(b.module(
+                "network",
+                ModuleRole::Encoder,
+                vec![OBS_VALUE.into()],
+                vec![h.clone()],
+            ));
             if layout == CleanrlLayout::AtariLstm {
                 let r = b.torch_lstm("lstm", &h, d)?;
                 let mut inputs = vec![h.clone()];
@@ -147,14 +197,21 @@ pub fn import_cleanrl(
             if !matches!(action, ActionSpace::Discrete { n } if n == k) {
                 return Err(bad(format!("the actor has {k} outputs for {action:?}")));
             }
-            modules.push(b.module("actor", ModuleRole::PolicyHead, vec![h.clone()], vec![logits.clone()]));
+            modules.push(b.module(
+                "actor",
+                ModuleRole::PolicyHead,
+                vec![h.clone()],
+                vec![logits.clone()],
+            ));
             let (v, _) = b.linear("critic", &h, d)?;
             modules.push(b.module("critic", ModuleRole::ValueHead, vec![h], vec![v.clone()]));
             (Distribution::Categorical { logits }, Some(v))
         }
         CleanrlLayout::Sac => {
             if !box_bounds(&action) {
-                return Err(bad("cleanrl-sac needs a Box action space with finite bounds"));
+                return Err(bad(
+                    "cleanrl-sac needs a Box action space with finite bounds",
+                ));
             }
             let (h, d) = b.linear("fc1", &x, flat)?;
             let h = b.node(Op::Relu, &h, "fc1.relu");
@@ -163,12 +220,17 @@ pub fn import_cleanrl(
             let (mean, k) = b.linear("fc_mean", &h, d)?;
             let (ls, _) = b.linear("fc_logstd", &h, d)?;
             if k != action.action_len() {
-                return Err(bad(format!("fc_mean has {k} outputs for {} actions", action.action_len())));
+                return Err(bad(format!(
+                    "fc_mean has {k} outputs for {} actions",
+                    action.action_len()
+                )));
             }
             // log_std = LOG_STD_MIN + 0.5 (LOG_STD_MAX - LOG_STD_MIN) (tanh(l) + 1), MIN -5, MAX 2.
             let t = b.node(Op::Tanh, &ls, "fc_logstd.tanh");
-            b.tensors.insert("log_std.scale".into(), Tensor::new(vec![1], vec![3.5]));
-            b.tensors.insert("log_std.shift".into(), Tensor::new(vec![1], vec![-1.5]));
+            b.tensors
+                .insert("log_std.scale".into(), Tensor::new(vec![1], vec![3.5]));
+            b.tensors
+                .insert("log_std.shift".into(), Tensor::new(vec![1], vec![-1.5]));
             let log_std = b.node(
                 Op::Affine {
                     scale: Some("log_std.scale".into()),
@@ -177,7 +239,12 @@ pub fn import_cleanrl(
                 &t,
                 "log_std",
             );
-            modules.push(b.module("actor", ModuleRole::PolicyHead, vec![x.clone()], vec![mean.clone(), log_std.clone()]));
+            modules.push(b.module(
+                "actor",
+                ModuleRole::PolicyHead,
+                vec![x.clone()],
+                vec![mean.clone(), log_std.clone()],
+            ));
             (
                 Distribution::SquashedGaussian {
                     mean,

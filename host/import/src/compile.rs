@@ -47,7 +47,11 @@ pub fn compile_sb3(
     golden: Option<&FixtureIo>,
     storage: Storage,
 ) -> Result<Vec<u8>, ImportError> {
-    compile_imported(crate::sb3::import_sb3(archive, source, vecnormalize)?, golden, storage)
+    compile_imported(
+        crate::sb3::import_sb3(archive, source, vecnormalize)?,
+        golden,
+        storage,
+    )
 }
 
 /// A CleanRL `torch.save(agent.state_dict())` checkpoint of a known agent layout, with its spaces.

@@ -30,10 +30,28 @@ pub fn node_flops(art: &Artifact, plan: &ValidatedPlan, n: &policyport_format::N
         }
         Op::MaxPool2d { kernel, .. } => numel(&n.output) * (kernel[0] * kernel[1]) as u64,
         Op::LayerNorm { .. } => 8 * numel(&n.output),
-        Op::Flatten | Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } | Op::Concat => 0,
+        Op::Flatten | Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice { .. } | Op::Concat => {
+            0
+        }
         Op::Softmax | Op::LogSoftmax => 4 * numel(&n.output),
         _ => numel(&n.output),
     }
+}
+
+/// Text from an untrusted file made safe to print on a terminal: control characters other than newline and
+/// tab, and the bidirectional overrides that reorder what a reader sees, are written as `\u{..}` escapes.
+/// (`inspect` printed names carrying escape sequences raw: a file could rewrite the user's terminal.)
+pub fn terminal_safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if (c.is_control() && c != '\n' && c != '\t') || bidi {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String {
@@ -120,9 +138,9 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
         for n in &module.nodes {
             let op = match &n.op {
                 Op::Dense { weight, .. } => format!("dense {:?}", art.tensors[weight].shape),
-                Op::Conv2d {
-                    weight, stride, ..
-                } => format!("conv2d {:?}/{}", art.tensors[weight].shape, stride[0]),
+                Op::Conv2d { weight, stride, .. } => {
+                    format!("conv2d {:?}/{}", art.tensors[weight].shape, stride[0])
+                }
                 Op::MaxPool2d { kernel, stride, .. } => {
                     format!("max_pool2d {}x{}/{}", kernel[0], kernel[1], stride[0])
                 }
@@ -151,4 +169,22 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
             .join(", ")
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn terminal_escapes_in_names_are_not_printed_raw() {
+        let s = super::terminal_safe(
+            "policy \u{1b}]0;pwned\u{7}\u{1b}[2J name\u{202e}txt.exe\nnext\tline",
+        );
+        assert!(
+            !s.contains('\u{1b}') && !s.contains('\u{7}') && !s.contains('\u{202e}'),
+            "{s}"
+        );
+        assert!(
+            s.contains("\\u{1b}]0;pwned") && s.contains("\nnext\tline"),
+            "{s}"
+        );
+    }
 }

@@ -9,8 +9,8 @@ mod builder;
 pub mod cleanrl;
 mod compile;
 mod fixture;
-pub mod npy_pickle;
 pub mod inspect;
+pub mod npy_pickle;
 pub mod onnx;
 mod onnx_proto;
 pub mod pickle;
@@ -25,7 +25,10 @@ use policyport_format::FormatError;
 use thiserror::Error;
 
 pub use cleanrl::CleanrlLayout;
-pub use compile::{Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_sb3, random_obs};
+pub use compile::{
+    Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_sb3,
+    random_obs,
+};
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};
 pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec, StatePair};

@@ -13,7 +13,11 @@ pub struct Array {
 }
 
 fn dtype_of(pk: &Pickle, i: usize) -> Result<(String, bool), String> {
-    if pk.call_name(i).as_deref().is_none_or(|n| !n.ends_with(".dtype")) {
+    if pk
+        .call_name(i)
+        .as_deref()
+        .is_none_or(|n| !n.ends_with(".dtype"))
+    {
         return Err("array dtype is not a numpy.dtype".into());
     }
     let Node::Call { args, state, .. } = pk.get(i) else {
@@ -40,7 +44,11 @@ fn decode(kind: &str, big: bool, raw: &[u8]) -> Result<Vec<f64>, String> {
             raw.chunks_exact($n)
                 .map(|c| {
                     let b: [u8; $n] = c.try_into().unwrap();
-                    (if big { <$t>::from_be_bytes(b) } else { <$t>::from_le_bytes(b) }) as f64
+                    (if big {
+                        <$t>::from_be_bytes(b)
+                    } else {
+                        <$t>::from_le_bytes(b)
+                    }) as f64
                 })
                 .collect()
         };
@@ -56,7 +64,12 @@ fn decode(kind: &str, big: bool, raw: &[u8]) -> Result<Vec<f64>, String> {
             .chunks_exact(2)
             .map(|c| {
                 let b: [u8; 2] = c.try_into().unwrap();
-                (if big { half::f16::from_be_bytes(b) } else { half::f16::from_le_bytes(b) }).to_f64()
+                (if big {
+                    half::f16::from_be_bytes(b)
+                } else {
+                    half::f16::from_le_bytes(b)
+                })
+                .to_f64()
             })
             .collect(),
         "b1" | "u1" => raw.iter().map(|b| *b as f64).collect(),
@@ -74,7 +87,11 @@ fn shape_of(pk: &Pickle, i: usize) -> Result<Vec<usize>, String> {
     pk.items(i)
         .ok_or("ndarray shape is not a tuple")?
         .iter()
-        .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).ok_or_else(|| "bad ndarray dim".to_string()))
+        .map(|d| {
+            pk.int(*d)
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| "bad ndarray dim".to_string())
+        })
         .collect()
 }
 
@@ -82,8 +99,13 @@ fn shape_of(pk: &Pickle, i: usize) -> Result<Vec<usize>, String> {
 pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
     match pk.call_name(i).as_deref() {
         Some("numpy.core.multiarray.scalar" | "numpy._core.multiarray.scalar") => {
-            let Node::Call { args, .. } = pk.get(i) else { unreachable!() };
-            let a = pk.items(*args).filter(|a| a.len() == 2).ok_or("scalar without (dtype, bytes)")?;
+            let Node::Call { args, .. } = pk.get(i) else {
+                unreachable!()
+            };
+            let a = pk
+                .items(*args)
+                .filter(|a| a.len() == 2)
+                .ok_or("scalar without (dtype, bytes)")?;
             let (kind, big) = dtype_of(pk, a[0])?;
             let Node::Bytes(raw) = pk.get(a[1]) else {
                 return Err("scalar data is not bytes".into());
@@ -91,10 +113,15 @@ pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
             if raw.len() != elem_size(&kind) {
                 return Err(format!("scalar of {} bytes for dtype {kind}", raw.len()));
             }
-            Ok(Array { shape: vec![], data: decode(&kind, big, raw)? })
+            Ok(Array {
+                shape: vec![],
+                data: decode(&kind, big, raw)?,
+            })
         }
         Some("numpy.core.multiarray._reconstruct" | "numpy._core.multiarray._reconstruct") => {
-            let Node::Call { state, .. } = pk.get(i) else { unreachable!() };
+            let Node::Call { state, .. } = pk.get(i) else {
+                unreachable!()
+            };
             let st = state
                 .and_then(|s| pk.items(s))
                 .filter(|s| s.len() == 5)
@@ -107,16 +134,30 @@ pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
             let Node::Bytes(raw) = pk.get(st[4]) else {
                 return Err("ndarray data is not raw bytes (an object array?)".into());
             };
-            let n = shape.iter().try_fold(1usize, |a, d| a.checked_mul(*d)).ok_or("ndarray size overflows")?;
+            let n = shape
+                .iter()
+                .try_fold(1usize, |a, d| a.checked_mul(*d))
+                .ok_or("ndarray size overflows")?;
             if n.checked_mul(elem_size(&kind)) != Some(raw.len()) {
-                return Err(format!("ndarray of shape {shape:?} ({kind}) holds {} bytes", raw.len()));
+                return Err(format!(
+                    "ndarray of shape {shape:?} ({kind}) holds {} bytes",
+                    raw.len()
+                ));
             }
-            Ok(Array { shape, data: decode(&kind, big, raw)? })
+            Ok(Array {
+                shape,
+                data: decode(&kind, big, raw)?,
+            })
         }
         Some("numpy.core.numeric._frombuffer" | "numpy._core.numeric._frombuffer") => {
             // Protocol 5: `_frombuffer(buffer, dtype, shape, order)`, the buffer in-band (BYTEARRAY8).
-            let Node::Call { args, .. } = pk.get(i) else { unreachable!() };
-            let a = pk.items(*args).filter(|a| a.len() == 4).ok_or("_frombuffer without (buffer, dtype, shape, order)")?;
+            let Node::Call { args, .. } = pk.get(i) else {
+                unreachable!()
+            };
+            let a = pk
+                .items(*args)
+                .filter(|a| a.len() == 4)
+                .ok_or("_frombuffer without (buffer, dtype, shape, order)")?;
             let Node::Bytes(raw) = pk.get(a[0]) else {
                 return Err("_frombuffer data is not raw bytes".into());
             };
@@ -125,15 +166,30 @@ pub fn array(pk: &Pickle, i: usize) -> Result<Array, String> {
             if pk.str(a[3]) != Some("C") {
                 return Err("only C-ordered arrays are read".into());
             }
-            let n = shape.iter().try_fold(1usize, |a, d| a.checked_mul(*d)).ok_or("ndarray size overflows")?;
+            let n = shape
+                .iter()
+                .try_fold(1usize, |a, d| a.checked_mul(*d))
+                .ok_or("ndarray size overflows")?;
             if n.checked_mul(elem_size(&kind)) != Some(raw.len()) {
-                return Err(format!("ndarray of shape {shape:?} ({kind}) holds {} bytes", raw.len()));
+                return Err(format!(
+                    "ndarray of shape {shape:?} ({kind}) holds {} bytes",
+                    raw.len()
+                ));
             }
-            Ok(Array { shape, data: decode(&kind, big, raw)? })
+            Ok(Array {
+                shape,
+                data: decode(&kind, big, raw)?,
+            })
         }
         _ => match pk.get(i) {
-            Node::Float(f) => Ok(Array { shape: vec![], data: vec![*f] }),
-            Node::Int(v) => Ok(Array { shape: vec![], data: vec![*v as f64] }),
+            Node::Float(f) => Ok(Array {
+                shape: vec![],
+                data: vec![*f],
+            }),
+            Node::Int(v) => Ok(Array {
+                shape: vec![],
+                data: vec![*v as f64],
+            }),
             _ => Err("not a numpy array or number".into()),
         },
     }
@@ -146,7 +202,12 @@ pub fn attributes(pk: &Pickle, i: usize) -> Option<Vec<(&str, usize)>> {
         return None;
     };
     match pk.get(*s) {
-        Node::Dict(items) => Some(items.iter().filter_map(|(k, v)| pk.str(*k).map(|k| (k, *v))).collect()),
+        Node::Dict(items) => Some(
+            items
+                .iter()
+                .filter_map(|(k, v)| pk.str(*k).map(|k| (k, *v)))
+                .collect(),
+        ),
         _ => None,
     }
 }

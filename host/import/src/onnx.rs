@@ -22,10 +22,17 @@ mod recurrent;
 #[derive(Debug, Clone)]
 enum Val {
     Const(Const),
-    Runtime { name: String, shape: Vec<usize> },
+    Runtime {
+        name: String,
+        shape: Vec<usize>,
+    },
     /// A tensor with leading axes before the batch, `[K, (1,) batch, shape...]` (a recurrent op's time or layer
     /// axis; `dir`: its num-directions axis of one too): one per-env value per leading index ([`recurrent`]).
-    Stacked { parts: Vec<String>, shape: Vec<usize>, dir: bool },
+    Stacked {
+        parts: Vec<String>,
+        shape: Vec<usize>,
+        dir: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -39,6 +46,14 @@ impl Const {
         self.data.len()
     }
 }
+
+/// Elements in one constant: the format's limit on a weight tensor (2^28).
+const MAX_CONST_ELEMS: usize = 1 << 28;
+/// Elements per env in one run-time value: the format's limit (2^24). Checked where values are made (graph
+/// inputs, `emit`), so every product over a run-time shape stays far from overflowing.
+const MAX_VALUE_ELEMS: usize = 1 << 24;
+/// Layers of one stacked recurrent state input.
+const MAX_RNN_LAYERS: usize = 1024;
 
 fn tensor_to_const(t: &pb::TensorProto) -> Result<Const, ImportError> {
     if t.data_location == 1 {
@@ -55,7 +70,15 @@ fn tensor_to_const(t: &pb::TensorProto) -> Result<Const, ImportError> {
                 .map_err(|_| ImportError::Malformed(format!("tensor '{}' has dim {d}", t.name)))
         })
         .collect::<Result<_, _>>()?;
-    let n: usize = dims.iter().product();
+    // Checked and capped: a wrapping product let dims disagree with the data (every later shape computation
+    // trusts `dims`).
+    let n = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|n| *n <= MAX_CONST_ELEMS)
+        .ok_or_else(|| {
+            ImportError::Malformed(format!("tensor '{}': dims {dims:?} are too large", t.name))
+        })?;
     let raw = &t.raw_data;
     let data: Vec<f64> = match t.data_type {
         data_type::FLOAT if !raw.is_empty() => raw
@@ -113,6 +136,8 @@ struct Importer<'a> {
     uses: HashMap<String, usize>,
     /// IR node index that defines each runtime value.
     producer: HashMap<String, usize>,
+    /// The first value `emit` made over the size limit (checked after each node).
+    oversize: Option<String>,
 }
 
 fn attr<'n>(node: &'n pb::NodeProto, name: &str) -> Option<&'n pb::AttributeProto> {
@@ -173,6 +198,15 @@ impl Importer<'_> {
     }
 
     fn emit(&mut self, name: &str, op: Op, inputs: Vec<String>, output: &str, shape: Vec<usize>) {
+        if shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .is_none_or(|n| n > MAX_VALUE_ELEMS)
+        {
+            self.oversize.get_or_insert(format!(
+                "node {name}: a value of shape {shape:?} (over 2^24 elements per env)"
+            ));
+        }
         let ir = Self::ir_name(output);
         self.producer.insert(ir.clone(), self.nodes.len());
         self.nodes.push(Node {
@@ -203,8 +237,26 @@ impl Importer<'_> {
                 "export with standard ONNX ops (inline functions, no custom ops)",
             ));
         }
-        let mut ins: Vec<Val> = node
+        // An omitted optional input ("") before a given one would shift the positions every handler reads
+        // (Slice(x, s, e, "", steps) read steps as axes; LayerNorm with scale "" read the bias as the scale):
+        // refused. Trailing omitted inputs are simply absent.
+        // (LSTM and GRU read their inputs by position themselves: `rnn` below.)
+        let given = node
             .input
+            .iter()
+            .rposition(|n| !n.is_empty())
+            .map_or(0, |i| i + 1);
+        if node.input[..given].iter().any(|n| n.is_empty())
+            && !matches!(node.op_type.as_str(), "LSTM" | "GRU")
+        {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "an omitted optional input before a given one",
+                "give every input up to the last one used",
+            ));
+        }
+        let mut ins: Vec<Val> = node.input[..given]
             .iter()
             .filter(|n| !n.is_empty())
             .map(|n| self.get(n, node, idx))
@@ -212,7 +264,12 @@ impl Importer<'_> {
         // Slice before opset 10 takes its bounds as attributes: the same values as inputs (starts, ends, axes).
         if node.op_type == "Slice" && ins.len() == 1 {
             if let (Some(s), Some(e)) = (attr(node, "starts"), attr(node, "ends")) {
-                let c = |v: &[i64]| Val::Const(Const { dims: vec![v.len()], data: v.iter().map(|x| *x as f64).collect() });
+                let c = |v: &[i64]| {
+                    Val::Const(Const {
+                        dims: vec![v.len()],
+                        data: v.iter().map(|x| *x as f64).collect(),
+                    })
+                };
                 ins.push(c(&s.ints));
                 ins.push(c(&e.ints));
                 if let Some(a) = attr(node, "axes") {
@@ -230,7 +287,9 @@ impl Importer<'_> {
         if op == "LSTM" || op == "GRU" {
             return self.rnn(node, idx);
         }
-        if ins.first().is_some_and(|v| matches!(v, Val::Stacked { .. }))
+        if ins
+            .first()
+            .is_some_and(|v| matches!(v, Val::Stacked { .. }))
             || (op == "Concat" && ins.iter().any(|v| matches!(v, Val::Stacked { .. })))
         {
             return self.stacked_op(node, idx, &ins, &out);
@@ -477,10 +536,24 @@ impl Importer<'_> {
                     };
                     // Constant reshape (shape arithmetic): same data, the target's dims.
                     let Some(Val::Const(t)) = ins.get(1) else {
-                        return Err(self.unsupported(node, idx, "shape computed at run time", "use a static target shape"));
+                        return Err(self.unsupported(
+                            node,
+                            idx,
+                            "shape computed at run time",
+                            "use a static target shape",
+                        ));
                     };
                     let mut dims: Vec<i64> = t.data.iter().map(|v| *v as i64).collect();
-                    let known: i64 = dims.iter().filter(|d| **d > 0).product();
+                    // Checked: a product of hostile target dims wrapped (then `-1` was inferred from it).
+                    let Some(known) = dims
+                        .iter()
+                        .filter(|d| **d > 0)
+                        .try_fold(1i64, |a, &d| a.checked_mul(d))
+                    else {
+                        return Err(ImportError::Malformed(format!(
+                            "node {label}: reshape target {dims:?}"
+                        )));
+                    };
                     for (i, d) in dims.iter_mut().enumerate() {
                         if *d == 0 {
                             *d = c.dims.get(i).copied().unwrap_or(1) as i64;
@@ -490,10 +563,19 @@ impl Importer<'_> {
                         *d = c.numel() as i64 / known.max(1);
                     }
                     let dims: Vec<usize> = dims.iter().map(|d| (*d).max(0) as usize).collect();
-                    if dims.iter().product::<usize>() != c.numel() {
-                        return Err(ImportError::Malformed(format!("node {label}: reshape of {:?} to {dims:?}", c.dims)));
+                    if dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(c.numel()) {
+                        return Err(ImportError::Malformed(format!(
+                            "node {label}: reshape of {:?} to {dims:?}",
+                            c.dims
+                        )));
                     }
-                    self.vals.insert(out, Val::Const(Const { dims, data: c.data.clone() }));
+                    self.vals.insert(
+                        out,
+                        Val::Const(Const {
+                            dims,
+                            data: c.data.clone(),
+                        }),
+                    );
                     return Ok(());
                 };
                 let Some(Val::Const(target)) = ins.get(1) else {
@@ -510,7 +592,15 @@ impl Importer<'_> {
                 } else if shape.len() == 1 {
                     self.emit(&label, Op::Flatten, vec![x], &out, shape);
                 } else {
-                    self.emit(&label, Op::Reshape { shape: shape.clone() }, vec![x], &out, shape);
+                    self.emit(
+                        &label,
+                        Op::Reshape {
+                            shape: shape.clone(),
+                        },
+                        vec![x],
+                        &out,
+                        shape,
+                    );
                 }
             }
             "Concat" if ins.iter().all(|v| matches!(v, Val::Const(_))) => {
@@ -519,11 +609,22 @@ impl Importer<'_> {
                 for v in &ins {
                     let Val::Const(c) = v else { unreachable!() };
                     if c.dims.len() > 1 {
-                        return Err(self.unsupported(node, idx, "concatenation of multi-axis constants", "fold constants before export"));
+                        return Err(self.unsupported(
+                            node,
+                            idx,
+                            "concatenation of multi-axis constants",
+                            "fold constants before export",
+                        ));
                     }
                     data.extend_from_slice(&c.data);
                 }
-                self.vals.insert(out, Val::Const(Const { dims: vec![data.len()], data }));
+                self.vals.insert(
+                    out,
+                    Val::Const(Const {
+                        dims: vec![data.len()],
+                        data,
+                    }),
+                );
             }
             "Concat" => {
                 let mut xs = vec![];
@@ -542,6 +643,17 @@ impl Importer<'_> {
                 }
                 let axis = attr(node, "axis").map(|a| a.i).unwrap_or(1);
                 let r = shapes[0].len();
+                // Same rank and the same leading dims, or [2,3] ++ [4,3] became [2,7] silently (and a lower-rank
+                // input was indexed past its end).
+                if r == 0
+                    || shapes
+                        .iter()
+                        .any(|s| s.len() != r || s[..r - 1] != shapes[0][..r - 1])
+                {
+                    return Err(ImportError::Malformed(format!(
+                        "node {label}: Concat of shapes {shapes:?} (they must differ in the last axis only)"
+                    )));
+                }
                 if Self::feature_axis(axis, r) != Some(r - 1) {
                     return Err(self.unsupported(
                         node,
@@ -555,23 +667,41 @@ impl Importer<'_> {
                 self.emit(&label, Op::Concat, xs, &out, shape);
             }
             "Slice" if matches!(&ins[0], Val::Const(c) if c.dims.len() <= 1) => {
-                let Val::Const(c) = &ins[0] else { unreachable!() };
+                let Val::Const(c) = &ins[0] else {
+                    unreachable!()
+                };
                 let arg = |i: usize| match ins.get(i) {
                     Some(Val::Const(c)) if c.numel() == 1 => Some(c.data[0] as i64),
                     _ => None,
                 };
                 let (Some(s0), Some(e0)) = (arg(1), arg(2)) else {
-                    return Err(self.unsupported(node, idx, "dynamic bounds", "use constant slice bounds"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "dynamic bounds",
+                        "use constant slice bounds",
+                    ));
                 };
                 let step = arg(4).unwrap_or(1);
                 let n = c.numel() as i64;
                 if step != 1 {
-                    return Err(self.unsupported(node, idx, "step != 1 on a constant", "fold constants before export"));
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        "step != 1 on a constant",
+                        "fold constants before export",
+                    ));
                 }
                 let clampi = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
                 let (a, b) = (clampi(s0) as usize, clampi(e0) as usize);
                 let data = c.data[a..b.max(a)].to_vec();
-                self.vals.insert(out, Val::Const(Const { dims: vec![data.len()], data }));
+                self.vals.insert(
+                    out,
+                    Val::Const(Const {
+                        dims: vec![data.len()],
+                        data,
+                    }),
+                );
             }
             "Slice" => {
                 let Some((x, xs)) = runtime(&ins[0]) else {
@@ -600,6 +730,9 @@ impl Importer<'_> {
                 let steps = c(4).unwrap_or_else(|| vec![1; starts.len()]);
                 let last = *xs.last().unwrap() as i64;
                 if starts.len() != 1
+                    || ends.len() != 1
+                    || axes.len() != 1
+                    || steps.len() != 1
                     || steps[0] != 1
                     || Self::feature_axis(axes[0], xs.len()) != Some(xs.len() - 1)
                 {
@@ -825,7 +958,10 @@ impl Importer<'_> {
 pub fn graph_output_names(bytes: &[u8]) -> Result<Vec<String>, ImportError> {
     let model = pb::ModelProto::decode(bytes)
         .map_err(|e| ImportError::Malformed(format!("not an ONNX model: {e}")))?;
-    Ok(model.graph.map(|g| g.output.into_iter().map(|o| o.name).collect()).unwrap_or_default())
+    Ok(model
+        .graph
+        .map(|g| g.output.into_iter().map(|o| o.name).collect())
+        .unwrap_or_default())
 }
 
 /// A serialized ONNX `TensorProto` (e.g. a backend test's `input_0.pb`): its dims and values as f64.
@@ -858,6 +994,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         tensors: BTreeMap::new(),
         uses: HashMap::new(),
         producer: HashMap::new(),
+        oversize: None,
     };
     for n in &graph.node {
         for i in &n.input {
@@ -883,37 +1020,79 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     };
     let static_dims = |d: &[Option<i64>], what: &str| -> Result<Vec<usize>, ImportError> {
         d.iter()
-            .map(|v| v.filter(|v| *v > 0).map(|v| v as usize))
+            .map(|v| {
+                v.filter(|v| *v > 0 && *v <= MAX_VALUE_ELEMS as i64)
+                    .map(|v| v as usize)
+            })
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ImportError::Spec(format!("{what} needs static dims besides the batch, has {d:?}")))
+            .ok_or_else(|| {
+                ImportError::Spec(format!(
+                    "{what} needs static dims (1 ..= 2^24) besides the batch, has {d:?}"
+                ))
+            })
     };
     // Per pair: the state names and per-env shapes (one per layer).
     let mut state_inputs: Vec<(Vec<String>, Vec<usize>, bool)> = vec![];
     for pair in &spec.recurrent {
-        let gi = graph.input.iter().find(|i| i.name == pair.input).ok_or_else(|| {
-            ImportError::Spec(format!("recurrent input '{}' is not a graph input", pair.input))
-        })?;
+        let gi = graph
+            .input
+            .iter()
+            .find(|i| i.name == pair.input)
+            .ok_or_else(|| {
+                ImportError::Spec(format!(
+                    "recurrent input '{}' is not a graph input",
+                    pair.input
+                ))
+            })?;
         if imp.vals.contains_key(&pair.input) {
-            return Err(ImportError::Spec(format!("recurrent input '{}' is an initializer", pair.input)));
+            return Err(ImportError::Spec(format!(
+                "recurrent input '{}' is an initializer",
+                pair.input
+            )));
         }
         let d = dims_of(gi);
         let what = format!("recurrent input '{}'", pair.input);
         let (names, shape, stacked) = if d.len() >= 3 {
             let layers = static_dims(&d[..1], &what)?[0];
+            if layers > MAX_RNN_LAYERS {
+                return Err(ImportError::Spec(format!(
+                    "{what} has {layers} layers (at most {MAX_RNN_LAYERS})"
+                )));
+            }
             let feat = static_dims(&d[2..], &what)?;
-            ((0..layers).map(|k| format!("{}.{k}", pair.input)).collect::<Vec<_>>(), feat, true)
+            (
+                (0..layers)
+                    .map(|k| format!("{}.{k}", pair.input))
+                    .collect::<Vec<_>>(),
+                feat,
+                true,
+            )
         } else if d.len() == 2 {
-            (vec![pair.input.clone()], static_dims(&d[1..], &what)?, false)
+            (
+                vec![pair.input.clone()],
+                static_dims(&d[1..], &what)?,
+                false,
+            )
         } else {
-            return Err(ImportError::Spec(format!("{what} has rank {}: [layers, batch, ...] or [batch, ...]", d.len())));
+            return Err(ImportError::Spec(format!(
+                "{what} has rank {}: [layers, batch, ...] or [batch, ...]",
+                d.len()
+            )));
         };
         let parts: Vec<String> = names.iter().map(|n| format!("{STATE_PREFIX}{n}")).collect();
         imp.vals.insert(
             pair.input.clone(),
             if stacked {
-                Val::Stacked { parts, shape: shape.clone(), dir: false }
+                Val::Stacked {
+                    parts,
+                    shape: shape.clone(),
+                    dir: false,
+                }
             } else {
-                Val::Runtime { name: parts[0].clone(), shape: shape.clone() }
+                Val::Runtime {
+                    name: parts[0].clone(),
+                    shape: shape.clone(),
+                }
             },
         );
         state_inputs.push((names, shape, stacked));
@@ -960,8 +1139,16 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     }
     let feat: Vec<usize> = dims[1..]
         .iter()
-        .map(|d| d.filter(|v| *v > 0).map(|v| v as usize))
-        .collect::<Option<_>>()
+        .map(|d| {
+            d.filter(|v| *v > 0 && *v <= MAX_VALUE_ELEMS as i64)
+                .map(|v| v as usize)
+        })
+        .collect::<Option<Vec<usize>>>()
+        .filter(|f| {
+            f.iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .is_some_and(|n| n <= MAX_VALUE_ELEMS)
+        })
         .ok_or_else(|| {
             ImportError::Spec(format!(
                 "input '{}' needs static feature dims, has {dims:?}",
@@ -984,16 +1171,27 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
 
     for (i, n) in graph.node.iter().enumerate() {
         imp.node(n, i)?;
+        if let Some(what) = imp.oversize.take() {
+            return Err(ImportError::Malformed(what));
+        }
     }
     let mut states = vec![];
     for (pair, (names, shape, stacked)) in spec.recurrent.iter().zip(&state_inputs) {
         let next: Vec<String> = match (imp.vals.get(&pair.output), stacked) {
-            (Some(Val::Stacked { parts, shape: s, dir: false }), true) if s == shape && parts.len() == names.len() => {
-                parts.clone()
-            }
+            (
+                Some(Val::Stacked {
+                    parts,
+                    shape: s,
+                    dir: false,
+                }),
+                true,
+            ) if s == shape && parts.len() == names.len() => parts.clone(),
             (Some(Val::Runtime { name, shape: s }), false) if s == shape => vec![name.clone()],
             (None, _) => {
-                return Err(ImportError::Spec(format!("recurrent output '{}' is not a value of the graph", pair.output)));
+                return Err(ImportError::Spec(format!(
+                    "recurrent output '{}' is not a value of the graph",
+                    pair.output
+                )));
             }
             _ => {
                 return Err(ImportError::Spec(format!(
@@ -1005,27 +1203,33 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             }
         };
         for (n, nx) in names.iter().zip(next) {
-            states.push(policyport_format::StateSpec { name: n.clone(), shape: shape.clone(), next: nx });
+            states.push(policyport_format::StateSpec {
+                name: n.clone(),
+                shape: shape.clone(),
+                next: nx,
+            });
         }
     }
 
     // Outputs named by the spec.
-    let runtime_out =
-        |imp: &Importer, name: &str, what: &str| -> Result<(String, Vec<usize>), ImportError> {
-            match imp.vals.get(name) {
-                Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
-                Some(Val::Const(_)) => Err(ImportError::Spec(format!(
-                    "{what} '{name}' is a constant, not a function of the observation"
-                ))),
-                Some(Val::Stacked { .. }) => Err(ImportError::Spec(format!(
-                    "{what} '{name}' still has the time or layer axis of a recurrent op in front of the batch"
-                ))),
-                None => Err(ImportError::Spec(format!(
-                    "{what} '{name}' is not a value of the graph (outputs: {:?})",
-                    graph.output.iter().map(|o| &o.name).collect::<Vec<_>>()
-                ))),
-            }
-        };
+    let runtime_out = |imp: &Importer,
+                       name: &str,
+                       what: &str|
+     -> Result<(String, Vec<usize>), ImportError> {
+        match imp.vals.get(name) {
+            Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
+            Some(Val::Const(_)) => Err(ImportError::Spec(format!(
+                "{what} '{name}' is a constant, not a function of the observation"
+            ))),
+            Some(Val::Stacked { .. }) => Err(ImportError::Spec(format!(
+                "{what} '{name}' still has the time or layer axis of a recurrent op in front of the batch"
+            ))),
+            None => Err(ImportError::Spec(format!(
+                "{what} '{name}' is not a value of the graph (outputs: {:?})",
+                graph.output.iter().map(|o| &o.name).collect::<Vec<_>>()
+            ))),
+        }
+    };
     let mut tensors_extra: Vec<(String, Tensor)> = vec![];
     let (distribution, default_action, policy_values) = match &spec.distribution {
         DistSpec::Categorical { logits } => {
@@ -1071,6 +1275,12 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             let ls = match log_std {
                 LogStdSpec::Output(o) => match imp.vals.get(o) {
                     Some(Val::Const(c)) => {
+                        if c.numel() != k {
+                            return Err(ImportError::Spec(format!(
+                                "log_std output '{o}' is a constant of {} numbers, the mean has {k}",
+                                c.numel()
+                            )));
+                        }
                         tensors_extra.push((
                             "log_std".into(),
                             Tensor::new(vec![k], c.data.iter().map(|v| *v as f32).collect()),
@@ -1172,8 +1382,12 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         };
         groups[g].2.push(node.clone());
     }
-    let final_reads: Vec<String> =
-        policy_values.iter().chain(value.iter()).chain(next_states.iter()).cloned().collect();
+    let final_reads: Vec<String> = policy_values
+        .iter()
+        .chain(value.iter())
+        .chain(next_states.iter())
+        .cloned()
+        .collect();
     let mut modules = vec![];
     for (gi, (name, role, nodes)) in groups.iter().enumerate() {
         if nodes.is_empty() {
@@ -1236,6 +1450,14 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         preprocess.push(Preprocess::Scale { factor: f });
     }
     if let Some(norm) = &spec.normalize {
+        let need = feat.iter().product::<usize>();
+        if norm.mean.len() != need || norm.std.len() != need {
+            return Err(ImportError::Spec(format!(
+                "normalize: mean/std need {need} values each, have {} and {}",
+                norm.mean.len(),
+                norm.std.len()
+            )));
+        }
         tensors.insert(
             "obs_norm.mean".into(),
             Tensor::new(feat.clone(), norm.mean.clone()),

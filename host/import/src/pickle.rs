@@ -24,7 +24,11 @@ pub enum PickleError {
     )]
     ForbiddenGlobal { module: String, name: String },
     #[error("pickle: opcode 0x{opcode:02x} at byte {at} is not supported{why}")]
-    UnsupportedOpcode { opcode: u8, at: usize, why: &'static str },
+    UnsupportedOpcode {
+        opcode: u8,
+        at: usize,
+        why: &'static str,
+    },
     #[error("pickle: malformed at byte {at}: {detail}")]
     Malformed { at: usize, detail: String },
     #[error("pickle: {0}")]
@@ -67,8 +71,14 @@ pub const ALLOWED: &[(&str, &str)] = &[
     ("_codecs", "encode"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
-    ("stable_baselines3.common.vec_env.vec_normalize", "VecNormalize"),
-    ("stable_baselines3.common.running_mean_std", "RunningMeanStd"),
+    (
+        "stable_baselines3.common.vec_env.vec_normalize",
+        "VecNormalize",
+    ),
+    (
+        "stable_baselines3.common.running_mean_std",
+        "RunningMeanStd",
+    ),
     ("gymnasium.spaces.box", "Box"),
     ("gymnasium.spaces.discrete", "Discrete"),
     ("gymnasium.spaces.dict", "Dict"),
@@ -85,19 +95,46 @@ pub const ALLOWED: &[(&str, &str)] = &[
     ("gymnasium.spaces.multi_discrete", "MultiDiscrete"),
     // RLlib (new API stack) checkpoints: the classes its RLModule and connector files name (recorded, never
     // called: the RLlib route reads the kwargs and spaces next to them).
-    ("ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module", "DefaultPPOTorchRLModule"),
+    (
+        "ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module",
+        "DefaultPPOTorchRLModule",
+    ),
     ("ray.rllib.algorithms.ppo.ppo_catalog", "PPOCatalog"),
-    ("ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module", "DefaultSACTorchRLModule"),
+    (
+        "ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module",
+        "DefaultSACTorchRLModule",
+    ),
     ("ray.rllib.algorithms.sac.sac_catalog", "SACCatalog"),
     ("ray.rllib.core.rl_module.multi_rl_module", "MultiRLModule"),
     ("ray.rllib.core.rl_module.rl_module", "RLModuleSpec"),
-    ("ray.rllib.connectors.env_to_module.env_to_module_pipeline", "EnvToModulePipeline"),
-    ("ray.rllib.connectors.env_to_module.mean_std_filter", "MeanStdFilter"),
-    ("ray.rllib.connectors.common.add_observations_from_episodes_to_batch", "AddObservationsFromEpisodesToBatch"),
-    ("ray.rllib.connectors.common.add_time_dim_to_batch_and_zero_pad", "AddTimeDimToBatchAndZeroPad"),
-    ("ray.rllib.connectors.common.add_states_from_episodes_to_batch", "AddStatesFromEpisodesToBatch"),
-    ("ray.rllib.connectors.common.batch_individual_items", "BatchIndividualItems"),
-    ("ray.rllib.connectors.common.numpy_to_tensor", "NumpyToTensor"),
+    (
+        "ray.rllib.connectors.env_to_module.env_to_module_pipeline",
+        "EnvToModulePipeline",
+    ),
+    (
+        "ray.rllib.connectors.env_to_module.mean_std_filter",
+        "MeanStdFilter",
+    ),
+    (
+        "ray.rllib.connectors.common.add_observations_from_episodes_to_batch",
+        "AddObservationsFromEpisodesToBatch",
+    ),
+    (
+        "ray.rllib.connectors.common.add_time_dim_to_batch_and_zero_pad",
+        "AddTimeDimToBatchAndZeroPad",
+    ),
+    (
+        "ray.rllib.connectors.common.add_states_from_episodes_to_batch",
+        "AddStatesFromEpisodesToBatch",
+    ),
+    (
+        "ray.rllib.connectors.common.batch_individual_items",
+        "BatchIndividualItems",
+    ),
+    (
+        "ray.rllib.connectors.common.numpy_to_tensor",
+        "NumpyToTensor",
+    ),
     ("torch", "device"),
 ];
 
@@ -288,7 +325,11 @@ pub fn parse(bytes: &[u8]) -> Result<Pickle, PickleError> {
                 push(&mut nodes, &mut stack, Node::Int(v))
             }
             0x8a | 0x8b => {
-                let n = if op == 0x8a { r.u8()? as usize } else { r.u32()? };
+                let n = if op == 0x8a {
+                    r.u8()? as usize
+                } else {
+                    r.u32()?
+                };
                 let b = r.take(n)?;
                 if n > 8 {
                     let big = Node::BigInt(b.to_vec());
@@ -511,7 +552,13 @@ mod tests {
 
     #[test]
     fn truncated_and_malformed_input_is_a_typed_error() {
-        for bad in [&b""[..], b"\x80", b"\x80\x02X\xff\xff\xff\xff", b"\x80\x02a.", b"\x80\x02h\x05."] {
+        for bad in [
+            &b""[..],
+            b"\x80",
+            b"\x80\x02X\xff\xff\xff\xff",
+            b"\x80\x02a.",
+            b"\x80\x02h\x05.",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -78,11 +78,22 @@ pub fn eval_step(
     }
     let mut vals: HashMap<String, Vec<f64>> = HashMap::new();
     vals.insert(OBS_VALUE.into(), x.iter().map(|v| *v as f64).collect());
-    for (k, s) in manifest.recurrent.iter().flat_map(|r| &r.states).enumerate() {
+    for (k, s) in manifest
+        .recurrent
+        .iter()
+        .flat_map(|r| &r.states)
+        .enumerate()
+    {
         let n: usize = s.shape.iter().product();
         let v = match states.get(k) {
             Some(v) if v.len() == n * batch => v.clone(),
-            Some(v) => return Err(format!("state '{}' has {} numbers for batch {batch} x {n}", s.name, v.len())),
+            Some(v) => {
+                return Err(format!(
+                    "state '{}' has {} numbers for batch {batch} x {n}",
+                    s.name,
+                    v.len()
+                ));
+            }
             None => vec![0.0; n * batch],
         };
         vals.insert(format!("{STATE_PREFIX}{}", s.name), v);

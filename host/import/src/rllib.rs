@@ -28,8 +28,8 @@ use std::path::{Path, PathBuf};
 
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace, Op,
-    Preprocess, RecurrentSpec,
+    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
+    Op, Preprocess, RecurrentSpec,
 };
 
 use crate::ImportError;
@@ -67,7 +67,8 @@ pub fn is_rllib_checkpoint(path: &Path) -> bool {
     path.is_dir()
         && (path.join("rllib_checkpoint.json").is_file()
             || path.join("module_state.pkl").is_file()
-            || path.join("metadata.json").is_file() && path.join("class_and_ctor_args.pkl").is_file())
+            || path.join("metadata.json").is_file()
+                && path.join("class_and_ctor_args.pkl").is_file())
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ImportError> {
@@ -80,7 +81,10 @@ fn module_dirs(dir: &Path) -> Vec<PathBuf> {
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .map(|e| e.path())
-                .filter(|p| p.join("module_state.pkl").is_file() && p.join("class_and_ctor_args.pkl").is_file())
+                .filter(|p| {
+                    p.join("module_state.pkl").is_file()
+                        && p.join("class_and_ctor_args.pkl").is_file()
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -92,11 +96,16 @@ fn module_dirs(dir: &Path) -> Vec<PathBuf> {
 /// `learner_group/learner/rl_module` (a MultiRLModule with one module), or one module's directory.
 pub fn read_rllib_checkpoint(path: &Path) -> Result<RllibFiles, ImportError> {
     let (module_dir, root) = if path.join("learner_group/learner/rl_module").is_dir() {
-        (path.join("learner_group/learner/rl_module"), Some(path.to_path_buf()))
+        (
+            path.join("learner_group/learner/rl_module"),
+            Some(path.to_path_buf()),
+        )
     } else {
         (path.to_path_buf(), None)
     };
-    let module_dir = if module_dir.join("module_state.pkl").is_file() && module_dirs(&module_dir).is_empty() {
+    let module_dir = if module_dir.join("module_state.pkl").is_file()
+        && module_dirs(&module_dir).is_empty()
+    {
         module_dir
     } else {
         let mods = module_dirs(&module_dir);
@@ -113,7 +122,10 @@ pub fn read_rllib_checkpoint(path: &Path) -> Result<RllibFiles, ImportError> {
                     format!(
                         "a checkpoint with {} RLModules ({})",
                         mods.len(),
-                        mods.iter().map(|m| m.file_name().unwrap_or_default().to_string_lossy()).collect::<Vec<_>>().join(", ")
+                        mods.iter()
+                            .map(|m| m.file_name().unwrap_or_default().to_string_lossy())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                     "compile one module: give its directory (.../learner_group/learner/rl_module/<module id>)",
                 ));
@@ -123,11 +135,16 @@ pub fn read_rllib_checkpoint(path: &Path) -> Result<RllibFiles, ImportError> {
     // The algorithm's directory: given, or four levels above a module inside one.
     let root = root.or_else(|| {
         let r = module_dir.ancestors().nth(4)?;
-        r.join("rllib_checkpoint.json").is_file().then(|| r.to_path_buf())
+        r.join("rllib_checkpoint.json")
+            .is_file()
+            .then(|| r.to_path_buf())
     });
     let (mut env_to_module, mut mean_std_state) = (None, None);
     if let Some(root) = &root {
-        for d in ["env_runner/env_to_module_connector", "env_to_module_connector"] {
+        for d in [
+            "env_runner/env_to_module_connector",
+            "env_to_module_connector",
+        ] {
             let d = root.join(d);
             if d.join("class_and_ctor_args.pkl").is_file() {
                 env_to_module = Some(read(&d.join("class_and_ctor_args.pkl"))?);
@@ -166,7 +183,10 @@ fn get<'p>(pk: &'p Pickle, i: usize, key: &str) -> Option<usize> {
         Node::Call { items, .. } => items,
         _ => return None,
     };
-    items.iter().find(|(k, _)| pk.str(*k) == Some(key)).map(|(_, v)| *v)
+    items
+        .iter()
+        .find(|(k, _)| pk.str(*k) == Some(key))
+        .map(|(_, v)| *v)
 }
 
 /// A model_config value, as JSON (what the importer compares against).
@@ -181,7 +201,9 @@ fn to_json(pk: &Pickle, i: usize, depth: usize) -> serde_json::Value {
         Node::Int(v) => Value::from(*v),
         Node::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
         Node::Str(s) => Value::String(s.clone()),
-        Node::List(v) | Node::Tuple(v) => Value::Array(v.iter().map(|x| to_json(pk, *x, depth + 1)).collect()),
+        Node::List(v) | Node::Tuple(v) => {
+            Value::Array(v.iter().map(|x| to_json(pk, *x, depth + 1)).collect())
+        }
         Node::Dict(items) => Value::Object(
             items
                 .iter()
@@ -203,7 +225,9 @@ fn arr(pk: &Pickle, i: usize, what: &str) -> Result<Array, ImportError> {
 }
 
 fn space_dtype_u8(pk: &Pickle, i: usize) -> bool {
-    let Ok(d) = space_attr(pk, i, "dtype") else { return false };
+    let Ok(d) = space_attr(pk, i, "dtype") else {
+        return false;
+    };
     matches!(pk.get(d), Node::Call { args, .. } if pk.items(*args).and_then(|a| a.first()).and_then(|k| pk.str(*k)) == Some("u1"))
 }
 
@@ -214,11 +238,20 @@ fn observation_space(pk: &Pickle, i: usize) -> Result<ObservationSpace, ImportEr
                 .items(space_attr(pk, i, "_shape")?)
                 .ok_or_else(|| bad("Box _shape is not a tuple"))?
                 .iter()
-                .map(|d| pk.int(*d).and_then(|v| usize::try_from(v).ok()).filter(|v| *v >= 1).ok_or_else(|| bad("a Box dim that is not a positive size")))
+                .map(|d| {
+                    pk.int(*d)
+                        .and_then(|v| usize::try_from(v).ok())
+                        .filter(|v| *v >= 1)
+                        .ok_or_else(|| bad("a Box dim that is not a positive size"))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(ObservationSpace::Box {
                 shape,
-                dtype: if space_dtype_u8(pk, i) { ObsDType::U8 } else { ObsDType::F32 },
+                dtype: if space_dtype_u8(pk, i) {
+                    ObsDType::U8
+                } else {
+                    ObsDType::F32
+                },
             })
         }
         Some("gymnasium.spaces.discrete.Discrete") => Err(unsupported(
@@ -238,34 +271,66 @@ fn action_space(pk: &Pickle, i: usize) -> Result<ActionSpace, ImportError> {
             let n = arr(pk, space_attr(pk, i, "n")?, "Discrete.n")?;
             if let Ok(s) = space_attr(pk, i, "start") {
                 if arr(pk, s, "Discrete.start")?.data.iter().any(|v| *v != 0.0) {
-                    return Err(unsupported("a Discrete action space with start != 0", "use start=0"));
+                    return Err(unsupported(
+                        "a Discrete action space with start != 0",
+                        "use start=0",
+                    ));
                 }
             }
             match n.data.as_slice() {
-                [n] if *n >= 1.0 && *n < (1u64 << 31) as f64 => Ok(ActionSpace::Discrete { n: *n as usize }),
+                [n] if *n >= 1.0 && *n < (1u64 << 31) as f64 => {
+                    Ok(ActionSpace::Discrete { n: *n as usize })
+                }
                 _ => Err(bad("Discrete.n is not a positive integer")),
             }
         }
         Some("gymnasium.spaces.multi_discrete.MultiDiscrete") => {
             let nvec = arr(pk, space_attr(pk, i, "nvec")?, "MultiDiscrete.nvec")?;
             if let Ok(s) = space_attr(pk, i, "start") {
-                if arr(pk, s, "MultiDiscrete.start")?.data.iter().any(|v| *v != 0.0) {
-                    return Err(unsupported("a MultiDiscrete action space with start != 0", "use start=0"));
+                if arr(pk, s, "MultiDiscrete.start")?
+                    .data
+                    .iter()
+                    .any(|v| *v != 0.0)
+                {
+                    return Err(unsupported(
+                        "a MultiDiscrete action space with start != 0",
+                        "use start=0",
+                    ));
                 }
             }
-            if nvec.shape.len() != 1 || nvec.data.iter().any(|n| !(*n >= 1.0 && *n < (1u64 << 31) as f64)) {
-                return Err(bad("MultiDiscrete.nvec is not a vector of positive integers"));
+            if nvec.shape.len() != 1
+                || nvec
+                    .data
+                    .iter()
+                    .any(|n| !(*n >= 1.0 && *n < (1u64 << 31) as f64))
+            {
+                return Err(bad(
+                    "MultiDiscrete.nvec is not a vector of positive integers",
+                ));
             }
-            Ok(ActionSpace::MultiDiscrete { nvec: nvec.data.iter().map(|n| *n as usize).collect() })
+            Ok(ActionSpace::MultiDiscrete {
+                nvec: nvec.data.iter().map(|n| *n as usize).collect(),
+            })
         }
         Some("gymnasium.spaces.box.Box") => {
             let low = arr(pk, space_attr(pk, i, "low")?, "Box.low")?;
             let high = arr(pk, space_attr(pk, i, "high")?, "Box.high")?;
             if low.shape.len() != 1 || low.shape != high.shape {
-                return Err(unsupported(format!("a Box action space of shape {:?}", low.shape), "flat Box actions"));
+                return Err(unsupported(
+                    format!("a Box action space of shape {:?}", low.shape),
+                    "flat Box actions",
+                ));
             }
-            let b = |v: &[f64]| v.iter().map(|x| x.is_finite().then_some(*x as f32)).collect();
-            Ok(ActionSpace::Box { shape: low.shape.clone(), low: b(&low.data), high: b(&high.data) })
+            let b = |v: &[f64]| {
+                v.iter()
+                    .map(|x| x.is_finite().then_some(*x as f32))
+                    .collect()
+            };
+            Ok(ActionSpace::Box {
+                shape: low.shape.clone(),
+                low: b(&low.data),
+                high: b(&high.data),
+            })
         }
         other => Err(unsupported(
             format!("action space {}", other.unwrap_or("?")),
@@ -289,7 +354,12 @@ fn activation(v: Option<&serde_json::Value>, default: &str) -> Result<Option<Op>
         None => default,
         Some(serde_json::Value::Null) => "linear",
         Some(serde_json::Value::String(s)) => s.as_str(),
-        Some(other) => return Err(unsupported(format!("activation {other}"), "tanh, relu, elu, swish/silu or linear")),
+        Some(other) => {
+            return Err(unsupported(
+                format!("activation {other}"),
+                "tanh, relu, elu, swish/silu or linear",
+            ));
+        }
     };
     Ok(match name.to_ascii_lowercase().as_str() {
         "tanh" => Some(Op::Tanh),
@@ -297,7 +367,12 @@ fn activation(v: Option<&serde_json::Value>, default: &str) -> Result<Option<Op>
         "elu" => Some(Op::Elu { alpha: 1.0 }),
         "swish" | "silu" => Some(Op::Silu),
         "linear" => None,
-        other => return Err(unsupported(format!("activation '{other}'"), "tanh, relu, elu, swish/silu or linear")),
+        other => {
+            return Err(unsupported(
+                format!("activation '{other}'"),
+                "tanh, relu, elu, swish/silu or linear",
+            ));
+        }
     })
 }
 
@@ -307,24 +382,58 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
     // Keys that change nothing at inference (initialisers, training-time sequence length) or that the weights'
     // shapes already say (layer sizes); any other key could change the computation: refused by name.
     const READ: &[&str] = &[
-        "fcnet_hiddens", "fcnet_activation", "conv_filters", "conv_activation", "head_fcnet_hiddens",
-        "head_fcnet_activation", "use_lstm", "lstm_cell_size", "max_seq_len", "vf_share_layers", "free_log_std",
-        "log_std_clip_param", "fcnet_use_layernorm", "head_fcnet_use_layernorm", "conv_use_layernorm",
+        "fcnet_hiddens",
+        "fcnet_activation",
+        "conv_filters",
+        "conv_activation",
+        "head_fcnet_hiddens",
+        "head_fcnet_activation",
+        "use_lstm",
+        "lstm_cell_size",
+        "max_seq_len",
+        "vf_share_layers",
+        "free_log_std",
+        "log_std_clip_param",
+        "fcnet_use_layernorm",
+        "head_fcnet_use_layernorm",
+        "conv_use_layernorm",
     ];
     for k in m.keys() {
-        let harmless = k.ends_with("_initializer") || k.ends_with("_initializer_config") || k.ends_with("_initializer_kwargs");
+        let harmless = k.ends_with("_initializer")
+            || k.ends_with("_initializer_config")
+            || k.ends_with("_initializer_kwargs");
         if !READ.contains(&k.as_str()) && !harmless {
-            return Err(unsupported(format!("model_config key '{k}'"), "RLlib's DefaultModelConfig keys for PPO"));
+            return Err(unsupported(
+                format!("model_config key '{k}'"),
+                "RLlib's DefaultModelConfig keys for PPO",
+            ));
         }
     }
-    let flag = |k: &str| m.get(k).and_then(serde_json::Value::as_bool).unwrap_or(false);
-    if m.get("vf_share_layers").and_then(serde_json::Value::as_bool) == Some(true) {
-        return Err(unsupported("vf_share_layers=True", "train with PPO's default (separate encoders)"));
+    let flag = |k: &str| {
+        m.get(k)
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    };
+    if m.get("vf_share_layers")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true)
+    {
+        return Err(unsupported(
+            "vf_share_layers=True",
+            "train with PPO's default (separate encoders)",
+        ));
     }
     if flag("free_log_std") {
-        return Err(unsupported("free_log_std=True", "train with the default (log-std from the policy head)"));
+        return Err(unsupported(
+            "free_log_std=True",
+            "train with the default (log-std from the policy head)",
+        ));
     }
-    for k in ["fcnet_use_layernorm", "head_fcnet_use_layernorm", "conv_use_layernorm"] {
+    for k in [
+        "fcnet_use_layernorm",
+        "head_fcnet_use_layernorm",
+        "conv_use_layernorm",
+    ] {
         if flag(k) {
             return Err(unsupported(format!("{k}=True"), "not read yet"));
         }
@@ -335,7 +444,10 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
         head_activation: activation(m.get("head_fcnet_activation"), "relu")?,
         conv_filters: m.get("conv_filters").filter(|v| !v.is_null()).cloned(),
         use_lstm: flag("use_lstm"),
-        log_std_clip: m.get("log_std_clip_param").and_then(serde_json::Value::as_f64).unwrap_or(20.0) as f32,
+        log_std_clip: m
+            .get("log_std_clip_param")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(20.0) as f32,
     })
 }
 
@@ -344,12 +456,21 @@ type Filter = (usize, usize, usize, bool);
 
 /// `conv_filters` (`[[out, kernel, stride(, padding)], ...]`, kernel/stride ints or pairs of equal ints), or
 /// RLlib's defaults for square frames (`get_filter_config`).
-fn filters(cfg: &Option<serde_json::Value>, h: usize, w: usize) -> Result<Vec<Filter>, ImportError> {
+fn filters(
+    cfg: &Option<serde_json::Value>,
+    h: usize,
+    w: usize,
+) -> Result<Vec<Filter>, ImportError> {
     let Some(v) = cfg else {
         let d: &[Filter] = match (h, w) {
             (96, 96) => &[(16, 8, 4, true), (32, 4, 2, true), (256, 11, 2, true)],
             (84, 84) => &[(16, 8, 4, true), (32, 4, 2, true), (256, 11, 1, true)],
-            (64, 64) => &[(16, 4, 2, true), (32, 4, 2, true), (64, 4, 2, true), (128, 4, 2, true)],
+            (64, 64) => &[
+                (16, 4, 2, true),
+                (32, 4, 2, true),
+                (64, 4, 2, true),
+                (128, 4, 2, true),
+            ],
             (42, 42) => &[(16, 4, 2, true), (32, 4, 2, true), (256, 11, 1, true)],
             (10, 10) => &[(16, 5, 2, true), (32, 5, 2, true)],
             _ => {
@@ -363,7 +484,9 @@ fn filters(cfg: &Option<serde_json::Value>, h: usize, w: usize) -> Result<Vec<Fi
     let square = |x: &serde_json::Value| -> Option<usize> {
         match x {
             serde_json::Value::Number(n) => n.as_u64().map(|v| v as usize),
-            serde_json::Value::Array(a) if a.len() == 2 && a[0] == a[1] => a[0].as_u64().map(|v| v as usize),
+            serde_json::Value::Array(a) if a.len() == 2 && a[0] == a[1] => {
+                a[0].as_u64().map(|v| v as usize)
+            }
             _ => None,
         }
     };
@@ -379,10 +502,18 @@ fn filters(cfg: &Option<serde_json::Value>, h: usize, w: usize) -> Result<Vec<Fi
                     Some(serde_json::Value::String(s)) if s == "valid" => false,
                     _ => return None,
                 };
-                Some((f[0].as_u64()? as usize, square(&f[1])?, square(&f[2])?, same))
+                Some((
+                    f[0].as_u64()? as usize,
+                    square(&f[1])?,
+                    square(&f[2])?,
+                    same,
+                ))
             });
             parsed.filter(|p| p.1 >= 1 && p.2 >= 1).ok_or_else(|| {
-                unsupported(format!("conv_filters entry {f:?}"), "[out, k, stride(, \"same\"|\"valid\")] with square kernels")
+                unsupported(
+                    format!("conv_filters entry {f:?}"),
+                    "[out, k, stride(, \"same\"|\"valid\")] with square kernels",
+                )
             })
         })
         .collect()
@@ -399,22 +530,39 @@ fn encoder(
 ) -> Result<(String, usize), ImportError> {
     if g.has(&format!("{p}.net.0.cnn.1.weight")) || g.has(&format!("{p}.net.0.cnn.0.weight")) {
         let [h, w, c] = shape else {
-            return Err(bad(format!("a CNN encoder on observations of shape {shape:?} (expects [H, W, C])")));
+            return Err(bad(format!(
+                "a CNN encoder on observations of shape {shape:?} (expects [H, W, C])"
+            )));
         };
         let (mut x, mut dims) = (
-            g.node(Op::Transpose { perm: vec![2, 0, 1] }, x, &format!("{p}.nchw")),
+            g.node(
+                Op::Transpose {
+                    perm: vec![2, 0, 1],
+                },
+                x,
+                &format!("{p}.nchw"),
+            ),
             [*c, *h, *w],
         );
-        let convs: Vec<usize> = (0..64).filter(|j| g.has(&format!("{p}.net.0.cnn.{j}.weight"))).collect();
+        let convs: Vec<usize> = (0..64)
+            .filter(|j| g.has(&format!("{p}.net.0.cnn.{j}.weight")))
+            .collect();
         let fl = filters(&mc.conv_filters, *h, *w)?;
         if fl.len() != convs.len() {
-            return Err(bad(format!("{} conv layers in the weights, {} in conv_filters", convs.len(), fl.len())));
+            return Err(bad(format!(
+                "{} conv layers in the weights, {} in conv_filters",
+                convs.len(),
+                fl.len()
+            )));
         }
         for (j, (out, k, s, same)) in convs.into_iter().zip(fl) {
             let key = format!("{p}.net.0.cnn.{j}");
             let wt = g.take(&format!("{key}.weight"))?;
             if wt.shape != [out, dims[0], k, k] {
-                return Err(bad(format!("'{key}.weight' is {:?}, conv_filters say [{out}, {}, {k}, {k}]", wt.shape, dims[0])));
+                return Err(bad(format!(
+                    "'{key}.weight' is {:?}, conv_filters say [{out}, {}, {k}, {k}]",
+                    wt.shape, dims[0]
+                )));
             }
             let bias = g.has(&format!("{key}.bias")).then(|| format!("{key}.bias"));
             if let Some(b) = &bias {
@@ -453,13 +601,28 @@ fn encoder(
             dims = [out, oh, ow];
         }
         // Back to channels-last, then Flatten: (h, w, c) order.
-        let nhwc = g.node(Op::Transpose { perm: vec![1, 2, 0] }, &x, &format!("{p}.nhwc"));
-        return Ok((g.node(Op::Flatten, &nhwc, &format!("{p}.flatten")), dims.iter().product()));
+        let nhwc = g.node(
+            Op::Transpose {
+                perm: vec![1, 2, 0],
+            },
+            &x,
+            &format!("{p}.nhwc"),
+        );
+        return Ok((
+            g.node(Op::Flatten, &nhwc, &format!("{p}.flatten")),
+            dims.iter().product(),
+        ));
     }
     let n: usize = shape.iter().product();
-    let x = if shape.len() > 1 { g.node(Op::Flatten, x, &format!("{p}.flat_obs")) } else { x.to_string() };
+    let x = if shape.len() > 1 {
+        g.node(Op::Flatten, x, &format!("{p}.flat_obs"))
+    } else {
+        x.to_string()
+    };
     if !g.has(&format!("{p}.net.mlp.0.weight")) {
-        return Err(bad(format!("no '{p}.net.mlp.0.weight' (not a default PPO encoder?)")));
+        return Err(bad(format!(
+            "no '{p}.net.mlp.0.weight' (not a default PPO encoder?)"
+        )));
     }
     match &mc.fcnet_activation {
         Some(act) => g.sequential(&format!("{p}.net.mlp"), &x, n, act, true),
@@ -476,7 +639,13 @@ fn encoder(
 }
 
 /// A head (`pi` / `vf`): `net.mlp` Linear layers, `head_fcnet_activation` between them, none after the last.
-fn head(g: &mut GraphBuilder, p: &str, x: &str, d: usize, mc: &ModelConfig) -> Result<(String, usize), ImportError> {
+fn head(
+    g: &mut GraphBuilder,
+    p: &str,
+    x: &str,
+    d: usize,
+    mc: &ModelConfig,
+) -> Result<(String, usize), ImportError> {
     if !g.has(&format!("{p}.net.mlp.0.weight")) {
         return Err(bad(format!("no '{p}.net.mlp.0.weight'")));
     }
@@ -500,11 +669,19 @@ fn mean_std(bytes: &[u8], numel: usize) -> Result<(Vec<f32>, Vec<f32>, Option<f3
         return Err(bad("MeanStdFilter state is not a dict"));
     };
     let [(_, st)] = items.as_slice() else {
-        return Err(unsupported("a multi-agent MeanStdFilter", "one agent's statistics"));
+        return Err(unsupported(
+            "a multi-agent MeanStdFilter",
+            "one agent's statistics",
+        ));
     };
     let st = *st;
-    let truthy = |k: &str, default: bool| get(&pk, st, k).map_or(default, |i| pk.int(i).is_some_and(|v| v != 0));
-    let (demean, destd) = (truthy("de_mean_to_zero", true), truthy("de_std_to_one", true));
+    let truthy = |k: &str, default: bool| {
+        get(&pk, st, k).map_or(default, |i| pk.int(i).is_some_and(|v| v != 0))
+    };
+    let (demean, destd) = (
+        truthy("de_mean_to_zero", true),
+        truthy("de_std_to_one", true),
+    );
     let clip = match get(&pk, st, "clip_by_value").map(|i| pk.get(i)) {
         None | Some(Node::None) => None,
         Some(Node::Float(f)) if *f > 0.0 && f.is_finite() => Some(*f as f32),
@@ -512,19 +689,35 @@ fn mean_std(bytes: &[u8], numel: usize) -> Result<(Vec<f32>, Vec<f32>, Option<f3
         Some(Node::Float(f)) if *f == 0.0 => None,
         _ => return Err(bad("MeanStdFilter clip_by_value is not a positive number")),
     };
-    let rs = get(&pk, st, "running_stats").and_then(|i| pk.items(i)).ok_or_else(|| bad("MeanStdFilter without running_stats"))?;
+    let rs = get(&pk, st, "running_stats")
+        .and_then(|i| pk.items(i))
+        .ok_or_else(|| bad("MeanStdFilter without running_stats"))?;
     let [rs] = rs else {
-        return Err(unsupported(format!("a MeanStdFilter over {} observation parts", rs.len()), "Box observations"));
+        return Err(unsupported(
+            format!("a MeanStdFilter over {} observation parts", rs.len()),
+            "Box observations",
+        ));
     };
-    let n = get(&pk, *rs, "num_pushes").and_then(|i| pk.int(i)).ok_or_else(|| bad("running_stats without num_pushes"))?;
+    let n = get(&pk, *rs, "num_pushes")
+        .and_then(|i| pk.int(i))
+        .ok_or_else(|| bad("running_stats without num_pushes"))?;
     let npy = |k: &str| -> Result<Vec<f64>, ImportError> {
-        let s = get(&pk, *rs, k).and_then(|i| pk.str(i)).ok_or_else(|| bad(format!("running_stats without {k}")))?;
+        let s = get(&pk, *rs, k)
+            .and_then(|i| pk.str(i))
+            .ok_or_else(|| bad(format!("running_stats without {k}")))?;
         let z = base64(s).ok_or_else(|| bad(format!("{k} is not base64")))?;
         let raw = miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(&z, 16 + 8 * (1 << 24))
-            .map_err(|_| bad(format!("{k} is not zlib data (or inflates past the size limit)")))?;
+            .map_err(|_| {
+            bad(format!(
+                "{k} is not zlib data (or inflates past the size limit)"
+            ))
+        })?;
         let a = npy_f64(&raw).ok_or_else(|| bad(format!("{k} is not a float64 .npy array")))?;
         if a.len() != numel {
-            return Err(bad(format!("{k} has {} values for {numel} observation elements", a.len())));
+            return Err(bad(format!(
+                "{k} has {} values for {numel} observation elements",
+                a.len()
+            )));
         }
         Ok(a)
     };
@@ -534,11 +727,22 @@ fn mean_std(bytes: &[u8], numel: usize) -> Result<(Vec<f32>, Vec<f32>, Option<f3
     let std: Vec<f32> = ssd
         .iter()
         .map(|s| {
-            let var = if n > 1 { (s / (n - 1) as f64) as f32 } else { 0.0 };
-            if destd { ((var.max(0.0) as f64).sqrt() + 1e-6) as f32 } else { 1.0 }
+            let var = if n > 1 {
+                (s / (n - 1) as f64) as f32
+            } else {
+                0.0
+            };
+            if destd {
+                ((var.max(0.0) as f64).sqrt() + 1e-6) as f32
+            } else {
+                1.0
+            }
         })
         .collect();
-    let mean = mean.iter().map(|m| if demean { *m as f32 } else { 0.0 }).collect();
+    let mean = mean
+        .iter()
+        .map(|m| if demean { *m as f32 } else { 0.0 })
+        .collect();
     Ok((mean, std, clip))
 }
 
@@ -554,7 +758,10 @@ fn base64(s: &str) -> Option<Vec<u8>> {
         } as u32)
     };
     let body: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    let body = body.strip_suffix(b"==").or_else(|| body.strip_suffix(b"=")).unwrap_or(&body);
+    let body = body
+        .strip_suffix(b"==")
+        .or_else(|| body.strip_suffix(b"="))
+        .unwrap_or(&body);
     let mut out = Vec::with_capacity(body.len() * 3 / 4);
     for chunk in body.chunks(4) {
         let mut acc = 0u32;
@@ -579,7 +786,10 @@ fn npy_f64(b: &[u8]) -> Option<Vec<f64>> {
     }
     let (hlen, start) = match b[6] {
         1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
-        2 | 3 => (u32::from_le_bytes(b.get(8..12)?.try_into().ok()?) as usize, 12),
+        2 | 3 => (
+            u32::from_le_bytes(b.get(8..12)?.try_into().ok()?) as usize,
+            12,
+        ),
         _ => return None,
     };
     let header = std::str::from_utf8(b.get(start..start.checked_add(hlen)?)?).ok()?;
@@ -594,20 +804,25 @@ fn npy_f64(b: &[u8]) -> Option<Vec<f64>> {
         .try_fold(1usize, |a, d| a.checked_mul(d.parse::<usize>().ok()?))?;
     let data = b.get(start + hlen..)?;
     (data.len() == n.checked_mul(8)?).then(|| {
-        data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()
+        data.chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     })
 }
 
 /// Import one RLModule of an RLlib checkpoint (see the module docs for what is read and what is refused).
 pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, ImportError> {
     let ctor = parse(&files.module_ctor, "RLModule class")?;
-    let class = get(&ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
+    let class =
+        get(&ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
     let class = match ctor.get(class) {
         Node::Global(m, n) => format!("{m}.{n}"),
         _ => return Err(bad("'class' is not a class")),
     };
     if class.ends_with("MultiRLModule") {
-        return Err(bad("this is a MultiRLModule's directory; give one module's directory inside it"));
+        return Err(bad(
+            "this is a MultiRLModule's directory; give one module's directory inside it",
+        ));
     }
     if class.ends_with("DefaultSACTorchRLModule") {
         return Err(unsupported(
@@ -616,13 +831,18 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         ));
     }
     if !class.ends_with("DefaultPPOTorchRLModule") {
-        return Err(unsupported(format!("RLModule class {class}"), "RLlib's DefaultPPOTorchRLModule"));
+        return Err(unsupported(
+            format!("RLModule class {class}"),
+            "RLlib's DefaultPPOTorchRLModule",
+        ));
     }
     let kwargs = get(&ctor, ctor.root, "ctor_args_and_kwargs")
         .and_then(|i| ctor.items(i))
         .and_then(|t| t.get(1).copied())
         .ok_or_else(|| bad("class_and_ctor_args without (args, kwargs)"))?;
-    let kw = |k: &str| get(&ctor, kwargs, k).ok_or_else(|| bad(format!("RLModule kwargs without '{k}'")));
+    let kw = |k: &str| {
+        get(&ctor, kwargs, k).ok_or_else(|| bad(format!("RLModule kwargs without '{k}'")))
+    };
     let observation = observation_space(&ctor, kw("observation_space")?)?;
     let action = action_space(&ctor, kw("action_space")?)?;
     let mc = model_config(&to_json(&ctor, kw("model_config")?, 0))?;
@@ -630,25 +850,47 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
     // The env-to-module pipeline: its pieces must be RLlib's defaults (plus MeanStdFilter).
     let mut preprocess = vec![];
     let mut norm = vec![];
-    let ObservationSpace::Box { shape: obs_shape, .. } = &observation else {
-        return Err(unsupported("non-Box observations in an RLlib checkpoint", "Box observations"));
+    let ObservationSpace::Box {
+        shape: obs_shape, ..
+    } = &observation
+    else {
+        return Err(unsupported(
+            "non-Box observations in an RLlib checkpoint",
+            "Box observations",
+        ));
     };
     let numel: usize = obs_shape.iter().product();
     let has_filter = match &files.env_to_module {
         Some(b) => {
             let pk = parse(b, "env-to-module connector")?;
-            pk.nodes.iter().any(|n| matches!(n, Node::Global(_, name) if name == "MeanStdFilter"))
+            pk.nodes
+                .iter()
+                .any(|n| matches!(n, Node::Global(_, name) if name == "MeanStdFilter"))
         }
         None => false,
     };
     match (&files.mean_std_state, has_filter) {
         (Some(st), _) => {
             let (mean, std, clip) = mean_std(st, numel)?;
-            norm.push(("obs_filter.mean".to_string(), Tensor::new(obs_shape.clone(), mean)));
-            norm.push(("obs_filter.std".to_string(), Tensor::new(obs_shape.clone(), std)));
-            preprocess.push(Preprocess::Normalize { mean: "obs_filter.mean".into(), std: "obs_filter.std".into(), clip });
+            norm.push((
+                "obs_filter.mean".to_string(),
+                Tensor::new(obs_shape.clone(), mean),
+            ));
+            norm.push((
+                "obs_filter.std".to_string(),
+                Tensor::new(obs_shape.clone(), std),
+            ));
+            preprocess.push(Preprocess::Normalize {
+                mean: "obs_filter.mean".into(),
+                std: "obs_filter.std".into(),
+                clip,
+            });
         }
-        (None, true) => return Err(bad("the env-to-module pipeline has a MeanStdFilter but no saved statistics")),
+        (None, true) => {
+            return Err(bad(
+                "the env-to-module pipeline has a MeanStdFilter but no saved statistics",
+            ));
+        }
         (None, false) => {}
     }
 
@@ -658,9 +900,14 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
     };
     let mut sd = BTreeMap::new();
     for (k, v) in items {
-        let key = state.str(*k).ok_or_else(|| bad("a module_state key is not a string"))?;
+        let key = state
+            .str(*k)
+            .ok_or_else(|| bad("a module_state key is not a string"))?;
         let a = arr(&state, *v, key)?;
-        sd.insert(key.to_string(), Tensor::new(a.shape, a.data.iter().map(|x| *x as f32).collect()));
+        sd.insert(
+            key.to_string(),
+            Tensor::new(a.shape, a.data.iter().map(|x| *x as f32).collect()),
+        );
     }
     if !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
         return Err(unsupported(
@@ -672,20 +919,38 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
     let mut g = GraphBuilder::new(&sd, "RLlib checkpoint");
     let mut modules = vec![];
     let mut states = vec![];
-    let mut branch = |g: &mut GraphBuilder, which: &str, modules: &mut Vec<_>| -> Result<(String, usize), ImportError> {
+    let mut branch = |g: &mut GraphBuilder,
+                      which: &str,
+                      modules: &mut Vec<_>|
+     -> Result<(String, usize), ImportError> {
         let p = format!("encoder.{which}_encoder");
         if mc.use_lstm {
             let (t, d) = encoder(g, &format!("{p}.tokenizer"), OBS_VALUE, obs_shape, &mc)?;
-            modules.push(g.module(&format!("{which}_tokenizer"), ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![t.clone()]));
+            modules.push(g.module(
+                &format!("{which}_tokenizer"),
+                ModuleRole::Encoder,
+                vec![OBS_VALUE.into()],
+                vec![t.clone()],
+            ));
             let r = g.torch_lstm(&format!("{p}.lstm"), &t, d)?;
             let mut inputs = vec![t];
             inputs.extend(r.reads.iter().cloned());
-            modules.push(g.module(&format!("{which}_lstm"), ModuleRole::RecurrentCore, inputs, r.outputs()));
+            modules.push(g.module(
+                &format!("{which}_lstm"),
+                ModuleRole::RecurrentCore,
+                inputs,
+                r.outputs(),
+            ));
             states.extend(r.states.iter().cloned());
             Ok((r.output, r.hidden))
         } else {
             let (y, d) = encoder(g, &p, OBS_VALUE, obs_shape, &mc)?;
-            modules.push(g.module(&format!("{which}_encoder"), ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![y.clone()]));
+            modules.push(g.module(
+                &format!("{which}_encoder"),
+                ModuleRole::Encoder,
+                vec![OBS_VALUE.into()],
+                vec![y.clone()],
+            ));
             Ok((y, d))
         }
     };
@@ -693,29 +958,58 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
     let (c, dc) = branch(&mut g, "critic", &mut modules)?;
     let (logits, k) = head(&mut g, "pi", &a, da, &mc)?;
     let distribution = match &action {
-        ActionSpace::Discrete { n } if *n == k => Distribution::Categorical { logits: logits.clone() },
+        ActionSpace::Discrete { n } if *n == k => Distribution::Categorical {
+            logits: logits.clone(),
+        },
         ActionSpace::MultiDiscrete { nvec } if nvec.iter().sum::<usize>() == k => {
-            Distribution::MultiCategorical { logits: logits.clone() }
+            Distribution::MultiCategorical {
+                logits: logits.clone(),
+            }
         }
         ActionSpace::Box { low, high, .. } if 2 * action.action_len() == k => {
             let n = action.action_len();
             let mean = g.node(Op::Slice { start: 0, len: n }, &logits, "pi.mean");
             let ls = g.node(Op::Slice { start: n, len: n }, &logits, "pi.log_std_raw");
             let c = mc.log_std_clip;
-            let ls = g.node(Op::Clip { min: Some(-c), max: Some(c) }, &ls, "pi.log_std_clipped");
+            let ls = g.node(
+                Op::Clip {
+                    min: Some(-c),
+                    max: Some(c),
+                },
+                &ls,
+                "pi.log_std_clipped",
+            );
             let finite = low.iter().chain(high).all(Option::is_some);
             let (mean, ls) = if finite {
                 // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
                 // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
-                let half: Vec<f32> = low.iter().zip(high).map(|(l, h)| ((h.unwrap() as f64 - l.unwrap() as f64) / 2.0) as f32).collect();
+                let half: Vec<f32> = low
+                    .iter()
+                    .zip(high)
+                    .map(|(l, h)| ((h.unwrap() as f64 - l.unwrap() as f64) / 2.0) as f32)
+                    .collect();
                 let shift: Vec<f32> = low.iter().zip(&half).map(|(l, h)| l.unwrap() + h).collect();
                 let ln: Vec<f32> = half.iter().map(|h| (*h as f64).ln() as f32).collect();
                 let s = g.derived("pi.env_scale", Tensor::new(vec![n], half));
                 let t = g.derived("pi.env_shift", Tensor::new(vec![n], shift));
                 let l = g.derived("pi.env_log_scale", Tensor::new(vec![n], ln));
                 (
-                    g.node(Op::Affine { scale: Some(s), shift: Some(t) }, &mean, "pi.mean_env"),
-                    g.node(Op::Affine { scale: None, shift: Some(l) }, &ls, "pi.log_std_env"),
+                    g.node(
+                        Op::Affine {
+                            scale: Some(s),
+                            shift: Some(t),
+                        },
+                        &mean,
+                        "pi.mean_env",
+                    ),
+                    g.node(
+                        Op::Affine {
+                            scale: None,
+                            shift: Some(l),
+                        },
+                        &ls,
+                        "pi.log_std_env",
+                    ),
                 )
             } else {
                 (mean, ls)
@@ -727,9 +1021,17 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
                 clip: finite,
             }
         }
-        _ => return Err(bad(format!("the pi head has {k} outputs, which does not fit {action:?}"))),
+        _ => {
+            return Err(bad(format!(
+                "the pi head has {k} outputs, which does not fit {action:?}"
+            )));
+        }
     };
-    let head_out = distribution.param_values().iter().map(|s| s.to_string()).collect();
+    let head_out = distribution
+        .param_values()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     modules.push(g.module("pi", ModuleRole::PolicyHead, vec![a], head_out));
     let (value, one) = head(&mut g, "vf", &c, dc, &mc)?;
     if one != 1 {
@@ -747,7 +1049,11 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         .unwrap_or_else(|| "rllib".into());
     let manifest = Manifest {
         name,
-        producer: producer("rllib", source, format!("{class}; model_config over DefaultModelConfig")),
+        producer: producer(
+            "rllib",
+            source,
+            format!("{class}; model_config over DefaultModelConfig"),
+        ),
         observation,
         action,
         preprocess,
@@ -781,7 +1087,9 @@ mod tests {
         npy.extend_from_slice(&(-2.0f64).to_le_bytes());
         assert_eq!(npy_f64(&npy).unwrap(), vec![1.5, -2.0]);
         assert!(npy_f64(&npy[..npy.len() - 1]).is_none(), "truncated data");
-        let f4: Vec<u8> = String::from_utf8_lossy(&npy[..10 + padded.len()]).replace("<f8", "<f4").into_bytes();
+        let f4: Vec<u8> = String::from_utf8_lossy(&npy[..10 + padded.len()])
+            .replace("<f8", "<f4")
+            .into_bytes();
         assert!(npy_f64(&f4).is_none(), "float32 is refused, not misread");
     }
 }

@@ -13,11 +13,10 @@
 //! artifact; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary, Dict parts that are not
 //! boxes, gSDE) is a typed error naming it.
 
-
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, DictEntry, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess, RecurrentSpec,
+    ActionSpace, DictEntry, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType,
+    ObservationSpace, Op, Preprocess, RecurrentSpec,
 };
 use serde_json::Value;
 
@@ -41,9 +40,8 @@ fn bad(detail: impl Into<String>) -> ImportError {
 /// Is this an SB3 archive (a zip with `data` and `policy.pth`)?
 pub fn is_sb3_archive(bytes: &[u8]) -> bool {
     crate::zipread::is_zip(bytes)
-        && Zip::open(bytes).is_ok_and(|z| {
-            z.names().any(|n| n == "data") && z.names().any(|n| n == "policy.pth")
-        })
+        && Zip::open(bytes)
+            .is_ok_and(|z| z.names().any(|n| n == "data") && z.names().any(|n| n == "policy.pth"))
 }
 
 /// The class SB3 recorded for a space (`":type:"`), e.g. `Box`.
@@ -127,7 +125,12 @@ fn observation_space(v: &Value) -> Result<(ObservationSpace, bool), ImportError>
                 .get("spaces")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad("Dict space without its 'spaces'"))?;
-            Ok((ObservationSpace::Dict { spaces: dict_entries(repr)? }, false))
+            Ok((
+                ObservationSpace::Dict {
+                    spaces: dict_entries(repr)?,
+                },
+                false,
+            ))
         }
         other => Err(unsupported(
             format!("observation space {other}"),
@@ -140,7 +143,10 @@ fn action_space(v: &Value) -> Result<ActionSpace, ImportError> {
     match space_class(v).as_str() {
         "Discrete" => {
             if int_field(v, "start").unwrap_or(0) != 0 {
-                return Err(unsupported("a Discrete action space with start != 0", "use start=0"));
+                return Err(unsupported(
+                    "a Discrete action space with start != 0",
+                    "use start=0",
+                ));
             }
             Ok(ActionSpace::Discrete {
                 n: int_field(v, "n")?,
@@ -170,7 +176,10 @@ fn action_space(v: &Value) -> Result<ActionSpace, ImportError> {
                     vals = vec![vals[0]; n];
                 }
                 if vals.len() != n {
-                    return Err(bad(format!("{k} has {} values for shape {shape:?}", vals.len())));
+                    return Err(bad(format!(
+                        "{k} has {} values for shape {shape:?}",
+                        vals.len()
+                    )));
                 }
                 Ok(vals
                     .into_iter()
@@ -217,17 +226,30 @@ fn activation(kwargs: &Value, default: Op) -> Result<Op, ImportError> {
 /// 'vec': Box(-1.0, 1.0, (5,), float32)}` (keys in the space's order: the order `CombinedExtractor` concatenates).
 /// Only the shape and dtype are read (the bounds are not needed: images are known by their CNN weights).
 fn dict_entries(repr: &str) -> Result<Vec<DictEntry>, ImportError> {
-    let body = repr.trim().strip_prefix('{').and_then(|r| r.strip_suffix('}')).ok_or_else(|| bad(format!("Dict spaces '{repr}'")))?;
+    let body = repr
+        .trim()
+        .strip_prefix('{')
+        .and_then(|r| r.strip_suffix('}'))
+        .ok_or_else(|| bad(format!("Dict spaces '{repr}'")))?;
     let mut out = vec![];
     let mut rest = body.trim();
     while !rest.is_empty() {
-        let r = rest.strip_prefix('\'').ok_or_else(|| bad(format!("Dict key in '{rest}'")))?;
+        let r = rest
+            .strip_prefix('\'')
+            .ok_or_else(|| bad(format!("Dict key in '{rest}'")))?;
         let end = r.find('\'').ok_or_else(|| bad("unterminated Dict key"))?;
         let key = r[..end].to_string();
-        let r = r[end + 1..].trim_start().strip_prefix(':').ok_or_else(|| bad("Dict entry without ':'"))?.trim_start();
+        let r = r[end + 1..]
+            .trim_start()
+            .strip_prefix(':')
+            .ok_or_else(|| bad("Dict entry without ':'"))?
+            .trim_start();
         let Some(r) = r.strip_prefix("Box(") else {
             let kind: String = r.chars().take_while(|c| c.is_alphanumeric()).collect();
-            return Err(unsupported(format!("a Dict observation part '{key}' of kind {kind}"), "Dict parts must be Box spaces"));
+            return Err(unsupported(
+                format!("a Dict observation part '{key}' of kind {kind}"),
+                "Dict parts must be Box spaces",
+            ));
         };
         // The Box's closing parenthesis: the first ')' at depth 0 (bounds may be arrays, the shape a tuple).
         let mut depth = 0i32;
@@ -244,18 +266,31 @@ fn dict_entries(repr: &str) -> Result<Vec<DictEntry>, ImportError> {
             .map(|(i, _)| i)
             .ok_or_else(|| bad(format!("unterminated Box of part '{key}'")))?;
         let inner = &r[..close];
-        let (shape_part, dtype) = inner.rsplit_once("),").ok_or_else(|| bad(format!("Box of part '{key}' without a shape")))?;
-        let shape_str = shape_part.rsplit_once('(').map(|(_, s)| s).ok_or_else(|| bad("Box shape"))?;
+        let (shape_part, dtype) = inner
+            .rsplit_once("),")
+            .ok_or_else(|| bad(format!("Box of part '{key}' without a shape")))?;
+        let shape_str = shape_part
+            .rsplit_once('(')
+            .map(|(_, s)| s)
+            .ok_or_else(|| bad("Box shape"))?;
         let shape = shape_str
             .split(',')
             .map(str::trim)
             .filter(|d| !d.is_empty())
-            .map(|d| d.parse::<usize>().map_err(|_| bad(format!("Box dim '{d}' of part '{key}'"))))
+            .map(|d| {
+                d.parse::<usize>()
+                    .map_err(|_| bad(format!("Box dim '{d}' of part '{key}'")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let dtype = match dtype.trim() {
             "uint8" => ObsDType::U8,
             "float32" | "float64" | "float16" => ObsDType::F32,
-            other => return Err(unsupported(format!("Dict part '{key}' of dtype {other}"), "float or uint8 boxes")),
+            other => {
+                return Err(unsupported(
+                    format!("Dict part '{key}' of dtype {other}"),
+                    "float or uint8 boxes",
+                ));
+            }
         };
         if shape.is_empty() {
             return Err(bad(format!("Dict part '{key}' has no shape")));
@@ -273,23 +308,56 @@ fn dict_entries(repr: &str) -> Result<Vec<DictEntry>, ImportError> {
 /// SB3's `CombinedExtractor` on the flat dict observation: each part sliced out (in the space's order), images
 /// (parts with `extractors.<key>.cnn` weights) reshaped, scaled by 1/255 and through their NatureCNN, the others
 /// as they are (Flatten); then concatenated.
-fn dict_features(g: &mut GraphBuilder, prefix: &str, spaces: &[DictEntry]) -> Result<(String, usize), ImportError> {
+fn dict_features(
+    g: &mut GraphBuilder,
+    prefix: &str,
+    spaces: &[DictEntry],
+) -> Result<(String, usize), ImportError> {
     let (mut off, mut feats, mut dim) = (0usize, vec![], 0usize);
     for e in spaces {
         let n: usize = e.shape.iter().product();
         let base = format!("{prefix}.extractors.{}", e.key);
-        let part = g.node(Op::Slice { start: off, len: n }, OBS_VALUE, &format!("{base}.obs"));
+        let part = g.node(
+            Op::Slice { start: off, len: n },
+            OBS_VALUE,
+            &format!("{base}.obs"),
+        );
         off += n;
         if g.has(&format!("{base}.cnn.0.weight")) {
             if e.dtype != ObsDType::U8 || e.shape.len() != 3 {
-                return Err(bad(format!("part '{}' has CNN weights but is not a uint8 image", e.key)));
+                return Err(bad(format!(
+                    "part '{}' has CNN weights but is not a uint8 image",
+                    e.key
+                )));
             }
-            let img = g.node(Op::Reshape { shape: e.shape.clone() }, &part, &format!("{base}.chw"));
-            let scale = g.derived(&format!("{base}.scale"), Tensor::new(vec![1], vec![1.0 / 255.0]));
-            let img = g.node(Op::Affine { scale: Some(scale), shift: None }, &img, &format!("{base}.scaled"));
+            let img = g.node(
+                Op::Reshape {
+                    shape: e.shape.clone(),
+                },
+                &part,
+                &format!("{base}.chw"),
+            );
+            let scale = g.derived(
+                &format!("{base}.scale"),
+                Tensor::new(vec![1], vec![1.0 / 255.0]),
+            );
+            let img = g.node(
+                Op::Affine {
+                    scale: Some(scale),
+                    shift: None,
+                },
+                &img,
+                &format!("{base}.scaled"),
+            );
             let convs = [0, 2, 4].map(|i| format!("{base}.cnn.{i}"));
             let names = [format!("{base}.cnn.6"), format!("{base}.linear.1")];
-            let (f, d) = g.nature_cnn(convs, &format!("{base}.linear.0"), &img, &e.shape, [&names[0], &names[1]])?;
+            let (f, d) = g.nature_cnn(
+                convs,
+                &format!("{base}.linear.0"),
+                &img,
+                &e.shape,
+                [&names[0], &names[1]],
+            )?;
             feats.push(f);
             dim += d;
         } else {
@@ -298,7 +366,11 @@ fn dict_features(g: &mut GraphBuilder, prefix: &str, spaces: &[DictEntry]) -> Re
         }
     }
     let refs: Vec<&str> = feats.iter().map(String::as_str).collect();
-    let f = if refs.len() == 1 { feats[0].clone() } else { g.node_n(Op::Concat, &refs, &format!("{prefix}.concat")) };
+    let f = if refs.len() == 1 {
+        feats[0].clone()
+    } else {
+        g.node_n(Op::Concat, &refs, &format!("{prefix}.concat"))
+    };
     Ok((f, dim))
 }
 
@@ -317,7 +389,10 @@ fn features(
         if obs_shape.len() == 1 {
             return Ok((OBS_VALUE.to_string(), n));
         }
-        return Ok((g.node(Op::Flatten, OBS_VALUE, &format!("{prefix}.flatten")), n));
+        return Ok((
+            g.node(Op::Flatten, OBS_VALUE, &format!("{prefix}.flatten")),
+            n,
+        ));
     }
     let convs = [0, 2, 4].map(|i| format!("{prefix}.cnn.{i}"));
     let names = [format!("{prefix}.cnn.6"), format!("{prefix}.linear.1")];
@@ -355,18 +430,29 @@ pub fn read_vecnormalize(bytes: &[u8]) -> Result<Option<VecNormalizeStats>, Impo
     let get = |k: &str| attrs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
     let num = |k: &str| -> Result<f64, ImportError> {
         let a = array(&pk, get(k).ok_or_else(|| vb(&format!("no {k}")))?).map_err(|e| vb(&e))?;
-        a.data.first().copied().filter(|_| a.data.len() == 1).ok_or_else(|| vb(&format!("{k} is not a number")))
+        a.data
+            .first()
+            .copied()
+            .filter(|_| a.data.len() == 1)
+            .ok_or_else(|| vb(&format!("{k} is not a number")))
     };
     if get("norm_obs").is_some_and(|i| pk.int(i) == Some(0)) {
         return Ok(None);
     }
-    if get("norm_obs_keys").is_some_and(|i| !matches!(pk.get(i), crate::pickle::Node::None) && pk.items(i).is_some_and(|v| !v.is_empty())) {
-        return Err(unsupported("VecNormalize over Dict observations", "not supported yet"));
+    if get("norm_obs_keys").is_some_and(|i| {
+        !matches!(pk.get(i), crate::pickle::Node::None)
+            && pk.items(i).is_some_and(|v| !v.is_empty())
+    }) {
+        return Err(unsupported(
+            "VecNormalize over Dict observations",
+            "not supported yet",
+        ));
     }
     let rms = get("obs_rms").ok_or_else(|| vb("no obs_rms"))?;
     let rattrs = attributes(&pk, rms).ok_or_else(|| vb("obs_rms has no attributes"))?;
     let rget = |k: &str| rattrs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
-    let mean = array(&pk, rget("mean").ok_or_else(|| vb("no obs_rms.mean"))?).map_err(|e| vb(&e))?;
+    let mean =
+        array(&pk, rget("mean").ok_or_else(|| vb("no obs_rms.mean"))?).map_err(|e| vb(&e))?;
     let var = array(&pk, rget("var").ok_or_else(|| vb("no obs_rms.var"))?).map_err(|e| vb(&e))?;
     if mean.data.len() != var.data.len() || mean.data.is_empty() {
         return Err(vb("mean and var differ in size"));
@@ -377,7 +463,8 @@ pub fn read_vecnormalize(bytes: &[u8]) -> Result<Option<VecNormalizeStats>, Impo
         return Err(vb("clip_obs / epsilon out of range"));
     }
     let std: Vec<f32> = var.data.iter().map(|v| (v + eps).sqrt() as f32).collect();
-    if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) || mean.data.iter().any(|m| !m.is_finite()) {
+    if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) || mean.data.iter().any(|m| !m.is_finite())
+    {
         return Err(vb("statistics are not finite and positive"));
     }
     Ok(Some(VecNormalizeStats {
@@ -388,7 +475,11 @@ pub fn read_vecnormalize(bytes: &[u8]) -> Result<Option<VecNormalizeStats>, Impo
 }
 
 /// Import an SB3 archive, with the observation statistics of its `VecNormalize` wrapper if it was trained with one.
-pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Result<Imported, ImportError> {
+pub fn import_sb3(
+    bytes: &[u8],
+    source: &str,
+    vecnormalize: Option<&[u8]>,
+) -> Result<Imported, ImportError> {
     let zip = Zip::open(bytes)?;
     let data: Value = serde_json::from_slice(
         zip.get("data")
@@ -408,20 +499,34 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         data.get("observation_space")
             .ok_or_else(|| bad("no observation_space"))?,
     )?;
-    let action = action_space(data.get("action_space").ok_or_else(|| bad("no action_space"))?)?;
+    let action = action_space(
+        data.get("action_space")
+            .ok_or_else(|| bad("no action_space"))?,
+    )?;
     let kwargs = data.get("policy_kwargs").cloned().unwrap_or(Value::Null);
-    if kwargs.get("use_sde").and_then(Value::as_bool) == Some(true) || data.get("use_sde").and_then(Value::as_bool) == Some(true) {
-        return Err(unsupported("gSDE exploration (use_sde=True)", "train without use_sde"));
+    if kwargs.get("use_sde").and_then(Value::as_bool) == Some(true)
+        || data.get("use_sde").and_then(Value::as_bool) == Some(true)
+    {
+        return Err(unsupported(
+            "gSDE exploration (use_sde=True)",
+            "train without use_sde",
+        ));
     }
     if kwargs.get("normalize_images").and_then(Value::as_bool) == Some(false) && image {
-        return Err(unsupported("normalize_images=False", "keep SB3's default /255 for images"));
+        return Err(unsupported(
+            "normalize_images=False",
+            "keep SB3's default /255 for images",
+        ));
     }
     let mut preprocess = vec![];
     let mut norm_tensors = vec![];
     if let Some(vn) = vecnormalize.map(read_vecnormalize).transpose()?.flatten() {
         // VecNormalize runs in the env wrapper, before the policy's own preprocessing.
         let ObservationSpace::Box { shape, .. } = &observation else {
-            return Err(unsupported("VecNormalize statistics for Discrete or Dict observations", "drop --vecnormalize"));
+            return Err(unsupported(
+                "VecNormalize statistics for Discrete or Dict observations",
+                "drop --vecnormalize",
+            ));
         };
         if vn.mean.len() != shape.iter().product::<usize>() {
             return Err(bad(format!(
@@ -429,8 +534,14 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
                 vn.mean.len()
             )));
         }
-        norm_tensors.push(("obs_norm.mean".to_string(), Tensor::new(shape.clone(), vn.mean)));
-        norm_tensors.push(("obs_norm.std".to_string(), Tensor::new(shape.clone(), vn.std)));
+        norm_tensors.push((
+            "obs_norm.mean".to_string(),
+            Tensor::new(shape.clone(), vn.mean),
+        ));
+        norm_tensors.push((
+            "obs_norm.std".to_string(),
+            Tensor::new(shape.clone(), vn.std),
+        ));
         preprocess.push(Preprocess::Normalize {
             mean: "obs_norm.mean".into(),
             std: "obs_norm.std".into(),
@@ -445,7 +556,9 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         }
         ObservationSpace::Box { shape, .. } => {
             if image {
-                preprocess.push(Preprocess::Scale { factor: 1.0 / 255.0 });
+                preprocess.push(Preprocess::Scale {
+                    factor: 1.0 / 255.0,
+                });
             }
             shape.clone()
         }
@@ -470,10 +583,16 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         );
         if !matches!(&action, ActionSpace::Box { low, high, .. } if low.iter().chain(high).all(Option::is_some))
         {
-            return Err(unsupported("SAC without finite Box bounds", "bound the action space"));
+            return Err(unsupported(
+                "SAC without finite Box bounds",
+                "bound the action space",
+            ));
         }
         if action.action_len() != k {
-            return Err(bad(format!("actor.mu has {k} outputs for {} actions", action.action_len())));
+            return Err(bad(format!(
+                "actor.mu has {k} outputs for {} actions",
+                action.action_len()
+            )));
         }
         modules.push(g.module(
             "actor",
@@ -497,7 +616,12 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
         let (pi_f, vf_f, d) = if shared {
             let (f, d) = features(&mut g, "features_extractor", &observation, &obs_shape)?;
             if g.pending() {
-                modules.push(g.module("features", ModuleRole::Encoder, vec![OBS_VALUE.into()], vec![f.clone()]));
+                modules.push(g.module(
+                    "features",
+                    ModuleRole::Encoder,
+                    vec![OBS_VALUE.into()],
+                    vec![f.clone()],
+                ));
             }
             (f.clone(), f, d)
         } else {
@@ -513,8 +637,14 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
             }
             (pf, vf, d)
         };
-        if sd.keys().any(|k| k.starts_with("mlp_extractor.shared_net.")) {
-            return Err(unsupported("a shared mlp_extractor trunk (SB3 < 1.8 net_arch)", "re-save with SB3 >= 2"));
+        if sd
+            .keys()
+            .any(|k| k.starts_with("mlp_extractor.shared_net."))
+        {
+            return Err(unsupported(
+                "a shared mlp_extractor trunk (SB3 < 1.8 net_arch)",
+                "re-save with SB3 >= 2",
+            ));
         }
         // sb3-contrib RecurrentPPO: an LSTM between the features and mlp_extractor, for the actor; the critic has
         // its own LSTM (enable_critic_lstm), a Linear (neither), or reads the actor's (shared_lstm).
@@ -522,18 +652,33 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
             let actor = g.torch_lstm("lstm_actor", &pi_f, d)?;
             let mut inputs = vec![pi_f.clone()];
             inputs.extend(actor.reads.iter().cloned());
-            modules.push(g.module("lstm_actor", ModuleRole::RecurrentCore, inputs, actor.outputs()));
+            modules.push(g.module(
+                "lstm_actor",
+                ModuleRole::RecurrentCore,
+                inputs,
+                actor.outputs(),
+            ));
             states.extend(actor.states.iter().cloned());
             let (vf, dv) = if g.has("lstm_critic.weight_ih_l0") {
                 let critic = g.torch_lstm("lstm_critic", &vf_f, d)?;
                 let mut inputs = vec![vf_f.clone()];
                 inputs.extend(critic.reads.iter().cloned());
-                modules.push(g.module("lstm_critic", ModuleRole::RecurrentCore, inputs, critic.outputs()));
+                modules.push(g.module(
+                    "lstm_critic",
+                    ModuleRole::RecurrentCore,
+                    inputs,
+                    critic.outputs(),
+                ));
                 states.extend(critic.states);
                 (critic.output, critic.hidden)
             } else if g.has("critic.weight") {
                 let (v, dv) = g.linear("critic", &vf_f, d)?;
-                modules.push(g.module("critic", ModuleRole::Encoder, vec![vf_f.clone()], vec![v.clone()]));
+                modules.push(g.module(
+                    "critic",
+                    ModuleRole::Encoder,
+                    vec![vf_f.clone()],
+                    vec![v.clone()],
+                ));
                 (v, dv)
             } else {
                 (actor.output.clone(), actor.hidden)
@@ -548,11 +693,18 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
             return Err(bad(format!("action_net has {k} outputs for {action:?}")));
         }
         let dist = match &action {
-            ActionSpace::Discrete { .. } => Distribution::Categorical { logits: head.clone() },
-            ActionSpace::MultiDiscrete { .. } => Distribution::MultiCategorical { logits: head.clone() },
+            ActionSpace::Discrete { .. } => Distribution::Categorical {
+                logits: head.clone(),
+            },
+            ActionSpace::MultiDiscrete { .. } => Distribution::MultiCategorical {
+                logits: head.clone(),
+            },
             ActionSpace::Box { .. } => {
                 if k != action.action_len() {
-                    return Err(bad(format!("action_net has {k} outputs for {} actions", action.action_len())));
+                    return Err(bad(format!(
+                        "action_net has {k} outputs for {} actions",
+                        action.action_len()
+                    )));
                 }
                 g.take("log_std")?;
                 // SB3's predict clips Gaussian actions to the space (the policy itself is unsquashed).
@@ -581,7 +733,10 @@ pub fn import_sb3(bytes: &[u8], source: &str, vecnormalize: Option<&[u8]>) -> Re
             "not supported yet",
         ));
     } else if sd.keys().any(|k| k.starts_with("actor.mu.")) {
-        return Err(unsupported("a TD3 / DDPG deterministic actor", "not supported yet"));
+        return Err(unsupported(
+            "a TD3 / DDPG deterministic actor",
+            "not supported yet",
+        ));
     } else {
         return Err(unsupported(
             "an SB3 policy whose state dict has neither action_net nor actor.mu",

@@ -50,7 +50,9 @@ pub fn read_state_dict(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportE
 fn dict_items(pk: &Pickle, i: usize) -> Option<&[(usize, usize)]> {
     match pk.get(i) {
         Node::Dict(items) => Some(items),
-        Node::Call { items, .. } if pk.call_name(i).as_deref() == Some("collections.OrderedDict") => {
+        Node::Call { items, .. }
+            if pk.call_name(i).as_deref() == Some("collections.OrderedDict") =>
+        {
             Some(items)
         }
         _ => None,
@@ -115,12 +117,15 @@ fn rebuild(
     let Node::Call { args, .. } = pk.get(node) else {
         unreachable!()
     };
-    let a = pk
-        .items(*args)
-        .filter(|a| a.len() >= 4)
-        .ok_or_else(|| bad(format!("'{key}': tensor without storage, offset, size, stride")))?;
+    let a = pk.items(*args).filter(|a| a.len() >= 4).ok_or_else(|| {
+        bad(format!(
+            "'{key}': tensor without storage, offset, size, stride"
+        ))
+    })?;
     let Node::Persistent(pid) = pk.get(a[0]) else {
-        return Err(bad(format!("'{key}': storage is not a persistent reference")));
+        return Err(bad(format!(
+            "'{key}': storage is not a persistent reference"
+        )));
     };
     let p = pk
         .items(*pid)
@@ -165,7 +170,9 @@ fn rebuild(
     let size = ints(a[2], "size")?;
     let stride = ints(a[3], "stride")?;
     if size.len() != stride.len() {
-        return Err(bad(format!("'{key}': size {size:?} and stride {stride:?} differ in rank")));
+        return Err(bad(format!(
+            "'{key}': size {size:?} and stride {stride:?} differ in rank"
+        )));
     }
     let total = size
         .iter()
@@ -180,9 +187,15 @@ fn rebuild(
         let last = size
             .iter()
             .zip(&stride)
-            .try_fold(offset, |acc, (d, s)| acc.checked_add((d - 1).checked_mul(*s)?))
+            .try_fold(offset, |acc, (d, s)| {
+                acc.checked_add((d - 1).checked_mul(*s)?)
+            })
             .filter(|l| *l < numel as u64)
-            .ok_or_else(|| bad(format!("'{key}': view outside its storage of {numel} elements")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "'{key}': view outside its storage of {numel} elements"
+                ))
+            })?;
         let _ = last;
     }
     let read = |i: usize| -> f32 {
@@ -214,7 +227,10 @@ fn rebuild(
             idx[d] = 0;
         }
     }
-    Ok(Tensor::new(size.iter().map(|d| *d as usize).collect(), data))
+    Ok(Tensor::new(
+        size.iter().map(|d| *d as usize).collect(),
+        data,
+    ))
 }
 
 /// Is this a safetensors file: an 8-byte little-endian header length, then that many bytes of a JSON object
@@ -243,14 +259,28 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, Import
         let shape = view.shape().to_vec();
         let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
         if numel.is_none_or(|n| n > MAX_ELEMS) {
-            return Err(ImportError::Malformed(format!("safetensors file: tensor '{name}' of shape {shape:?} is too large")));
+            return Err(ImportError::Malformed(format!(
+                "safetensors file: tensor '{name}' of shape {shape:?} is too large"
+            )));
         }
         let data = view.data();
         let vals: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            Dtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-            Dtype::BF16 => data.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32()).collect(),
-            Dtype::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                .collect(),
+            Dtype::F64 => data
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
             _ => continue,
         };
         out.insert(name, Tensor::new(shape, vals));

@@ -65,7 +65,10 @@ impl<'a> Zip<'a> {
             let loc = eocd - 20;
             if bytes[loc..].starts_with(b"PK\x06\x07") {
                 let rec = to_usize(u64_at(bytes, loc + 8)?)?;
-                if !bytes.get(rec..).is_some_and(|s| s.starts_with(b"PK\x06\x06")) {
+                if !bytes
+                    .get(rec..)
+                    .is_some_and(|s| s.starts_with(b"PK\x06\x06"))
+                {
                     return Err(bad("zip64 record missing"));
                 }
                 count = u64_at(bytes, rec + 32)?;
@@ -80,7 +83,9 @@ impl<'a> Zip<'a> {
             .ok_or_else(|| bad("central directory outside the file"))?;
         // Each central entry takes at least 46 bytes: a count larger than that is a lie.
         if count > (cd_end - cd_start) as u64 / 46 {
-            return Err(bad(format!("{count} entries cannot fit the central directory")));
+            return Err(bad(format!(
+                "{count} entries cannot fit the central directory"
+            )));
         }
         let mut entries = BTreeMap::new();
         let mut at = cd_start;
@@ -119,7 +124,10 @@ impl<'a> Zip<'a> {
                 e += 4 + len;
             }
             let local = to_usize(local)?;
-            if !bytes.get(local..).is_some_and(|s| s.starts_with(b"PK\x03\x04")) {
+            if !bytes
+                .get(local..)
+                .is_some_and(|s| s.starts_with(b"PK\x03\x04"))
+            {
                 return Err(bad(format!("entry '{name}': no local header")));
             }
             let data_start = local
@@ -132,7 +140,9 @@ impl<'a> Zip<'a> {
                 .filter(|e| *e <= bytes.len())
                 .ok_or_else(|| bad(format!("entry '{name}' runs past the end of the file")))?;
             if method == 0 && csize != usize_ {
-                return Err(bad(format!("stored entry '{name}' has two different sizes")));
+                return Err(bad(format!(
+                    "stored entry '{name}' has two different sizes"
+                )));
             }
             entries.insert(
                 name,

@@ -291,12 +291,9 @@ impl Program {
                         x: ins[0],
                         w: upload(&t.data, &shape, compute, device)?,
                         b: match bias {
-                            Some(b) => Some(upload(
-                                &art.tensors[b].data,
-                                &[shape[0]],
-                                compute,
-                                device,
-                            )?),
+                            Some(b) => {
+                                Some(upload(&art.tensors[b].data, &[shape[0]], compute, device)?)
+                            }
                             None => None,
                         },
                         stride: stride.map(|v| v as i64),
@@ -320,7 +317,8 @@ impl Program {
                         x: ins[0],
                         kernel: kernel.map(|v| v as i64),
                         stride: stride.map(|v| v as i64),
-                        pad: (padding.iter().any(|p| *p != 0)).then_some([left, right, top, bottom]),
+                        pad: (padding.iter().any(|p| *p != 0))
+                            .then_some([left, right, top, bottom]),
                         dilation: dilation.map(|v| v as i64),
                         input: chw(&n.in_shapes[0]),
                         out,
@@ -543,7 +541,8 @@ impl Program {
                     let x = get(&s, *x).f_to_kind(Kind::Float)?;
                     let (rows, width) = (x.size()[0], x.size()[1]);
                     let g = x.f_reshape([rows * width / last, *last])?;
-                    let y = g.f_layer_norm([*last], scale.as_ref(), bias.as_ref(), *epsilon, false)?;
+                    let y =
+                        g.f_layer_norm([*last], scale.as_ref(), bias.as_ref(), *epsilon, false)?;
                     (*out, y.f_reshape([rows, width])?)
                 }
                 Instr::Gather { x, index, out } => (*out, get(&s, *x).f_index_select(1, index)?),
@@ -581,8 +580,16 @@ fn activate(f: Activation, x: &Tensor) -> Result<Tensor, tch::TchError> {
         // The same clamp as the guest's kernels (exp overflows f32 above 88.72).
         Activation::Exp => x.f_clamp(-104.0, 88.7)?.f_exp()?,
         Activation::Clip(lo, hi) => {
-            let t = if lo.is_finite() { x.f_clamp_min(lo as f64)? } else { x.shallow_clone() };
-            if hi.is_finite() { t.f_clamp_max(hi as f64)? } else { t }
+            let t = if lo.is_finite() {
+                x.f_clamp_min(lo as f64)?
+            } else {
+                x.shallow_clone()
+            };
+            if hi.is_finite() {
+                t.f_clamp_max(hi as f64)?
+            } else {
+                t
+            }
         }
     })
 }

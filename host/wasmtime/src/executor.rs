@@ -109,6 +109,30 @@ impl PluginExecutor {
         if s.instance.is_none() {
             let p = WasmPolicy::load(&self.rt, &self.bytes, self.limits)
                 .map_err(|e| BackendError::Device(e.to_string()))?;
+            // The rows below are cut by the host's own reading of the head; a plugin that reports other sizes
+            // (a hostile or mismatched module) would have the host slice past its outputs: refuse it here.
+            let i = p.info();
+            let expected = (
+                self.action_len,
+                self.params_len,
+                self.has_value,
+                self.discrete,
+                self.state_sizes.len(),
+            );
+            let found = (
+                i.action_len,
+                i.dist_params_len,
+                i.has_value,
+                i.discrete,
+                i.recurrent_states,
+            );
+            if expected != found {
+                return Err(BackendError::Device(format!(
+                    "the plugin describes the policy as (action numbers, distribution numbers, value, discrete, \
+                     state tensors) = {found:?}, the host read {expected:?}: refusing a mismatched plugin"
+                ))
+                .into());
+            }
             s.instance = Some(p);
         }
         Ok(s.instance.as_mut().expect("made above"))

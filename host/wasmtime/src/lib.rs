@@ -127,6 +127,9 @@ impl Drop for WasmRuntime {
 fn engine() -> Result<Engine, WasmError> {
     let mut config = Config::new();
     config.epoch_interruption(true);
+    // One linear memory per instance: the memory cap (`Limiter`) is per memory, so several memories would
+    // multiply it. The limiter also caps memories, tables and instances per store.
+    config.wasm_multi_memory(false);
     Engine::new(&config).map_err(|e| WasmError::Module(format!("{e:#}")))
 }
 
@@ -139,36 +142,36 @@ impl WasmRuntime {
         Self::finish(engine, module, false)
     }
 
-    /// Like [`new`](Self::new) through a precompiled cache: load `cache` if it holds a module compiled by a
-    /// compatible engine from these exact bytes, else compile and (re)write it.
-    pub fn with_cache(wasm: &[u8], cache: &Path) -> Result<Arc<Self>, WasmError> {
-        use std::hash::{Hash, Hasher};
+    /// Like [`new`](Self::new) through a cache of precompiled modules in `dir`.
+    ///
+    /// A precompiled module is native code that wasmtime maps and runs without checking it, so the cache is
+    /// trusted only as far as the directory is: `dir` must be a real directory (not a symlink) owned by this
+    /// user and closed to everyone else (mode `0700`; created so when missing), or this is a typed
+    /// [`WasmError::Cache`] and nothing is read from it. Entries are content-addressed: the file name is the
+    /// SHA-256 of wasmtime's engine compatibility hash (version, target, flags) and the plugin bytes, so a
+    /// different plugin or engine never meets another's entry. An entry is written to a fresh temporary file
+    /// (`create_new`, mode `0600`), synced, and renamed into place: a crash leaves no torn file under a valid
+    /// name. An entry that is not a regular file of this user, or that wasmtime refuses, is recompiled.
+    /// (Before: `<plugin>.cwasm` next to the plugin, keyed by a 64-bit non-cryptographic hash of public inputs,
+    /// written in place — anyone who could write that directory ran native code in the host.)
+    /// Not available on non-Unix hosts (no ownership check): a typed error there; use [`new`](Self::new).
+    pub fn with_cache_dir(wasm: &[u8], dir: &Path) -> Result<Arc<Self>, WasmError> {
         let engine = engine()?;
-        // The cache key covers the plugin bytes and the engine's compatibility hash (version, target, flags).
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        wasm.hash(&mut h);
-        engine.precompile_compatibility_hash().hash(&mut h);
-        let key = format!("{:016x}", h.finish());
-        let key_path = cache.with_extension("cwasm.key");
-        if std::fs::read_to_string(&key_path).is_ok_and(|k| k == key)
-            && Engine::detect_precompiled_file(cache)
-                .ok()
-                .flatten()
-                .is_some()
-        {
-            // SAFETY: the file is one we wrote with `precompile_module` for this key (plugin bytes + engine
-            // compatibility); `deserialize_file` still checks the header and refuses an incompatible file.
-            if let Ok(module) = unsafe { Module::deserialize_file(&engine, cache) } {
+        private_dir(dir)?;
+        let key = cache_key(&engine, wasm);
+        let entry = dir.join(format!("{key}.cwasm"));
+        if trusted_entry(&entry) {
+            // SAFETY: a regular file in a directory only this user can write, named by the SHA-256 of the engine's
+            // compatibility hash and these plugin bytes, written by this function (temp file + rename);
+            // `deserialize_file` still checks its header and refuses an incompatible file.
+            if let Ok(module) = unsafe { Module::deserialize_file(&engine, &entry) } {
                 return Self::finish(engine, module, true);
             }
         }
         let bytes = engine
             .precompile_module(wasm)
             .map_err(|e| WasmError::Module(format!("{e:#}")))?;
-        std::fs::write(cache, &bytes)
-            .map_err(|e| WasmError::Cache(format!("{}: {e}", cache.display())))?;
-        std::fs::write(&key_path, &key)
-            .map_err(|e| WasmError::Cache(format!("{}: {e}", key_path.display())))?;
+        write_entry(dir, &entry, &bytes)?;
         // SAFETY: bytes we just produced with this engine.
         let module = unsafe { Module::deserialize(&engine, &bytes) }
             .map_err(|e| WasmError::Module(format!("{e:#}")))?;
@@ -231,6 +234,17 @@ impl ResourceLimiter for Limiter {
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 16)
     }
+    // Per store (one plugin instance): the plugin has one memory, one table, one instance. wasmtime's
+    // defaults (10 000 each) let a module hold many memories of `cap` bytes each, or 10^4 tables.
+    fn instances(&self) -> usize {
+        1
+    }
+    fn memories(&self) -> usize {
+        1
+    }
+    fn tables(&self) -> usize {
+        4
+    }
 }
 
 #[cfg(feature = "wasmtime")]
@@ -260,6 +274,10 @@ pub struct WasmInfo {
 /// One sandboxed instance with one loaded policy.
 #[cfg(feature = "wasmtime")]
 pub struct WasmPolicy {
+    /// Keeps the engine and its epoch ticker alive as long as this instance: the deadline of every call depends
+    /// on the ticker, and dropping the caller's `WasmRuntime` used to stop it (a looping plugin then hung the
+    /// host; regression test `the_deadline_outlives_the_runtime_handle`).
+    _runtime: Arc<WasmRuntime>,
     store: Store<Limiter>,
     memory: Memory,
     x: Exports,
@@ -324,6 +342,7 @@ impl WasmPolicy {
             last_error: func!(export::LAST_ERROR),
         };
         let mut p = WasmPolicy {
+            _runtime: rt.clone(),
             store,
             memory,
             x,
@@ -479,7 +498,14 @@ impl WasmPolicy {
         let n = batch * self.info.obs_len;
         let mem = self.memory.data_mut(&mut self.store);
         let bytes = &mut mem[ptr as usize..ptr as usize + n * 4];
-        // SAFETY: 16-aligned guest allocation (pp_alloc) inside the memory; f32 has no invalid bit patterns.
+        // The guest offset is 16-aligned (checked in ensure_capacity); the host address also depends on where
+        // wasmtime mapped the memory (page-aligned in practice): checked, never assumed.
+        if bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) != 0 {
+            return Err(WasmError::Call(
+                "the guest buffer is not f32-aligned in host memory".into(),
+            ));
+        }
+        // SAFETY: aligned (checked above) and inside the memory; f32 has no invalid bit patterns.
         Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, n) })
     }
 
@@ -488,10 +514,13 @@ impl WasmPolicy {
     /// same code.
     pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
         let (obs, batch, mode, envs) = (req.obs, req.batch, req.mode, req.envs);
-        let (n, want) = match obs {
-            Observations::F32(x) => (x.len(), batch * self.info.obs_len),
-            Observations::U8(x) => (x.len(), batch * self.info.obs_len),
+        let n = match obs {
+            Observations::F32(x) => x.len(),
+            Observations::U8(x) => x.len(),
         };
+        let want = batch.checked_mul(self.info.obs_len).ok_or_else(|| {
+            WasmError::Call(format!("batch {batch} overflows the observation size"))
+        })?;
         if n != want {
             return Err(WasmError::Call(format!(
                 "expected {want} observation numbers, got {n}"
@@ -696,7 +725,113 @@ impl WasmPolicy {
 
 #[cfg(feature = "wasmtime")]
 fn deadline_ticks(l: WasmLimits) -> u64 {
-    (l.deadline.as_millis() as u64).max(1) + 1
+    // Clamped: `as u64` truncated a huge Duration, and `+ 1` overflowed at u64::MAX.
+    u64::try_from(l.deadline.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, u64::MAX / 2)
+        + 1
+}
+
+/// The cache file name: SHA-256 (hex) of a domain tag, wasmtime's engine compatibility hash and the plugin.
+#[cfg(feature = "wasmtime")]
+fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
+    use sha2::Digest;
+    use std::hash::{Hash, Hasher};
+    /// Feeds what `Hash` writes into SHA-256 (the compatibility hash is only exposed as `impl Hash`).
+    struct Sha(sha2::Sha256);
+    impl Hasher for Sha {
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+        fn finish(&self) -> u64 {
+            0
+        }
+    }
+    let mut h = Sha(sha2::Sha256::new());
+    h.write(b"policyport precompiled plugin v1\0");
+    engine.precompile_compatibility_hash().hash(&mut h);
+    h.write(&(wasm.len() as u64).to_le_bytes());
+    h.write(wasm);
+    h.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(all(feature = "wasmtime", unix))]
+fn private_dir(dir: &Path) -> Result<(), WasmError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let fail = |why: String| WasmError::Cache(format!("{}: {why}", dir.display()));
+    if std::fs::symlink_metadata(dir).is_err() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    let m = std::fs::symlink_metadata(dir).map_err(|e| fail(e.to_string()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.file_type().is_dir() || m.uid() != me || m.mode() & 0o077 != 0 {
+        return Err(fail(format!(
+            "not a private directory (a {} owned by uid {}, mode {:o}; need a directory of uid {me}, mode 0700): \
+             precompiled modules are native code, refusing to read or write them there",
+            if m.file_type().is_symlink() {
+                "symlink"
+            } else if m.is_dir() {
+                "directory"
+            } else {
+                "file"
+            },
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(all(feature = "wasmtime", not(unix)))]
+fn private_dir(dir: &Path) -> Result<(), WasmError> {
+    Err(WasmError::Cache(format!(
+        "{}: the precompiled-module cache needs a Unix host (it checks the directory's owner and mode)",
+        dir.display()
+    )))
+}
+
+/// A regular file (not a symlink) of this user that nobody else can write.
+#[cfg(all(feature = "wasmtime", unix))]
+fn trusted_entry(entry: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(entry)
+        .is_ok_and(|m| m.file_type().is_file() && m.uid() == me && m.mode() & 0o022 == 0)
+}
+
+#[cfg(all(feature = "wasmtime", not(unix)))]
+fn trusted_entry(_: &Path) -> bool {
+    false
+}
+
+/// Write a cache entry atomically: a fresh temporary file (never an existing one, never through a symlink),
+/// synced, then renamed over the entry's name.
+#[cfg(feature = "wasmtime")]
+fn write_entry(dir: &Path, entry: &Path, bytes: &[u8]) -> Result<(), WasmError> {
+    use std::io::Write;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = dir.join(format!(".tmp-{}-{nanos}.cwasm", std::process::id()));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let result = opts
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, entry));
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        WasmError::Cache(format!("{}: {e}", entry.display()))
+    })
 }
 
 #[cfg(feature = "wasmtime")]
@@ -714,7 +849,7 @@ fn classify(
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => WasmError::Deadline {
             call,
-            deadline_ms: limits.deadline.as_millis() as u64,
+            deadline_ms: u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
         },
         _ => WasmError::Trap {
             call,

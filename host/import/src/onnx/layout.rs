@@ -24,9 +24,17 @@ fn int(node: &pb::NodeProto, name: &str, default: i64) -> i64 {
 }
 
 /// A non-negative attribute value as usize.
+/// An attribute size (kernel, stride, pad, dilation, ...): non-negative and at most 2^24 — the format's limit on
+/// a value's elements — so products of two never overflow (a stride of 2^40 times a count did).
 fn dim(v: i64, what: &str, label: &str) -> Result<usize, ImportError> {
-    usize::try_from(v).map_err(|_| ImportError::Malformed(format!("node {label}: {what} {v}")))
+    usize::try_from(v)
+        .ok()
+        .filter(|v| *v <= MAX_ATTR_SIZE)
+        .ok_or_else(|| ImportError::Malformed(format!("node {label}: {what} {v}")))
 }
+
+/// The largest size an attribute may give ([`dim`]).
+pub(super) const MAX_ATTR_SIZE: usize = 1 << 24;
 
 fn pair(v: &[i64], what: &str, label: &str) -> Result<[usize; 2], ImportError> {
     match v {
@@ -127,14 +135,23 @@ impl Importer<'_> {
             }
             "Transpose" if matches!(ins.first(), Some(Val::Const(_))) => {
                 // A constant transposed (a weight the exporter left as `W^T`): folded.
-                let Some(Val::Const(c)) = ins.first() else { unreachable!() };
+                let Some(Val::Const(c)) = ins.first() else {
+                    unreachable!()
+                };
                 let rank = c.dims.len();
                 let perm = ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
                 let mut seen = vec![false; rank];
                 let ok = perm.len() == rank
-                    && perm.iter().all(|&p| usize::try_from(p).ok().filter(|p| *p < rank).is_some_and(|p| !std::mem::replace(&mut seen[p], true)));
+                    && perm.iter().all(|&p| {
+                        usize::try_from(p)
+                            .ok()
+                            .filter(|p| *p < rank)
+                            .is_some_and(|p| !std::mem::replace(&mut seen[p], true))
+                    });
                 if !ok {
-                    return Err(ImportError::Malformed(format!("node {label}: perm {perm:?} for rank {rank}")));
+                    return Err(ImportError::Malformed(format!(
+                        "node {label}: perm {perm:?} for rank {rank}"
+                    )));
                 }
                 let perm: Vec<usize> = perm.iter().map(|p| *p as usize).collect();
                 let odims: Vec<usize> = perm.iter().map(|&p| c.dims[p]).collect();
@@ -145,7 +162,13 @@ impl Importer<'_> {
                 let mut data = Vec::with_capacity(c.numel());
                 let mut at = vec![0usize; rank];
                 for _ in 0..c.numel() {
-                    data.push(c.data[at.iter().zip(&perm).map(|(i, &p)| i * strides[p]).sum::<usize>()]);
+                    data.push(
+                        c.data[at
+                            .iter()
+                            .zip(&perm)
+                            .map(|(i, &p)| i * strides[p])
+                            .sum::<usize>()],
+                    );
                     for d in (0..rank).rev() {
                         at[d] += 1;
                         if at[d] < odims[d] {
@@ -154,7 +177,8 @@ impl Importer<'_> {
                         at[d] = 0;
                     }
                 }
-                self.vals.insert(out.to_string(), Val::Const(Const { dims: odims, data }));
+                self.vals
+                    .insert(out.to_string(), Val::Const(Const { dims: odims, data }));
             }
             "Transpose" => {
                 let v = self.arg(ins, 0, node, idx)?.clone();
@@ -192,7 +216,13 @@ impl Importer<'_> {
                         .insert(out.to_string(), Val::Runtime { name, shape });
                 } else {
                     let oshape = fperm.iter().map(|&p| shape[p]).collect();
-                    self.emit(&label, Op::Transpose { perm: fperm }, vec![name], out, oshape);
+                    self.emit(
+                        &label,
+                        Op::Transpose { perm: fperm },
+                        vec![name],
+                        out,
+                        oshape,
+                    );
                 }
             }
             "Shape" => {
@@ -254,14 +284,19 @@ impl Importer<'_> {
                     Val::Const(c) => {
                         let dims = squeeze_dims(&c.dims, axes.as_deref(), squeeze)
                             .map_err(|e| ImportError::Malformed(format!("node {label}: {e}")))?;
-                        self.vals.insert(
-                            out.to_string(),
-                            Val::Const(Const { dims, data: c.data }),
-                        );
+                        self.vals
+                            .insert(out.to_string(), Val::Const(Const { dims, data: c.data }));
                     }
                     Val::Runtime { name, shape } if !squeeze && axes.as_deref() == Some(&[0]) => {
                         // A time axis of one in front (a recurrent op's input): see recurrent.rs.
-                        self.vals.insert(out.to_string(), Val::Stacked { parts: vec![name], shape, dir: false });
+                        self.vals.insert(
+                            out.to_string(),
+                            Val::Stacked {
+                                parts: vec![name],
+                                shape,
+                                dir: false,
+                            },
+                        );
                     }
                     Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
                     Val::Runtime { name, shape } => {
@@ -322,7 +357,11 @@ impl Importer<'_> {
                             let d: Vec<f32> = (0..last)
                                 .map(|k| c.data[if c.numel() == 1 { 0 } else { k }] as f32)
                                 .collect();
-                            Ok(Some(self.add_tensor(&format!("{label}.{what}"), vec![last], d)))
+                            Ok(Some(self.add_tensor(
+                                &format!("{label}.{what}"),
+                                vec![last],
+                                d,
+                            )))
                         }
                         Some(_) => Err(self.unsupported(
                             node,
@@ -398,8 +437,23 @@ impl Importer<'_> {
         kernel: [usize; 2],
     ) -> Result<([usize; 2], [usize; 4], [usize; 2]), ImportError> {
         let label = node_label(node, idx);
-        let stride = pair(&ints(node, "strides").unwrap_or(vec![1, 1]), "strides", &label)?;
-        let dilation = pair(&ints(node, "dilations").unwrap_or(vec![1, 1]), "dilations", &label)?;
+        let stride = pair(
+            &ints(node, "strides").unwrap_or(vec![1, 1]),
+            "strides",
+            &label,
+        )?;
+        let dilation = pair(
+            &ints(node, "dilations").unwrap_or(vec![1, 1]),
+            "dilations",
+            &label,
+        )?;
+        // Zero strides divided by zero in the ceil-mode rule and zero kernels underflowed `kernel - 1`, both
+        // before window_count's own check: refused here, first.
+        if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) {
+            return Err(ImportError::Malformed(format!(
+                "node {label}: kernel {kernel:?}, strides {stride:?} and dilations {dilation:?} must be >= 1"
+            )));
+        }
         let auto = attr(node, "auto_pad").map_or(&b"NOTSET"[..], |a| a.s.as_slice());
         let padding = match auto {
             b"NOTSET" => {
@@ -499,7 +553,9 @@ impl Importer<'_> {
         let o = w.dims[0];
         let bias = match ins.get(2) {
             None => None,
-            Some(Val::Const(b)) if b.numel() == o => Some(b.data.iter().map(|v| *v as f32).collect()),
+            Some(Val::Const(b)) if b.numel() == o => {
+                Some(b.data.iter().map(|v| *v as f32).collect())
+            }
             Some(_) => {
                 return Err(self.unsupported(
                     node,
@@ -509,7 +565,11 @@ impl Importer<'_> {
                 ));
             }
         };
-        if groups == 0 || xs[0] % groups != 0 || o % groups != 0 || w.dims[1] * groups != xs[0] {
+        if groups == 0
+            || xs[0] % groups != 0
+            || o % groups != 0
+            || w.dims[1].checked_mul(groups) != Some(xs[0])
+        {
             return Err(ImportError::Malformed(format!(
                 "node {label}: weight {:?} with {groups} group(s) on {} input channels",
                 w.dims, xs[0]
@@ -518,8 +578,15 @@ impl Importer<'_> {
         let mut oshape = vec![o];
         for a in 0..2 {
             oshape.push(
-                window_count(xs[1 + a], kernel[a], stride[a], dilation[a], padding[a], padding[a + 2])
-                    .map_err(|e| self.unsupported(node, idx, &e, "check the geometry"))?,
+                window_count(
+                    xs[1 + a],
+                    kernel[a],
+                    stride[a],
+                    dilation[a],
+                    padding[a],
+                    padding[a + 2],
+                )
+                .map_err(|e| self.unsupported(node, idx, &e, "check the geometry"))?,
             );
         }
         let wname = self.add_tensor(
@@ -588,8 +655,15 @@ impl Importer<'_> {
         let mut oshape = vec![xs[0]];
         for a in 0..2 {
             oshape.push(
-                window_count(xs[1 + a], kernel[a], stride[a], dilation[a], padding[a], padding[a + 2])
-                    .map_err(|e| self.unsupported(node, idx, &e, "check the geometry"))?,
+                window_count(
+                    xs[1 + a],
+                    kernel[a],
+                    stride[a],
+                    dilation[a],
+                    padding[a],
+                    padding[a + 2],
+                )
+                .map_err(|e| self.unsupported(node, idx, &e, "check the geometry"))?,
             );
         }
         self.emit(

@@ -35,7 +35,13 @@ impl Importer<'_> {
     }
 
     /// An op reading a [`Val::Stacked`] input.
-    pub(super) fn stacked_op(&mut self, node: &pb::NodeProto, idx: usize, ins: &[Val], out: &str) -> Result<(), ImportError> {
+    pub(super) fn stacked_op(
+        &mut self,
+        node: &pb::NodeProto,
+        idx: usize,
+        ins: &[Val],
+        out: &str,
+    ) -> Result<(), ImportError> {
         let label = node_label(node, idx);
         let refuse = |detail: &str| {
             self.unsupported(
@@ -54,13 +60,17 @@ impl Importer<'_> {
             return Err(refuse("a time- or layer-major tensor as a later input"));
         };
         let axes = konst(1).or_else(|| attr(node, "axes").map(|a| a.ints.clone()));
-        let stacked = |parts: Vec<String>, shape: Vec<usize>, dir: bool| Val::Stacked { parts, shape, dir };
+        let stacked =
+            |parts: Vec<String>, shape: Vec<usize>, dir: bool| Val::Stacked { parts, shape, dir };
         let v = match node.op_type.as_str() {
             "Identity" => ins[0].clone(),
             "Shape" => return Ok(self.layout_op(node, idx, ins, out).map(|_| ())?),
             "Squeeze" => match (axes.as_deref(), dir, parts.len()) {
                 (Some([1]), true, _) => stacked(parts, shape, false),
-                (Some([0]), false, 1) => Val::Runtime { name: parts[0].clone(), shape },
+                (Some([0]), false, 1) => Val::Runtime {
+                    name: parts[0].clone(),
+                    shape,
+                },
                 _ => return Err(refuse(&format!("Squeeze axes {axes:?}"))),
             },
             "Slice" if !dir => {
@@ -71,7 +81,12 @@ impl Importer<'_> {
                 let step = konst(4).unwrap_or(vec![1]);
                 let k = parts.len() as i64;
                 let clampi = |v: i64| if v < 0 { (v + k).max(0) } else { v.min(k) } as usize;
-                if s.len() != 1 || ax != [0] || step != [1] || clampi(e[0]) <= clampi(s[0]) {
+                if s.len() != 1
+                    || e.len() != 1
+                    || ax != [0]
+                    || step != [1]
+                    || clampi(e[0]) <= clampi(s[0])
+                {
                     return Err(refuse(&format!("Slice {s:?}..{e:?} on axes {ax:?}")));
                 }
                 stacked(parts[clampi(s[0])..clampi(e[0])].to_vec(), shape, false)
@@ -90,13 +105,21 @@ impl Importer<'_> {
                 match (axis, i.dims.as_slice(), i.data.as_slice()) {
                     (0, [], [x]) => {
                         let p = at(*x).ok_or_else(|| refuse("Gather index out of range"))?;
-                        Val::Runtime { name: parts[p].clone(), shape }
+                        Val::Runtime {
+                            name: parts[p].clone(),
+                            shape,
+                        }
                     }
                     (0, [1], [x]) => {
                         let p = at(*x).ok_or_else(|| refuse("Gather index out of range"))?;
                         stacked(vec![parts[p].clone()], shape, false)
                     }
-                    _ => return Err(refuse(&format!("Gather on axis {axis} with indices {:?}", i.dims))),
+                    _ => {
+                        return Err(refuse(&format!(
+                            "Gather on axis {axis} with indices {:?}",
+                            i.dims
+                        )));
+                    }
                 }
             }
             "Concat" if !dir => {
@@ -108,7 +131,11 @@ impl Importer<'_> {
                 let mut all = vec![];
                 for v in ins {
                     match v {
-                        Val::Stacked { parts, shape: s, dir: false } if *s == shape => all.extend(parts.iter().cloned()),
+                        Val::Stacked {
+                            parts,
+                            shape: s,
+                            dir: false,
+                        } if *s == shape => all.extend(parts.iter().cloned()),
                         _ => return Err(refuse("Concat of a stacked tensor with something else")),
                     }
                 }
@@ -116,12 +143,15 @@ impl Importer<'_> {
             }
             // [K, 1 (directions), batch, F] → [K, batch, 1, F]: the unit axis becomes a feature axis.
             "Transpose" if dir && shape.len() == 1 => {
-                let perm = attr(node, "perm").map(|a| a.ints.clone()).unwrap_or_default();
+                let perm = attr(node, "perm")
+                    .map(|a| a.ints.clone())
+                    .unwrap_or_default();
                 if perm != [0, 2, 1, 3] {
                     return Err(refuse(&format!("Transpose perm {perm:?}")));
                 }
                 let fshape = vec![1, shape[0]];
-                let parts = self.reshape_parts(&format!("{label}.{DIRECTION_AXIS}"), parts, &fshape);
+                let parts =
+                    self.reshape_parts(&format!("{label}.{DIRECTION_AXIS}"), parts, &fshape);
                 stacked(parts, fshape, false)
             }
             "Reshape" if !dir => {
@@ -132,11 +162,19 @@ impl Importer<'_> {
                 let d = &t.data;
                 let k = parts.len() as f64;
                 // [K, batch, features...]: the batch as the marker, -1 (inferred), or 0 (copied).
-                let batch_ok = d.get(1).is_some_and(|b| *b == BATCH || *b == -1.0 || (*b == 0.0 && !allowzero));
-                if d.len() < 2 || d[0] != k || !batch_ok || (d[1] == -1.0 && d[2..].contains(&-1.0)) {
+                let batch_ok = d
+                    .get(1)
+                    .is_some_and(|b| *b == BATCH || *b == -1.0 || (*b == 0.0 && !allowzero));
+                if d.len() < 2 || d[0] != k || !batch_ok || (d[1] == -1.0 && d[2..].contains(&-1.0))
+                {
                     return Err(refuse(&format!("Reshape to {d:?}")));
                 }
-                let target = Const { dims: vec![d.len() - 1], data: std::iter::once(BATCH).chain(d[2..].iter().copied()).collect() };
+                let target = Const {
+                    dims: vec![d.len() - 1],
+                    data: std::iter::once(BATCH)
+                        .chain(d[2..].iter().copied())
+                        .collect(),
+                };
                 let fshape = self.reshape_target(node, idx, &shape, &target)?;
                 let parts = if fshape == shape {
                     parts
@@ -174,8 +212,20 @@ impl Importer<'_> {
             .enumerate()
             .map(|(i, p)| {
                 let o = format!("{label}.{i}");
-                let o = if label.ends_with(DIRECTION_AXIS) { format!("{label}.{i}.{DIRECTION_AXIS}") } else { o };
-                self.emit(&o, Op::Reshape { shape: shape.to_vec() }, vec![p], &o, shape.to_vec());
+                let o = if label.ends_with(DIRECTION_AXIS) {
+                    format!("{label}.{i}.{DIRECTION_AXIS}")
+                } else {
+                    o
+                };
+                self.emit(
+                    &o,
+                    Op::Reshape {
+                        shape: shape.to_vec(),
+                    },
+                    vec![p],
+                    &o,
+                    shape.to_vec(),
+                );
                 Self::ir_name(&o)
             })
             .collect()
@@ -192,23 +242,46 @@ impl Importer<'_> {
         };
         let direction = attr(node, "direction").map(|a| String::from_utf8_lossy(&a.s).into_owned());
         if direction.as_deref().is_some_and(|d| d != "forward") {
-            return Err(refuse(&format!("direction {direction:?}"), "a policy steps forward: export a unidirectional layer"));
+            return Err(refuse(
+                &format!("direction {direction:?}"),
+                "a policy steps forward: export a unidirectional layer",
+            ));
         }
         if attr(node, "layout").is_some_and(|a| a.i != 0) {
-            return Err(refuse("layout=1 (batch-first tensors)", "export with batch_first=False"));
+            return Err(refuse(
+                "layout=1 (batch-first tensors)",
+                "export with batch_first=False",
+            ));
         }
         if attr(node, "clip").is_some() || attr(node, "input_forget").is_some_and(|a| a.i != 0) {
-            return Err(refuse("clip / input_forget", "PyTorch's nn.LSTM / nn.GRU semantics only"));
+            return Err(refuse(
+                "clip / input_forget",
+                "PyTorch's nn.LSTM / nn.GRU semantics only",
+            ));
         }
         if let Some(a) = attr(node, "activations") {
-            let want: &[&[u8]] = if lstm { &[b"Sigmoid", b"Tanh", b"Tanh"] } else { &[b"Sigmoid", b"Tanh"] };
-            if a.strings.len() != want.len() || a.strings.iter().zip(want).any(|(s, w)| s.as_slice() != *w) {
-                return Err(refuse("non-default activations", "the default sigmoid / tanh gates"));
+            let want: &[&[u8]] = if lstm {
+                &[b"Sigmoid", b"Tanh", b"Tanh"]
+            } else {
+                &[b"Sigmoid", b"Tanh"]
+            };
+            if a.strings.len() != want.len()
+                || a.strings.iter().zip(want).any(|(s, w)| s.as_slice() != *w)
+            {
+                return Err(refuse(
+                    "non-default activations",
+                    "the default sigmoid / tanh gates",
+                ));
             }
         }
         let lbr = attr(node, "linear_before_reset").is_some_and(|a| a.i != 0);
         let gates = if lstm { 4 } else { 3 };
-        let Some(Val::Stacked { parts: xp, shape: xs, dir: false }) = get(0)? else {
+        let Some(Val::Stacked {
+            parts: xp,
+            shape: xs,
+            dir: false,
+        }) = get(0)?
+        else {
             return Err(refuse(
                 "input X is not one time step of run-time features",
                 "export one step: x.unsqueeze(0) into the layer (time-major, sequence length 1)",
@@ -223,12 +296,18 @@ impl Importer<'_> {
         let konst = |v: Option<Val>, what: &str| -> Result<Const, ImportError> {
             match v {
                 Some(Val::Const(c)) => Ok(c),
-                _ => Err(refuse(&format!("{what} is not a constant"), "constant weights")),
+                _ => Err(refuse(
+                    &format!("{what} is not a constant"),
+                    "constant weights",
+                )),
             }
         };
         let w = konst(get(1)?, "W")?;
         let r = konst(get(2)?, "R")?;
-        let h = attr(node, "hidden_size").map_or(0, |a| a.i.max(0) as usize);
+        // Bounded like every attribute size, so `gates * h` products below cannot overflow.
+        let h = attr(node, "hidden_size").map_or(0, |a| {
+            a.i.clamp(0, super::layout::MAX_ATTR_SIZE as i64) as usize
+        });
         let f = xs[0];
         if h == 0 || w.dims != [1, gates * h, f] || r.dims != [1, gates * h, h] {
             return Err(ImportError::Malformed(format!(
@@ -238,7 +317,10 @@ impl Importer<'_> {
         }
         let b = get(3)?.map(|v| konst(Some(v), "B")).transpose()?;
         if b.as_ref().is_some_and(|b| b.dims != [1, 2 * gates * h]) {
-            return Err(ImportError::Malformed(format!("node {label}: B is {:?}", b.unwrap().dims)));
+            return Err(ImportError::Malformed(format!(
+                "node {label}: B is {:?}",
+                b.unwrap().dims
+            )));
         }
         if let Some(v) = get(4)? {
             if !matches!(&v, Val::Const(c) if c.data.iter().all(|x| *x == 1.0)) {
@@ -250,8 +332,15 @@ impl Importer<'_> {
         }
         let state = |v: Option<Val>, what: &str| -> Result<String, ImportError> {
             match v {
-                Some(Val::Stacked { parts, shape, dir: false }) if parts.len() == 1 && shape == [h] => Ok(parts[0].clone()),
-                Some(_) => Err(refuse(&format!("{what} is not one layer's [1, batch, {h}] state"), "slice the state input per layer")),
+                Some(Val::Stacked {
+                    parts,
+                    shape,
+                    dir: false,
+                }) if parts.len() == 1 && shape == [h] => Ok(parts[0].clone()),
+                Some(_) => Err(refuse(
+                    &format!("{what} is not one layer's [1, batch, {h}] state"),
+                    "slice the state input per layer",
+                )),
                 None => Err(refuse(
                     &format!("no {what}"),
                     "feed the state from a graph input (and return the next state) so it carries between steps; \
@@ -260,21 +349,41 @@ impl Importer<'_> {
             }
         };
         let h_in = state(get(5)?, "initial_h")?;
-        let c_in = if lstm { Some(state(get(6)?, "initial_c")?) } else { None };
+        let c_in = if lstm {
+            Some(state(get(6)?, "initial_c")?)
+        } else {
+            None
+        };
         // ONNX gate blocks → PyTorch's order: LSTM (i, o, f, c) → (i, f, g, o); GRU (z, r, h) → (r, z, n).
         let order: &[usize] = if lstm { &[0, 2, 3, 1] } else { &[1, 0, 2] };
         let permute = |m: &[f64], cols: usize| -> Vec<f32> {
-            order.iter().flat_map(|&blk| m[blk * h * cols..(blk + 1) * h * cols].iter().map(|v| *v as f32)).collect()
+            order
+                .iter()
+                .flat_map(|&blk| {
+                    m[blk * h * cols..(blk + 1) * h * cols]
+                        .iter()
+                        .map(|v| *v as f32)
+                })
+                .collect()
         };
         let w_ih = permute(&w.data, f);
         let w_hh = permute(&r.data, h);
         let (b_ih, b_hh) = match &b {
-            Some(b) => (Some(permute(&b.data[..gates * h], 1)), Some(permute(&b.data[gates * h..], 1))),
+            Some(b) => (
+                Some(permute(&b.data[..gates * h], 1)),
+                Some(permute(&b.data[gates * h..], 1)),
+            ),
             None => (None, None),
         };
         let empty = BTreeMap::new();
         let mut g = GraphBuilder::new(&empty, "ONNX model");
-        let cw = CellWeights { hidden: h, w_ih: &w_ih, w_hh: &w_hh, b_ih: b_ih.as_deref(), b_hh: b_hh.as_deref() };
+        let cw = CellWeights {
+            hidden: h,
+            w_ih: &w_ih,
+            w_hh: &w_hh,
+            b_ih: b_ih.as_deref(),
+            b_hh: b_hh.as_deref(),
+        };
         let prefix = format!("{label}.cell");
         let (h_next, c_next) = if lstm {
             let (hn, cn) = g.lstm_cell(&prefix, &xp[0], f, cw, &h_in, c_in.as_deref().unwrap());
@@ -288,11 +397,21 @@ impl Importer<'_> {
         }
         for (k, t) in std::mem::take(&mut g.tensors) {
             if self.tensors.insert(k.clone(), t).is_some() {
-                return Err(ImportError::Malformed(format!("node {label}: weight name '{k}' used twice")));
+                return Err(ImportError::Malformed(format!(
+                    "node {label}: weight name '{k}' used twice"
+                )));
             }
         }
-        let one = |p: &str, dir: bool| Val::Stacked { parts: vec![p.to_string()], shape: vec![h], dir };
-        let outs: Vec<Option<Val>> = vec![Some(one(&h_next, true)), Some(one(&h_next, false)), c_next.as_deref().map(|c| one(c, false))];
+        let one = |p: &str, dir: bool| Val::Stacked {
+            parts: vec![p.to_string()],
+            shape: vec![h],
+            dir,
+        };
+        let outs: Vec<Option<Val>> = vec![
+            Some(one(&h_next, true)),
+            Some(one(&h_next, false)),
+            c_next.as_deref().map(|c| one(c, false)),
+        ];
         for (name, v) in node.output.iter().zip(outs) {
             if let (false, Some(v)) = (name.is_empty(), v) {
                 self.vals.insert(name.clone(), v);
