@@ -1,4 +1,4 @@
-use policyport_cli::demo::{EpisodeStats, run_episodes};
+use policyport_cli::demo::{EpisodeStats, run_episodes_batched};
 use policyport_cli::envs::{CartPole, Env, Pendulum};
 use policyport_conformance::{backends, compile_fixture, load_fixture};
 
@@ -15,8 +15,10 @@ fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStat
                 eval["env_seed"].as_u64().unwrap(),
                 eval["policy_seed"].as_u64().unwrap(),
             );
+            // All episodes as one batch per time step (the same sampling streams as one by one).
             let got =
-                run_episodes::<E>(&mut p, want.len() as u32, seeds.0, seeds.1, sampled).unwrap();
+                run_episodes_batched::<E>(&mut p, want.len() as u32, seeds.0, seeds.1, sampled)
+                    .unwrap();
             check(key, b.name(), &want, &got);
         }
     }
