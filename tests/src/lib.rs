@@ -147,9 +147,13 @@ pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, Polic
 /// dir. `tests/scripts/test.sh` builds it first.
 pub fn plugin_wasm() -> Vec<u8> {
     let exe = std::env::current_exe().expect("test binary path");
-    // <target>/<profile>/deps/<test binary>
-    let target = exe.ancestors().nth(3).expect("target dir").to_path_buf();
-    let path = target.join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<bin> (the soak binary).
+    let rel = "wasm32-unknown-unknown/plugin/policyport_plugin.wasm";
+    let path = exe
+        .ancestors()
+        .map(|d| d.join(rel))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| exe.ancestors().nth(3).expect("target dir").join(rel));
     std::fs::read(&path).unwrap_or_else(|e| {
         panic!(
             "{}: {e}. Build the plugin first: cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown",

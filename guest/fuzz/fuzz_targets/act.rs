@@ -1,0 +1,136 @@
+//! act() on valid policies with everything else from the fuzzer: batch, env ids (ranges near u32::MAX, lists
+//! with duplicates), observations (NaN, infinities, huge values, wrong counts, u8 where f32 is expected and back),
+//! episode-start flags of any length, modes, then reset / state reads / max_envs changes. The policies load once
+//! (the frozen files of every format version, plus every `.policy` in `$POLICYPORT_FUZZ_POLICIES` — the CI
+//! passes its compiled fixtures there, recurrent ones included) and their sessions live across inputs, so state
+//! carries over as it does in a game loop. Never a panic; answers are finite and of the promised sizes.
+#![no_main]
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use libfuzzer_sys::fuzz_target;
+use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, Session};
+
+const FROZEN: &[&[u8]] = &[
+    include_bytes!("../../../tests/frozen/v1.0/cartpole.f32.policy"),
+    include_bytes!("../../../tests/frozen/v1.0/ops.f32.policy"),
+    include_bytes!("../../../tests/frozen/v1.0/pendulum.bf16.policy"),
+    include_bytes!("../../../tests/frozen/v1.1/layernorm_sac.f32.policy"),
+    include_bytes!("../../../tests/frozen/v1.2/sb3_multi_input_dict.f32.policy"),
+];
+
+fn policies() -> Vec<Arc<CompiledPolicy>> {
+    let mut bytes: Vec<Vec<u8>> = FROZEN.iter().map(|b| b.to_vec()).collect();
+    if let Some(dir) = std::env::var_os("POLICYPORT_FUZZ_POLICIES") {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "policy") && std::fs::metadata(p).is_ok_and(|m| m.len() < 1 << 20))
+            .collect();
+        files.sort();
+        bytes.extend(files.iter().filter_map(|p| std::fs::read(p).ok()));
+    }
+    bytes.iter().filter_map(|b| CompiledPolicy::load(b, Backend::Cpu).ok()).collect()
+}
+
+thread_local! {
+    static SESSIONS: RefCell<Vec<Session>> = RefCell::new(policies().iter().map(|p| p.session()).collect());
+}
+
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.byte(), self.byte(), self.byte(), self.byte()])
+    }
+    fn f32(&mut self) -> f32 {
+        match self.byte() % 8 {
+            0 => f32::from_bits(self.u32()),
+            1 => [0.0, -0.0, 1e30, -1e30, f32::MAX, f32::MIN, f32::NAN, f32::INFINITY][self.byte() as usize % 8],
+            2 => self.byte() as f32,
+            _ => (self.byte() as f32 - 128.0) / 32.0,
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut inp = Input(data);
+    SESSIONS.with(|s| {
+        let mut sessions = s.borrow_mut();
+        if sessions.is_empty() {
+            return;
+        }
+        let n = sessions.len();
+        let s = &mut sessions[inp.byte() as usize % n];
+        let policy = s.policy().clone();
+        let raw_len = policy.manifest().observation.raw_len();
+        let info = policy.info();
+        for _ in 0..1 + inp.byte() % 4 {
+            let batch = match inp.byte() % 16 {
+                0 => inp.u32() as usize,
+                1 => 0,
+                2 => 64 + inp.byte() as usize,
+                b => b as usize % 6 + 1,
+            };
+            let want = batch.saturating_mul(raw_len).min(1 << 17);
+            let count = match inp.byte() % 16 {
+                0 => want + 1,
+                1 => want.saturating_sub(1),
+                _ => want,
+            };
+            let fill = inp.f32();
+            let obs_f: Vec<f32> = (0..count).map(|i| if i < 64 { inp.f32() } else { fill }).collect();
+            let obs_u: Vec<u8> = (0..count).map(|i| if i < 64 { inp.byte() } else { 7 }).collect();
+            let ids: Vec<u32> = (0..batch.min(300))
+                .map(|_| match inp.byte() % 4 {
+                    0 => inp.u32(),
+                    1 => u32::MAX - inp.byte() as u32,
+                    _ => inp.byte() as u32,
+                })
+                .collect();
+            let starts: Vec<bool> = (0..batch.min(300) + inp.byte() as usize % 2).map(|_| inp.byte() % 2 == 0).collect();
+            let mode = if inp.byte() % 2 == 0 {
+                ActMode::Deterministic
+            } else {
+                ActMode::Sample { seed: inp.u32() as u64, step: inp.u32() as u64 }
+            };
+            let obs = if inp.byte() % 4 == 0 { Observations::U8(&obs_u) } else { Observations::F32(&obs_f) };
+            let mut req = Request::new(obs, batch, mode);
+            req = match inp.byte() % 3 {
+                0 => req.envs(EnvIds::Range(inp.u32())),
+                1 => req.envs(EnvIds::List(&ids)),
+                _ => req,
+            };
+            if inp.byte() % 2 == 0 {
+                req = req.episode_starts(&starts);
+            }
+            if let Ok(out) = s.act(&req) {
+                assert_eq!(out.batch, batch);
+                assert_eq!(out.dist_params.len(), batch * info.dist_params_len);
+                assert!(out.continuous.iter().chain(&out.value).chain(&out.dist_params).all(|x| x.is_finite()));
+            }
+            match inp.byte() % 8 {
+                0 => {
+                    let _ = s.reset(&ids);
+                }
+                1 => {
+                    let _ = s.state(inp.byte() as usize % 4, inp.u32() % 300);
+                }
+                2 => s.set_max_envs(inp.u32() as usize % (1 << 17)),
+                _ => {}
+            }
+        }
+    });
+});
