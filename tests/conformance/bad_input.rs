@@ -561,3 +561,355 @@ fn non_finite_outputs_are_a_typed_error() {
         assert!(s.act(&req).is_ok(), "{backend:?}");
     }
 }
+
+// ---- The hostile-input table: every input through every API, each cell a typed error (never a panic, an
+// abort or a silent answer). Written to `<target>/hostile-inputs.md` (the README's table comes from there).
+
+/// One API's answer, in words, or a failure of the contract.
+enum Cell {
+    Typed(String),
+    Broken(String),
+}
+
+fn cli_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors().nth(2).unwrap().join("policyport")
+}
+
+/// `policyport <args>`: exit 1 and exactly one stderr line, starting `Error:`.
+fn cli_cell(args: &[&std::ffi::OsStr]) -> Cell {
+    let out = std::process::Command::new(cli_bin())
+        .args(args)
+        .output()
+        .expect("run the CLI");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    match out.status.code() {
+        Some(1) if lines.len() == 1 && lines[0].starts_with("Error: ") => {
+            Cell::Typed(format!("exit 1: {}", short(&lines[0]["Error: ".len()..])))
+        }
+        code => Cell::Broken(format!("exit {code:?}, stderr {err:?}")),
+    }
+}
+
+fn short(s: &str) -> String {
+    let s = s.replace('|', "/");
+    if s.chars().count() > 60 {
+        format!("{}…", s.chars().take(60).collect::<String>())
+    } else {
+        s
+    }
+}
+
+fn c_status(st: policyport_capi::PpStatus) -> Cell {
+    let msg = unsafe { std::ffi::CStr::from_ptr(policyport_capi::pp_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    match st {
+        policyport_capi::PpStatus::Panic | policyport_capi::PpStatus::Ok => {
+            Cell::Broken(format!("{st:?}: {msg}"))
+        }
+        st => Cell::Typed(format!("{st:?}")),
+    }
+}
+
+#[test]
+fn hostile_inputs_through_every_api_are_typed_errors() {
+    use policyport_capi::*;
+    let good = cartpole();
+    let dir = std::env::temp_dir().join(format!("pp-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plugin = policyport_conformance::plugin_wasm();
+    let plugin_path = dir.join("plugin.wasm");
+    std::fs::write(&plugin_path, &plugin).unwrap();
+    let plugin_c = std::ffi::CString::new(plugin_path.to_str().unwrap()).unwrap();
+    let rt = policyport_conformance::plugin_runtime();
+
+    let mut artifacts: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated file", good[..1000].to_vec()),
+        ("bad magic", [b"NOTAPOLI".as_slice(), &good[8..]].concat()),
+        ("damaged manifest (checksum)", {
+            let mut v = good.clone();
+            v[120] ^= 0x20;
+            v
+        }),
+        (
+            "unknown op",
+            with_manifest(&good, |v| {
+                v["modules"][0]["nodes"][1]["op"] = serde_json::json!({"kind": "hardswish"})
+            }),
+        ),
+        (
+            "observation of 2^120 elements",
+            with_manifest(&good, |v| {
+                v["observation"]["shape"] = serde_json::json!([1u64 << 40, 1u64 << 40, 1u64 << 40])
+            }),
+        ),
+        (
+            "golden case that checks nothing",
+            with_manifest(&good, |v| {
+                let g = &mut v["golden"][0];
+                g["values"] = serde_json::json!({});
+                g["sampled_actions"] = serde_json::json!([]);
+                g["deterministic_actions"] = serde_json::json!([]);
+            }),
+        ),
+        (
+            "golden tolerance 1e300",
+            with_manifest(&good, |v| {
+                v["golden"][0]["tolerance"] = serde_json::json!(1e300)
+            }),
+        ),
+    ];
+    artifacts.push(("scale before one_hot", hostile_artifact(
+        policy_json(
+            serde_json::json!({"kind": "discrete", "n": 4}),
+            serde_json::json!([{"kind": "scale", "factor": 1000.0}, {"kind": "one_hot", "n": 4}]),
+            serde_json::json!([dense("obs", "w", "logits")]),
+            serde_json::json!({"kind": "discrete", "n": 2}),
+            serde_json::json!({"kind": "categorical", "logits": "logits"}),
+        ),
+        &[("w", vec![2, 4], vec![0.5; 8])],
+    )));
+    artifacts.push((
+        "nvec summing past usize::MAX",
+        hostile_artifact(
+            policy_json(
+                serde_json::json!({"kind": "box", "shape": [3], "dtype": "f32"}),
+                serde_json::json!([]),
+                serde_json::json!([dense("obs", "w", "logits")]),
+                serde_json::json!({"kind": "multi_discrete", "nvec": [u64::MAX, 5]}),
+                serde_json::json!({"kind": "multi_categorical", "logits": "logits"}),
+            ),
+            &[("w", vec![4, 3], vec![0.1; 12])],
+        ),
+    ));
+    artifacts.push(("memory bomb (a 64 MB weight read by 200 nodes)", {
+        let mut nodes = vec![];
+        let mut prev = "obs".to_string();
+        for i in 0..200 {
+            let out = if i == 199 {
+                "h".to_string()
+            } else {
+                format!("n{i}")
+            };
+            nodes.push(dense(&prev, "w", &out));
+            prev = out;
+        }
+        nodes.push(dense("h", "head", "logits"));
+        hostile_artifact(
+            policy_json(
+                serde_json::json!({"kind": "box", "shape": [4096], "dtype": "f32"}),
+                serde_json::json!([]),
+                serde_json::Value::Array(nodes),
+                serde_json::json!({"kind": "discrete", "n": 2}),
+                serde_json::json!({"kind": "categorical", "logits": "logits"}),
+            ),
+            &[
+                ("w", vec![4096, 4096], vec![0.001; 1 << 24]),
+                ("head", vec![2, 4096], vec![0.0; 8192]),
+            ],
+        )
+    }));
+
+    let mut rows = vec![];
+    let mut broken = vec![];
+    let mut record = |input: &str, cells: Vec<(&str, Cell)>| {
+        let mut row = format!("| {input} |");
+        for (api, c) in cells {
+            match c {
+                Cell::Typed(s) => row.push_str(&format!(" {s} |")),
+                Cell::Broken(s) => {
+                    row.push_str(&format!(" **BROKEN** {} |", short(&s)));
+                    broken.push(format!("{input} via {api}: {s}"));
+                }
+            }
+        }
+        rows.push(row);
+    };
+    for (name, bytes) in &artifacts {
+        let path = dir.join("hostile.policy");
+        std::fs::write(&path, bytes).unwrap();
+        let rust = match std::panic::catch_unwind(|| {
+            CompiledPolicy::load(bytes, Backend::Cpu).map(|_| ())
+        }) {
+            Ok(Err(PolicyError::Artifact(e))) => Cell::Typed(format!(
+                "FormatError::{}",
+                format!("{e:?}").split([' ', '{', '(']).next().unwrap()
+            )),
+            Ok(Err(e)) => Cell::Typed(format!("PolicyError: {}", short(&e.to_string()))),
+            Ok(Ok(())) => Cell::Broken("accepted".into()),
+            Err(_) => Cell::Broken("panic".into()),
+        };
+        let plugin_cell = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            policyport_wasmtime::WasmPolicy::load(
+                &rt,
+                bytes,
+                policyport_wasmtime::WasmLimits::default(),
+            )
+            .map(|_| ())
+        })) {
+            Ok(Err(policyport_wasmtime::WasmError::Guest { code, .. })) => {
+                Cell::Typed(format!("code {} ({})", code.code(), code.description()))
+            }
+            Ok(Err(e)) => Cell::Typed(short(&e.to_string())),
+            Ok(Ok(())) => Cell::Broken("accepted".into()),
+            Err(_) => Cell::Broken("host panic".into()),
+        };
+        let mut p: *mut PpPolicy = std::ptr::null_mut();
+        let c_native = c_status(unsafe {
+            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu, &mut p)
+        });
+        let c_wasm = c_status(unsafe {
+            pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), plugin_c.as_ptr(), 0, 0, &mut p)
+        });
+        let cli = cli_cell(&["verify".as_ref(), path.as_os_str()]);
+        record(
+            name,
+            vec![
+                ("Rust", rust),
+                ("plugin", plugin_cell),
+                ("C", c_native),
+                ("C sandboxed", c_wasm),
+                ("CLI verify", cli),
+            ],
+        );
+    }
+
+    // Calls on a valid policy: every API refuses them and then still answers a good call the same way.
+    let obs_ok = [0.01f32, 0.0, 0.02, 0.0];
+    let calls: Vec<(&str, Vec<f32>, usize, u32)> = vec![
+        ("NaN observation", vec![0.0, f32::NAN, 0.0, 0.0], 1, 0),
+        ("3 numbers for a 4-number observation", vec![0.0; 3], 1, 0),
+        ("batch 0", vec![], 0, 0),
+        ("env ids past u32::MAX", vec![0.0; 8], 2, u32::MAX),
+    ];
+    let policy = CompiledPolicy::load(&good, Backend::Cpu).unwrap();
+    let mut native = policy.session();
+    let mut sandboxed = policyport_wasmtime::WasmPolicy::load(
+        &rt,
+        &good,
+        policyport_wasmtime::WasmLimits::default(),
+    )
+    .unwrap();
+    let mut c: *mut PpPolicy = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { pp_policy_load(good.as_ptr(), good.len(), PpBackend::Cpu, &mut c) },
+        PpStatus::Ok
+    );
+    let want = native
+        .act(&Request::new(
+            Observations::F32(&obs_ok),
+            1,
+            ActMode::Deterministic,
+        ))
+        .unwrap()
+        .discrete
+        .clone();
+    let policy_path = dir.join("cartpole.policy");
+    std::fs::write(&policy_path, &good).unwrap();
+    for (name, obs, batch, offset) in &calls {
+        let req = Request::new(Observations::F32(obs), *batch, ActMode::Deterministic)
+            .envs(EnvIds::Range(*offset));
+        let rust = match native.act(&req) {
+            Err(e) => Cell::Typed(format!("PolicyError: {}", short(&e.to_string()))),
+            Ok(_) => Cell::Broken("answered".into()),
+        };
+        let mut out = policyport::ActOutputs::default();
+        let plugin_cell = match sandboxed.act(&req, &mut out) {
+            Err(policyport_wasmtime::WasmError::Guest { code, .. }) => {
+                Cell::Typed(format!("code {} ({})", code.code(), code.description()))
+            }
+            Err(e) => Cell::Typed(short(&e.to_string())),
+            Ok(()) => Cell::Broken("answered".into()),
+        };
+        let mut a = [0i64; 4];
+        let ptr = if obs.is_empty() {
+            obs_ok.as_ptr()
+        } else {
+            obs.as_ptr()
+        };
+        // The C ABI takes a batch, not a length: a short buffer is the caller's broken promise, not an input it
+        // can see (calling it would read past this test's array).
+        let c_cell = if !obs.is_empty() && obs.len() != batch * 4 {
+            Cell::Typed("n/a (takes a batch, not a length)".into())
+        } else {
+            c_status(unsafe {
+                pp_policy_act(
+                    c,
+                    ptr,
+                    *batch,
+                    *offset,
+                    0,
+                    0,
+                    0,
+                    a.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null(),
+                )
+            })
+        };
+        let obs_path = dir.join("obs.json");
+        let rows_json: Vec<Vec<f32>> = if *batch == 0 {
+            vec![]
+        } else {
+            obs.chunks(obs.len().div_ceil(*batch).max(1))
+                .map(|r| r.to_vec())
+                .collect()
+        };
+        let text = serde_json::to_string(&rows_json)
+            .unwrap()
+            .replace("null", "NaN");
+        std::fs::write(&obs_path, text).unwrap();
+        let offset_s = offset.to_string();
+        let cli = cli_cell(&[
+            "run".as_ref(),
+            policy_path.as_os_str(),
+            "--obs".as_ref(),
+            obs_path.as_os_str(),
+            "--env-offset".as_ref(),
+            offset_s.as_ref(),
+        ]);
+        record(
+            name,
+            vec![
+                ("Rust", rust),
+                ("plugin", plugin_cell),
+                ("C", c_cell),
+                ("C sandboxed", Cell::Typed("(as plugin)".into())),
+                ("CLI run", cli),
+            ],
+        );
+        // Nothing was lost: the next good call answers as before, on every API.
+        let good_req = Request::new(Observations::F32(&obs_ok), 1, ActMode::Deterministic);
+        assert_eq!(
+            native.act(&good_req).unwrap().discrete,
+            want,
+            "{name}: Rust"
+        );
+        sandboxed.act(&good_req, &mut out).unwrap();
+        assert_eq!(out.discrete, want, "{name}: plugin");
+    }
+    unsafe { pp_policy_free(c) };
+
+    let table = format!(
+        "| input | Rust (`CompiledPolicy`, cpu) | wasm plugin (wasmtime) | C ABI | C ABI, sandboxed | CLI |\n|---|---|---|---|---|---|\n{}\n",
+        rows.join("\n")
+    );
+    let out = std::env::current_exe()
+        .unwrap()
+        .ancestors()
+        .nth(3)
+        .unwrap()
+        .join("hostile-inputs.md");
+    std::fs::write(&out, &table).unwrap();
+    println!("{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        broken.is_empty(),
+        "inputs that broke an API's contract:\n{}",
+        broken.join("\n")
+    );
+}
