@@ -256,6 +256,37 @@ try {
   check("policy usable after errors", errs.stillWorks === 1 && errs.gpuStillWorks === 2);
   check("concurrent act() on webgpu -> one PolicyportBusyError", errs.busy === "ok,PolicyportBusyError" || errs.busy === "PolicyportBusyError,ok", errs.busy);
   check("actSync on webgpu -> PolicyportBackendError", errs.syncOnGpu.startsWith("PolicyportBackendError"), errs.syncOnGpu);
+  // 3c. The Rust suite's hostile artifacts (bad_input.rs writes them to <target>/hostile/): each load is a rejected
+  // promise with a PolicyportArtifactError on both bundles, and a policy loaded before keeps acting. The wasm32
+  // memory bomb checks the 32-bit default budget (1 GiB).
+  const hostileDir = path.join(path.dirname(path.dirname(path.resolve(bin))), "hostile");
+  const hostile = fs.existsSync(hostileDir)
+    ? fs.readdirSync(hostileDir).filter((f) => f.endsWith(".policy")).sort()
+      .map((f) => [f, fs.readFileSync(path.join(hostileDir, f)).toString("base64")])
+    : [];
+  check("hostile artifacts from the Rust suite are present", hostile.length >= 8, `${hostile.length} in ${hostileDir}`);
+  const hostileResults = await page.evaluate(async (files) => {
+    const out = [];
+    const good = new Uint8Array(await (await fetch("./policies/cartpole.policy")).arrayBuffer());
+    for (const bundleName of ["cpu", "webgpu"]) {
+      const b = await window.demo.loadBundle(bundleName);
+      const keep = await b.Policy.load(good, { backend: "cpu" });
+      for (const [file, b64] of files) {
+        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        let got;
+        try { const p = await b.Policy.load(bytes, { backend: "cpu" }); p.free(); got = "loaded"; } catch (e) { got = `${e.name}: ${e.message}`; }
+        out.push({ bundle: bundleName, file, got });
+      }
+      out.push({ bundle: bundleName, file: "(the policy loaded before)", got: `acts ${(await keep.act(new Float32Array(8))).actions.length}` });
+      keep.free();
+    }
+    return out;
+  }, hostile);
+  results.hostile = hostileResults;
+  for (const r of hostileResults) {
+    const ok = r.file.startsWith("(") ? r.got === "acts 2" : r.got.startsWith("PolicyportArtifactError");
+    check(`hostile ${r.file} on the ${r.bundle} bundle -> ${r.file.startsWith("(") ? "still acts" : "PolicyportArtifactError"}`, ok, r.got.slice(0, 160));
+  }
   check("auto times cpu and webgpu and says so", /cpu [0-9.]+ us/.test(errs.autoSelection ?? "") && /wgpu [0-9.]+ us/.test(errs.autoSelection ?? ""), errs.autoSelection ?? "null");
 
   // 3b. recurrent state, episode starts and the duplicate-env rule through the JS API

@@ -712,6 +712,58 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
         )
     }));
 
+    // The same artifacts for the browser suite (tests/browser/run.mjs loads each in Chromium and expects a
+    // PolicyportArtifactError, the page's other policy still acting): those under 4 MB, plus a memory bomb sized
+    // for wasm32's default budget (1 GiB: a 4 MB weight read by 300 nodes needs ~1.3 GB; natively it would fit).
+    let target = std::env::current_exe()
+        .unwrap()
+        .ancestors()
+        .nth(3)
+        .unwrap()
+        .to_path_buf();
+    let hostile_dir = target.join("hostile");
+    let _ = std::fs::remove_dir_all(&hostile_dir);
+    std::fs::create_dir_all(&hostile_dir).unwrap();
+    for (name, bytes) in artifacts.iter().filter(|(_, b)| b.len() < 4 << 20) {
+        let slug: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        std::fs::write(hostile_dir.join(format!("{slug}.policy")), bytes).unwrap();
+    }
+    let wasm32_bomb = {
+        let mut nodes = vec![];
+        let mut prev = "obs".to_string();
+        for i in 0..300 {
+            let out = if i == 299 {
+                "h".to_string()
+            } else {
+                format!("n{i}")
+            };
+            nodes.push(dense(&prev, "w", &out));
+            prev = out;
+        }
+        nodes.push(dense("h", "head", "logits"));
+        hostile_artifact(
+            policy_json(
+                serde_json::json!({"kind": "box", "shape": [1024], "dtype": "f32"}),
+                serde_json::json!([]),
+                serde_json::Value::Array(nodes),
+                serde_json::json!({"kind": "discrete", "n": 2}),
+                serde_json::json!({"kind": "categorical", "logits": "logits"}),
+            ),
+            &[
+                ("w", vec![1024, 1024], vec![0.001; 1 << 20]),
+                ("head", vec![2, 1024], vec![0.0; 2048]),
+            ],
+        )
+    };
+    std::fs::write(
+        hostile_dir.join("memory_bomb_for_wasm32.policy"),
+        &wasm32_bomb,
+    )
+    .unwrap();
+
     let mut rows = vec![];
     let mut broken = vec![];
     let mut record = |input: &str, cells: Vec<(&str, Cell)>| {
@@ -898,12 +950,7 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
         "| input | Rust (`CompiledPolicy`, cpu) | wasm plugin (wasmtime) | C ABI | C ABI, sandboxed | CLI |\n|---|---|---|---|---|---|\n{}\n",
         rows.join("\n")
     );
-    let out = std::env::current_exe()
-        .unwrap()
-        .ancestors()
-        .nth(3)
-        .unwrap()
-        .join("hostile-inputs.md");
+    let out = target.join("hostile-inputs.md");
     std::fs::write(&out, &table).unwrap();
     println!("{table}");
     let _ = std::fs::remove_dir_all(&dir);
