@@ -100,9 +100,16 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
             .any(|n| matches!(n.op, policyport::format::Op::Conv2d { .. }));
         // Recurrent cells likewise (measured bf16 1.4e-2 through a 2-layer LSTM's gates).
         let recurrent = art.manifest.recurrent.is_some();
-        let conv_factor = if convolutional || recurrent { 3.0 } else { 1.0 };
         for (label, o, loose) in &configs {
-            let loose = loose.map(|t| t * conv_factor);
+            // f16 on a CPU with AVX512-FP16 / AMX (Sapphire Rapids) runs oneDNN's convolutions in f16 rather than
+            // upcasting: measured 6.3e-3 on NatureCNN's value there (first seen on a cold CI-like run, 2026-12-02;
+            // 3x of 2e-3 failed it); 5x still catches a 10x regression.
+            let deep_factor = match (convolutional || recurrent, o.precision) {
+                (false, _) => 1.0,
+                (true, Precision::F16) => 5.0,
+                (true, _) => 3.0,
+            };
+            let loose = loose.map(|t| t * deep_factor);
             let o = TorchOptions {
                 device,
                 ..o.clone()

@@ -201,24 +201,28 @@ step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, 
 check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
 
 fuzz_s=${POLICYPORT_FUZZ_SECONDS:-30}
-step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $((fuzz_s + 10)) s, act $fuzz_s s, artifact $((fuzz_s - 10)) s"
+step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $fuzz_s s, act $fuzz_s s, differential $((fuzz_s - 10)) s, artifact $((fuzz_s - 10)) s"
 # `load_act` edits real artifacts (the frozen files it embeds, and the compiled fixtures below: an MLP, a bf16
 # Gaussian, LSTM policies from ONNX, SB3 and RLlib) and drives load, act(), reset, state and verify with the
-# input; `act` drives act() on those policies loaded once (sessions and state live across inputs); `artifact`
-# fuzzes the reader alone. A crash fails CI (its input lands in guest/fuzz/artifacts/<target>/).
+# input; `act` drives act() on those policies loaded once (sessions and state live across inputs); `differential`
+# compares the cpu kernels at this CPU's best instruction set with the portable baseline on edited artifacts (same
+# answer or same typed error; burn flex joins with `--features flex`, outside CI: a second build of the runtime);
+# `artifact` fuzzes the reader alone. A crash fails CI (its input lands in guest/fuzz/artifacts/<target>/).
 fuzz_runtime() {
   local corpus="$CARGO_TARGET_DIR/fuzz-corpus" policies="$CARGO_TARGET_DIR/fuzz-policies"
-  mkdir -p "$corpus/load_act" "$corpus/act" "$corpus/artifact" "$policies"
+  mkdir -p "$corpus/load_act" "$corpus/act" "$corpus/differential" "$corpus/artifact" "$policies"
   for f in cartpole.policy pendulum.bf16.policy lstm_policy.policy sb3_lstm.policy rllib_lstm.policy gru_policy_dynamo.policy; do
-    [ -f "$out/$f" ] && cp "$out/$f" "$corpus/load_act/" && cp "$out/$f" "$corpus/artifact/" && cp "$out/$f" "$policies/"
+    [ -f "$out/$f" ] && cp "$out/$f" "$corpus/load_act/" && cp "$out/$f" "$corpus/differential/" &&
+      cp "$out/$f" "$corpus/artifact/" && cp "$out/$f" "$policies/"
   done
   cd guest/fuzz
-  cargo +nightly fuzz run -O load_act "$corpus/load_act" -- -max_total_time=$((fuzz_s + 10)) -rss_limit_mb=2048 -max_len=200000
+  cargo +nightly fuzz run -O load_act "$corpus/load_act" -- -max_total_time="$fuzz_s" -rss_limit_mb=2048 -max_len=200000
   POLICYPORT_FUZZ_POLICIES="$policies" cargo +nightly fuzz run -O act "$corpus/act" -- -max_total_time="$fuzz_s" -rss_limit_mb=2048
+  cargo +nightly fuzz run -O differential "$corpus/differential" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -max_len=200000
   cargo +nightly fuzz run -O artifact "$corpus/artifact" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048
 }
 if ensure_fuzz_tools; then
-  check "cargo fuzz: load_act, act and artifact (guest/fuzz)" fuzz_runtime
+  check "cargo fuzz: load_act, act, differential and artifact (guest/fuzz)" fuzz_runtime
 else
   skip "cargo fuzz: no nightly toolchain could be had (the conformance suite's mutation test still ran)"
 fi

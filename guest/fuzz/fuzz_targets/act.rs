@@ -11,58 +11,16 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, Session};
-
-const FROZEN: &[&[u8]] = &[
-    include_bytes!("../../../tests/frozen/v1.0/cartpole.f32.policy"),
-    include_bytes!("../../../tests/frozen/v1.0/ops.f32.policy"),
-    include_bytes!("../../../tests/frozen/v1.0/pendulum.bf16.policy"),
-    include_bytes!("../../../tests/frozen/v1.1/layernorm_sac.f32.policy"),
-    include_bytes!("../../../tests/frozen/v1.2/sb3_multi_input_dict.f32.policy"),
-];
+use policyport_fuzz::{Input, SEEDS, extra_policies};
 
 fn policies() -> Vec<Arc<CompiledPolicy>> {
-    let mut bytes: Vec<Vec<u8>> = FROZEN.iter().map(|b| b.to_vec()).collect();
-    if let Some(dir) = std::env::var_os("POLICYPORT_FUZZ_POLICIES") {
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "policy") && std::fs::metadata(p).is_ok_and(|m| m.len() < 1 << 20))
-            .collect();
-        files.sort();
-        bytes.extend(files.iter().filter_map(|p| std::fs::read(p).ok()));
-    }
+    let mut bytes: Vec<Vec<u8>> = SEEDS.iter().map(|b| b.to_vec()).collect();
+    bytes.extend(extra_policies());
     bytes.iter().filter_map(|b| CompiledPolicy::load(b, Backend::Cpu).ok()).collect()
 }
 
 thread_local! {
     static SESSIONS: RefCell<Vec<Session>> = RefCell::new(policies().iter().map(|p| p.session()).collect());
-}
-
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((b, rest)) => {
-                self.0 = rest;
-                *b
-            }
-            None => 0,
-        }
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.byte(), self.byte(), self.byte(), self.byte()])
-    }
-    fn f32(&mut self) -> f32 {
-        match self.byte() % 8 {
-            0 => f32::from_bits(self.u32()),
-            1 => [0.0, -0.0, 1e30, -1e30, f32::MAX, f32::MIN, f32::NAN, f32::INFINITY][self.byte() as usize % 8],
-            2 => self.byte() as f32,
-            _ => (self.byte() as f32 - 128.0) / 32.0,
-        }
-    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -90,8 +48,8 @@ fuzz_target!(|data: &[u8]| {
                 1 => want.saturating_sub(1),
                 _ => want,
             };
-            let fill = inp.f32();
-            let obs_f: Vec<f32> = (0..count).map(|i| if i < 64 { inp.f32() } else { fill }).collect();
+            let fill = inp.f32_special();
+            let obs_f: Vec<f32> = (0..count).map(|i| if i < 64 { inp.f32_special() } else { fill }).collect();
             let obs_u: Vec<u8> = (0..count).map(|i| if i < 64 { inp.byte() } else { 7 }).collect();
             let ids: Vec<u32> = (0..batch.min(300))
                 .map(|_| match inp.byte() % 4 {
