@@ -7,6 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 torch_env
 ensure_wasm_target
+ensure_lavapipe
 cargo build --release --workspace --all-targets --features "$PP_FEATURES"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
 "$CARGO_TARGET_DIR/release/soak" "$@"
