@@ -2,14 +2,19 @@
 // batched act() per tick, a backend switch, live latency / throughput / returns charts, drag-and-drop of a
 // user's own .policy. State is mirrored on `window.demo` for the headless tests (tests/browser/run.mjs).
 //
-// Query parameters: env=cartpole|pendulum, backend=auto|cpu|webgpu, n=<envs>, seed=<policy seed>, idle=1 (load
-// nothing: the tests drive the bundles themselves).
+// Query parameters: env=cartpole|pendulum|frames, backend=auto|cpu|webgpu, n=<envs>, seed=<policy seed>, idle=1
+// (load nothing: the tests drive the bundles themselves), fast=1 (replay without pauses: the tests).
+//
+// env=frames is the pixel + recurrent policy: sb3-contrib RecurrentPPO's CnnLstmPolicy (NatureCNN on uint8 RGB
+// frames, then an LSTM with state per env) replaying its trainer's own rollout (two envs, episode boundaries
+// included) with deterministic actions, each step's actions, values and logits compared with the trainer's.
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const ENVS = {
   cartpole: { n: 256, obsLen: 4, title: "CartPole-v1" },
   pendulum: { n: 64, obsLen: 3, title: "Pendulum-v1" },
+  frames: { replay: "sb3_cnn_lstm", title: "SB3 RecurrentPPO CnnLstm on frames (the trainer's rollout)" },
 };
 
 const demo = (window.demo = {
@@ -28,6 +33,8 @@ const demo = (window.demo = {
   info: null,
   bundle: null,
   paused: false,
+  // env=frames: the replay's agreement with the trainer, counted over every step played.
+  replay: null,
 });
 
 // ---- bundles: the small CPU-only one, or the full one with WebGPU (loaded once each, on demand) ----
@@ -72,6 +79,7 @@ async function start() {
   try {
     const envName = demo.env;
     const spec = ENVS[envName];
+    if (spec.replay) return await replay(myRun, spec);
     const n = Number(params.get("n")) || spec.n;
     setStatus(`loading ${spec.title} × ${n} on ${demo.backendChoice}…`);
     const [bundleName, pp] = await bundleFor(demo.backendChoice);
@@ -133,6 +141,70 @@ async function start() {
   }
 }
 
+// ---- env=frames: a pixel + recurrent policy replaying its trainer's rollout ----
+async function replay(myRun, spec) {
+  setStatus(`loading ${spec.title} on ${demo.backendChoice}…`);
+  const [bundleName, pp] = await bundleFor(demo.backendChoice);
+  const [bytes, rollout] = await Promise.all([
+    fetch(`./policies/${spec.replay}.policy`).then((r) => r.arrayBuffer()).then((b) => new Uint8Array(b)),
+    fetch(`./replays/${spec.replay}.json`).then((r) => r.json()),
+  ]);
+  const envs = rollout.envs;
+  const policy = await pp.Policy.load(bytes, { backend: demo.backendChoice, batch: envs, numEnvs: envs });
+  const info = policy.info();
+  const steps = rollout.steps.map((s) => ({
+    obs: Uint8Array.from(s.obs),
+    starts: Uint8Array.from(s.episode_starts, Number),
+    actions: s.trainer_actions,
+    value: s.expected.value,
+    logits: s.expected.logits,
+  }));
+  if (steps[0].obs.length !== envs * info.obsLen) {
+    throw new Error(`the rollout has ${steps[0].obs.length / envs} numbers per frame; ${info.name} takes ${info.obsLen}`);
+  }
+  if (myRun !== run) { policy.free(); return; }
+  const r = (demo.replay = {
+    envs, steps: steps.length, loops: 0, played: 0, actionMatches: 0, actionMismatches: 0,
+    maxValueErr: 0, maxLogitErr: 0, tolerance: rollout.tolerance,
+  });
+  Object.assign(demo, { n: envs, ticks: 0, envSteps: 0, episodes: 0, returns: [], meanReturn: null, latencies: [],
+    firstActMs: null, info, bundle: bundleName });
+  myRun.replay = { shape: info.observation.shape, envs, frame: null };
+  $("info").textContent = JSON.stringify(info, null, 1);
+  setStatus(`${info.name} on ${info.backend} (${bundleName} bundle, loaded in ${info.loadMs.toFixed(0)} ms): ` +
+    `replaying the trainer's ${steps.length} steps × ${envs} envs, deterministic actions`);
+  demo.ready = true;
+  // Error relative to the step's largest trainer number, as the Rust and C tests measure it.
+  const relErr = (got, want) => {
+    const scale = want.reduce((m, v) => Math.max(m, Math.abs(v)), 1e-12);
+    return want.reduce((m, w, i) => Math.max(m, Math.abs(got[i] - w) / scale), 0);
+  };
+  const fast = params.get("fast") === "1";
+  while (myRun === run) {
+    for (const s of steps) {
+      while (demo.paused && myRun === run) await sleep(50);
+      if (myRun !== run) break;
+      const t0 = performance.now();
+      const res = await policy.act(s.obs, { mode: "deterministic", episodeStarts: s.starts });
+      const ms = performance.now() - t0;
+      if (myRun !== run) break;
+      if (demo.firstActMs === null) demo.firstActMs = ms;
+      demo.latencies.push(ms);
+      if (demo.latencies.length > 100) demo.latencies.shift();
+      for (let i = 0; i < envs; i++) res.actions[i] === s.actions[i] ? r.actionMatches++ : r.actionMismatches++;
+      r.maxValueErr = Math.max(r.maxValueErr, relErr(res.value, s.value));
+      r.maxLogitErr = Math.max(r.maxLogitErr, relErr(res.distParams, s.logits));
+      r.played++;
+      demo.ticks++;
+      demo.envSteps += envs;
+      myRun.replay.frame = { step: s, ours: Array.from(res.actions), value: Array.from(res.value) };
+      await (fast ? yieldToBrowser() : sleep(400));
+    }
+    r.loops++;
+  }
+  policy.free();
+}
+
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // A macrotask yield without setTimeout's 4 ms clamp, so rendering and input keep up between ticks.
 const channel = new MessageChannel();
@@ -153,6 +225,7 @@ function render() {
   requestAnimationFrame(render);
   const r = run;
   if (r?.env && demo.ready) drawWorld(r);
+  if (r?.replay?.frame && demo.ready) drawFrames(r.replay);
   $("s-lat").textContent = demo.latencies.length ? median(demo.latencies).toFixed(3) : "–";
   $("s-sps").textContent = history.length ? Math.round(history[history.length - 1].sps).toLocaleString() : "–";
   $("s-ret").textContent = demo.meanReturn === null ? "–" : demo.meanReturn.toFixed(1);
@@ -207,6 +280,48 @@ function drawWorld(r) {
     }
     g.restore();
   }
+}
+
+// The frames the policy sees (uint8, channels first as SB3 hands them to the network, or channels last: RGB with
+// 3 channels, else the first channel as grey), one per env, with its episode start, our action and value, and
+// the trainer's.
+function drawFrames(rp) {
+  const c = $("world");
+  const g = c.getContext("2d");
+  g.fillStyle = "#0b1015";
+  g.fillRect(0, 0, c.width, c.height);
+  const sh = rp.shape.length === 3 ? rp.shape : [1, rp.shape[0], rp.shape[1] ?? 1];
+  const chw = sh[0] <= 4 && sh[2] > 4;
+  const [ch, h, w] = chw ? sh : [sh[2], sh[0], sh[1]];
+  // Index of channel k of pixel p within one env's frame.
+  const at = chw ? (p, k) => k * h * w + p : (p, k) => p * ch + k;
+  const { step, ours, value } = rp.frame;
+  const cell = c.width / rp.envs;
+  for (let e = 0; e < rp.envs; e++) {
+    const img = g.createImageData(w, h);
+    const frame = step.obs.subarray(e * h * w * ch, (e + 1) * h * w * ch);
+    for (let p = 0; p < h * w; p++) {
+      const [r, gr, b] = ch >= 3 ? [frame[at(p, 0)], frame[at(p, 1)], frame[at(p, 2)]] : Array(3).fill(frame[at(p, 0)]);
+      img.data.set([r, gr, b, 255], p * 4);
+    }
+    const tile = new OffscreenCanvas(w, h);
+    tile.getContext("2d").putImageData(img, 0, 0);
+    const size = cell * 0.9;
+    g.imageSmoothingEnabled = false;
+    g.drawImage(tile, e * cell + cell * 0.05, cell * 0.05, size, (size * h) / w);
+    g.fillStyle = ours[e] === step.actions[e] ? "#7bd88f" : "#ff6b6b";
+    g.font = `${Math.round(cell / 24)}px system-ui`;
+    const y = cell * 0.1 + (size * h) / w + cell / 14;
+    g.fillText(`env ${e}${step.starts[e] ? " (episode start)" : ""}`, e * cell + cell * 0.05, y);
+    g.fillText(`action ${ours[e]} (trainer ${step.actions[e]})`, e * cell + cell * 0.05, y + cell / 18);
+    g.fillText(`value ${value[e].toFixed(5)} (trainer ${step.value[e].toFixed(5)})`, e * cell + cell * 0.05, y + cell / 9);
+  }
+  const r = demo.replay;
+  g.fillStyle = "#8a96a3";
+  g.font = `${Math.round(c.width / 56)}px system-ui`;
+  g.fillText(`${r.played} steps played: ${r.actionMatches} actions as the trainer's, ${r.actionMismatches} not; ` +
+    `max rel. error value ${r.maxValueErr.toExponential(1)}, logits ${r.maxLogitErr.toExponential(1)}`,
+    cell * 0.05, c.height - cell / 10);
 }
 
 function drawSeries(g, w, h, values, color, max) {

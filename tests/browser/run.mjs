@@ -15,7 +15,8 @@
 // 3b. Recurrent state through the JS API (tests/expected/elman.policy, committed and checked by the Rust suite with
 //    its float64 answers): per-env state carried between acts, episode starts, the duplicate-env rule (a
 //    PolicyportArgumentError that changes no state), on cpu-wasm and WebGPU.
-// 4. The demo page runs on cpu and webgpu until episode returns show, takes a dropped .policy, and is
+// 4. The demo page runs on cpu and webgpu until episode returns show, replays the pixel + recurrent policy's
+//    trainer rollout with the trainer's actions, values and logits, takes a dropped .policy, and is
 //    screenshotted into the output dir.
 // 5. Without a WebGPU adapter, `auto` falls back to CPU-wasm (and says why) and the demo still runs.
 // Exits non-zero on the first failed check; writes browser-results.json (sizes, first-act latency, load times).
@@ -339,6 +340,25 @@ try {
     const goodReturn = envName === "cartpole" ? d.meanReturn >= 195 : d.meanReturn >= -400;
     check(`demo ${envName} on ${backend}`, !d.error && d.episodes >= minEpisodes && d.shown !== "–" && goodReturn && (backend === "auto" || d.backend === backend),
       d.error ?? `${d.episodes} episodes, mean return ${d.meanReturn?.toFixed(1)} (shown "${d.shown}"), ${d.ticks} ticks, act ${d.latencyMs?.toFixed(3)} ms median on ${d.backend} (${d.bundle} bundle), screenshot ${path.basename(shot)}`);
+  }
+
+  // the pixel + recurrent policy (SB3 RecurrentPPO CnnLstm on uint8 RGB frames): its trainer's rollout replayed
+  // twice (the second pass starts episodes again, so per-env state must restart), every deterministic action the
+  // trainer's, values and logits within the rollout's tolerance (relative to each step's largest number)
+  for (const backend of ["cpu", "webgpu"]) {
+    await page.goto(`${base}/?backend=${backend}&env=frames&fast=1`);
+    await page.waitForFunction(() => window.demo.error || window.demo.replay?.loops >= 2, null, { timeout: 240000 });
+    const d = await page.evaluate(() => ({ error: window.demo.error, backend: window.demo.info?.backend, ...window.demo.replay }));
+    results.demo.push({ backend, envName: "frames", ...d });
+    const shot = path.join(outDir, `demo-frames-${backend}.png`);
+    await page.screenshot({ path: shot });
+    const played = d.envs * d.played;
+    check(`demo frames (SB3 CnnLstm, the trainer's rollout) on ${backend}: actions, values and logits as the trainer's`,
+      !d.error && d.backend === backend && d.loops >= 2 && d.actionMatches === played && d.actionMismatches === 0 &&
+        d.maxValueErr <= d.tolerance && d.maxLogitErr <= d.tolerance,
+      d.error ?? `${d.played} steps x ${d.envs} envs over ${d.loops} passes: ${d.actionMatches} actions as the trainer's, ` +
+        `${d.actionMismatches} not; max rel. error value ${d.maxValueErr?.toExponential(2)}, logits ` +
+        `${d.maxLogitErr?.toExponential(2)} (tolerance ${d.tolerance}); screenshot ${path.basename(shot)}`);
   }
 
   // drag-and-drop of a user's .policy onto a running CartPole demo: the page switches to Pendulum

@@ -778,6 +778,25 @@ const BUNDLED: [Bundled; 2] = [
     },
 ];
 
+/// A policy the browser demo replays a trainer's rollout with (no environment of its own in the page).
+struct Replay {
+    name: &'static str,
+    source: &'static str,
+    sb3_zip: &'static [u8],
+    rollout: &'static [u8],
+}
+
+/// sb3-contrib RecurrentPPO `CnnLstmPolicy` on uint8 frames (NatureCNN, then an LSTM with per-env state): the
+/// demo's pixel and recurrent policy. `sequence.json` is the trainer's rollout over two envs with episode
+/// boundaries on 40x40 RGB frames (random, as the fixture env draws them), recorded by
+/// tests/fixtures/generate_sb3.py.
+const REPLAY: Replay = Replay {
+    name: "sb3_cnn_lstm",
+    source: "tests/fixtures/sb3/recurrent_ppo_cnn_frames/model.zip",
+    sb3_zip: include_bytes!("../../../tests/fixtures/sb3/recurrent_ppo_cnn_frames/model.zip"),
+    rollout: include_bytes!("../../../tests/fixtures/sb3/recurrent_ppo_cnn_frames/sequence.json"),
+};
+
 /// The spaces of a state dict import: `--spaces` JSON, or the shape / dtype / action flags.
 fn spaces_from_flags(
     spaces: Option<&std::path::Path>,
@@ -965,6 +984,13 @@ fn serve_web(bind: &str, port: u16, root: &Path) -> Result<()> {
         memory.insert(format!("/policies/{}.policy", b.name), compile_bundled(b)?);
         memory.insert(format!("/models/{}.onnx", b.name), b.onnx.to_vec());
     }
+    // The demo's pixel + recurrent policy: the SB3 archive compiled as `policyport compile model.zip` would,
+    // and the trainer's own rollout (frames, episode starts, actions, values, logits) that the page replays.
+    memory.insert(
+        format!("/policies/{}.policy", REPLAY.name),
+        policyport_import::compile_sb3(REPLAY.sb3_zip, None, REPLAY.source, None, Storage::F32)?,
+    );
+    memory.insert(format!("/replays/{}.json", REPLAY.name), REPLAY.rollout.to_vec());
     let shaders: Vec<serde_json::Value> = policyport_shaders::all_sources()
         .into_iter()
         .map(|(name, source)| serde_json::json!({ "name": name, "source": source }))
