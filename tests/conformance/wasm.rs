@@ -438,3 +438,93 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
         t.join().unwrap();
     }
 }
+
+/// A host calling the plugin's exports directly (not through policyport-wasmtime).
+struct RawPlugin {
+    store: wasmtime::Store<()>,
+    memory: wasmtime::Memory,
+    instance: wasmtime::Instance,
+}
+
+impl RawPlugin {
+    fn new(module: &wasmtime::Module) -> Self {
+        let mut store = wasmtime::Store::new(module.engine(), ());
+        let instance = wasmtime::Instance::new(&mut store, module, &[]).unwrap();
+        let memory = instance.get_memory(&mut store, policyport_abi::export::MEMORY).unwrap();
+        RawPlugin { store, memory, instance }
+    }
+    fn func<P: wasmtime::WasmParams, R: wasmtime::WasmResults>(&mut self, name: &str) -> wasmtime::TypedFunc<P, R> {
+        self.instance.get_typed_func(&mut self.store, name).unwrap()
+    }
+    fn alloc(&mut self, bytes: &[u8]) -> u32 {
+        let alloc = self.func::<u32, u32>(policyport_abi::export::ALLOC);
+        let p = alloc.call(&mut self.store, bytes.len() as u32).unwrap();
+        self.memory.write(&mut self.store, p as usize, bytes).unwrap();
+        p
+    }
+    fn end(&self) -> u32 {
+        self.memory.data_size(&self.store) as u32
+    }
+    /// pp_act at batch 1 for env 0, deterministic; the action and value read back when the call succeeds.
+    fn act(&mut self, h: i32, obs: u32, actions: u32, value: u32) -> (i32, Vec<u8>) {
+        let act = self.func::<policyport_abi::ActParams, i32>(policyport_abi::export::ACT);
+        let code = act.call(&mut self.store, (h, obs, 0, 1, 0, 0, 0, 0, 0, actions, value, 0, 0)).unwrap();
+        let mut out = vec![0u8; 8];
+        if code == 0 {
+            self.memory.read(&self.store, actions as usize, &mut out[..4]).unwrap();
+            self.memory.read(&self.store, value as usize, &mut out[4..]).unwrap();
+        }
+        (code, out)
+    }
+}
+
+/// Found by the `plugin_abi` fuzz target (host/wasmtime/fuzz): `pp_info` with an output pointer straddling the
+/// memory's end trapped the instance instead of answering a code. Every export now checks each range against the
+/// plugin's memory first: ranges straddling or past the end are a bad call (code -3), a refused act() leaves the
+/// recurrent state where it was, and nothing traps.
+#[test]
+fn plugin_exports_refuse_ranges_past_the_memory_end() {
+    let engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&engine, plugin_wasm()).unwrap();
+    let bytes = compile_fixture(&load_fixture("lstm_policy"));
+    let call = ErrorCode::Call.code();
+    let mut answers = vec![];
+    for refuse_first in [true, false] {
+        let mut p = RawPlugin::new(&module);
+        let art = p.alloc(&bytes);
+        let load = p.func::<(u32, u32), i32>(policyport_abi::export::LOAD);
+        let h = load.call(&mut p.store, (art, bytes.len() as u32)).unwrap();
+        assert!(h >= 0, "load: {h}");
+        let words = p.alloc(&[0u8; 4 * policyport_abi::INFO_WORDS]);
+        let info = p.func::<(i32, u32), i32>(policyport_abi::export::INFO);
+        assert_eq!(info.call(&mut p.store, (h, words)).unwrap(), 0);
+        let mut w = [0u8; 4];
+        p.memory.read(&p.store, words as usize, &mut w).unwrap();
+        let obs_len = u32::from_le_bytes(w) as usize;
+        let obs: Vec<u8> = (0..obs_len).flat_map(|i| (0.3 * i as f32 - 0.4).to_le_bytes()).collect();
+        let (obs, actions, value) = (p.alloc(&obs), p.alloc(&[0; 4]), p.alloc(&[0; 4]));
+        let end = p.end();
+        for out in [end - 4, end - 1, end + 64, u32::MAX - 3] {
+            assert_eq!(info.call(&mut p.store, (h, out)).unwrap(), call, "pp_info at {out:#x} of {end:#x}");
+        }
+        let first = p.act(h, obs, actions, value);
+        assert_eq!(first.0, 0);
+        if refuse_first {
+            // Outputs past the end: refused before act() runs, so the LSTM's state does not advance.
+            for (a, v) in [(end - 2, value), (actions, end - 2), (end + 4096, value)] {
+                assert_eq!(p.act(h, obs, a, v).0, call, "pp_act with outputs at {a:#x} / {v:#x} of {end:#x}");
+            }
+            let state = p.func::<(i32, u32, u32, u32), i32>(policyport_abi::export::STATE);
+            assert_eq!(state.call(&mut p.store, (h, 0, end - 8, 1 << 20)).unwrap(), call);
+            let reset = p.func::<(i32, u32, u32), i32>(policyport_abi::export::RESET);
+            assert_eq!(reset.call(&mut p.store, (h, end - 2, 4)).unwrap(), call);
+            let last_error = p.func::<(u32, u32), u32>(policyport_abi::export::LAST_ERROR);
+            assert!(last_error.call(&mut p.store, (end - 1, 100)).unwrap() > 0);
+            let free = p.func::<(u32, u32), ()>(policyport_abi::export::FREE);
+            free.call(&mut p.store, (end + 16, 32)).unwrap();
+        }
+        answers.push((first.1, p.act(h, obs, actions, value)));
+    }
+    assert_eq!(answers[0], answers[1], "the refused calls changed the answers (state advanced?)");
+    assert_ne!(answers[0].0, answers[0].1 .1, "the LSTM's second step should differ from its first");
+}

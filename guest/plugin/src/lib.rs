@@ -52,23 +52,55 @@ fn code_of(e: &PolicyError) -> i32 {
     }
 }
 
-/// A guest-memory slice from an ABI pointer and element count.
+/// Bytes of this module's linear memory now (it only grows, so a range checked here stays valid for the call).
+fn memory_bytes() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        core::arch::wasm32::memory_size(0) as u64 * 65536
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        u64::MAX
+    }
+}
+
+/// Whether `ptr .. ptr + len * size_of::<T>()` is a usable range of `T`s: empty, or non-null, aligned for `T` and
+/// inside this module's memory. A host bug (or a hostile host) passing a range past the memory's end gets a code,
+/// not a trap (found by the `plugin_abi` fuzz target: `pp_info` at the memory's last bytes trapped).
+fn valid_range<T>(ptr: *const T, len: usize) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let Some(bytes) = (len as u64).checked_mul(std::mem::size_of::<T>() as u64) else {
+        return false;
+    };
+    !ptr.is_null()
+        && (ptr as usize) % std::mem::align_of::<T>() == 0
+        && (ptr as usize as u64).checked_add(bytes).is_some_and(|end| end <= memory_bytes())
+}
+
+/// A guest-memory slice from an ABI pointer and element count, or None when the range is unusable
+/// ([`valid_range`]).
 ///
 /// # Safety
-/// The host promises `ptr .. ptr + len * size_of::<T>()` lies in this module's memory, aligned for `T`; a lie
-/// can only corrupt this sandboxed instance, never the host.
+/// The host promises a range that passes [`valid_range`] is a buffer of its own (not this module's heap or stack);
+/// a lie can only corrupt this sandboxed instance, never the host.
 unsafe fn slice<'a, T>(ptr: *const T, len: usize) -> Option<&'a [T]> {
     if len == 0 {
         return Some(&[]);
     }
-    if ptr.is_null() || (ptr as usize) % std::mem::align_of::<T>() != 0 {
+    if !valid_range(ptr, len) {
         return None;
     }
     Some(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
+/// [`slice`], writable.
 unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T]> {
-    if ptr.is_null() || (ptr as usize) % std::mem::align_of::<T>() != 0 {
+    if len == 0 {
+        return Some(&mut []);
+    }
+    if !valid_range(ptr as *const T, len) {
         return None;
     }
     Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
@@ -106,8 +138,9 @@ pub extern "C" fn pp_alloc(len: u32) -> *mut u8 {
 /// `ptr` came from `pp_alloc(len)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_free(ptr: *mut u8, len: u32) {
-    if let (false, Ok(layout)) = (
-        ptr.is_null(),
+    // A pointer outside this module's memory cannot be one pp_alloc returned: ignored, like null.
+    if let (true, Ok(layout)) = (
+        !ptr.is_null() && valid_range(ptr as *const u8, len.max(1) as usize),
         std::alloc::Layout::from_size_align(len.max(1) as usize, 16),
     ) {
         // SAFETY: the caller passes back what pp_alloc returned, with its size.
@@ -151,7 +184,7 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
 pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
     with_slot(handle, |slot| {
         let Some(out) = (unsafe { slice_mut(out, policyport_abi::INFO_WORDS) }) else {
-            return Err(fail(ERR_CALL, "info pointer is null or misaligned"));
+            return Err(fail(ERR_CALL, "info pointer is null, misaligned or out of range"));
         };
         let i = &slot.info;
         let u8_obs = i.observation.raw_dtype() == policyport::format::ObsDType::U8;
@@ -199,12 +232,27 @@ pub unsafe extern "C" fn pp_act(
                 format!("{what} pointer is null, misaligned or out of range"),
             )
         };
+        // Every size from the caller's batch, checked (usize is 32 bits here).
+        let sizes = [info.obs_len, info.action_len, info.dist_params_len].map(|n| b.checked_mul(n));
+        let [Some(obs_n), Some(action_n), Some(dist_n)] = sizes else {
+            return Err(fail(ERR_CALL, format!("batch {b} overflows the buffer sizes")));
+        };
+        // The outputs are checked before act() runs: a refused call must not advance recurrent state.
+        if !valid_range(actions as *const f32, action_n) {
+            return Err(bad("actions"));
+        }
+        if !value.is_null() && info.has_value && !valid_range(value as *const f32, b) {
+            return Err(bad("value"));
+        }
+        if !dist.is_null() && !valid_range(dist as *const f32, dist_n) {
+            return Err(bad("dist"));
+        }
         let observations = match ObsDType::from_u32(obs_dtype) {
             Some(ObsDType::F32) => Observations::F32(
-                unsafe { slice(obs as *const f32, b * info.obs_len) }.ok_or_else(|| bad("obs"))?,
+                unsafe { slice(obs as *const f32, obs_n) }.ok_or_else(|| bad("obs"))?,
             ),
             Some(ObsDType::U8) => {
-                Observations::U8(unsafe { slice(obs, b * info.obs_len) }.ok_or_else(|| bad("obs"))?)
+                Observations::U8(unsafe { slice(obs, obs_n) }.ok_or_else(|| bad("obs"))?)
             }
             None => {
                 return Err(fail(
@@ -237,7 +285,7 @@ pub unsafe extern "C" fn pp_act(
             req = req.episode_starts(&slot.starts);
         }
         let out = slot.session.act(&req).map_err(|e| fail(code_of(&e), e))?;
-        let n = b * info.action_len;
+        let n = action_n;
         if info.action.is_discrete() {
             let a = unsafe { slice_mut(actions as *mut i32, n) }.ok_or_else(|| bad("actions"))?;
             for (d, s) in a.iter_mut().zip(&out.discrete) {
@@ -253,7 +301,7 @@ pub unsafe extern "C" fn pp_act(
                 .copy_from_slice(&out.value);
         }
         if !dist.is_null() {
-            unsafe { slice_mut(dist, b * info.dist_params_len) }
+            unsafe { slice_mut(dist, dist_n) }
                 .ok_or_else(|| bad("dist"))?
                 .copy_from_slice(&out.dist_params);
         }
@@ -303,7 +351,7 @@ pub unsafe extern "C" fn pp_state(handle: i32, k: u32, out: *mut f32, cap: u32) 
         };
         if cap as usize >= total {
             let dst = unsafe { slice_mut(out, total) }
-                .ok_or_else(|| fail(ERR_CALL, "state pointer is null or misaligned"))?;
+                .ok_or_else(|| fail(ERR_CALL, "state pointer is null, misaligned or out of range"))?;
             for (env, row) in dst.chunks_exact_mut(numel).enumerate() {
                 let src = slot
                     .session
