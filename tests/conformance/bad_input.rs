@@ -684,33 +684,10 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
             &[("w", vec![4, 3], vec![0.1; 12])],
         ),
     ));
-    artifacts.push(("memory bomb (a 64 MB weight read by 200 nodes)", {
-        let mut nodes = vec![];
-        let mut prev = "obs".to_string();
-        for i in 0..200 {
-            let out = if i == 199 {
-                "h".to_string()
-            } else {
-                format!("n{i}")
-            };
-            nodes.push(dense(&prev, "w", &out));
-            prev = out;
-        }
-        nodes.push(dense("h", "head", "logits"));
-        hostile_artifact(
-            policy_json(
-                serde_json::json!({"kind": "box", "shape": [4096], "dtype": "f32"}),
-                serde_json::json!([]),
-                serde_json::Value::Array(nodes),
-                serde_json::json!({"kind": "discrete", "n": 2}),
-                serde_json::json!({"kind": "categorical", "logits": "logits"}),
-            ),
-            &[
-                ("w", vec![4096, 4096], vec![0.001; 1 << 24]),
-                ("head", vec![2, 4096], vec![0.0; 8192]),
-            ],
-        )
-    }));
+    artifacts.push((
+        "memory bomb (a 64 MB weight read by 200 nodes)",
+        memory_bomb(4096, 200),
+    ));
 
     // The same artifacts for the browser suite (tests/browser/run.mjs loads each in Chromium and expects a
     // PolicyportArtifactError, the page's other policy still acting): those under 4 MB, plus a memory bomb sized
@@ -731,15 +708,7 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
             .collect();
         std::fs::write(hostile_dir.join(format!("{slug}.policy")), bytes).unwrap();
     }
-    let wasm32_bomb = {
-        let mut nodes = vec![];
-        let mut prev = "obs".to_string();
-        for i in 0..300 {
-            let out = if i == 299 {
-                "h".to_string()
-            } else {
-                format!("n{i}")
-            };
+    let wasm32_bomb = memory_bomb(1024, 300);
             nodes.push(dense(&prev, "w", &out));
             prev = out;
         }
@@ -959,4 +928,34 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
         "inputs that broke an API's contract:\n{}",
         broken.join("\n")
     );
+}
+
+/// A chain of `depth` dense layers all reading one `width x width` weight (one copy in the file, a batch x width
+/// buffer per node at run time): a small file whose plan asks for `depth` times that memory.
+fn memory_bomb(width: usize, depth: usize) -> Vec<u8> {
+    let mut nodes = vec![];
+    let mut prev = "obs".to_string();
+    for i in 0..depth {
+        let out = if i + 1 == depth {
+            "h".to_string()
+        } else {
+            format!("n{i}")
+        };
+        nodes.push(dense(&prev, "w", &out));
+        prev = out;
+    }
+    nodes.push(dense("h", "head", "logits"));
+    hostile_artifact(
+        policy_json(
+            serde_json::json!({"kind": "box", "shape": [width], "dtype": "f32"}),
+            serde_json::json!([]),
+            serde_json::Value::Array(nodes),
+            serde_json::json!({"kind": "discrete", "n": 2}),
+            serde_json::json!({"kind": "categorical", "logits": "logits"}),
+        ),
+        &[
+            ("w", vec![width, width], vec![0.001; width * width]),
+            ("head", vec![2, width], vec![0.0; 2 * width]),
+        ],
+    )
 }

@@ -10,8 +10,8 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, Session};
-use policyport_fuzz::{Input, SEEDS, extra_policies};
+use policyport::{Backend, CompiledPolicy, Observations, Request, Session};
+use policyport_fuzz::{Input, SEEDS, check_answer, extra_policies};
 
 fn policies() -> Vec<Arc<CompiledPolicy>> {
     let mut bytes: Vec<Vec<u8>> = SEEDS.iter().map(|b| b.to_vec()).collect();
@@ -59,25 +59,11 @@ fuzz_target!(|data: &[u8]| {
                 })
                 .collect();
             let starts: Vec<bool> = (0..batch.min(300) + inp.byte() as usize % 2).map(|_| inp.byte() % 2 == 0).collect();
-            let mode = if inp.byte() % 2 == 0 {
-                ActMode::Deterministic
-            } else {
-                ActMode::Sample { seed: inp.u32() as u64, step: inp.u32() as u64 }
-            };
+            let mode = inp.mode();
             let obs = if inp.byte() % 4 == 0 { Observations::U8(&obs_u) } else { Observations::F32(&obs_f) };
-            let mut req = Request::new(obs, batch, mode);
-            req = match inp.byte() % 3 {
-                0 => req.envs(EnvIds::Range(inp.u32())),
-                1 => req.envs(EnvIds::List(&ids)),
-                _ => req,
-            };
-            if inp.byte() % 2 == 0 {
-                req = req.episode_starts(&starts);
-            }
+            let req = inp.envs_and_starts(Request::new(obs, batch, mode), &ids, &starts, true);
             if let Ok(out) = s.act(&req) {
-                assert_eq!(out.batch, batch);
-                assert_eq!(out.dist_params.len(), batch * info.dist_params_len);
-                assert!(out.continuous.iter().chain(&out.value).chain(&out.dist_params).all(|x| x.is_finite()));
+                check_answer(out, batch, &info);
             }
             match inp.byte() % 8 {
                 0 => {

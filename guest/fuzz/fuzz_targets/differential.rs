@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use policyport::format::{ActionSpace, Limits};
-use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request};
+use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, Observations, PolicyError, Request};
 use policyport_fuzz::{Input, edited_artifact};
 
 /// One executor of the comparison.
@@ -157,15 +157,7 @@ fuzz_target!(|data: &[u8]| {
             ActMode::Sample { seed: inp.u32() as u64, step: step as u64 }
         };
         let obs = if u8_obs && inp.byte() % 2 == 0 { Observations::U8(&obs_u) } else { Observations::F32(&obs_f) };
-        let mut req = Request::new(obs, batch, mode);
-        req = match inp.byte() % 3 {
-            0 => req.envs(EnvIds::Range(inp.byte() as u32)),
-            1 => req.envs(EnvIds::List(&ids)),
-            _ => req,
-        };
-        if inp.byte() % 2 == 0 {
-            req = req.episode_starts(&starts);
-        }
+        let req = inp.envs_and_starts(Request::new(obs, batch, mode), &ids, &starts, false);
         let results: Vec<_> = sessions.iter_mut().map(|(e, s)| (*e, s.act(&req).cloned())).collect();
         let (first, rest) = results.split_first().unwrap();
         for (e, r) in rest {

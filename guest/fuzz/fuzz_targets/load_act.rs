@@ -14,8 +14,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use policyport::format::Limits;
-use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
-use policyport_fuzz::{Input, edited_artifact};
+use policyport::{Backend, CompiledPolicy, Observations, Request};
+use policyport_fuzz::{Input, check_answer, edited_artifact};
 
 fn exercise(bytes: &[u8], inp: &mut Input) {
     // A tighter memory budget than the default keeps the fuzzer within its RSS limit; the budget's own
@@ -42,26 +42,11 @@ fn exercise(bytes: &[u8], inp: &mut Input) {
         let obs_u: Vec<u8> = (0..n).map(|_| inp.byte()).collect();
         let ids: Vec<u32> = (0..batch.min(64)).map(|_| if inp.byte() % 2 == 0 { inp.byte() as u32 } else { inp.u32() }).collect();
         let starts: Vec<bool> = (0..batch.min(64)).map(|_| inp.byte() % 3 == 0).collect();
-        let mode = if inp.byte() % 2 == 0 {
-            ActMode::Deterministic
-        } else {
-            ActMode::Sample { seed: inp.u32() as u64, step: inp.u32() as u64 }
-        };
+        let mode = inp.mode();
         let obs = if u8_obs && inp.byte() % 2 == 0 { Observations::U8(&obs_u) } else { Observations::F32(&obs_f) };
-        let mut req = Request::new(obs, batch, mode);
-        req = match inp.byte() % 3 {
-            0 => req.envs(EnvIds::Range(inp.u32())),
-            1 => req.envs(EnvIds::List(&ids)),
-            _ => req,
-        };
-        if inp.byte() % 2 == 0 {
-            req = req.episode_starts(&starts);
-        }
+        let req = inp.envs_and_starts(Request::new(obs, batch, mode), &ids, &starts, true);
         if let Ok(out) = s.act(&req) {
-            // An answer is finite (non-finite outputs are a typed error).
-            assert!(out.continuous.iter().chain(&out.value).chain(&out.dist_params).all(|x| x.is_finite()));
-            assert_eq!(out.batch, batch);
-            assert_eq!(out.dist_params.len(), batch * info.dist_params_len);
+            check_answer(out, batch, &info);
         }
         match inp.byte() % 4 {
             0 => {

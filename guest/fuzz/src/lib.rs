@@ -3,6 +3,7 @@
 //! (`$POLICYPORT_FUZZ_POLICIES`).
 
 use policyport::format::MAGIC;
+use policyport::{ActMode, ActOutputs, EnvIds, PolicyInfo, Request};
 use policyport::format::container::{assemble, sections};
 use serde_json::Value;
 
@@ -205,4 +206,37 @@ pub fn extra_policies() -> Vec<Vec<u8>> {
         .collect();
     files.sort();
     files.iter().filter_map(|p| std::fs::read(p).ok()).collect()
+}
+
+impl Input<'_> {
+    /// Deterministic, or sampling with a fuzzer-chosen seed and step.
+    pub fn mode(&mut self) -> ActMode {
+        if self.byte() % 2 == 0 {
+            ActMode::Deterministic
+        } else {
+            ActMode::Sample { seed: self.u32() as u64, step: self.u32() as u64 }
+        }
+    }
+
+    /// `req` with env ids (a range from anywhere in u32 when `any_range`, else from 0..256; the list `ids`; or
+    /// none) and perhaps the episode starts `starts`, as the input decides.
+    pub fn envs_and_starts<'r>(&mut self, mut req: Request<'r>, ids: &'r [u32], starts: &'r [bool], any_range: bool) -> Request<'r> {
+        req = match self.byte() % 3 {
+            0 => req.envs(EnvIds::Range(if any_range { self.u32() } else { self.byte() as u32 })),
+            1 => req.envs(EnvIds::List(ids)),
+            _ => req,
+        };
+        if self.byte() % 2 == 0 {
+            req = req.episode_starts(starts);
+        }
+        req
+    }
+}
+
+/// What every answer promises: its batch, the sizes `info` gives, and finite numbers (non-finite outputs are a
+/// typed error).
+pub fn check_answer(out: &ActOutputs, batch: usize, info: &PolicyInfo) {
+    assert_eq!(out.batch, batch);
+    assert_eq!(out.dist_params.len(), batch * info.dist_params_len);
+    assert!(out.continuous.iter().chain(&out.value).chain(&out.dist_params).all(|x| x.is_finite()));
 }
