@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn::tensor::{activation, module};
+#[cfg(feature = "wgpu")]
 use policyport_format::sampling::ActMode;
 use policyport_format::{Artifact, Op, ValidatedPlan};
 

@@ -147,6 +147,12 @@ fn main() {
     };
     let acts = arg("--acts", 1_000_000);
     let budget = Duration::from_secs(arg("--seconds", 60));
+    // `--backend NAME` (repeatable): only those backends (a longer run on one of them).
+    let only: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--backend")
+        .map(|w| w[1].as_str())
+        .collect();
     let mut failed = false;
     println!(
         "| backend | model | threads x acts done | acts/s | mismatches | errors | RSS after warm-up -> end (MiB) |"
@@ -154,7 +160,10 @@ fn main() {
     println!("|---|---|---|---|---|---|---|");
     for model in ["mlp64", "lstm_policy"] {
         let bytes = compile_fixture(&load_fixture(model));
-        for backend in backends() {
+        for backend in backends()
+            .into_iter()
+            .filter(|b| only.is_empty() || only.contains(&b.name()))
+        {
             let policy = match load(&bytes, backend) {
                 Ok(p) => p,
                 Err(e) => {
