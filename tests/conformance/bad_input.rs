@@ -709,24 +709,6 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
         std::fs::write(hostile_dir.join(format!("{slug}.policy")), bytes).unwrap();
     }
     let wasm32_bomb = memory_bomb(1024, 300);
-            nodes.push(dense(&prev, "w", &out));
-            prev = out;
-        }
-        nodes.push(dense("h", "head", "logits"));
-        hostile_artifact(
-            policy_json(
-                serde_json::json!({"kind": "box", "shape": [1024], "dtype": "f32"}),
-                serde_json::json!([]),
-                serde_json::Value::Array(nodes),
-                serde_json::json!({"kind": "discrete", "n": 2}),
-                serde_json::json!({"kind": "categorical", "logits": "logits"}),
-            ),
-            &[
-                ("w", vec![1024, 1024], vec![0.001; 1 << 20]),
-                ("head", vec![2, 1024], vec![0.0; 2048]),
-            ],
-        )
-    };
     std::fs::write(
         hostile_dir.join("memory_bomb_for_wasm32.policy"),
         &wasm32_bomb,
