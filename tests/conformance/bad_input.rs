@@ -438,31 +438,7 @@ fn affine_scale_and_shift_of_different_groups_are_refused() {
 fn graphs_over_the_memory_budget_are_refused_before_allocating() {
     // One 16M-element weight read by 200 Dense nodes: every node packs its own copy (~13 GB). The file is
     // one 64 MB tensor and a little JSON; it used to allocate until the host died.
-    let mut nodes = vec![];
-    let mut prev = "obs".to_string();
-    for i in 0..200 {
-        let out = if i == 199 {
-            "h".to_string()
-        } else {
-            format!("n{i}")
-        };
-        nodes.push(dense(&prev, "w", &out));
-        prev = out;
-    }
-    nodes.push(dense("h", "head", "logits"));
-    let bytes = hostile_artifact(
-        policy_json(
-            serde_json::json!({"kind": "box", "shape": [4096], "dtype": "f32"}),
-            serde_json::json!([]),
-            serde_json::Value::Array(nodes),
-            serde_json::json!({"kind": "discrete", "n": 2}),
-            serde_json::json!({"kind": "categorical", "logits": "logits"}),
-        ),
-        &[
-            ("w", vec![4096, 4096], vec![0.001; 1 << 24]),
-            ("head", vec![2, 4096], vec![0.0; 8192]),
-        ],
-    );
+    let bytes = memory_bomb(4096, 200);
     refused_everywhere(&bytes, "memory budget", |e| {
         matches!(e, FormatError::MemoryBudget { .. })
     });
