@@ -196,6 +196,13 @@ passed=$((passed + b_ok)) failed=$((failed + b_fail))
 if ! grep -q '^browser tests: ' "$out/browser.log"; then
   failed=$((failed + 1)) && failures+=("browser test run did not finish")
 fi
+# The hostile-input table (bad_input.rs: Rust, plugin, C ABI, CLI) joined with the browser's column; the README's
+# table is this file.
+hostile_table() {
+  python3 tests/scripts/hostile_table.py "$CARGO_TARGET_DIR/hostile-inputs.md" "$out/browser/browser-results.json" \
+    >"$CARGO_TARGET_DIR/hostile-inputs-all.md"
+}
+check "hostile-input table with the browser column (tests/scripts/hostile_table.py)" hostile_table
 
 step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, its own small graph)"
 check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
