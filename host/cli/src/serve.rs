@@ -269,7 +269,15 @@ mod tests {
         let mut r = vec![];
         match s.read_to_end(&mut r) {
             Ok(_) => {
-                assert!(r.is_empty() || String::from_utf8_lossy(&r).starts_with("HTTP/1.1 404"))
+                // The 404 may arrive cut short: the server closes with the client's megabyte still unread, and
+                // the reset that follows can end the read mid-head (seen once in CI as a non-404 reply; the
+                // message says what arrived if it recurs).
+                let text = String::from_utf8_lossy(&r);
+                assert!(
+                    text.starts_with("HTTP/1.1 404") || "HTTP/1.1 404".starts_with(&*text),
+                    "an over-long request line got {:?}",
+                    &text[..text.len().min(200)]
+                )
             }
             Err(e) => assert_ne!(
                 e.kind(),
