@@ -387,17 +387,7 @@ fn preprocessing_before_one_hot_is_refused() {
 
 #[test]
 fn multi_discrete_nvec_that_wraps_is_refused() {
-    // nvec = [usize::MAX, 5] summed (wrapping) to 4, matched 4 logits, and the sampler sliced past them.
-    let bytes = hostile_artifact(
-        policy_json(
-            serde_json::json!({"kind": "box", "shape": [3], "dtype": "f32"}),
-            serde_json::json!([]),
-            serde_json::json!([dense("obs", "w", "logits")]),
-            serde_json::json!({"kind": "multi_discrete", "nvec": [u64::MAX, 5]}),
-            serde_json::json!({"kind": "multi_categorical", "logits": "logits"}),
-        ),
-        &[("w", vec![4, 3], vec![0.1; 12])],
-    );
+    let bytes = wrapping_nvec_artifact();
     refused_everywhere(&bytes, "wrapping nvec", |e| {
         matches!(e, FormatError::TooLarge { .. })
     });
@@ -649,16 +639,7 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
     )));
     artifacts.push((
         "nvec summing past usize::MAX",
-        hostile_artifact(
-            policy_json(
-                serde_json::json!({"kind": "box", "shape": [3], "dtype": "f32"}),
-                serde_json::json!([]),
-                serde_json::json!([dense("obs", "w", "logits")]),
-                serde_json::json!({"kind": "multi_discrete", "nvec": [u64::MAX, 5]}),
-                serde_json::json!({"kind": "multi_categorical", "logits": "logits"}),
-            ),
-            &[("w", vec![4, 3], vec![0.1; 12])],
-        ),
+        wrapping_nvec_artifact(),
     ));
     artifacts.push((
         "memory bomb (a 64 MB weight read by 200 nodes)",
@@ -915,5 +896,19 @@ fn memory_bomb(width: usize, depth: usize) -> Vec<u8> {
             ("w", vec![width, width], vec![0.001; width * width]),
             ("head", vec![2, width], vec![0.0; 2 * width]),
         ],
+    )
+}
+
+/// nvec = [usize::MAX, 5]: summed (wrapping) to 4 it matched 4 logits, and the sampler sliced past them.
+fn wrapping_nvec_artifact() -> Vec<u8> {
+    hostile_artifact(
+        policy_json(
+            serde_json::json!({"kind": "box", "shape": [3], "dtype": "f32"}),
+            serde_json::json!([]),
+            serde_json::json!([dense("obs", "w", "logits")]),
+            serde_json::json!({"kind": "multi_discrete", "nvec": [u64::MAX, 5]}),
+            serde_json::json!({"kind": "multi_categorical", "logits": "logits"}),
+        ),
+        &[("w", vec![4, 3], vec![0.1; 12])],
     )
 }
