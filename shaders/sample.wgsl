@@ -6,7 +6,8 @@
 // Bindings: 0 head [rows, hw] f32, 1 envs [rows] u32, 2 out [rows, k + p + v] f32,
 //   3 params u32: rows, hw, k, p, v, kind (0 categorical / multi-categorical, 1 Gaussian), mode (0 deterministic,
 //     1 sample), seed_lo, seed_hi, step_lo, step_hi, reserved, flags (1 squashed, 2 clip, 4 log-std is a
-//     parameter, 8 log-std range), n_seg, then n_seg segment sizes;
+//     parameter, 8 log-std range, 16 squashed with a linear deterministic action: the mean rescaled without
+//     tanh and clamped, SPEC.md's `clipped_mean`), n_seg, then n_seg segment sizes;
 //   4 fparams f32: range_lo, range_hi, low[k], high[k], log_std_param[k] (already clamped).
 
 @group(0) @binding(0) var<storage, read_write> head: array<f32>;
@@ -186,6 +187,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let clip = (flags & 2u) != 0u;
         let ls_param = (flags & 4u) != 0u;
         let ranged = (flags & 8u) != 0u;
+        let linear_det = (flags & 16u) != 0u;
         for (var d = 0u; d < k; d = d + 1u) {
             let mean = head[h0 + d];
             var ls: f32;
@@ -208,7 +210,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
             let lo = fparams[2u + d];
             let hi = fparams[2u + k + d];
-            if (squashed) {
+            if (squashed && linear_det && !sample) {
+                a = clamp(lo + (a + 1.0) * 0.5 * (hi - lo), lo, hi);
+            } else if (squashed) {
                 a = lo + (safe_tanh(a) + 1.0) * 0.5 * (hi - lo);
             } else if (clip) {
                 a = clamp(a, lo, hi);

@@ -115,6 +115,13 @@ enum Instr {
         kernels: crate::gpu::DenseKernels,
         out: usize,
     },
+    /// Conv2d + bias + activation as one WGSL dispatch (wgpu devices; `shaders/conv2d.wgsl`).
+    #[cfg(feature = "wgpu")]
+    ConvAct {
+        x: usize,
+        kernel: crate::gpu::Conv2dKernel,
+        out: usize,
+    },
 }
 
 /// The device-side head and preprocessing of the wgpu path.
@@ -214,6 +221,39 @@ impl Program {
                         b,
                         n: o,
                         kernels: crate::gpu::DenseKernels::new(n.act),
+                        out,
+                    });
+                    continue;
+                }
+                if let Op::Conv2d {
+                    weight,
+                    bias,
+                    stride,
+                    padding,
+                    dilation,
+                    groups,
+                } = n.op
+                {
+                    let t = &art.tensors[weight];
+                    let shape = policyport_shaders::Conv2dShape {
+                        rows: 1,
+                        input: chw(&n.in_shapes[0]),
+                        out_channels: t.shape[0],
+                        kernel: [t.shape[2], t.shape[3]],
+                        stride: *stride,
+                        padding: *padding,
+                        dilation: *dilation,
+                        groups: *groups,
+                    };
+                    instrs.push(Instr::ConvAct {
+                        x: ins[0],
+                        kernel: crate::gpu::Conv2dKernel::new(
+                            shape,
+                            &t.data,
+                            bias.as_ref().map(|b| &art.tensors[b].data[..]),
+                            n.act,
+                            device,
+                        ),
                         out,
                     });
                     continue;
@@ -590,9 +630,15 @@ impl Program {
                     kernels,
                     out,
                 } => (*out, kernels.run(get(&slots, *x), w, b.as_ref(), *n)),
+                #[cfg(feature = "wgpu")]
+                Instr::ConvAct { x, kernel, out } => (*out, kernel.run(get(&slots, *x))),
             };
             #[cfg(feature = "wgpu")]
-            if self.gpu.is_some() && !matches!(instr, Instr::DenseAct { .. } | Instr::Alias { .. })
+            if self.gpu.is_some()
+                && !matches!(
+                    instr,
+                    Instr::DenseAct { .. } | Instr::ConvAct { .. } | Instr::Alias { .. }
+                )
             {
                 crate::gpu::count_dispatch();
             }
@@ -690,6 +736,16 @@ impl Executor for Program {
     ) -> Result<Pending, PolicyError> {
         let _ = (&scratch, &rows);
         let obs_len = step.obs.len() / step.batch;
+        #[cfg(feature = "wgpu")]
+        if self.instrs.iter().any(|i| match i {
+            Instr::ConvAct { kernel, .. } => !kernel.fits(step.batch),
+            _ => false,
+        }) {
+            return Err(BackendError::Unsupported(
+                "a batch this large: a convolution's values pass the wgpu kernel's 32-bit indexing",
+            )
+            .into());
+        }
         #[cfg(feature = "wgpu")]
         if self.gpu.is_some() {
             let st = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state;

@@ -185,6 +185,85 @@ impl DenseKernels {
     }
 }
 
+/// Conv2d + bias + activation over `[rows, C*H*W]` values: one dispatch (`shaders/conv2d.wgsl`). The geometry
+/// and weights are fixed at load; the batch comes with each call.
+#[derive(Debug, Clone)]
+pub(crate) struct Conv2dKernel {
+    kernel: Kernel,
+    /// The layer's geometry for one env (`rows` is set per call).
+    shape: policyport_shaders::Conv2dShape,
+    w: CubeTensor,
+    b: Option<CubeTensor>,
+}
+
+impl Conv2dKernel {
+    /// `w`: `[O, C / groups, KH, KW]` as the artifact stores it; `b`: `[O]`.
+    pub(crate) fn new(
+        shape: policyport_shaders::Conv2dShape,
+        w: &[f32],
+        b: Option<&[f32]>,
+        act: Activation,
+        device: &burn::tensor::Device,
+    ) -> Self {
+        let row = |d: &[f32]| {
+            cube(Tensor::<2>::from_data(
+                burn::tensor::TensorData::new(d.to_vec(), [1, d.len()]),
+                device,
+            ))
+        };
+        Conv2dKernel {
+            kernel: Kernel::new(policyport_shaders::conv2d_source(act), (64, 1, 1)),
+            shape,
+            w: row(w),
+            b: b.map(row),
+        }
+    }
+
+    /// Values per env of the output.
+    pub(crate) fn out_numel(&self) -> usize {
+        let [oh, ow] = self.shape.output_hw().expect("validated geometry");
+        self.shape.out_channels * oh * ow
+    }
+
+    /// Whether a batch of `rows` envs fits the kernel's 32-bit indexing (checked before every act(): a wgpu
+    /// storage binding is far smaller than 2^32 values anyway, so only absurd batches fail).
+    pub(crate) fn fits(&self, rows: usize) -> bool {
+        let shape = policyport_shaders::Conv2dShape { rows, ..self.shape };
+        shape.params(self.b.is_some()).is_some() && shape.workgroups().is_some()
+    }
+
+    /// The convolution of `x` (`[rows, C*H*W]`), for a batch [`Conv2dKernel::fits`] accepted.
+    pub(crate) fn run(&self, x: Tensor<2>) -> Tensor<2> {
+        let x = cube(x);
+        let rows = x.meta.shape()[0];
+        let shape = policyport_shaders::Conv2dShape { rows, ..self.shape };
+        let (params, groups) = shape
+            .params(self.b.is_some())
+            .zip(shape.workgroups())
+            .expect("Program::launch checks the batch (Conv2dKernel::fits)");
+        let n = self.out_numel();
+        let client = x.client.clone();
+        let out = client.empty(rows * n * 4);
+        let params = client.create_from_slice(&u32_bytes(&params));
+        // An absent bias still needs its own binding (see DenseKernels::run).
+        let bias = match &self.b {
+            Some(b) => b.handle.clone(),
+            None => client.create_from_slice(&[0u8; 4]),
+        };
+        self.kernel.launch(
+            &client,
+            groups,
+            KernelArguments::new()
+                .with_buffer_io(x.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(self.w.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(bias.binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
+                .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly),
+        );
+        wrap(&x, out, [rows, n])
+    }
+}
+
 /// Observation scale / normalise + clip: one elementwise dispatch.
 #[derive(Debug, Clone)]
 pub(crate) struct PreprocessKernel {
@@ -256,6 +335,8 @@ pub(crate) struct SampleSpec {
     pub gaussian: bool,
     pub squashed: bool,
     pub clip: bool,
+    /// Squashed only: the deterministic action is the mean rescaled without tanh and clipped (format 1.3).
+    pub linear_deterministic: bool,
     pub log_std_param: Option<Vec<f32>>,
     pub log_std_range: Option<(f32, f32)>,
     pub low: Vec<f32>,
@@ -280,7 +361,8 @@ impl SampleKernel {
         let flags = (s.squashed as u32)
             | ((s.clip as u32) << 1)
             | ((s.log_std_param.is_some() as u32) << 2)
-            | ((s.log_std_range.is_some() as u32) << 3);
+            | ((s.log_std_range.is_some() as u32) << 3)
+            | ((s.linear_deterministic as u32) << 4);
         SampleKernel {
             kernel: Kernel::new(policyport_shaders::SAMPLE.to_string(), (64, 1, 1)),
             hw: s.hw as u32,
@@ -579,6 +661,64 @@ mod tests {
         }
     }
 
+    /// The convolution kernel against the f64 reference over the geometries the importers produce (NatureCNN's
+    /// strided layers, IMPALA's padded 3x3, RLlib's TF-"same" asymmetric padding) and the ones they might
+    /// (groups whose channels are not a multiple of the kernel's 4-channel block, dilation, no bias, one row,
+    /// rows spanning many workgroups).
+    #[test]
+    fn conv2d_kernel_matches_the_reference() {
+        use policyport_shaders::Conv2dShape;
+        let dev = device();
+        let geometries = [
+            // (input, out channels, kernel, stride, padding, dilation, groups, rows)
+            ([4, 20, 20], 8, [8, 8], [4, 4], [0; 4], [1, 1], 1, 3),
+            ([3, 9, 9], 16, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1, 5),
+            ([5, 11, 7], 7, [4, 3], [2, 2], [1, 0, 2, 1], [1, 1], 1, 2),
+            ([6, 8, 8], 10, [3, 3], [1, 2], [2, 2, 2, 2], [2, 1], 2, 4),
+            ([6, 5, 5], 6, [1, 1], [1, 1], [0; 4], [1, 1], 6, 1),
+            ([2, 3, 3], 3, [2, 2], [1, 1], [0; 4], [1, 1], 1, 70),
+        ];
+        for (i, &(input, out_channels, kernel, stride, padding, dilation, groups, rows)) in
+            geometries.iter().enumerate()
+        {
+            let shape = Conv2dShape {
+                rows,
+                input,
+                out_channels,
+                kernel,
+                stride,
+                padding,
+                dilation,
+                groups,
+            };
+            let x_len = rows * input.iter().product::<usize>();
+            let w_len = out_channels * input[0] / groups * kernel[0] * kernel[1];
+            let x = random(x_len, 40 + i as u64, 2.0);
+            let w = random(w_len, 50 + i as u64, 0.5);
+            let b = random(out_channels, 60 + i as u64, 1.0);
+            for (act, bias) in [
+                (Activation::Identity, true),
+                (Activation::Relu, false),
+                (Activation::Tanh, true),
+            ] {
+                let k = Conv2dKernel::new(shape, &w, bias.then_some(&b[..]), act, &dev);
+                assert!(k.fits(rows));
+                let xt =
+                    Tensor::<2>::from_data(TensorData::new(x.clone(), [rows, x_len / rows]), &dev);
+                let got = read(k.run(xt));
+                let want = reference::conv2d(&x, &w, bias.then_some(&b[..]), &shape, act);
+                assert_eq!(got.len(), want.len(), "geometry {i}");
+                let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+                for (j, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - e).abs() / scale < 2e-6,
+                        "geometry {i} {act:?} bias {bias} [{j}]: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn preprocess_kernel_matches_the_reference() {
         let dev = device();
@@ -634,6 +774,7 @@ mod tests {
                 gaussian: false,
                 squashed: false,
                 clip: false,
+                linear_deterministic: false,
                 log_std_param: None,
                 log_std_range: None,
                 low: vec![0.0; 2],
@@ -670,7 +811,11 @@ mod tests {
         // Squashed Gaussian with a state-dependent, clamped log-std; and a clipped one with a parameter log-std.
         let kdim = 3;
         let head = random(rows * (2 * kdim + 1), 31, 2.0);
-        for (squashed, param) in [(true, None), (false, Some(vec![-0.5f32, 0.1, 0.3]))] {
+        for (squashed, param, linear) in [
+            (true, None, false),
+            (true, None, true),
+            (false, Some(vec![-0.5f32, 0.1, 0.3]), false),
+        ] {
             let (low, high) = (vec![-2.0f32, -1.0, 0.0], vec![2.0f32, 1.0, 5.0]);
             let hw = if param.is_some() {
                 kdim + 1
@@ -695,6 +840,7 @@ mod tests {
                     gaussian: true,
                     squashed,
                     clip: !squashed,
+                    linear_deterministic: linear,
                     log_std_param: param.clone(),
                     log_std_range: range,
                     low: low.clone(),
@@ -703,34 +849,40 @@ mod tests {
                 },
                 &dev,
             );
-            let (seed, step) = (77u64, 5u64);
-            let t = Tensor::<2>::from_data(TensorData::new(head.clone(), [rows, hw]), &dev);
-            let ids = upload_ids(&k.fparams, &envs);
-            let got = read(k.run(t, &ids, Some((seed, step))));
-            let width = 3 * kdim + 1;
-            for r in 0..rows {
-                let h = &head[r * hw..(r + 1) * hw];
-                let mut st = Stream::new(seed, envs[r], step);
-                for d in 0..kdim {
-                    let ls = match &param {
-                        Some(p) => p[d],
-                        None => h[kdim + d].clamp(range.unwrap().0, range.unwrap().1),
-                    };
-                    let mut a = h[d] + ls.exp() * standard_normal(&mut st, d as u32);
-                    a = if squashed {
-                        low[d] + (a.tanh() + 1.0) * 0.5 * (high[d] - low[d])
-                    } else {
-                        a.clamp(low[d], high[d])
-                    };
-                    let g = got[r * width + d];
-                    assert!(
-                        (g - a).abs() <= 1e-5 * a.abs().max(1.0),
-                        "row {r} dim {d}: {g} vs {a}"
-                    );
-                    assert_eq!(got[r * width + kdim + d], h[d]);
-                    assert_eq!(got[r * width + 2 * kdim + d], ls);
+            for sample in [Some((77u64, 5u64)), None] {
+                let t = Tensor::<2>::from_data(TensorData::new(head.clone(), [rows, hw]), &dev);
+                let ids = upload_ids(&k.fparams, &envs);
+                let got = read(k.run(t, &ids, sample));
+                let width = 3 * kdim + 1;
+                for r in 0..rows {
+                    let h = &head[r * hw..(r + 1) * hw];
+                    let mut st = sample.map(|(seed, step)| Stream::new(seed, envs[r], step));
+                    for d in 0..kdim {
+                        let ls = match &param {
+                            Some(p) => p[d],
+                            None => h[kdim + d].clamp(range.unwrap().0, range.unwrap().1),
+                        };
+                        let mut a = match &mut st {
+                            Some(st) => h[d] + ls.exp() * standard_normal(st, d as u32),
+                            None => h[d],
+                        };
+                        a = if squashed && linear && st.is_none() {
+                            (low[d] + (a + 1.0) * 0.5 * (high[d] - low[d])).clamp(low[d], high[d])
+                        } else if squashed {
+                            low[d] + (a.tanh() + 1.0) * 0.5 * (high[d] - low[d])
+                        } else {
+                            a.clamp(low[d], high[d])
+                        };
+                        let g = got[r * width + d];
+                        assert!(
+                            (g - a).abs() <= 1e-5 * a.abs().max(1.0),
+                            "{sample:?} linear {linear} row {r} dim {d}: {g} vs {a}"
+                        );
+                        assert_eq!(got[r * width + kdim + d], h[d]);
+                        assert_eq!(got[r * width + 2 * kdim + d], ls);
+                    }
+                    assert_eq!(got[r * width + 3 * kdim], h[hw - 1]);
                 }
-                assert_eq!(got[r * width + 3 * kdim], h[hw - 1]);
             }
         }
     }

@@ -63,6 +63,13 @@ pub(crate) fn program(
         gaussian,
         squashed: matches!(head.kind, HeadKind::Gaussian { squashed: true, .. }),
         clip: matches!(head.kind, HeadKind::Gaussian { clip: true, .. }),
+        linear_deterministic: matches!(
+            head.kind,
+            HeadKind::Gaussian {
+                linear_deterministic: true,
+                ..
+            }
+        ),
         log_std_param: head.log_std_parameter().map(<[f32]>::to_vec),
         log_std_range: head.log_std_range,
         low,

@@ -8,6 +8,8 @@
 //!   or clip) plus parameter finishing and output packing, so act() reads back one buffer.
 //! - `preprocess.wgsl`: observation scale / normalise + clip ([`preprocess_source`]).
 //! - `state.wgsl`: gather / scatter of per-env recurrent state rows kept on the device between steps.
+//! - `conv2d.wgsl`: 2-D convolution + bias + activation fused (one dispatch per layer; [`conv2d_source`],
+//!   [`Conv2dShape`]), a direct convolution with a block of output channels per invocation.
 //!
 //! Every storage buffer is declared `read_write`, inputs included: burn's allocator hands out slices of shared
 //! pool buffers, and wgpu refuses a dispatch that binds one buffer both read-only and read-write (WebGPU usage
@@ -21,6 +23,7 @@ pub const DENSE_TILED: &str = include_str!("../dense_tiled.wgsl");
 pub const SAMPLE: &str = include_str!("../sample.wgsl");
 pub const PREPROCESS: &str = include_str!("../preprocess.wgsl");
 pub const STATE: &str = include_str!("../state.wgsl");
+pub const CONV2D: &str = include_str!("../conv2d.wgsl");
 
 /// Activations a dense kernel can fuse (the guest's elementwise ops).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -147,6 +150,103 @@ pub fn dense_source(variant: DenseVariant, act: Activation) -> String {
     t.replace("{{ACT_FN}}", &act_fn(act))
 }
 
+pub fn conv2d_source(act: Activation) -> String {
+    CONV2D.replace("{{ACT_FN}}", &act_fn(act))
+}
+
+/// Output channels one invocation of `conv2d.wgsl` computes (its `OB`).
+pub const CONV2D_CHANNEL_BLOCK: usize = 4;
+/// Invocations per workgroup of `conv2d.wgsl`, and per row of its dispatch grid (its `GRID_X`).
+const CONV2D_WORKGROUP: usize = 64;
+const CONV2D_GRID_X: usize = 65535 * CONV2D_WORKGROUP;
+
+/// The geometry of one convolution over `[rows, C, H, W]` inputs (PyTorch's `Conv2d`; padding is
+/// `[top, left, bottom, right]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dShape {
+    pub rows: usize,
+    pub input: [usize; 3],
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 4],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Conv2dShape {
+    /// `[OH, OW]` (the format's formula); `None` where the kernel does not fit the padded input.
+    pub fn output_hw(&self) -> Option<[usize; 2]> {
+        let dim = |i: usize| {
+            let span = self.dilation[i].checked_mul(self.kernel[i].checked_sub(1)?)? + 1;
+            let padded = self.input[1 + i] + self.padding[i] + self.padding[i + 2];
+            Some(padded.checked_sub(span)? / self.stride[i] + 1)
+        };
+        Some([dim(0)?, dim(1)?])
+    }
+
+    /// Invocations of one dispatch: env × group × channel block × output position.
+    pub fn invocations(&self) -> Option<usize> {
+        let [oh, ow] = self.output_hw()?;
+        let og = self.out_channels / self.groups;
+        self.rows
+            .checked_mul(self.groups)?
+            .checked_mul(og.div_ceil(CONV2D_CHANNEL_BLOCK))?
+            .checked_mul(oh)?
+            .checked_mul(ow)
+    }
+
+    /// The kernel's `params` buffer, or `None` when a count or an index of the dispatch does not fit the
+    /// kernel's u32 arithmetic (input, weights, output and invocations all below 2^32 elements).
+    pub fn params(&self, has_bias: bool) -> Option<Vec<u32>> {
+        let [c, h, w] = self.input;
+        let [oh, ow] = self.output_hw()?;
+        let fits = |n: Option<usize>| n.filter(|n| *n < u32::MAX as usize);
+        fits(self.rows.checked_mul(c)?.checked_mul(h)?.checked_mul(w))?;
+        fits(
+            self.rows
+                .checked_mul(self.out_channels)?
+                .checked_mul(oh)?
+                .checked_mul(ow),
+        )?;
+        let invocations = fits(self.invocations())?;
+        // The grid's last row must not wrap either (gid.y * GRID_X + gid.x).
+        fits(invocations.checked_add(CONV2D_GRID_X))?;
+        let v = [
+            self.rows,
+            c,
+            h,
+            w,
+            self.out_channels,
+            oh,
+            ow,
+            self.kernel[0],
+            self.kernel[1],
+            self.stride[0],
+            self.stride[1],
+            self.dilation[0],
+            self.dilation[1],
+            self.padding[0],
+            self.padding[1],
+            self.groups,
+            has_bias as usize,
+            invocations,
+        ];
+        v.iter().map(|x| u32::try_from(*x).ok()).collect()
+    }
+
+    /// Workgroups to dispatch (`None` as for [`Conv2dShape::params`]).
+    pub fn workgroups(&self) -> Option<(u32, u32, u32)> {
+        let n = self.invocations()?;
+        let groups = n.div_ceil(CONV2D_WORKGROUP).max(1);
+        if groups <= 65535 {
+            Some((groups as u32, 1, 1))
+        } else {
+            Some((65535, u32::try_from(n.div_ceil(CONV2D_GRID_X)).ok()?, 1))
+        }
+    }
+}
+
 /// One preprocessing step, with offsets of its statistics in the `stats` buffer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PreStep {
@@ -196,6 +296,9 @@ pub fn all_sources() -> Vec<(String, String)> {
         for a in Activation::ALL {
             out.push((format!("dense {v:?} {a:?}"), dense_source(v, a)));
         }
+    }
+    for a in Activation::ALL {
+        out.push((format!("conv2d {a:?}"), conv2d_source(a)));
     }
     out.push(("sample".into(), SAMPLE.into()));
     out.push(("state".into(), STATE.into()));
@@ -305,6 +408,52 @@ pub mod reference {
         y
     }
 
+    /// The convolution of `conv2d.wgsl` on `[rows, C, H, W]` inputs and `[O, C / groups, KH, KW]` weights,
+    /// accumulated in f64 (the reference), written from PyTorch's definition (not from the kernel).
+    pub fn conv2d(
+        x: &[f32],
+        w: &[f32],
+        b: Option<&[f32]>,
+        s: &super::Conv2dShape,
+        a: Activation,
+    ) -> Vec<f32> {
+        let [c, h, wi] = s.input;
+        let [oh_n, ow_n] = s.output_hw().expect("a valid geometry");
+        let (o_n, [kh_n, kw_n]) = (s.out_channels, s.kernel);
+        let (og, cg) = (o_n / s.groups, c / s.groups);
+        let mut y = vec![0.0f32; s.rows * o_n * oh_n * ow_n];
+        for r in 0..s.rows {
+            for o in 0..o_n {
+                let g = o / og;
+                for oh in 0..oh_n {
+                    for ow in 0..ow_n {
+                        let mut acc = 0.0f64;
+                        for ci in 0..cg {
+                            for kh in 0..kh_n {
+                                for kw in 0..kw_n {
+                                    let ih = (oh * s.stride[0] + kh * s.dilation[0]) as isize
+                                        - s.padding[0] as isize;
+                                    let iw = (ow * s.stride[1] + kw * s.dilation[1]) as isize
+                                        - s.padding[1] as isize;
+                                    if ih < 0 || iw < 0 || ih >= h as isize || iw >= wi as isize {
+                                        continue;
+                                    }
+                                    let xv = x[((r * c + g * cg + ci) * h + ih as usize) * wi
+                                        + iw as usize];
+                                    let wv = w[((o * cg + ci) * kh_n + kh) * kw_n + kw];
+                                    acc += xv as f64 * wv as f64;
+                                }
+                            }
+                        }
+                        let v = acc as f32 + b.map_or(0.0, |b| b[o]);
+                        y[((r * o_n + o) * oh_n + oh) * ow_n + ow] = act(a, v);
+                    }
+                }
+            }
+        }
+        y
+    }
+
     /// Gather rows `ids` of a `[_, n]` state.
     pub fn gather(state: &[f32], ids: &[u32], n: usize) -> Vec<f32> {
         ids.iter()
@@ -369,7 +518,7 @@ mod tests {
     #[test]
     fn every_variant_validates() {
         let all = all_sources();
-        assert_eq!(all.len(), 2 * Activation::ALL.len() + 2 + 4);
+        assert_eq!(all.len(), 3 * Activation::ALL.len() + 2 + 4);
         for (name, src) in &all {
             validate(name, src);
         }
@@ -380,6 +529,7 @@ mod tests {
         for src in [
             dense_source(DenseVariant::Small, Activation::Gelu),
             dense_source(DenseVariant::Tiled, Activation::Elu(0.5)),
+            conv2d_source(Activation::Relu),
             preprocess_source(&[PreStep::Scale(2.0)]),
         ] {
             assert!(!src.contains("{{"), "{src}");
@@ -402,8 +552,88 @@ mod tests {
         assert!(x as usize * y as usize * 256 >= 65536 * 64 * 256 + 1);
     }
 
+    fn nature_conv1(rows: usize) -> Conv2dShape {
+        Conv2dShape {
+            rows,
+            input: [4, 84, 84],
+            out_channels: 32,
+            kernel: [8, 8],
+            stride: [4, 4],
+            padding: [0; 4],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+
+    #[test]
+    fn conv2d_geometry_and_dispatch() {
+        let s = nature_conv1(3);
+        assert_eq!(s.output_hw(), Some([20, 20]));
+        assert_eq!(s.invocations(), Some(3 * 8 * 400));
+        let p = s.params(true).unwrap();
+        assert_eq!(p.len(), 18);
+        assert_eq!(p[17], 3 * 8 * 400);
+        assert_eq!(
+            s.workgroups(),
+            Some(((3 * 8 * 400usize).div_ceil(64) as u32, 1, 1))
+        );
+        // Groups with a channel block that does not divide the group's channels: blocks never straddle groups.
+        let g = Conv2dShape {
+            out_channels: 6,
+            groups: 2,
+            input: [4, 5, 5],
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [1, 1, 1, 1],
+            ..s
+        };
+        assert_eq!(g.invocations(), Some(3 * 2 * 1 * 25));
+        // Past the first grid row: a second row of workgroups, covering every invocation.
+        let big = nature_conv1(70_000);
+        let (x, y, _) = big.workgroups().unwrap();
+        assert!(x as usize * y as usize * 64 >= big.invocations().unwrap());
+        assert!(y > 1);
+        // A kernel larger than the padded input, and counts past u32: refused, not wrapped.
+        let tiny = Conv2dShape {
+            input: [4, 3, 3],
+            ..s
+        };
+        assert_eq!(tiny.output_hw(), None);
+        assert_eq!(tiny.params(false), None);
+        assert_eq!(nature_conv1(200_000).params(false), None);
+    }
+
     #[test]
     fn references_agree_with_definitions() {
+        use reference::conv2d;
+        // A 1x1 kernel is a per-position dense layer; a padded 3x3 of ones sums each 3x3 neighbourhood.
+        let s = Conv2dShape {
+            rows: 1,
+            input: [2, 2, 2],
+            out_channels: 1,
+            kernel: [1, 1],
+            stride: [1, 1],
+            padding: [0; 4],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let x = [1.0, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0, 40.0];
+        assert_eq!(
+            conv2d(&x, &[1.0, 0.5], Some(&[1.0]), &s, Activation::Identity),
+            vec![7.0, 13.0, 19.0, 25.0]
+        );
+        let s3 = Conv2dShape {
+            input: [1, 3, 3],
+            kernel: [3, 3],
+            padding: [1, 1, 1, 1],
+            ..s
+        };
+        let ones = [1.0f32; 9];
+        let x3 = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
+        assert_eq!(
+            conv2d(&x3, &ones, None, &s3, Activation::Identity),
+            vec![12.0, 21.0, 16.0, 27.0, 45.0, 33.0, 24.0, 39.0, 28.0]
+        );
         use reference::*;
         assert!((act(Activation::Gelu, 1.0) - 0.841_344_7).abs() < 1e-6);
         assert!((act(Activation::Erf, 0.5) - 0.520_499_9).abs() < 1e-6);

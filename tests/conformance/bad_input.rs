@@ -637,10 +637,7 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
         ),
         &[("w", vec![2, 4], vec![0.5; 8])],
     )));
-    artifacts.push((
-        "nvec summing past usize::MAX",
-        wrapping_nvec_artifact(),
-    ));
+    artifacts.push(("nvec summing past usize::MAX", wrapping_nvec_artifact()));
     artifacts.push((
         "memory bomb (a 64 MB weight read by 200 nodes)",
         memory_bomb(4096, 200),

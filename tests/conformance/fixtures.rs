@@ -45,6 +45,8 @@ fn the_suite_has_every_model_class_the_spine_promises() {
         "mlp64_dynamo",
         "ops",
         "ops_dynamo",
+        "dict_obs",
+        "dict_obs_dynamo",
     ] {
         assert!(
             names.iter().any(|n| n == want),
@@ -70,4 +72,110 @@ fn trained_policies_reached_their_targets_in_pytorch() {
     let det: Vec<f64> = serde_json::from_value(eval["deterministic_returns"].clone()).unwrap();
     let mean = det.iter().sum::<f64>() / det.len() as f64;
     assert!(mean >= -400.0, "Pendulum PyTorch policy mean {mean}");
+}
+
+/// A dict observation over a graph with one input per key (both exporters): the artifact's observation is the
+/// dict (format 1.2), and a spec that does not match the graph's inputs is a typed spec error naming the
+/// problem, never a policy reading the wrong numbers.
+#[test]
+fn dict_observations_map_graph_inputs_by_key() {
+    use policyport_format::{ObsDType, ObservationSpace};
+    use policyport_import::ImportError;
+    for name in ["dict_obs", "dict_obs_dynamo"] {
+        let f = policyport_conformance::load_fixture(name);
+        let art =
+            policyport_format::read_artifact(&policyport_conformance::compile_fixture(&f)).unwrap();
+        let ObservationSpace::Dict { spaces } = &art.manifest.observation else {
+            panic!("{name}: {:?}", art.manifest.observation);
+        };
+        assert_eq!(
+            spaces.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+            ["pixels", "state"]
+        );
+        assert_eq!(art.manifest.observation.raw_dtype(), ObsDType::F32);
+        let compile = |spec: &policyport_import::ImportSpec| {
+            policyport_import::compile_onnx(
+                &f.onnx,
+                spec,
+                name,
+                None,
+                policyport_import::Storage::F32,
+            )
+        };
+        let edit = |e: &dyn Fn(&mut Vec<policyport_format::DictEntry>)| {
+            let mut spec = f.spec.clone();
+            let Some(ObservationSpace::Dict { spaces }) = &mut spec.observation else {
+                unreachable!()
+            };
+            e(spaces);
+            spec
+        };
+        let cases: Vec<(&str, policyport_import::ImportSpec, &str)> = vec![
+            (
+                "renamed key",
+                edit(&|s| s[0].key = "image".into()),
+                "'pixels' is not a part",
+            ),
+            (
+                "missing part",
+                edit(&|s| {
+                    s.pop();
+                }),
+                "'state' is not a part",
+            ),
+            (
+                "wrong shape",
+                edit(&|s| s[1].shape = vec![8]),
+                "has shape [8]",
+            ),
+            (
+                "uint8 input as f32",
+                edit(&|s| s[0].dtype = ObsDType::F32),
+                "needs \"dtype\": \"u8\"",
+            ),
+            (
+                "\"input\" beside a dict",
+                {
+                    let mut spec = f.spec.clone();
+                    spec.input = Some("state".into());
+                    spec
+                },
+                "drop \"input\"",
+            ),
+            (
+                "no dict for two inputs",
+                {
+                    let mut spec = f.spec.clone();
+                    spec.observation = None;
+                    spec
+                },
+                "2 run-time inputs",
+            ),
+        ];
+        for (what, spec, want) in cases {
+            match compile(&spec) {
+                Err(ImportError::Spec(msg)) => {
+                    assert!(msg.contains(want), "{name} {what}: {msg}")
+                }
+                other => panic!("{name} {what}: {:?}", other.map(|b| b.len())),
+            }
+        }
+        // Parts in another order than the trainer's are a different observation layout: it compiles (the
+        // user says what the runtime receives), and the fixture's golden vectors, recorded in the trainer's
+        // order, fail verification.
+        let swapped = edit(&|s| s.swap(0, 1));
+        let bytes = policyport_import::compile_onnx(
+            &f.onnx,
+            &swapped,
+            name,
+            Some(&f.io),
+            policyport_import::Storage::F32,
+        )
+        .unwrap();
+        let p = policyport_conformance::load(&bytes, policyport::Backend::Cpu).unwrap();
+        assert!(
+            p.verify().unwrap().iter().any(|r| !r.passed),
+            "{name}: the golden vectors of the fixture's order must refuse the swapped layout"
+        );
+    }
 }

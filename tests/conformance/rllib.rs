@@ -10,11 +10,13 @@ use policyport::{ActMode, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 6] = [
     "ppo_cartpole",
     "ppo_pendulum_meanstd",
     "ppo_lstm_cartpole",
     "ppo_cnn_frames",
+    "sac_push",
+    "ppo_dict_flatten",
 ];
 
 fn dir(name: &str) -> PathBuf {
@@ -74,6 +76,64 @@ fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
         }
     }
     println!("{}", table.join("\n"));
+}
+
+/// RLlib's SAC: a squashed Gaussian whose deterministic action is the un-squashed mean rescaled and clipped
+/// (format 1.3's `clipped_mean`: the file is stamped 1.3, so an older runtime refuses it rather than acting
+/// differently), log-std clamped to [-5, 2], no value. A Dict observation through FlattenObservations: the
+/// artifact's observation is the env's Dict in RLlib's flatten order (keys sorted, not the space's own order),
+/// with the MeanStdFilter that follows the flatten over the flat vector.
+#[test]
+fn rllib_sac_and_flattened_dict_checkpoints_keep_rllibs_semantics() {
+    use policyport_format::{Distribution, ObservationSpace, SquashedDeterministic, read_artifact};
+    let sac = compile_rllib(
+        &dir("sac_push").join("checkpoint"),
+        "sac",
+        None,
+        Storage::F32,
+    )
+    .unwrap();
+    let art = read_artifact(&sac).unwrap();
+    assert_eq!(art.version, (1, 3));
+    match &art.manifest.distribution {
+        Distribution::SquashedGaussian {
+            deterministic,
+            log_std_range,
+            ..
+        } => {
+            assert_eq!(*deterministic, SquashedDeterministic::ClippedMean);
+            assert_eq!(*log_std_range, Some((-5.0, 2.0)));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(art.manifest.value.is_none());
+    // A 1.2 stamp on the same manifest is refused by name, not read with the tanh deterministic action.
+    let mut old = sac.clone();
+    old[10..12].copy_from_slice(&2u16.to_le_bytes());
+    let e = read_artifact(&old).unwrap_err();
+    assert!(e.to_string().contains("clipped_mean"), "{e}");
+
+    let dict = compile_rllib(
+        &dir("ppo_dict_flatten").join("checkpoint"),
+        "dict",
+        None,
+        Storage::F32,
+    )
+    .unwrap();
+    let art = read_artifact(&dict).unwrap();
+    let ObservationSpace::Dict { spaces } = &art.manifest.observation else {
+        panic!("{:?}", art.manifest.observation);
+    };
+    let parts: Vec<(&str, &[usize])> = spaces
+        .iter()
+        .map(|e| (e.key.as_str(), e.shape.as_slice()))
+        .collect();
+    assert_eq!(parts, [("grid", &[2, 3][..]), ("velocity", &[3][..])]);
+    assert_eq!(
+        art.manifest.preprocess.len(),
+        1,
+        "the MeanStdFilter after the flatten"
+    );
 }
 
 /// What a user might point the compiler at, or a hostile checkpoint: each a typed error naming the problem.

@@ -450,16 +450,27 @@ impl RawPlugin {
     fn new(module: &wasmtime::Module) -> Self {
         let mut store = wasmtime::Store::new(module.engine(), ());
         let instance = wasmtime::Instance::new(&mut store, module, &[]).unwrap();
-        let memory = instance.get_memory(&mut store, policyport_abi::export::MEMORY).unwrap();
-        RawPlugin { store, memory, instance }
+        let memory = instance
+            .get_memory(&mut store, policyport_abi::export::MEMORY)
+            .unwrap();
+        RawPlugin {
+            store,
+            memory,
+            instance,
+        }
     }
-    fn func<P: wasmtime::WasmParams, R: wasmtime::WasmResults>(&mut self, name: &str) -> wasmtime::TypedFunc<P, R> {
+    fn func<P: wasmtime::WasmParams, R: wasmtime::WasmResults>(
+        &mut self,
+        name: &str,
+    ) -> wasmtime::TypedFunc<P, R> {
         self.instance.get_typed_func(&mut self.store, name).unwrap()
     }
     fn alloc(&mut self, bytes: &[u8]) -> u32 {
         let alloc = self.func::<u32, u32>(policyport_abi::export::ALLOC);
         let p = alloc.call(&mut self.store, bytes.len() as u32).unwrap();
-        self.memory.write(&mut self.store, p as usize, bytes).unwrap();
+        self.memory
+            .write(&mut self.store, p as usize, bytes)
+            .unwrap();
         p
     }
     fn end(&self) -> u32 {
@@ -468,11 +479,20 @@ impl RawPlugin {
     /// pp_act at batch 1 for env 0, deterministic; the action and value read back when the call succeeds.
     fn act(&mut self, h: i32, obs: u32, actions: u32, value: u32) -> (i32, Vec<u8>) {
         let act = self.func::<policyport_abi::ActParams, i32>(policyport_abi::export::ACT);
-        let code = act.call(&mut self.store, (h, obs, 0, 1, 0, 0, 0, 0, 0, actions, value, 0, 0)).unwrap();
+        let code = act
+            .call(
+                &mut self.store,
+                (h, obs, 0, 1, 0, 0, 0, 0, 0, actions, value, 0, 0),
+            )
+            .unwrap();
         let mut out = vec![0u8; 8];
         if code == 0 {
-            self.memory.read(&self.store, actions as usize, &mut out[..4]).unwrap();
-            self.memory.read(&self.store, value as usize, &mut out[4..]).unwrap();
+            self.memory
+                .read(&self.store, actions as usize, &mut out[..4])
+                .unwrap();
+            self.memory
+                .read(&self.store, value as usize, &mut out[4..])
+                .unwrap();
         }
         (code, out)
     }
@@ -501,21 +521,34 @@ fn plugin_exports_refuse_ranges_past_the_memory_end() {
         let mut w = [0u8; 4];
         p.memory.read(&p.store, words as usize, &mut w).unwrap();
         let obs_len = u32::from_le_bytes(w) as usize;
-        let obs: Vec<u8> = (0..obs_len).flat_map(|i| (0.3 * i as f32 - 0.4).to_le_bytes()).collect();
+        let obs: Vec<u8> = (0..obs_len)
+            .flat_map(|i| (0.3 * i as f32 - 0.4).to_le_bytes())
+            .collect();
         let (obs, actions, value) = (p.alloc(&obs), p.alloc(&[0; 4]), p.alloc(&[0; 4]));
         let end = p.end();
         for out in [end - 4, end - 1, end + 64, u32::MAX - 3] {
-            assert_eq!(info.call(&mut p.store, (h, out)).unwrap(), call, "pp_info at {out:#x} of {end:#x}");
+            assert_eq!(
+                info.call(&mut p.store, (h, out)).unwrap(),
+                call,
+                "pp_info at {out:#x} of {end:#x}"
+            );
         }
         let first = p.act(h, obs, actions, value);
         assert_eq!(first.0, 0);
         if refuse_first {
             // Outputs past the end: refused before act() runs, so the LSTM's state does not advance.
             for (a, v) in [(end - 2, value), (actions, end - 2), (end + 4096, value)] {
-                assert_eq!(p.act(h, obs, a, v).0, call, "pp_act with outputs at {a:#x} / {v:#x} of {end:#x}");
+                assert_eq!(
+                    p.act(h, obs, a, v).0,
+                    call,
+                    "pp_act with outputs at {a:#x} / {v:#x} of {end:#x}"
+                );
             }
             let state = p.func::<(i32, u32, u32, u32), i32>(policyport_abi::export::STATE);
-            assert_eq!(state.call(&mut p.store, (h, 0, end - 8, 1 << 20)).unwrap(), call);
+            assert_eq!(
+                state.call(&mut p.store, (h, 0, end - 8, 1 << 20)).unwrap(),
+                call
+            );
             let reset = p.func::<(i32, u32, u32), i32>(policyport_abi::export::RESET);
             assert_eq!(reset.call(&mut p.store, (h, end - 2, 4)).unwrap(), call);
             let last_error = p.func::<(u32, u32), u32>(policyport_abi::export::LAST_ERROR);
@@ -525,6 +558,12 @@ fn plugin_exports_refuse_ranges_past_the_memory_end() {
         }
         answers.push((first.1, p.act(h, obs, actions, value)));
     }
-    assert_eq!(answers[0], answers[1], "the refused calls changed the answers (state advanced?)");
-    assert_ne!(answers[0].0, answers[0].1 .1, "the LSTM's second step should differ from its first");
+    assert_eq!(
+        answers[0], answers[1],
+        "the refused calls changed the answers (state advanced?)"
+    );
+    assert_ne!(
+        answers[0].0, answers[0].1.1,
+        "the LSTM's second step should differ from its first"
+    );
 }

@@ -25,10 +25,11 @@ use crate::manifest::Manifest;
 
 pub const MAGIC: &[u8; 8] = b"POLICYPT";
 pub const FORMAT_MAJOR: u16 = 1;
-/// 1.1 added the ops `exp clip reshape transpose conv2d max_pool2d layer_norm` (SPEC.md §3). The writer stamps
+/// 1.1 added the ops `exp clip reshape transpose conv2d max_pool2d layer_norm` (SPEC.md §3), 1.2 dict
+/// observations, 1.3 a squashed Gaussian's `deterministic: clipped_mean` (RLlib's SAC). The writer stamps
 /// the lowest minor a file needs ([`Manifest::required_minor`]), so a policy that uses only 1.0 ops still loads in
 /// a 1.0 runtime already shipped in a game.
-pub const FORMAT_MINOR: u16 = 2;
+pub const FORMAT_MINOR: u16 = 3;
 const HEADER_LEN: usize = 96;
 const ALIGN: usize = 64;
 
@@ -174,6 +175,13 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
         return Err(FormatError::OpNewerThanFile {
             op: "observation kind 'dict'".into(),
             since: (FORMAT_MAJOR, manifest.observation.since_minor()),
+            file: (major, minor),
+        });
+    }
+    if manifest.distribution.since_minor() > minor {
+        return Err(FormatError::OpNewerThanFile {
+            op: "a squashed Gaussian's 'deterministic': 'clipped_mean'".into(),
+            since: (FORMAT_MAJOR, manifest.distribution.since_minor()),
             file: (major, minor),
         });
     }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::container::Artifact;
-use crate::manifest::{ActionSpace, Distribution, LogStd};
+use crate::manifest::{ActionSpace, Distribution, LogStd, SquashedDeterministic};
 use crate::philox::{Stream, u01};
 use crate::sampling::{ActMode, argmax, categorical, clamp_range, standard_normal};
 
@@ -22,8 +22,14 @@ pub enum HeadKind {
     /// One categorical per component, logits concatenated.
     MultiCategorical { nvec: Vec<usize> },
     /// Normal(mean, exp(log_std)) per element. `squashed`: tanh, then rescaled to the action bounds (SAC);
-    /// `clip`: clipped to the bounds (SB3's PPO with `clip_actions`).
-    Gaussian { squashed: bool, clip: bool },
+    /// `clip`: clipped to the bounds (SB3's PPO with `clip_actions`); `linear_deterministic` (squashed only):
+    /// the deterministic action is the mean rescaled without tanh and clipped to the bounds (format 1.3's
+    /// `clipped_mean`, RLlib's SAC).
+    Gaussian {
+        squashed: bool,
+        clip: bool,
+        linear_deterministic: bool,
+    },
 }
 
 /// Where a Gaussian's log-std comes from.
@@ -102,6 +108,7 @@ impl HeadPlan {
                 HeadKind::Gaussian {
                     squashed: false,
                     clip: *clip,
+                    linear_deterministic: false,
                 },
                 Some(log_std),
                 *log_std_range,
@@ -109,11 +116,13 @@ impl HeadPlan {
             Distribution::SquashedGaussian {
                 log_std,
                 log_std_range,
+                deterministic,
                 ..
             } => (
                 HeadKind::Gaussian {
                     squashed: true,
                     clip: false,
+                    linear_deterministic: *deterministic == SquashedDeterministic::ClippedMean,
                 },
                 Some(log_std),
                 *log_std_range,
@@ -248,7 +257,11 @@ impl HeadPlan {
                     off += n;
                 }
             }
-            HeadKind::Gaussian { squashed, clip } => {
+            HeadKind::Gaussian {
+                squashed,
+                clip,
+                linear_deterministic,
+            } => {
                 let k = self.action_len;
                 for d in 0..k {
                     let mean = params[d];
@@ -256,7 +269,10 @@ impl HeadPlan {
                         Some(s) => mean + params[k + d].exp() * standard_normal(s, d as u32),
                         None => mean,
                     };
-                    if *squashed {
+                    if *squashed && *linear_deterministic && stream.is_none() {
+                        a = (self.low[d] + (a + 1.0) * 0.5 * (self.high[d] - self.low[d]))
+                            .clamp(self.low[d], self.high[d]);
+                    } else if *squashed {
                         a = self.low[d] + (a.tanh() + 1.0) * 0.5 * (self.high[d] - self.low[d]);
                     } else if *clip {
                         a = a.clamp(self.low[d], self.high[d]);

@@ -63,6 +63,7 @@ impl Manifest {
         self.newest_op()
             .map_or(0, |(_, m)| m)
             .max(self.observation.since_minor())
+            .max(self.distribution.since_minor())
     }
 }
 
@@ -381,10 +382,45 @@ pub enum Distribution {
         log_std: LogStd,
         #[serde(default)]
         log_std_range: Option<(f32, f32)>,
+        /// (1.3) What the deterministic action is; absent means [`SquashedDeterministic::Tanh`].
+        #[serde(default, skip_serializing_if = "SquashedDeterministic::is_tanh")]
+        deterministic: SquashedDeterministic,
     },
 }
 
+/// The deterministic action of a squashed Gaussian. Trainers disagree here, so the format says which one the
+/// policy was trained and evaluated with; sampled actions are the same in both (tanh of the draw, rescaled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SquashedDeterministic {
+    /// `low + (tanh(mean) + 1) · (high − low) / 2`: the draw at `z = 0` (SB3's `predict(deterministic=True)`,
+    /// CleanRL's `get_action` mean).
+    #[default]
+    Tanh,
+    /// `clamp(low + (mean + 1) · (high − low) / 2, low, high)`: the mean itself taken as a [-1, 1] action and
+    /// unsquashed the way an env runner maps actions, without tanh (format 1.3; RLlib's SAC at inference:
+    /// `TorchSquashedGaussian.to_deterministic()` is the un-squashed mean, then `unsquash_action` clips).
+    ClippedMean,
+}
+
+impl SquashedDeterministic {
+    pub fn is_tanh(&self) -> bool {
+        *self == SquashedDeterministic::Tanh
+    }
+}
+
 impl Distribution {
+    /// The first format minor (of major 1) able to hold this distribution.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            Distribution::SquashedGaussian {
+                deterministic: SquashedDeterministic::ClippedMean,
+                ..
+            } => 3,
+            _ => 0,
+        }
+    }
+
     /// The values the distribution reads, in the order their parameters are laid out in `dist_params` outputs.
     pub fn param_values(&self) -> Vec<&str> {
         match self {

@@ -832,6 +832,7 @@ impl Checker<'_> {
                     mean,
                     log_std,
                     log_std_range,
+                    ..
                 },
                 ActionSpace::Box { shape, low, high },
             ) => {

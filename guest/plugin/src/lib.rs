@@ -76,7 +76,9 @@ fn valid_range<T>(ptr: *const T, len: usize) -> bool {
     };
     !ptr.is_null()
         && (ptr as usize) % std::mem::align_of::<T>() == 0
-        && (ptr as usize as u64).checked_add(bytes).is_some_and(|end| end <= memory_bytes())
+        && (ptr as usize as u64)
+            .checked_add(bytes)
+            .is_some_and(|end| end <= memory_bytes())
 }
 
 /// A guest-memory slice from an ABI pointer and element count, or None when the range is unusable
@@ -184,7 +186,10 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
 pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
     with_slot(handle, |slot| {
         let Some(out) = (unsafe { slice_mut(out, policyport_abi::INFO_WORDS) }) else {
-            return Err(fail(ERR_CALL, "info pointer is null, misaligned or out of range"));
+            return Err(fail(
+                ERR_CALL,
+                "info pointer is null, misaligned or out of range",
+            ));
         };
         let i = &slot.info;
         let u8_obs = i.observation.raw_dtype() == policyport::format::ObsDType::U8;
@@ -235,7 +240,10 @@ pub unsafe extern "C" fn pp_act(
         // Every size from the caller's batch, checked (usize is 32 bits here).
         let sizes = [info.obs_len, info.action_len, info.dist_params_len].map(|n| b.checked_mul(n));
         let [Some(obs_n), Some(action_n), Some(dist_n)] = sizes else {
-            return Err(fail(ERR_CALL, format!("batch {b} overflows the buffer sizes")));
+            return Err(fail(
+                ERR_CALL,
+                format!("batch {b} overflows the buffer sizes"),
+            ));
         };
         // The outputs are checked before act() runs: a refused call must not advance recurrent state.
         if !valid_range(actions as *const f32, action_n) {
@@ -350,8 +358,12 @@ pub unsafe extern "C" fn pp_state(handle: i32, k: u32, out: *mut f32, cap: u32) 
             None => return Err(fail(ERR_STATE, "recurrent state too large to report")),
         };
         if cap as usize >= total {
-            let dst = unsafe { slice_mut(out, total) }
-                .ok_or_else(|| fail(ERR_CALL, "state pointer is null, misaligned or out of range"))?;
+            let dst = unsafe { slice_mut(out, total) }.ok_or_else(|| {
+                fail(
+                    ERR_CALL,
+                    "state pointer is null, misaligned or out of range",
+                )
+            })?;
             for (env, row) in dst.chunks_exact_mut(numel).enumerate() {
                 let src = slot
                     .session

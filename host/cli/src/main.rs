@@ -392,6 +392,7 @@ fn run() -> Result<()> {
                         mean: need(&mean, "mean")?,
                         log_std: ls()?,
                         log_std_range: None,
+                        deterministic: Default::default(),
                     },
                     other => bail!(
                         "unknown --dist '{other}' (categorical, diag-gaussian, squashed-gaussian)"
@@ -990,7 +991,10 @@ fn serve_web(bind: &str, port: u16, root: &Path) -> Result<()> {
         format!("/policies/{}.policy", REPLAY.name),
         policyport_import::compile_sb3(REPLAY.sb3_zip, None, REPLAY.source, None, Storage::F32)?,
     );
-    memory.insert(format!("/replays/{}.json", REPLAY.name), REPLAY.rollout.to_vec());
+    memory.insert(
+        format!("/replays/{}.json", REPLAY.name),
+        REPLAY.rollout.to_vec(),
+    );
     let shaders: Vec<serde_json::Value> = policyport_shaders::all_sources()
         .into_iter()
         .map(|(name, source)| serde_json::json!({ "name": name, "source": source }))

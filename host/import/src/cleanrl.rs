@@ -250,6 +250,7 @@ pub fn import_cleanrl(
                     mean,
                     log_std: LogStd::Value { value: log_std },
                     log_std_range: None,
+                    deterministic: Default::default(),
                 },
                 None,
             )

@@ -780,7 +780,8 @@ impl Importer<'_> {
                         "not supported by the ONNX importer",
                         "supported: Gemm MatMul Add Sub Mul Div Neg Relu Tanh Sigmoid Erf Elu LeakyRelu Gelu Exp \
                          Clip Softmax LogSoftmax Conv MaxPool LayerNormalization Transpose Concat Reshape Flatten \
-                         Squeeze Unsqueeze Slice Shape Gather Cast Constant Identity Dropout; re-export without it \
+                         Squeeze Unsqueeze Slice Split Shape Gather Cast Constant Identity Dropout; re-export \
+                         without it \
                          or open an issue",
                     ));
                 }
@@ -1104,70 +1105,43 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         .iter()
         .filter(|i| !imp.vals.contains_key(&i.name))
         .collect();
-    let input = match &spec.input {
-        Some(name) => runtime_inputs
-            .iter()
-            .find(|i| &i.name == name)
-            .copied()
-            .ok_or_else(|| {
-                ImportError::Spec(format!(
-                    "graph has no input '{name}' (inputs: {:?})",
-                    runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
-                ))
-            })?,
-        None if runtime_inputs.len() == 1 => runtime_inputs[0],
-        None => {
-            return Err(ImportError::Spec(format!(
-                "graph has {} run-time inputs {:?}: name the observation with \"input\"",
-                runtime_inputs.len(),
-                runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
-            )));
+    let (feat, input_u8) = match &spec.observation {
+        Some(ObservationSpace::Dict { spaces }) => {
+            (dict_inputs(&mut imp, spaces, &runtime_inputs, spec)?, false)
+        }
+        _ => {
+            let input = match &spec.input {
+                Some(name) => runtime_inputs
+                    .iter()
+                    .find(|i| &i.name == name)
+                    .copied()
+                    .ok_or_else(|| {
+                        ImportError::Spec(format!(
+                            "graph has no input '{name}' (inputs: {:?})",
+                            runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
+                        ))
+                    })?,
+                None if runtime_inputs.len() == 1 => runtime_inputs[0],
+                None => {
+                    return Err(ImportError::Spec(format!(
+                        "graph has {} run-time inputs {:?}: name the observation with \"input\", or describe \
+                         a dict observation whose keys are these inputs",
+                        runtime_inputs.len(),
+                        runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
+                    )));
+                }
+            };
+            let (feat, elem) = input_feature_shape(input)?;
+            imp.vals.insert(
+                input.name.clone(),
+                Val::Runtime {
+                    name: OBS_VALUE.into(),
+                    shape: feat.clone(),
+                },
+            );
+            (feat, elem == data_type::UINT8)
         }
     };
-    let tt = input.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
-    let dims: Vec<Option<i64>> = tt
-        .and_then(|t| t.shape.as_ref())
-        .map(|s| s.dim.iter().map(|d| d.dim_value).collect())
-        .unwrap_or_default();
-    let elem = tt.map(|t| t.elem_type).unwrap_or(0);
-    if dims.len() < 2 {
-        return Err(ImportError::Spec(format!(
-            "input '{}' must be [batch, features...], has rank {}",
-            input.name,
-            dims.len()
-        )));
-    }
-    let feat: Vec<usize> = dims[1..]
-        .iter()
-        .map(|d| {
-            d.filter(|v| *v > 0 && *v <= MAX_VALUE_ELEMS as i64)
-                .map(|v| v as usize)
-        })
-        .collect::<Option<Vec<usize>>>()
-        .filter(|f| {
-            f.iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .is_some_and(|n| n <= MAX_VALUE_ELEMS)
-        })
-        .ok_or_else(|| {
-            ImportError::Spec(format!(
-                "input '{}' needs static feature dims, has {dims:?}",
-                input.name
-            ))
-        })?;
-    if elem != data_type::FLOAT && elem != data_type::UINT8 {
-        return Err(ImportError::Spec(format!(
-            "input '{}' has element type {elem}; float32 (or uint8) expected",
-            input.name
-        )));
-    }
-    imp.vals.insert(
-        input.name.clone(),
-        Val::Runtime {
-            name: OBS_VALUE.into(),
-            shape: feat.clone(),
-        },
-    );
 
     for (i, n) in graph.node.iter().enumerate() {
         imp.node(n, i)?;
@@ -1268,6 +1242,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             mean,
             log_std,
             log_std_range,
+            ..
         } => {
             let (m, ms) = runtime_out(&imp, mean, "mean")?;
             let k: usize = ms.iter().product();
@@ -1328,10 +1303,15 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                     log_std_range: *log_std_range,
                     clip: *clip,
                 },
-                _ => Distribution::SquashedGaussian {
+                // The other arm of this match: a squashed Gaussian.
+                other => Distribution::SquashedGaussian {
                     mean: m,
                     log_std: ls,
                     log_std_range: *log_std_range,
+                    deterministic: match other {
+                        DistSpec::SquashedGaussian { deterministic, .. } => *deterministic,
+                        _ => Default::default(),
+                    },
                 },
             };
             (dist, None, values)
@@ -1436,7 +1416,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     // Observation space and preprocessing.
     let observation = spec.observation.clone().unwrap_or(ObservationSpace::Box {
         shape: feat.clone(),
-        dtype: if elem == data_type::UINT8 {
+        dtype: if input_u8 {
             ObsDType::U8
         } else {
             ObsDType::F32
@@ -1512,6 +1492,132 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     Ok(Imported { manifest, tensors })
 }
 
+/// A graph input's feature shape (`[batch, features...]` with static features within the value limit) and
+/// element type (float32 or uint8).
+fn input_feature_shape(input: &pb::ValueInfoProto) -> Result<(Vec<usize>, i32), ImportError> {
+    let tt = input.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+    let dims: Vec<Option<i64>> = tt
+        .and_then(|t| t.shape.as_ref())
+        .map(|s| s.dim.iter().map(|d| d.dim_value).collect())
+        .unwrap_or_default();
+    let elem = tt.map(|t| t.elem_type).unwrap_or(0);
+    if dims.len() < 2 {
+        return Err(ImportError::Spec(format!(
+            "input '{}' must be [batch, features...], has rank {}",
+            input.name,
+            dims.len()
+        )));
+    }
+    let feat: Vec<usize> = dims[1..]
+        .iter()
+        .map(|d| {
+            d.filter(|v| *v > 0 && *v <= MAX_VALUE_ELEMS as i64)
+                .map(|v| v as usize)
+        })
+        .collect::<Option<Vec<usize>>>()
+        .filter(|f| {
+            f.iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .is_some_and(|n| n <= MAX_VALUE_ELEMS)
+        })
+        .ok_or_else(|| {
+            ImportError::Spec(format!(
+                "input '{}' needs static feature dims, has {dims:?}",
+                input.name
+            ))
+        })?;
+    if elem != data_type::FLOAT && elem != data_type::UINT8 {
+        return Err(ImportError::Spec(format!(
+            "input '{}' has element type {elem}; float32 (or uint8) expected",
+            input.name
+        )));
+    }
+    Ok((feat, elem))
+}
+
+/// A dict observation (format 1.2) over a graph with one input per part, the way `torch.onnx.export` writes a
+/// policy taking a dict (SB3's `MultiInputPolicy`: one named input per key): the runtime's observation is each
+/// env's parts flattened and concatenated in the spec's order, so each graph input becomes a slice of it,
+/// reshaped to the part's shape. Every run-time input must be a part (or a recurrent state, handled before);
+/// a part's shape must be the input's feature shape, and a uint8 input needs a `u8` part (a float part could
+/// carry fractions the graph's uint8 input never sees). Returns the observation's feature shape, `[total]`.
+fn dict_inputs(
+    imp: &mut Importer,
+    spaces: &[policyport_format::DictEntry],
+    runtime_inputs: &[&pb::ValueInfoProto],
+    spec: &ImportSpec,
+) -> Result<Vec<usize>, ImportError> {
+    if let Some(name) = &spec.input {
+        return Err(ImportError::Spec(format!(
+            "\"input\": \"{name}\" with a dict observation: each dict key names its graph input; drop \"input\""
+        )));
+    }
+    let names = || runtime_inputs.iter().map(|i| &i.name).collect::<Vec<_>>();
+    if let Some(extra) = runtime_inputs
+        .iter()
+        .find(|i| !spaces.iter().any(|e| e.key == i.name))
+    {
+        return Err(ImportError::Spec(format!(
+            "graph input '{}' is not a part of the dict observation (keys: {:?}) nor a recurrent state",
+            extra.name,
+            spaces.iter().map(|e| &e.key).collect::<Vec<_>>()
+        )));
+    }
+    let mut off = 0usize;
+    for e in spaces {
+        let input = runtime_inputs
+            .iter()
+            .find(|i| i.name == e.key)
+            .ok_or_else(|| {
+                ImportError::Spec(format!(
+                    "dict observation key '{}' is not a run-time graph input (inputs: {:?})",
+                    e.key,
+                    names()
+                ))
+            })?;
+        let (feat, elem) = input_feature_shape(input)?;
+        if feat != e.shape {
+            return Err(ImportError::Spec(format!(
+                "dict part '{}' has shape {:?}, its graph input {feat:?}",
+                e.key, e.shape
+            )));
+        }
+        if elem == data_type::UINT8 && e.dtype != ObsDType::U8 {
+            return Err(ImportError::Spec(format!(
+                "graph input '{}' is uint8: its dict part needs \"dtype\": \"u8\"",
+                e.key
+            )));
+        }
+        let n: usize = feat.iter().product();
+        let flat = if feat.len() > 1 {
+            format!("{}.flat", e.key)
+        } else {
+            e.key.clone()
+        };
+        imp.emit(
+            &format!("{}.slice", e.key),
+            Op::Slice { start: off, len: n },
+            vec![OBS_VALUE.into()],
+            &flat,
+            vec![n],
+        );
+        if feat.len() > 1 {
+            let src = Importer::ir_name(&flat);
+            imp.emit(
+                &format!("{}.reshape", e.key),
+                Op::Reshape {
+                    shape: feat.clone(),
+                },
+                vec![src],
+                &e.key,
+                feat.clone(),
+            );
+        }
+        off += n;
+    }
+    Ok(vec![off])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1574,6 +1680,127 @@ mod tests {
             match import_onnx(&bytes, &spec, "t") {
                 Err(ImportError::Malformed(_) | ImportError::UnsupportedOp { .. }) => {}
                 other => panic!("{op} with {inputs:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// `Split` (added for SAC actors' `x.chunk(2, -1)`): sizes from the `split` input, equal parts, and opset 18's
+    /// `num_outputs` (ceil-sized chunks), each part the right numbers (run through the float64 reference); sizes
+    /// that do not cover the axis, or the batch axis, are typed errors.
+    #[test]
+    fn split_parts_are_slices_of_the_axis() {
+        let spec = ImportSpec::new(DistSpec::Categorical {
+            logits: "logits".into(),
+        });
+        let split =
+            |inputs: &[&str], outs: &[&str], attrs: Vec<pb::AttributeProto>| pb::NodeProto {
+                op_type: "Split".into(),
+                input: inputs.iter().map(|s| s.to_string()).collect(),
+                output: outs.iter().map(|s| s.to_string()).collect(),
+                attribute: attrs,
+                ..Default::default()
+            };
+        let int_attr = |name: &str, i: i64| pb::AttributeProto {
+            name: name.into(),
+            i,
+            r#type: 2,
+            ..Default::default()
+        };
+        let ints_attr = |name: &str, v: Vec<i64>| pb::AttributeProto {
+            name: name.into(),
+            ints: v,
+            r#type: 7,
+            ..Default::default()
+        };
+        let obs = [1.0f32, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0, 40.0];
+        // logits = concat(b, a): the parts swapped, so a wrong slice shows.
+        let cases: Vec<(Vec<pb::NodeProto>, Vec<f64>)> = vec![
+            (
+                vec![
+                    split(
+                        &["obs"],
+                        &["a", "b"],
+                        vec![int_attr("axis", 1), ints_attr("split", vec![1, 3])],
+                    ),
+                    node("Concat", &["b", "a"], "logits"),
+                ],
+                vec![2.0, 3.0, 4.0, 1.0, 20.0, 30.0, 40.0, 10.0],
+            ),
+            (
+                vec![
+                    split(&["obs"], &["a", "b"], vec![int_attr("axis", -1)]),
+                    node("Concat", &["b", "a"], "logits"),
+                ],
+                vec![3.0, 4.0, 1.0, 2.0, 30.0, 40.0, 10.0, 20.0],
+            ),
+            (
+                vec![
+                    split(
+                        &["obs"],
+                        &["a", "b"],
+                        vec![int_attr("axis", 1), int_attr("num_outputs", 2)],
+                    ),
+                    node("Concat", &["b", "a"], "logits"),
+                ],
+                vec![3.0, 4.0, 1.0, 2.0, 30.0, 40.0, 10.0, 20.0],
+            ),
+        ];
+        for (i, (nodes, want)) in cases.into_iter().enumerate() {
+            let mut nodes = nodes;
+            if let Some(c) = nodes.last_mut() {
+                c.attribute.push(int_attr("axis", 1));
+            }
+            let imported =
+                import_onnx(&model(nodes), &spec, "t").unwrap_or_else(|e| panic!("case {i}: {e}"));
+            let vals =
+                crate::reference::eval(&imported.manifest, &imported.tensors, &obs, 2).unwrap();
+            let logits = imported.manifest.distribution.param_values()[0].to_string();
+            assert_eq!(vals[&logits], want, "case {i}");
+        }
+        for (what, node) in [
+            (
+                "sizes short of the axis",
+                split(
+                    &["obs"],
+                    &["a", "b"],
+                    vec![int_attr("axis", 1), ints_attr("split", vec![1, 2])],
+                ),
+            ),
+            (
+                "the batch axis",
+                split(&["obs"], &["a", "b"], vec![int_attr("axis", 0)]),
+            ),
+            (
+                "an empty part",
+                split(
+                    &["obs"],
+                    &["a", "b"],
+                    vec![int_attr("axis", 1), ints_attr("split", vec![0, 4])],
+                ),
+            ),
+            // ceil(4 / 3) = 2: chunks 2, 2, 0 — an empty last part.
+            (
+                "num_outputs leaving an empty chunk",
+                split(
+                    &["obs"],
+                    &["a", "b"],
+                    vec![int_attr("axis", 1), int_attr("num_outputs", 3)],
+                ),
+            ),
+        ] {
+            let bytes = model(vec![
+                node,
+                pb::NodeProto {
+                    op_type: "Concat".into(),
+                    input: vec!["a".into(), "b".into()],
+                    output: vec!["logits".into()],
+                    attribute: vec![int_attr("axis", 1)],
+                    ..Default::default()
+                },
+            ]);
+            match import_onnx(&bytes, &spec, "t") {
+                Err(ImportError::Malformed(_) | ImportError::UnsupportedOp { .. }) => {}
+                other => panic!("{what}: {:?}", other.map(|_| ())),
             }
         }
     }

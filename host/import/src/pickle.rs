@@ -135,6 +135,10 @@ pub const ALLOWED: &[(&str, &str)] = &[
         "ray.rllib.connectors.common.numpy_to_tensor",
         "NumpyToTensor",
     ),
+    (
+        "ray.rllib.connectors.common.flatten_observations",
+        "FlattenObservations",
+    ),
     ("torch", "device"),
 ];
 

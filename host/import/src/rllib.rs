@@ -6,8 +6,9 @@
 //! - `.../<module id>/class_and_ctor_args.pkl`: the module class, the gymnasium spaces and the *partial*
 //!   `model_config` (only what the user or the algorithm set; the rest are `DefaultModelConfig`'s defaults);
 //! - `env_runner/env_to_module_connector/`: the connector pipeline (a `MeanStdFilter` piece, when configured,
-//!   runs first on the raw observations) and the filter's statistics in `MeanStdFilter/state.pkl` (base64 of a
-//!   zlib-compressed `.npy`, float64).
+//!   runs on the raw observations; a leading `FlattenObservations` turns a Dict observation into the module's
+//!   flat vector) with the env's own observation space (the pipeline's input space), and the filter's
+//!   statistics in `MeanStdFilter/state.pkl` (base64 of a zlib-compressed `.npy`, float64).
 //!
 //! Each is read by the restricted pickle reader ([`crate::pickle`]): nothing is executed, and a class outside the
 //! allow-list (a custom RLModule, a user connector) is a typed error naming it.
@@ -19,9 +20,13 @@
 //! Discrete, MultiDiscrete and Box actions. Box actions are mapped as RLlib's env runner maps them
 //! (`normalize_actions`: `low + (a + 1)(high − low)/2`, clipped): the artifact's Gaussian is that map applied to
 //! the module's mean and log-std, so its deterministic and sampled actions are the env's.
-//! Refused by name: SAC (its deterministic action is the un-squashed mean, which the format's squashed Gaussian
-//! does not express), `vf_share_layers=True`, `free_log_std`, LayerNorm encoders, multi-agent checkpoints with
-//! several modules (point at one module's directory), Dict observations, other connectors.
+//! `DefaultSACTorchRLModule` on Box actions ([`sac_policy`]): `pi_encoder` + `pi`, a squashed Gaussian whose
+//! deterministic action is the un-squashed mean rescaled and clipped (format 1.3's `clipped_mean`), as RLlib's env
+//! runner acts with explore=False. Dict observations of Boxes through `FlattenObservations` (the first piece):
+//! the artifact's observation is the env's Dict with its parts in RLlib's flatten order (keys sorted).
+//! Refused by name: `vf_share_layers=True`, `free_log_std`, LayerNorm encoders, multi-agent checkpoints with
+//! several modules (point at one module's directory), Dict parts that are not Boxes (FlattenObservations
+//! one-hot encodes them), `keys_to_remove`, a MeanStdFilter before the flatten, other connectors.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +34,7 @@ use std::path::{Path, PathBuf};
 use policyport_format::container::Tensor;
 use policyport_format::{
     ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess, RecurrentSpec,
+    Op, Preprocess, RecurrentSpec, SquashedDeterministic,
 };
 
 use crate::ImportError;
@@ -170,7 +175,7 @@ fn parse(bytes: &[u8], what: &str) -> Result<Pickle, ImportError> {
     pickle::parse(bytes).map_err(|e| match e {
         PickleError::ForbiddenGlobal { module, name } => unsupported(
             format!("{what} {module}.{name}"),
-            "RLlib's default PPO RLModule and its default connectors (plus MeanStdFilter) are read",
+            "RLlib's default PPO and SAC RLModules and their default connectors (plus MeanStdFilter and FlattenObservations) are read",
         ),
         other => other.into(),
     })
@@ -231,7 +236,50 @@ fn space_dtype_u8(pk: &Pickle, i: usize) -> bool {
     matches!(pk.get(d), Node::Call { args, .. } if pk.items(*args).and_then(|a| a.first()).and_then(|k| pk.str(*k)) == Some("u1"))
 }
 
+/// A gymnasium space as a policy observation: a Box, or (the input of a `FlattenObservations` connector) a Dict
+/// of Boxes in the order RLlib flattens it — keys sorted (dm-tree's `tree.flatten`), whatever order the space
+/// keeps — each part flattened row-major and cast to float32.
 fn observation_space(pk: &Pickle, i: usize) -> Result<ObservationSpace, ImportError> {
+    if pk.call_name(i).as_deref() != Some("gymnasium.spaces.dict.Dict") {
+        return box_space(pk, i);
+    }
+    let spaces = space_attr(pk, i, "spaces")?;
+    let items = match pk.get(spaces) {
+        Node::Dict(items) | Node::Call { items, .. } => items,
+        _ => return Err(bad("Dict.spaces is not a dict")),
+    };
+    let mut parts = vec![];
+    for (k, v) in items {
+        let key = pk
+            .str(*k)
+            .ok_or_else(|| bad("a Dict observation key that is not a string"))?;
+        match box_space(pk, *v) {
+            Ok(ObservationSpace::Box { shape, dtype }) => {
+                parts.push(policyport_format::DictEntry {
+                    key: key.to_string(),
+                    shape,
+                    dtype,
+                })
+            }
+            Ok(_) => unreachable!("box_space gives boxes"),
+            Err(ImportError::Unsupported { what, .. }) => {
+                return Err(unsupported(
+                    format!("Dict observation part '{key}': {what}"),
+                    "Dict parts must be Box spaces (FlattenObservations one-hot encodes Discrete parts, which \
+                     the format's dict parts cannot express yet)",
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if parts.is_empty() {
+        return Err(bad("an empty Dict observation space"));
+    }
+    parts.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(ObservationSpace::Dict { spaces: parts })
+}
+
+fn box_space(pk: &Pickle, i: usize) -> Result<ObservationSpace, ImportError> {
     match pk.call_name(i).as_deref() {
         Some("gymnasium.spaces.box.Box") => {
             let shape = pk
@@ -260,7 +308,7 @@ fn observation_space(pk: &Pickle, i: usize) -> Result<ObservationSpace, ImportEr
         )),
         other => Err(unsupported(
             format!("observation space {}", other.unwrap_or("?")),
-            "Box observations are supported (Dict: not yet)",
+            "Box observations, and Dicts of Boxes through FlattenObservations, are supported",
         )),
     }
 }
@@ -397,6 +445,10 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
         "fcnet_use_layernorm",
         "head_fcnet_use_layernorm",
         "conv_use_layernorm",
+        // SAC's twin Q networks and their fusion layers: critics only, never read at inference.
+        "twin_q",
+        "fusionnet_hiddens",
+        "fusionnet_activation",
     ];
     for k in m.keys() {
         let harmless = k.ends_with("_initializer")
@@ -405,7 +457,7 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
         if !READ.contains(&k.as_str()) && !harmless {
             return Err(unsupported(
                 format!("model_config key '{k}'"),
-                "RLlib's DefaultModelConfig keys for PPO",
+                "RLlib's DefaultModelConfig keys for PPO and SAC",
             ));
         }
     }
@@ -824,16 +876,11 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
             "this is a MultiRLModule's directory; give one module's directory inside it",
         ));
     }
-    if class.ends_with("DefaultSACTorchRLModule") {
-        return Err(unsupported(
-            "an RLlib SAC module",
-            "RLlib's deterministic SAC action is the un-squashed mean, which the format's squashed Gaussian does not express; not supported yet",
-        ));
-    }
-    if !class.ends_with("DefaultPPOTorchRLModule") {
+    let sac = class.ends_with("DefaultSACTorchRLModule");
+    if !sac && !class.ends_with("DefaultPPOTorchRLModule") {
         return Err(unsupported(
             format!("RLModule class {class}"),
-            "RLlib's DefaultPPOTorchRLModule",
+            "RLlib's DefaultPPOTorchRLModule or DefaultSACTorchRLModule",
         ));
     }
     let kwargs = get(&ctor, ctor.root, "ctor_args_and_kwargs")
@@ -843,31 +890,47 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
     let kw = |k: &str| {
         get(&ctor, kwargs, k).ok_or_else(|| bad(format!("RLModule kwargs without '{k}'")))
     };
-    let observation = observation_space(&ctor, kw("observation_space")?)?;
+    let module_observation = observation_space(&ctor, kw("observation_space")?)?;
     let action = action_space(&ctor, kw("action_space")?)?;
     let mc = model_config(&to_json(&ctor, kw("model_config")?, 0))?;
 
-    // The env-to-module pipeline: its pieces must be RLlib's defaults (plus MeanStdFilter).
+    // The env-to-module pipeline: its pieces must be RLlib's defaults, plus MeanStdFilter and a leading
+    // FlattenObservations (how RLlib users feed Dict observations to the default encoders).
     let mut preprocess = vec![];
     let mut norm = vec![];
+    let pipeline = match &files.env_to_module {
+        Some(b) => Some(Pipeline::read(&parse(b, "env-to-module connector")?)?),
+        None => None,
+    };
+    let has_filter = pipeline.as_ref().is_some_and(|p| p.mean_std_filter);
     let ObservationSpace::Box {
         shape: obs_shape, ..
-    } = &observation
+    } = &module_observation
     else {
         return Err(unsupported(
-            "non-Box observations in an RLlib checkpoint",
-            "Box observations",
+            "non-Box observations in an RLlib module",
+            "Box observations (Dicts through FlattenObservations)",
         ));
     };
     let numel: usize = obs_shape.iter().product();
-    let has_filter = match &files.env_to_module {
-        Some(b) => {
-            let pk = parse(b, "env-to-module connector")?;
-            pk.nodes
-                .iter()
-                .any(|n| matches!(n, Node::Global(_, name) if name == "MeanStdFilter"))
+    let observation = match pipeline.as_ref().and_then(|p| p.flattened.clone()) {
+        Some(env_space) => {
+            if env_space.raw_len() != numel {
+                return Err(bad(format!(
+                    "FlattenObservations' input space has {} numbers, the module takes {numel}",
+                    env_space.raw_len()
+                )));
+            }
+            match env_space {
+                // A flattened Box is the same numbers row-major: the graph takes the module's flat vector.
+                ObservationSpace::Box { dtype, .. } => ObservationSpace::Box {
+                    shape: obs_shape.clone(),
+                    dtype,
+                },
+                dict => dict,
+            }
         }
-        None => false,
+        None => module_observation.clone(),
     };
     match (&files.mean_std_state, has_filter) {
         (Some(st), _) => {
@@ -907,6 +970,22 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         sd.insert(
             key.to_string(),
             Tensor::new(a.shape, a.data.iter().map(|x| *x as f32).collect()),
+        );
+    }
+    if sac {
+        return sac_policy(
+            SacParts {
+                sd: &sd,
+                mc: &mc,
+                obs_shape,
+                observation,
+                action,
+                preprocess,
+                norm,
+                class: &class,
+            },
+            files,
+            source,
         );
     }
     if !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
@@ -1038,17 +1117,8 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         return Err(bad(format!("the vf head has {one} outputs")));
     }
     modules.push(g.module("vf", ModuleRole::ValueHead, vec![c], vec![value.clone()]));
-    let name = files
-        .module_dir
-        .ancestors()
-        .nth(4)
-        .filter(|r| r.join("rllib_checkpoint.json").is_file())
-        .unwrap_or(&files.module_dir)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "rllib".into());
     let manifest = Manifest {
-        name,
+        name: checkpoint_name(files),
         producer: producer(
             "rllib",
             source,
@@ -1065,6 +1135,187 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
     };
     let mut tensors = g.tensors;
     tensors.extend(norm);
+    Ok(Imported { manifest, tensors })
+}
+
+/// The checkpoint's directory name (the algorithm's, or the module's when given alone).
+fn checkpoint_name(files: &RllibFiles) -> String {
+    files
+        .module_dir
+        .ancestors()
+        .nth(4)
+        .filter(|r| r.join("rllib_checkpoint.json").is_file())
+        .unwrap_or(&files.module_dir)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "rllib".into())
+}
+
+/// What the env-to-module pipeline (`env_to_module_connector/class_and_ctor_args.pkl`: the pipeline's input
+/// spaces, then its pieces as `(class, args, kwargs)`) does to observations before the module sees them.
+struct Pipeline {
+    mean_std_filter: bool,
+    /// The env's observation space, when a `FlattenObservations` piece flattens it first.
+    flattened: Option<ObservationSpace>,
+}
+
+impl Pipeline {
+    fn read(pk: &Pickle) -> Result<Self, ImportError> {
+        let malformed = || {
+            bad("the env-to-module pipeline's class_and_ctor_args is not (spaces, {connectors})")
+        };
+        let ak = get(pk, pk.root, "ctor_args_and_kwargs")
+            .and_then(|i| pk.items(i))
+            .ok_or_else(malformed)?;
+        let pieces: Vec<(String, Option<usize>)> =
+            match ak.get(1).and_then(|kw| get(pk, *kw, "connectors")) {
+                Some(l) => pk
+                    .items(l)
+                    .ok_or_else(malformed)?
+                    .iter()
+                    .map(|piece| {
+                        let t = pk.items(*piece).ok_or_else(malformed)?;
+                        let name = match t.first().map(|c| pk.get(*c)) {
+                            Some(Node::Global(_, n)) => n.clone(),
+                            _ => return Err(malformed()),
+                        };
+                        Ok((name, t.get(2).copied()))
+                    })
+                    .collect::<Result<_, ImportError>>()?,
+                None => vec![],
+            };
+        let at = |n: &str| pieces.iter().position(|(p, _)| p == n);
+        let (filter, flatten) = (at("MeanStdFilter"), at("FlattenObservations"));
+        let flattened = match flatten {
+            None => None,
+            Some(i) => {
+                if i != 0 {
+                    return Err(unsupported(
+                        format!("FlattenObservations as piece {i} of the env-to-module pipeline"),
+                        "FlattenObservations first (before MeanStdFilter)",
+                    ));
+                }
+                let kwargs = pieces[i].1;
+                let kwarg = |k: &str| kwargs.and_then(|kw| get(pk, kw, k)).map(|v| pk.get(v));
+                if !matches!(kwarg("keys_to_remove"), None | Some(Node::None)) {
+                    return Err(unsupported(
+                        "FlattenObservations with keys_to_remove",
+                        "flatten every key (the removed keys' spaces are not saved)",
+                    ));
+                }
+                if matches!(kwarg("multi_agent"), Some(Node::Bool(true))) {
+                    return Err(unsupported(
+                        "a multi-agent FlattenObservations",
+                        "a single-agent checkpoint",
+                    ));
+                }
+                let space = ak
+                    .first()
+                    .and_then(|a| pk.items(*a))
+                    .and_then(|a| a.first().copied())
+                    .ok_or_else(malformed)?;
+                Some(observation_space(pk, space)?)
+            }
+        };
+        if let (Some(f), Some(fl)) = (filter, flatten) {
+            if f < fl {
+                return Err(unsupported(
+                    "a MeanStdFilter before FlattenObservations",
+                    "FlattenObservations first",
+                ));
+            }
+        }
+        Ok(Pipeline {
+            mean_std_filter: filter.is_some(),
+            flattened,
+        })
+    }
+}
+
+/// What the SAC route needs from [`import_rllib`]'s common part.
+struct SacParts<'a> {
+    sd: &'a BTreeMap<String, Tensor>,
+    mc: &'a ModelConfig,
+    obs_shape: &'a [usize],
+    observation: ObservationSpace,
+    action: ActionSpace,
+    preprocess: Vec<Preprocess>,
+    norm: Vec<(String, Tensor)>,
+    class: &'a str,
+}
+
+/// RLlib's `DefaultSACTorchRLModule`: the policy is `pi_encoder` (an MLP, `fcnet_activation` after every layer)
+/// and the `pi` head giving `[mean | log_std]`; the Q networks (`qf*`, `target_qf*`) are training-only. RLlib's
+/// `TorchSquashedGaussian` clamps the log-std to [-5, 2] (fixed, not `log_std_clip_param`) and samples
+/// `tanh(mean + std·z)`, which the env runner maps from [-1, 1] to the bounds (`normalize_actions`); at inference
+/// (`explore=False`) it takes the un-squashed mean and maps it the same way, clipped: the format's
+/// `clipped_mean` (1.3). No value estimate (SAC has none).
+fn sac_policy(p: SacParts<'_>, files: &RllibFiles, source: &str) -> Result<Imported, ImportError> {
+    if p.mc.use_lstm {
+        return Err(unsupported(
+            "use_lstm with SAC",
+            "RLlib's SAC has no recurrent default module",
+        ));
+    }
+    let ActionSpace::Box { low, high, .. } = &p.action else {
+        return Err(unsupported(
+            format!("RLlib SAC with {:?} actions", p.action),
+            "Box actions (RLlib's SAC on Discrete actions is not read yet)",
+        ));
+    };
+    if !low.iter().chain(high).all(Option::is_some) {
+        return Err(unsupported(
+            "RLlib SAC on an unbounded Box action space",
+            "finite bounds (RLlib squashes actions into them)",
+        ));
+    }
+    let mut g = GraphBuilder::new(p.sd, "RLlib checkpoint");
+    let (x, d) = encoder(&mut g, "pi_encoder", OBS_VALUE, p.obs_shape, p.mc)?;
+    let mut modules = vec![g.module(
+        "pi_encoder",
+        ModuleRole::Encoder,
+        vec![OBS_VALUE.into()],
+        vec![x.clone()],
+    )];
+    let (out, k) = head(&mut g, "pi", &x, d, p.mc)?;
+    let n = p.action.action_len();
+    if k != 2 * n {
+        return Err(bad(format!(
+            "the SAC pi head has {k} outputs; {n} actions need {}",
+            2 * n
+        )));
+    }
+    let mean = g.node(Op::Slice { start: 0, len: n }, &out, "pi.mean");
+    let ls = g.node(Op::Slice { start: n, len: n }, &out, "pi.log_std");
+    modules.push(g.module(
+        "pi",
+        ModuleRole::PolicyHead,
+        vec![x],
+        vec![mean.clone(), ls.clone()],
+    ));
+    let manifest = Manifest {
+        name: checkpoint_name(files),
+        producer: producer(
+            "rllib",
+            source,
+            format!("{}; model_config over DefaultModelConfig", p.class),
+        ),
+        observation: p.observation,
+        action: p.action,
+        preprocess: p.preprocess,
+        modules,
+        distribution: Distribution::SquashedGaussian {
+            mean,
+            log_std: LogStd::Value { value: ls },
+            log_std_range: Some((-5.0, 2.0)),
+            deterministic: SquashedDeterministic::ClippedMean,
+        },
+        value: None,
+        recurrent: None,
+        golden: vec![],
+    };
+    let mut tensors = g.tensors;
+    tensors.extend(p.norm);
     Ok(Imported { manifest, tensors })
 }
 

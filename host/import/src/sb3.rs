@@ -605,6 +605,7 @@ pub fn import_sb3(
                 mean,
                 log_std: LogStd::Value { value: log_std },
                 log_std_range: None,
+                deterministic: Default::default(),
             },
             None,
         )

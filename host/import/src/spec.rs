@@ -86,6 +86,10 @@ pub enum DistSpec {
         log_std: LogStdSpec,
         #[serde(default)]
         log_std_range: Option<(f32, f32)>,
+        /// The deterministic action: `tanh` (default; SB3, CleanRL) or `clipped_mean` (RLlib's SAC: the mean
+        /// rescaled without tanh, clipped; format 1.3).
+        #[serde(default)]
+        deterministic: policyport_format::SquashedDeterministic,
     },
 }
 

@@ -610,7 +610,11 @@ struct Head {
 
 enum HeadKind {
     Categorical(Vec<i64>),
-    Gaussian { squashed: bool, clip: bool },
+    Gaussian {
+        squashed: bool,
+        clip: bool,
+        linear_deterministic: bool,
+    },
 }
 
 impl Head {
@@ -625,7 +629,15 @@ impl Head {
             Dist::Categorical { .. } | Dist::MultiCategorical { .. } => {
                 HeadKind::Categorical(head.segments.iter().map(|n| *n as i64).collect())
             }
-            Dist::Gaussian { squashed, clip } => HeadKind::Gaussian { squashed, clip },
+            Dist::Gaussian {
+                squashed,
+                clip,
+                linear_deterministic,
+            } => HeadKind::Gaussian {
+                squashed,
+                clip,
+                linear_deterministic,
+            },
         };
         let log_std_param = match head.log_std_parameter() {
             Some(d) => Some(upload(d, &[1, k as i64], Kind::Float, device)?),
@@ -720,7 +732,11 @@ impl Head {
                     }
                     Tensor::f_cat(&cols, 1)?.f_to_kind(Kind::Float)
                 }
-                HeadKind::Gaussian { squashed, clip } => {
+                HeadKind::Gaussian {
+                    squashed,
+                    clip,
+                    linear_deterministic,
+                } => {
                     let mean = params.f_narrow(1, 0, self.k)?;
                     let mut a = match &words {
                         None => mean,
@@ -737,7 +753,17 @@ impl Head {
                             mean.f_add(&std.f_mul(&z)?)?
                         }
                     };
-                    if *squashed {
+                    if *squashed && *linear_deterministic && words.is_none() {
+                        // RLlib's SAC at inference: the mean rescaled without tanh, then clipped.
+                        let span = self.high.f_sub(&self.low)?;
+                        a = a
+                            .f_add_scalar(1.0)?
+                            .f_mul_scalar(0.5)?
+                            .f_mul(&span)?
+                            .f_add(&self.low)?
+                            .f_maximum(&self.low)?
+                            .f_minimum(&self.high)?;
+                    } else if *squashed {
                         let span = self.high.f_sub(&self.low)?;
                         a = a
                             .f_tanh()?

@@ -328,6 +328,7 @@ impl Importer<'_> {
                     }
                 }
             }
+            "Split" => self.split(node, idx, ins)?,
             "Conv" => self.conv(node, idx, ins, out)?,
             "MaxPool" => self.max_pool(node, idx, ins, out)?,
             "LayerNormalization" => {
@@ -425,6 +426,107 @@ impl Importer<'_> {
                 "constant-fold the graph before export",
             )),
         }
+    }
+
+    /// `Split` of a run-time value (e.g. `mean, log_std = x.chunk(2, -1)` in a SAC actor): the sizes from the
+    /// `split` input (opset ≥ 13) or attribute, else `num_outputs` (opset 18: chunks of ceil(n / k), the last
+    /// smaller), else equal parts over the node's outputs. Along the last feature axis each part is a `slice`;
+    /// along an earlier axis with only axes of one before it the parts are contiguous runs of each env's values
+    /// (flatten, slice, reshape). Other axes would interleave and are refused by name.
+    fn split(&mut self, node: &pb::NodeProto, idx: usize, ins: &[Val]) -> Result<(), ImportError> {
+        let label = node_label(node, idx);
+        let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
+        let Some(axis) = Self::feature_axis(int(node, "axis", 0), xs.len()) else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("axis {} of [batch] + {xs:?}", int(node, "axis", 0)),
+                "split a feature axis",
+            ));
+        };
+        let n = xs[axis];
+        let outs = node.output.len();
+        let sizes: Vec<i64> = match (ins.get(1), ints(node, "split")) {
+            (Some(Val::Const(c)), _) => c.data.iter().map(|v| *v as i64).collect(),
+            (Some(_), _) => {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "split sizes computed at run time",
+                    "use constant split sizes",
+                ));
+            }
+            (None, Some(s)) => s,
+            (None, None) => {
+                let k = int(node, "num_outputs", outs as i64);
+                if k < 1 || k as usize != outs {
+                    return Err(ImportError::Malformed(format!(
+                        "node {label}: num_outputs {k} for {outs} outputs"
+                    )));
+                }
+                let chunk = n.div_ceil(k as usize) as i64;
+                (0..k)
+                    .map(|i| chunk.min(n as i64 - i * chunk).max(0))
+                    .collect()
+            }
+        };
+        if sizes.len() != outs
+            || sizes.iter().any(|s| *s < 1)
+            || sizes.iter().sum::<i64>() != n as i64
+        {
+            return Err(ImportError::Malformed(format!(
+                "node {label}: split sizes {sizes:?} for {outs} outputs of an axis of {n}"
+            )));
+        }
+        let last = axis + 1 == xs.len();
+        let inner: usize = xs[axis + 1..].iter().product();
+        if !last && xs[..axis].iter().any(|d| *d != 1) {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("a split of axis {axis} of {xs:?} (its parts interleave in memory)"),
+                "split the last feature axis, or an axis with only axes of one before it",
+            ));
+        }
+        let flat = if last || xs.len() == 1 {
+            x
+        } else {
+            let f = format!("{label}.flat");
+            self.emit(&f, Op::Flatten, vec![x], &f, vec![xs.iter().product()]);
+            Importer::ir_name(&f)
+        };
+        let mut start = 0usize;
+        for (o, len) in node.output.iter().zip(&sizes) {
+            let len = *len as usize;
+            let mut shape = xs.clone();
+            shape[axis] = len;
+            if last || xs.len() == 1 {
+                self.emit(o, Op::Slice { start, len }, vec![flat.clone()], o, shape);
+            } else {
+                let part = format!("{o}.flat");
+                self.emit(
+                    &part,
+                    Op::Slice {
+                        start: start * inner,
+                        len: len * inner,
+                    },
+                    vec![flat.clone()],
+                    &part,
+                    vec![len * inner],
+                );
+                self.emit(
+                    o,
+                    Op::Reshape {
+                        shape: shape.clone(),
+                    },
+                    vec![Importer::ir_name(&part)],
+                    o,
+                    shape,
+                );
+            }
+            start += len;
+        }
+        Ok(())
     }
 
     /// Spatial geometry shared by Conv and MaxPool: kernel, strides, dilations and the 4 pads
