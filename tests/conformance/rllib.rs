@@ -10,11 +10,12 @@ use policyport::{ActMode, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     "ppo_cartpole",
     "ppo_pendulum_meanstd",
     "ppo_lstm_cartpole",
     "ppo_cnn_frames",
+    "ppo_pendulum_shared_layernorm",
     "sac_push",
     "ppo_dict_flatten",
 ];

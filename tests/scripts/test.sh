@@ -169,12 +169,14 @@ cli_rllib() {
   "$PP_BIN" verify "$out/rllib_lstm.policy"
   "$PP_BIN" compile tests/fixtures/rllib/ppo_pendulum_meanstd/checkpoint -o "$out/rllib_meanstd.policy"
   "$PP_BIN" inspect "$out/rllib_meanstd.policy" | grep -q '"kind":"normalize"'
+  "$PP_BIN" compile tests/fixtures/rllib/ppo_pendulum_shared_layernorm/checkpoint -o "$out/rllib_shared_ln.policy"
+  "$PP_BIN" inspect "$out/rllib_shared_ln.policy" | grep -q 'layer_norm'
   "$PP_BIN" compile tests/fixtures/rllib/sac_push/checkpoint -o "$out/rllib_sac.policy"
   "$PP_BIN" inspect "$out/rllib_sac.policy" | grep -q 'clipped_mean'
   "$PP_BIN" compile tests/fixtures/rllib/ppo_dict_flatten/checkpoint -o "$out/rllib_dict.policy"
   "$PP_BIN" inspect "$out/rllib_dict.policy" | grep -q '"kind":"dict"'
 }
-check "CLI compile of RLlib checkpoint directories (MLP, LSTM, MeanStdFilter, SAC, Dict via FlattenObservations)" cli_rllib
+check "CLI compile of RLlib checkpoint directories (MLP, LSTM, MeanStdFilter, shared LayerNorm encoder + free log-std, SAC, Dict via FlattenObservations)" cli_rllib
 cli_run() {
   echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
   "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"

@@ -24,7 +24,9 @@
 //! deterministic action is the un-squashed mean rescaled and clipped (format 1.3's `clipped_mean`), as RLlib's env
 //! runner acts with explore=False. Dict observations of Boxes through `FlattenObservations` (the first piece):
 //! the artifact's observation is the env's Dict with its parts in RLlib's flatten order (keys sorted).
-//! Refused by name: `vf_share_layers=True`, `free_log_std`, LayerNorm encoders, multi-agent checkpoints with
+//! Also read: `vf_share_layers=True` (one `encoder.encoder` under both heads), `free_log_std` (the
+//! state-independent `pi.log_std`), LayerNorm MLPs (`fcnet_use_layernorm`, `head_fcnet_use_layernorm`).
+//! Refused by name: LSTM with a shared encoder, LayerNorm CNNs, multi-agent checkpoints with
 //! several modules (point at one module's directory), Dict parts that are not Boxes (FlattenObservations
 //! one-hot encodes them), `keys_to_remove`, a MeanStdFilter before the flatten, other connectors.
 
@@ -394,6 +396,8 @@ struct ModelConfig {
     head_activation: Option<Op>,
     conv_filters: Option<serde_json::Value>,
     use_lstm: bool,
+    /// The policy head gives only the mean; the log-std is the state-independent `pi.log_std`.
+    free_log_std: bool,
     log_std_clip: f32,
 }
 
@@ -466,29 +470,9 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(false)
     };
-    if m.get("vf_share_layers")
-        .and_then(serde_json::Value::as_bool)
-        == Some(true)
-    {
-        return Err(unsupported(
-            "vf_share_layers=True",
-            "train with PPO's default (separate encoders)",
-        ));
-    }
-    if flag("free_log_std") {
-        return Err(unsupported(
-            "free_log_std=True",
-            "train with the default (log-std from the policy head)",
-        ));
-    }
-    for k in [
-        "fcnet_use_layernorm",
-        "head_fcnet_use_layernorm",
-        "conv_use_layernorm",
-    ] {
-        if flag(k) {
-            return Err(unsupported(format!("{k}=True"), "not read yet"));
-        }
+    // (fcnet_use_layernorm / head_fcnet_use_layernorm: the LayerNorm layers are read from the weights.)
+    if flag("conv_use_layernorm") {
+        return Err(unsupported("conv_use_layernorm=True", "not read yet"));
     }
     Ok(ModelConfig {
         fcnet_activation: activation(m.get("fcnet_activation"), "tanh")?,
@@ -496,6 +480,7 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
         head_activation: activation(m.get("head_fcnet_activation"), "relu")?,
         conv_filters: m.get("conv_filters").filter(|v| !v.is_null()).cloned(),
         use_lstm: flag("use_lstm"),
+        free_log_std: flag("free_log_std"),
         log_std_clip: m
             .get("log_std_clip_param")
             .and_then(serde_json::Value::as_f64)
@@ -676,17 +661,74 @@ fn encoder(
             "no '{p}.net.mlp.0.weight' (not a default PPO encoder?)"
         )));
     }
-    match &mc.fcnet_activation {
-        Some(act) => g.sequential(&format!("{p}.net.mlp"), &x, n, act, true),
-        None => {
-            // Linear layers only (fcnet_activation "linear"): indices step by 1.
-            let (mut x, mut d, mut i) = (x, n, 0);
-            while g.has(&format!("{p}.net.mlp.{i}.weight")) {
-                (x, d) = g.linear(&format!("{p}.net.mlp.{i}"), &x, d)?;
-                i += 1;
+    mlp(
+        g,
+        &format!("{p}.net.mlp"),
+        &x,
+        n,
+        mc.fcnet_activation.as_ref(),
+        true,
+    )
+}
+
+/// RLlib's `TorchMLP` (`{prefix}.N`): per layer a Linear, then a LayerNorm (eps 1e-3, hard-coded by RLlib) when
+/// the config asked for one (`fcnet_use_layernorm`, `head_fcnet_use_layernorm`: a 1-D weight right after the
+/// Linear), then the activation (no layer of its own for "linear", so indices step by one less). The
+/// activation follows every layer but the last, and the last too when `act_after_last` (encoders).
+fn mlp(
+    g: &mut GraphBuilder,
+    prefix: &str,
+    x: &str,
+    dim: usize,
+    act: Option<&Op>,
+    act_after_last: bool,
+) -> Result<(String, usize), ImportError> {
+    let (mut x, mut dim, mut i) = (x.to_string(), dim, 0usize);
+    loop {
+        (x, dim) = g.linear(&format!("{prefix}.{i}"), &x, dim)?;
+        let mut j = i + 1;
+        let ln = format!("{prefix}.{j}");
+        if g.peek(&format!("{ln}.weight"))
+            .is_ok_and(|t| t.shape.len() == 1)
+        {
+            let w = g.take(&format!("{ln}.weight"))?;
+            if w.shape != [dim] {
+                return Err(bad(format!(
+                    "'{ln}.weight' is {:?}, expected [{dim}]",
+                    w.shape
+                )));
             }
-            Ok((x, d))
+            let bias = format!("{ln}.bias");
+            let bias = if g.has(&bias) {
+                if g.take(&bias)?.shape != [dim] {
+                    return Err(bad(format!("'{bias}' is not [{dim}]")));
+                }
+                Some(bias)
+            } else {
+                None
+            };
+            x = g.node(
+                Op::LayerNorm {
+                    scale: Some(format!("{ln}.weight")),
+                    bias,
+                    epsilon: 1e-3,
+                },
+                &x,
+                &ln,
+            );
+            j += 1;
         }
+        let next = if act.is_some() { j + 1 } else { j };
+        let more = g.has(&format!("{prefix}.{next}.weight"));
+        if let Some(act) = act {
+            if more || act_after_last {
+                x = g.node(act.clone(), &x, &format!("{prefix}.{j}"));
+            }
+        }
+        if !more {
+            return Ok((x, dim));
+        }
+        i = next;
     }
 }
 
@@ -701,17 +743,14 @@ fn head(
     if !g.has(&format!("{p}.net.mlp.0.weight")) {
         return Err(bad(format!("no '{p}.net.mlp.0.weight'")));
     }
-    match &mc.head_activation {
-        Some(act) => g.sequential(&format!("{p}.net.mlp"), x, d, act, false),
-        None => {
-            let (mut x, mut d, mut i) = (x.to_string(), d, 0);
-            while g.has(&format!("{p}.net.mlp.{i}.weight")) {
-                (x, d) = g.linear(&format!("{p}.net.mlp.{i}"), &x, d)?;
-                i += 1;
-            }
-            Ok((x, d))
-        }
-    }
+    mlp(
+        g,
+        &format!("{p}.net.mlp"),
+        x,
+        d,
+        mc.head_activation.as_ref(),
+        false,
+    )
 }
 
 /// The MeanStdFilter's statistics: (mean, std + 1e-6, clip), per observation element.
@@ -988,10 +1027,16 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
             source,
         );
     }
-    if !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
+    let shared = sd.keys().any(|k| k.starts_with("encoder.encoder."));
+    if !shared && !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
+        return Err(bad(
+            "a PPO module with neither 'encoder.actor_encoder.*' nor (vf_share_layers) 'encoder.encoder.*' weights",
+        ));
+    }
+    if shared && mc.use_lstm {
         return Err(unsupported(
-            "an RLlib module without separate actor/critic encoders",
-            "PPO's default (vf_share_layers=False)",
+            "use_lstm with vf_share_layers=True",
+            "not read yet (separate encoders, PPO's default, are)",
         ));
     }
 
@@ -1002,7 +1047,11 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
                       which: &str,
                       modules: &mut Vec<_>|
      -> Result<(String, usize), ImportError> {
-        let p = format!("encoder.{which}_encoder");
+        let p = if which == "shared" {
+            "encoder.encoder".to_string()
+        } else {
+            format!("encoder.{which}_encoder")
+        };
         if mc.use_lstm {
             let (t, d) = encoder(g, &format!("{p}.tokenizer"), OBS_VALUE, obs_shape, &mc)?;
             modules.push(g.module(
@@ -1033,8 +1082,15 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
             Ok((y, d))
         }
     };
-    let (a, da) = branch(&mut g, "actor", &mut modules)?;
-    let (c, dc) = branch(&mut g, "critic", &mut modules)?;
+    let ((a, da), (c, dc)) = if shared {
+        let e = branch(&mut g, "shared", &mut modules)?;
+        (e.clone(), e)
+    } else {
+        (
+            branch(&mut g, "actor", &mut modules)?,
+            branch(&mut g, "critic", &mut modules)?,
+        )
+    };
     let (logits, k) = head(&mut g, "pi", &a, da, &mc)?;
     let distribution = match &action {
         ActionSpace::Discrete { n } if *n == k => Distribution::Categorical {
@@ -1045,57 +1101,88 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
                 logits: logits.clone(),
             }
         }
-        ActionSpace::Box { low, high, .. } if 2 * action.action_len() == k => {
+        ActionSpace::Box { low, high, .. }
+            if k == action.action_len() * if mc.free_log_std { 1 } else { 2 } =>
+        {
             let n = action.action_len();
-            let mean = g.node(Op::Slice { start: 0, len: n }, &logits, "pi.mean");
-            let ls = g.node(Op::Slice { start: n, len: n }, &logits, "pi.log_std_raw");
             let c = mc.log_std_clip;
-            let ls = g.node(
-                Op::Clip {
-                    min: Some(-c),
-                    max: Some(c),
-                },
-                &ls,
-                "pi.log_std_clipped",
-            );
+            // The log-std: the head's second half, clamped to ±log_std_clip_param (TorchMLPHead's clip_log_std
+            // for Gaussians), or with free_log_std the state-independent `pi.log_std` parameter, clamped alike.
+            let (mean, ls) = if mc.free_log_std {
+                let t = g.peek("pi.log_std")?;
+                if t.data.len() != n {
+                    return Err(bad(format!(
+                        "'pi.log_std' has {} values for {n} actions",
+                        t.data.len()
+                    )));
+                }
+                let clamped: Vec<f32> = t.data.iter().map(|v| v.clamp(-c, c)).collect();
+                (logits.clone(), Err(clamped))
+            } else {
+                let mean = g.node(Op::Slice { start: 0, len: n }, &logits, "pi.mean");
+                let ls = g.node(Op::Slice { start: n, len: n }, &logits, "pi.log_std_raw");
+                let ls = g.node(
+                    Op::Clip {
+                        min: Some(-c),
+                        max: Some(c),
+                    },
+                    &ls,
+                    "pi.log_std_clipped",
+                );
+                (mean, Ok(ls))
+            };
             let finite = low.iter().chain(high).all(Option::is_some);
-            let (mean, ls) = if finite {
-                // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
-                // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
-                let half: Vec<f32> = low
-                    .iter()
+            // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
+            // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
+            let half: Vec<f32> = if finite {
+                low.iter()
                     .zip(high)
                     .map(|(l, h)| ((h.unwrap() as f64 - l.unwrap() as f64) / 2.0) as f32)
-                    .collect();
+                    .collect()
+            } else {
+                vec![1.0; n]
+            };
+            let ln: Vec<f32> = half.iter().map(|h| (*h as f64).ln() as f32).collect();
+            let mean = if finite {
                 let shift: Vec<f32> = low.iter().zip(&half).map(|(l, h)| l.unwrap() + h).collect();
-                let ln: Vec<f32> = half.iter().map(|h| (*h as f64).ln() as f32).collect();
-                let s = g.derived("pi.env_scale", Tensor::new(vec![n], half));
+                let s = g.derived("pi.env_scale", Tensor::new(vec![n], half.clone()));
                 let t = g.derived("pi.env_shift", Tensor::new(vec![n], shift));
-                let l = g.derived("pi.env_log_scale", Tensor::new(vec![n], ln));
-                (
-                    g.node(
-                        Op::Affine {
-                            scale: Some(s),
-                            shift: Some(t),
-                        },
-                        &mean,
-                        "pi.mean_env",
-                    ),
-                    g.node(
-                        Op::Affine {
-                            scale: None,
-                            shift: Some(l),
-                        },
-                        &ls,
-                        "pi.log_std_env",
-                    ),
+                g.node(
+                    Op::Affine {
+                        scale: Some(s),
+                        shift: Some(t),
+                    },
+                    &mean,
+                    "pi.mean_env",
                 )
             } else {
-                (mean, ls)
+                mean
+            };
+            let log_std = match ls {
+                Ok(ls) if finite => {
+                    let l = g.derived("pi.env_log_scale", Tensor::new(vec![n], ln));
+                    LogStd::Value {
+                        value: g.node(
+                            Op::Affine {
+                                scale: None,
+                                shift: Some(l),
+                            },
+                            &ls,
+                            "pi.log_std_env",
+                        ),
+                    }
+                }
+                Ok(ls) => LogStd::Value { value: ls },
+                Err(param) => {
+                    let data = param.iter().zip(&ln).map(|(v, l)| v + l).collect();
+                    LogStd::Parameter {
+                        tensor: g.derived("pi.log_std_env", Tensor::new(vec![n], data)),
+                    }
+                }
             };
             Distribution::DiagGaussian {
                 mean,
-                log_std: LogStd::Value { value: ls },
+                log_std,
                 log_std_range: None,
                 clip: finite,
             }
@@ -1251,10 +1338,10 @@ struct SacParts<'a> {
 /// (`explore=False`) it takes the un-squashed mean and maps it the same way, clipped: the format's
 /// `clipped_mean` (1.3). No value estimate (SAC has none).
 fn sac_policy(p: SacParts<'_>, files: &RllibFiles, source: &str) -> Result<Imported, ImportError> {
-    if p.mc.use_lstm {
+    if p.mc.use_lstm || p.mc.free_log_std {
         return Err(unsupported(
-            "use_lstm with SAC",
-            "RLlib's SAC has no recurrent default module",
+            "use_lstm or free_log_std with SAC",
+            "RLlib's default SAC module (RLlib's SAC supports neither)",
         ));
     }
     let ActionSpace::Box { low, high, .. } = &p.action else {
