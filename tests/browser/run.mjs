@@ -4,7 +4,8 @@
 //
 // 0. Every WGSL variant of shaders/ compiles in Chrome's WebGPU (Tint), not only in naga.
 // 1. Golden vectors: every fixture of the conformance suite (tests/fixtures/*/policy.onnx, the same list as the
-//    Rust suite's `fixture_names()`), compiled by the CLI with its PyTorch-float64 cases, passes on cpu (CPU
+//    Rust suite's `fixture_names()`, and every file a trainer wrote: tests/fixtures/{sb3,rllib,cleanrl}/*),
+//    compiled by the CLI with its float64 cases (PyTorch's, or the trainer's module's), passes on cpu (CPU
 //    bundle), cpu (full bundle) and webgpu.
 // 2. Native traces: `policyport trace` steps 256 CartPoles / 64 Pendulums natively; the page acts on the same
 //    observations with the same seeds and must produce the same actions (discrete: all equal; continuous:
@@ -83,19 +84,49 @@ const fixtureBytes = {};
 // of every fixture still runs on cpu-wasm here and on the same burn-wgpu kernels natively (lavapipe); WebGPU
 // still runs every op of every fixture (case 1 is the whole graph, batch 1).
 const firstCaseBytes = {};
+// What `policyport compile` takes for each fixture: the ONNX fixtures with their spec, and the files the trainers
+// wrote (SB3 archives, RLlib checkpoint directories, CleanRL state dicts with their layout), so every route's
+// artifacts -- RLlib's SAC (format 1.3's clipped_mean), Dict observations, recurrent and pixel policies -- run
+// their golden cases in the browser too.
+const compileArgs = {};
 for (const name of fixtures) {
   const d = path.join(FIXTURES, name);
-  const file = path.join(outDir, `fixture-${name}.policy`);
-  execFileSync(bin, ["compile", path.join(d, "policy.onnx"), "--spec", path.join(d, "import.json"), "--golden", path.join(d, "io.json"), "-o", file], { stdio: "inherit" });
+  compileArgs[name] = { args: [path.join(d, "policy.onnx"), "--spec", path.join(d, "import.json")], io: path.join(d, "io.json") };
+}
+const CLEANRL_LAYOUTS = {
+  ppo_cartpole: "cleanrl-ppo", ppo_continuous_hopper: "cleanrl-ppo-continuous", ppo_atari_breakout: "cleanrl-atari",
+  ppo_atari_lstm: "cleanrl-atari-lstm", sac_actor: "cleanrl-sac",
+};
+const dirs = (sub) => fs.readdirSync(path.join(FIXTURES, sub)).filter((n) => fs.existsSync(path.join(FIXTURES, sub, n, "io.json"))).sort();
+for (const n of dirs("sb3")) {
+  const d = path.join(FIXTURES, "sb3", n);
+  const vn = path.join(d, "vecnormalize.pkl");
+  compileArgs[`sb3/${n}`] = { args: [path.join(d, "model.zip"), ...(fs.existsSync(vn) ? ["--vecnormalize", vn] : [])], io: path.join(d, "io.json") };
+}
+for (const n of dirs("rllib")) {
+  compileArgs[`rllib/${n}`] = { args: [path.join(FIXTURES, "rllib", n, "checkpoint")], io: path.join(FIXTURES, "rllib", n, "io.json") };
+}
+for (const n of dirs("cleanrl")) {
+  const d = path.join(FIXTURES, "cleanrl", n);
+  if (!CLEANRL_LAYOUTS[n]) throw new Error(`cleanrl fixture ${n} has no layout in run.mjs's CLEANRL_LAYOUTS`);
+  compileArgs[`cleanrl/${n}`] = { args: [path.join(d, "agent.pt"), "--layout", CLEANRL_LAYOUTS[n], "--spaces", path.join(d, "spaces.json")], io: path.join(d, "io.json") };
+}
+if (Object.keys(compileArgs).length < fixtures.length + 15) throw new Error(`trainer fixtures missing: ${Object.keys(compileArgs)}`);
+fixtures.splice(0, fixtures.length, ...Object.keys(compileArgs));
+for (const name of fixtures) {
+  const { args, io: ioPath } = compileArgs[name];
+  const flat = name.replaceAll("/", "-");
+  const file = path.join(outDir, `fixture-${flat}.policy`);
+  execFileSync(bin, ["compile", ...args, "--golden", ioPath, "-o", file], { stdio: "inherit" });
   fixtureBytes[name] = fs.readFileSync(file).toString("base64");
   const summary = execFileSync(bin, ["inspect", file]).toString();
   if (/^\s+conv2d /m.test(summary)) {
-    const io = JSON.parse(fs.readFileSync(path.join(d, "io.json")));
+    const io = JSON.parse(fs.readFileSync(ioPath));
     io.cases = io.cases.slice(0, 1);
-    const ioFirst = path.join(outDir, `fixture-${name}.first-case.io.json`);
+    const ioFirst = path.join(outDir, `fixture-${flat}.first-case.io.json`);
     fs.writeFileSync(ioFirst, JSON.stringify(io));
-    const first = path.join(outDir, `fixture-${name}.first-case.policy`);
-    execFileSync(bin, ["compile", path.join(d, "policy.onnx"), "--spec", path.join(d, "import.json"), "--golden", ioFirst, "-o", first], { stdio: "inherit" });
+    const first = path.join(outDir, `fixture-${flat}.first-case.policy`);
+    execFileSync(bin, ["compile", ...args, "--golden", ioFirst, "-o", first], { stdio: "inherit" });
     firstCaseBytes[name] = fs.readFileSync(first).toString("base64");
   }
 }
