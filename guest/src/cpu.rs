@@ -335,13 +335,35 @@ impl CpuProgram {
                     group,
                     ..
                 } => {
-                    for (yg, xg) in y
-                        .chunks_exact_mut(*group)
-                        .zip(input(*x).chunks_exact(*group))
-                    {
-                        for (i, (o, v)) in yg.iter_mut().zip(xg).enumerate() {
-                            *o = v * scale.as_ref().map_or(1.0, |s| s[i])
-                                + shift.as_ref().map_or(0.0, |s| s[i]);
+                    let (sc, sh) = (scale.as_deref(), shift.as_deref());
+                    if *group == 1 {
+                        // One scale and shift for every element (uint8 frames / 255): one flat loop the
+                        // compiler vectorises (per-group chunks of one element cost 12 % of NatureCNN's act()).
+                        let (a, b) = (sc.map_or(1.0, |s| s[0]), sh.map_or(0.0, |s| s[0]));
+                        for (o, v) in y.iter_mut().zip(input(*x)) {
+                            *o = v * a + b;
+                        }
+                    } else {
+                        let rows = y
+                            .chunks_exact_mut(*group)
+                            .zip(input(*x).chunks_exact(*group));
+                        match (sc, sh) {
+                            (Some(a), Some(b)) => rows.for_each(|(yg, xg)| {
+                                for (((o, v), s), t) in yg.iter_mut().zip(xg).zip(a).zip(b) {
+                                    *o = v * s + t;
+                                }
+                            }),
+                            (Some(a), None) => rows.for_each(|(yg, xg)| {
+                                for ((o, v), s) in yg.iter_mut().zip(xg).zip(a) {
+                                    *o = v * s;
+                                }
+                            }),
+                            (None, Some(b)) => rows.for_each(|(yg, xg)| {
+                                for ((o, v), t) in yg.iter_mut().zip(xg).zip(b) {
+                                    *o = v + t;
+                                }
+                            }),
+                            (None, None) => rows.for_each(|(yg, xg)| yg.copy_from_slice(xg)),
                         }
                     }
                 }

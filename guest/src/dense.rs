@@ -4,8 +4,11 @@
 //! instead of on every call (which is what a general GEMM must do, allocating its packing buffers each time), and
 //! the bias and activation can be applied while a tile is still in registers. Layout: column panels of `NR`
 //! outputs (NR = one or two vector registers' worth for the ISA), each `[k][NR]` contiguous, zero-padded past `n`.
-//! A tile is `MR ≤ 6` batch rows × one panel: 6·NR accumulators stay in registers, each step loads NR weights and
-//! broadcasts 6 inputs. Batch 1 is the same kernel with MR = 1.
+//! A tile is up to 6 batch rows (12 on AVX-512, whose 32 registers hold 24 accumulators) × one panel: the
+//! accumulators stay in registers, each step loads NR weights and broadcasts one input per row. Batch 1 is the
+//! same kernel with one row. Large batches go in blocks of 96 rows with the panels outside the tiles, so each
+//! panel is reused from L1 by the whole block (measured on the benchmark MLP at batch 1024, 1 thread, Sapphire
+//! Rapids: 1586 → 1373 µs, the mean of three alternating runs; batch 64 unchanged).
 
 #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 use crate::kernels::madd_pub as madd;
@@ -125,38 +128,60 @@ fn dense_generic<const NR: usize, const F: bool>(
     n: usize,
     act: Act,
 ) {
-    // Row blocks outside, panels inside: the block's inputs (6·k floats) stay in L1 while the panels stream
-    // from L2 (about 21 bytes per cycle on AVX-512, well under L2 bandwidth), and the block's outputs are
-    // complete — and still in L1 — for one activation pass.
-    let mut r = 0;
-    while r < m {
-        let rows = (m - r).min(MR);
-        let xs = &x[r * k..(r + rows) * k];
-        let np = panels.len() / (k * NR);
-        let ys = &mut y[r * n..(r + rows) * n];
+    // Rows per tile: AVX-512 has 32 vector registers, so 12 rows × 2 vectors = 24 accumulators fit with the two
+    // weight vectors and a broadcast, halving the weight loads per FMA against 6 rows; x86 AVX2 and SIMD128
+    // have 16 (6 rows: 12 accumulators).
+    let mr = if NR == 32 { 12 } else { MR };
+    // Row blocks outside. A block's inputs stay in L1/L2 while every panel passes once; with few rows (small
+    // batches) a block is one tile and the panels stream from L2 per tile. With many rows, each panel (k·NR
+    // floats: 32 KB for k = 256 on AVX-512) is instead reused by every tile of a block of up to `ROW_BLOCK` rows
+    // while it sits in L1, so the weights cross L2→L1 once per block rather than once per tile; the block's
+    // outputs are complete, still in L2, for one activation pass.
+    const ROW_BLOCK: usize = 96;
+    let np = panels.len() / (k * NR);
+    let mut r0 = 0;
+    while r0 < m {
+        let block = if m - r0 > 2 * mr {
+            (m - r0).min(ROW_BLOCK)
+        } else {
+            (m - r0).min(mr)
+        };
         let mut p = 0;
         while p < np {
             // A single row has only NR/lanes accumulator chains per panel: latency-bound. Four panels at once
             // give it four times the independent chains (batch 1 is the common case in game loops).
-            let group = if rows == 1 && np - p >= 4 { 4 } else { 1 };
+            let group = if block == 1 && np - p >= 4 { 4 } else { 1 };
             let c0 = p * NR;
             let panel = &panels[p * k * NR..(p + group) * k * NR];
             let b = &bias[c0..c0 + group * NR];
-            match (rows, group) {
-                (1, 4) => tile::<1, 4, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                (6, _) => tile::<6, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                (5, _) => tile::<5, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                (4, _) => tile::<4, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                (3, _) => tile::<3, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                (2, _) => tile::<2, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                _ => tile::<1, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+            let mut r = r0;
+            while r < r0 + block {
+                let rows = (r0 + block - r).min(mr);
+                let xs = &x[r * k..(r + rows) * k];
+                let ys = &mut y[r * n..(r + rows) * n];
+                match (rows, group) {
+                    (1, 4) => tile::<1, 4, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (12, _) if NR == 32 => tile::<12, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (11, _) if NR == 32 => tile::<11, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (10, _) if NR == 32 => tile::<10, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (9, _) if NR == 32 => tile::<9, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (8, _) if NR == 32 => tile::<8, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (7, _) if NR == 32 => tile::<7, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (6, _) => tile::<6, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (5, _) => tile::<5, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (4, _) => tile::<4, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (3, _) => tile::<3, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (2, _) => tile::<2, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    _ => tile::<1, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                }
+                r += rows;
             }
             p += group;
         }
         if act != Act::Identity {
-            kernels::bias_act(isa, act, &mut y[r * n..(r + rows) * n], None, n);
+            kernels::bias_act(isa, act, &mut y[r0 * n..(r0 + block) * n], None, n);
         }
-        r += rows;
+        r0 += block;
     }
 }
 
@@ -396,6 +421,9 @@ mod tests {
             (7, 5, 33),
             (13, 64, 65),
             (64, 256, 5),
+            // Several 96-row blocks with a ragged last one, 12-row AVX-512 tiles and their remainders.
+            (203, 48, 70),
+            (25, 9, 33),
         ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
