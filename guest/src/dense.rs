@@ -21,6 +21,8 @@ const MR: usize = 6;
 #[derive(Debug, Clone)]
 pub(crate) struct PackedDense {
     isa: Isa,
+    /// Panel width: `panel_width(isa)`, or 16 for a narrow layer on AVX-512 (one zmm per row, see `new`).
+    nr: usize,
     k: usize,
     n: usize,
     panels: Vec<f32>,
@@ -41,7 +43,14 @@ pub(crate) fn panel_width(isa: Isa) -> usize {
 impl PackedDense {
     /// `w`: `[n, k]` row-major (PyTorch's layout); `bias`: `[n]`.
     pub(crate) fn new(isa: Isa, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Self {
-        let nr = panel_width(isa);
+        // A layer of at most 16 outputs (a policy head's few logits, a value; a 16-channel convolution) would fill
+        // at most half of a 32-wide AVX-512 panel, which costs two FMAs per row and k step whatever the width
+        // used: one 16-wide panel (one zmm per row) does it in one.
+        let nr = match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if n <= 16 => 16,
+            _ => panel_width(isa),
+        };
         let np = n.div_ceil(nr);
         let mut panels = vec![0.0f32; np * k * nr];
         for p in 0..np {
@@ -60,6 +69,7 @@ impl PackedDense {
         }
         PackedDense {
             isa,
+            nr,
             k,
             n,
             panels,
@@ -74,11 +84,16 @@ impl PackedDense {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `detect` saw these features on this CPU, and the panels were packed for this width.
+            Isa::Avx512 if self.nr == 16 => unsafe { dense_avx512_16(x, p, b, y, m, k, n, act) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
             Isa::Avx512 => unsafe { dense_avx512(x, p, b, y, m, k, n, act) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             Isa::Avx2Fma => unsafe { dense_avx2(x, p, b, y, m, k, n, act) },
-            Isa::Baseline => dense_generic::<8, false>(Isa::Baseline, x, p, b, y, m, k, n, act),
+            Isa::Baseline => {
+                dense_generic::<8, false, false>(Isa::Baseline, x, p, b, y, m, k, n, act)
+            }
         }
     }
 }
@@ -96,7 +111,24 @@ unsafe fn dense_avx512(
     n: usize,
     act: Act,
 ) {
-    dense_generic::<32, true>(Isa::Avx512, x, p, b, y, m, k, n, act)
+    dense_generic::<32, true, true>(Isa::Avx512, x, p, b, y, m, k, n, act)
+}
+
+/// AVX-512 on 16-wide panels (layers of at most 16 outputs): one zmm per row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dense_avx512_16(
+    x: &[f32],
+    p: &[f32],
+    b: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    act: Act,
+) {
+    dense_generic::<16, true, true>(Isa::Avx512, x, p, b, y, m, k, n, act)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -112,12 +144,12 @@ unsafe fn dense_avx2(
     n: usize,
     act: Act,
 ) {
-    dense_generic::<16, true>(Isa::Avx2Fma, x, p, b, y, m, k, n, act)
+    dense_generic::<16, true, false>(Isa::Avx2Fma, x, p, b, y, m, k, n, act)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dense_generic<const NR: usize, const F: bool>(
+fn dense_generic<const NR: usize, const F: bool, const WIDE: bool>(
     isa: Isa,
     x: &[f32],
     panels: &[f32],
@@ -128,10 +160,10 @@ fn dense_generic<const NR: usize, const F: bool>(
     n: usize,
     act: Act,
 ) {
-    // Rows per tile: AVX-512 has 32 vector registers, so 12 rows × 2 vectors = 24 accumulators fit with the two
-    // weight vectors and a broadcast, halving the weight loads per FMA against 6 rows; x86 AVX2 and SIMD128
+    // Rows per tile (`WIDE`: AVX-512): AVX-512 has 32 vector registers, so 12 rows × 2 vectors = 24 accumulators
+    // fit with the two weight vectors and a broadcast (12 with a 16-wide panel), halving the weight loads per FMA against 6 rows; x86 AVX2 and SIMD128
     // have 16 (6 rows: 12 accumulators).
-    let mr = if NR == 32 { 12 } else { MR };
+    let mr = if WIDE { 12 } else { MR };
     // Row blocks outside. A block's inputs stay in L1/L2 while every panel passes once; with few rows (small
     // batches) a block is one tile and the panels stream from L2 per tile. With many rows, each panel (k·NR
     // floats: 32 KB for k = 256 on AVX-512) is instead reused by every tile of a block of up to `ROW_BLOCK` rows
@@ -161,12 +193,12 @@ fn dense_generic<const NR: usize, const F: bool>(
                 let ys = &mut y[r * n..(r + rows) * n];
                 match (rows, group) {
                     (1, 4) => tile::<1, 4, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (12, _) if NR == 32 => tile::<12, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (11, _) if NR == 32 => tile::<11, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (10, _) if NR == 32 => tile::<10, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (9, _) if NR == 32 => tile::<9, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (8, _) if NR == 32 => tile::<8, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (7, _) if NR == 32 => tile::<7, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (12, _) if WIDE => tile::<12, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (11, _) if WIDE => tile::<11, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (10, _) if WIDE => tile::<10, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (9, _) if WIDE => tile::<9, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (8, _) if WIDE => tile::<8, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (7, _) if WIDE => tile::<7, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
                     (6, _) => tile::<6, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
                     (5, _) => tile::<5, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
                     (4, _) => tile::<4, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
@@ -212,6 +244,16 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
     match isa {
         // SAFETY (all arms): the CPU has the features (`detect`, or the wasm build's simd128), NR matches the
         // ISA's packing (`panel_width`), and the slice lengths were asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if NR == 16 => unsafe {
+            x86::accumulate_avx512_16::<R, P>(
+                x,
+                k,
+                panels,
+                bias,
+                acc.as_flattened_mut().as_flattened_mut(),
+            )
+        },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::accumulate_avx512::<R, P>(
@@ -363,6 +405,36 @@ mod x86 {
         }
     }
 
+    /// `out[(j·R + i)·16 ..][..16]` likewise for NR = 16 panels on AVX-512: one zmm per row and panel.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn accumulate_avx512_16<const R: usize, const P: usize>(
+        x: &[f32],
+        k: usize,
+        panels: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+    ) {
+        unsafe {
+            let b = |j: usize| _mm512_loadu_ps(bias.as_ptr().add(j * 16));
+            let mut acc: [[__m512; R]; P] = std::array::from_fn(|j| [b(j); R]);
+            let (xp, wp) = (x.as_ptr(), panels.as_ptr());
+            for kk in 0..k {
+                let xv: [__m512; R] = std::array::from_fn(|i| _mm512_set1_ps(*xp.add(i * k + kk)));
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let w = _mm512_loadu_ps(wp.add(j * k * 16 + kk * 16));
+                    for i in 0..R {
+                        aj[i] = _mm512_fmadd_ps(xv[i], w, aj[i]);
+                    }
+                }
+            }
+            for j in 0..P {
+                for i in 0..R {
+                    _mm512_storeu_ps(out.as_mut_ptr().add((j * R + i) * 16), acc[j][i]);
+                }
+            }
+        }
+    }
+
     /// The same with NR = 16 (two ymm per row and panel).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn accumulate_avx2<const R: usize, const P: usize>(
@@ -424,6 +496,7 @@ mod tests {
             // Several 96-row blocks with a ragged last one, 12-row AVX-512 tiles and their remainders.
             (203, 48, 70),
             (25, 9, 33),
+            (30, 20, 16),
         ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
