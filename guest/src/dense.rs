@@ -98,54 +98,35 @@ impl PackedDense {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dense_avx512(
-    x: &[f32],
-    p: &[f32],
-    b: &[f32],
-    y: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    act: Act,
-) {
-    dense_generic::<32, true, true>(Isa::Avx512, x, p, b, y, m, k, n, act)
+/// `dense_generic` compiled for one x86 instruction set: `$name` runs it on panels `$nr` wide (`$wide`: 32
+/// vector registers, so 12-row tiles) with FMA.
+macro_rules! x86_dense {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $isa:expr, $nr:literal, $wide:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            x: &[f32],
+            p: &[f32],
+            b: &[f32],
+            y: &mut [f32],
+            m: usize,
+            k: usize,
+            n: usize,
+            act: Act,
+        ) {
+            dense_generic::<$nr, true, $wide>($isa, x, p, b, y, m, k, n, act)
+        }
+    };
 }
 
-/// AVX-512 on 16-wide panels (layers of at most 16 outputs): one zmm per row.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dense_avx512_16(
-    x: &[f32],
-    p: &[f32],
-    b: &[f32],
-    y: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    act: Act,
-) {
-    dense_generic::<16, true, true>(Isa::Avx512, x, p, b, y, m, k, n, act)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dense_avx2(
-    x: &[f32],
-    p: &[f32],
-    b: &[f32],
-    y: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    act: Act,
-) {
-    dense_generic::<16, true, false>(Isa::Avx2Fma, x, p, b, y, m, k, n, act)
-}
+x86_dense!(dense_avx512, "avx512f,avx2,fma", Isa::Avx512, 32, true);
+x86_dense!(
+    /// AVX-512 on 16-wide panels (layers of at most 16 outputs): one zmm per row.
+    dense_avx512_16, "avx512f,avx2,fma", Isa::Avx512, 16, true
+);
+x86_dense!(dense_avx2, "avx2,fma", Isa::Avx2Fma, 16, false);
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
