@@ -10,9 +10,10 @@ use policyport::{ActMode, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     "ppo_cartpole",
     "ppo_pendulum_meanstd",
+    "ppo_pendulum_clip_actions",
     "ppo_lstm_cartpole",
     "ppo_cnn_frames",
     "ppo_pendulum_shared_layernorm",

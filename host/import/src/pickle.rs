@@ -139,6 +139,35 @@ pub const ALLOWED: &[(&str, &str)] = &[
         "ray.rllib.connectors.common.flatten_observations",
         "FlattenObservations",
     ),
+    // The module-to-env pipeline's default pieces (read for NormalizeAndClipActions' two flags).
+    (
+        "ray.rllib.connectors.module_to_env.module_to_env_pipeline",
+        "ModuleToEnvPipeline",
+    ),
+    (
+        "ray.rllib.connectors.module_to_env.get_actions",
+        "GetActions",
+    ),
+    (
+        "ray.rllib.connectors.common.tensor_to_numpy",
+        "TensorToNumpy",
+    ),
+    (
+        "ray.rllib.connectors.module_to_env.unbatch_to_individual_items",
+        "UnBatchToIndividualItems",
+    ),
+    (
+        "ray.rllib.connectors.module_to_env.remove_single_ts_time_rank_from_batch",
+        "RemoveSingleTsTimeRankFromBatch",
+    ),
+    (
+        "ray.rllib.connectors.module_to_env.normalize_and_clip_actions",
+        "NormalizeAndClipActions",
+    ),
+    (
+        "ray.rllib.connectors.module_to_env.listify_data_for_vector_env",
+        "ListifyDataForVectorEnv",
+    ),
     ("torch", "device"),
 ];
 

@@ -65,6 +65,8 @@ pub struct RllibFiles {
     pub module_ctor: Vec<u8>,
     /// `env_to_module_connector/class_and_ctor_args.pkl`, when the algorithm's directory is known.
     pub env_to_module: Option<Vec<u8>>,
+    /// `module_to_env_connector/class_and_ctor_args.pkl` (NormalizeAndClipActions' flags), likewise.
+    pub module_to_env: Option<Vec<u8>>,
     /// `env_to_module_connector/MeanStdFilter/state.pkl`, when present.
     pub mean_std_state: Option<Vec<u8>>,
 }
@@ -146,8 +148,18 @@ pub fn read_rllib_checkpoint(path: &Path) -> Result<RllibFiles, ImportError> {
             .is_file()
             .then(|| r.to_path_buf())
     });
-    let (mut env_to_module, mut mean_std_state) = (None, None);
+    let (mut env_to_module, mut mean_std_state, mut module_to_env) = (None, None, None);
     if let Some(root) = &root {
+        for d in [
+            "env_runner/module_to_env_connector",
+            "module_to_env_connector",
+        ] {
+            let f = root.join(d).join("class_and_ctor_args.pkl");
+            if f.is_file() {
+                module_to_env = Some(read(&f)?);
+                break;
+            }
+        }
         for d in [
             "env_runner/env_to_module_connector",
             "env_to_module_connector",
@@ -168,6 +180,7 @@ pub fn read_rllib_checkpoint(path: &Path) -> Result<RllibFiles, ImportError> {
         module_ctor: read(&module_dir.join("class_and_ctor_args.pkl"))?,
         module_dir,
         env_to_module,
+        module_to_env,
         mean_std_state,
     })
 }
@@ -942,6 +955,10 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         None => None,
     };
     let has_filter = pipeline.as_ref().is_some_and(|p| p.mean_std_filter);
+    let actions = match &files.module_to_env {
+        Some(b) => ActionMapping::read(&parse(b, "module-to-env connector")?)?,
+        None => ActionMapping::default(),
+    };
     let ObservationSpace::Box {
         shape: obs_shape, ..
     } = &module_observation
@@ -1022,6 +1039,7 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
                 preprocess,
                 norm,
                 class: &class,
+                actions,
             },
             files,
             source,
@@ -1131,7 +1149,10 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
                 );
                 (mean, Ok(ls))
             };
-            let finite = low.iter().chain(high).all(Option::is_some);
+            let bounded = low.iter().chain(high).all(Option::is_some);
+            // NormalizeAndClipActions: with normalize_actions (the default) a bounded Box's actions are mapped
+            // from [-1, 1] and clipped; without it, clipped to the bounds if clip_actions, else sent as they are.
+            let finite = bounded && actions.normalize;
             // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
             // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
             let half: Vec<f32> = if finite {
@@ -1184,7 +1205,11 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
                 mean,
                 log_std,
                 log_std_range: None,
-                clip: finite,
+                clip: if actions.normalize {
+                    bounded
+                } else {
+                    actions.clip
+                },
             }
         }
         _ => {
@@ -1319,6 +1344,62 @@ impl Pipeline {
     }
 }
 
+/// NormalizeAndClipActions' flags, from the module-to-env pipeline (`module_to_env_connector/
+/// class_and_ctor_args.pkl`: its pieces as `(class, args, kwargs)`); RLlib's defaults (normalize, no clip) when the
+/// checkpoint has no such file (a module directory given alone).
+#[derive(Debug, Clone, Copy)]
+struct ActionMapping {
+    normalize: bool,
+    clip: bool,
+}
+
+impl Default for ActionMapping {
+    fn default() -> Self {
+        ActionMapping {
+            normalize: true,
+            clip: false,
+        }
+    }
+}
+
+impl ActionMapping {
+    fn read(pk: &Pickle) -> Result<Self, ImportError> {
+        let malformed = || {
+            bad("the module-to-env pipeline's class_and_ctor_args is not (spaces, {connectors})")
+        };
+        let pieces = get(pk, pk.root, "ctor_args_and_kwargs")
+            .and_then(|i| pk.items(i))
+            .and_then(|ak| ak.get(1).copied())
+            .and_then(|kw| get(pk, kw, "connectors"))
+            .and_then(|l| pk.items(l))
+            .ok_or_else(malformed)?;
+        for piece in pieces {
+            let t = pk.items(*piece).ok_or_else(malformed)?;
+            if !matches!(t.first().map(|c| pk.get(*c)), Some(Node::Global(_, n)) if n == "NormalizeAndClipActions")
+            {
+                continue;
+            }
+            let flag = |k: &str| -> Result<bool, ImportError> {
+                match t.get(2).and_then(|kw| get(pk, *kw, k)).map(|v| pk.get(v)) {
+                    Some(Node::Bool(b)) => Ok(*b),
+                    _ => Err(bad(format!(
+                        "NormalizeAndClipActions without a boolean '{k}'"
+                    ))),
+                }
+            };
+            return Ok(ActionMapping {
+                normalize: flag("normalize_actions")?,
+                clip: flag("clip_actions")?,
+            });
+        }
+        // No such piece: the env gets the module's actions as they are.
+        Ok(ActionMapping {
+            normalize: false,
+            clip: false,
+        })
+    }
+}
+
 /// What the SAC route needs from [`import_rllib`]'s common part.
 struct SacParts<'a> {
     sd: &'a BTreeMap<String, Tensor>,
@@ -1329,6 +1410,7 @@ struct SacParts<'a> {
     preprocess: Vec<Preprocess>,
     norm: Vec<(String, Tensor)>,
     class: &'a str,
+    actions: ActionMapping,
 }
 
 /// RLlib's `DefaultSACTorchRLModule`: the policy is `pi_encoder` (an MLP, `fcnet_activation` after every layer)
@@ -1354,6 +1436,12 @@ fn sac_policy(p: SacParts<'_>, files: &RllibFiles, source: &str) -> Result<Impor
         return Err(unsupported(
             "RLlib SAC on an unbounded Box action space",
             "finite bounds (RLlib squashes actions into them)",
+        ));
+    }
+    if !p.actions.normalize {
+        return Err(unsupported(
+            "RLlib SAC with normalize_actions=False",
+            "the default normalize_actions=True (the env then gets the squashed action in [-1, 1], not in its bounds)",
         ));
     }
     let mut g = GraphBuilder::new(p.sd, "RLlib checkpoint");
