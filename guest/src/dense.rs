@@ -227,7 +227,7 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
         // ISA's packing (`panel_width`), and the slice lengths were asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if NR == 16 => unsafe {
-            x86::accumulate_avx512_16::<R, P>(
+            x86::accumulate_avx512::<R, P, 1>(
                 x,
                 k,
                 panels,
@@ -237,7 +237,7 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
         },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            x86::accumulate_avx512::<R, P>(
+            x86::accumulate_avx512::<R, P, 2>(
                 x,
                 k,
                 panels,
@@ -352,9 +352,10 @@ mod wasm {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `out[(j·R + i)·32 ..][..32] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows, P panels (NR = 32).
+    /// `out[(j·R + i)·NR ..][..NR] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows, P panels, NR = 16·V
+    /// (V zmm per row and panel: 2 for the 32-wide panels, 1 for layers of at most 16 outputs).
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn accumulate_avx512<const R: usize, const P: usize>(
+    pub(super) unsafe fn accumulate_avx512<const R: usize, const P: usize, const V: usize>(
         x: &[f32],
         k: usize,
         panels: &[f32],
@@ -362,55 +363,29 @@ mod x86 {
         out: &mut [f32],
     ) {
         unsafe {
-            let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * 32 + h * 16));
-            let mut acc: [[[__m512; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
+            let nr = 16 * V;
+            let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * nr + h * 16));
+            let mut acc: [[[__m512; V]; R]; P] =
+                std::array::from_fn(|j| [std::array::from_fn(|h| b(j, h)); R]);
             let (xp, wp) = (x.as_ptr(), panels.as_ptr());
             for kk in 0..k {
                 let xv: [__m512; R] = std::array::from_fn(|i| _mm512_set1_ps(*xp.add(i * k + kk)));
                 for (j, aj) in acc.iter_mut().enumerate() {
-                    let w = wp.add(j * k * 32 + kk * 32);
-                    let (w0, w1) = (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)));
+                    let w = wp.add(j * k * nr + kk * nr);
+                    let wv: [__m512; V] = std::array::from_fn(|h| _mm512_loadu_ps(w.add(h * 16)));
                     for i in 0..R {
-                        aj[i][0] = _mm512_fmadd_ps(xv[i], w0, aj[i][0]);
-                        aj[i][1] = _mm512_fmadd_ps(xv[i], w1, aj[i][1]);
+                        for h in 0..V {
+                            aj[i][h] = _mm512_fmadd_ps(xv[i], wv[h], aj[i][h]);
+                        }
                     }
                 }
             }
             for j in 0..P {
                 for i in 0..R {
-                    let o = out.as_mut_ptr().add((j * R + i) * 32);
-                    _mm512_storeu_ps(o, acc[j][i][0]);
-                    _mm512_storeu_ps(o.add(16), acc[j][i][1]);
-                }
-            }
-        }
-    }
-
-    /// `out[(j·R + i)·16 ..][..16]` likewise for NR = 16 panels on AVX-512: one zmm per row and panel.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn accumulate_avx512_16<const R: usize, const P: usize>(
-        x: &[f32],
-        k: usize,
-        panels: &[f32],
-        bias: &[f32],
-        out: &mut [f32],
-    ) {
-        unsafe {
-            let b = |j: usize| _mm512_loadu_ps(bias.as_ptr().add(j * 16));
-            let mut acc: [[__m512; R]; P] = std::array::from_fn(|j| [b(j); R]);
-            let (xp, wp) = (x.as_ptr(), panels.as_ptr());
-            for kk in 0..k {
-                let xv: [__m512; R] = std::array::from_fn(|i| _mm512_set1_ps(*xp.add(i * k + kk)));
-                for (j, aj) in acc.iter_mut().enumerate() {
-                    let w = _mm512_loadu_ps(wp.add(j * k * 16 + kk * 16));
-                    for i in 0..R {
-                        aj[i] = _mm512_fmadd_ps(xv[i], w, aj[i]);
+                    let o = out.as_mut_ptr().add((j * R + i) * nr);
+                    for h in 0..V {
+                        _mm512_storeu_ps(o.add(h * 16), acc[j][i][h]);
                     }
-                }
-            }
-            for j in 0..P {
-                for i in 0..R {
-                    _mm512_storeu_ps(out.as_mut_ptr().add((j * R + i) * 16), acc[j][i]);
                 }
             }
         }

@@ -1271,31 +1271,50 @@ struct Pipeline {
     flattened: Option<ObservationSpace>,
 }
 
+/// A connector pipeline's `class_and_ctor_args` (env-to-module or module-to-env): `((input observation space,
+/// input action space), {"connectors": [(class, args, kwargs), ...]})`. Returns the input observation space's
+/// node and each piece's class name with its kwargs node (`None` without a `connectors` list).
+#[allow(clippy::type_complexity)]
+fn pipeline_pieces(
+    pk: &Pickle,
+    what: &str,
+) -> Result<(Option<usize>, Option<Vec<(String, Option<usize>)>>), ImportError> {
+    let malformed = || {
+        bad(format!(
+            "the {what} pipeline's class_and_ctor_args is not (spaces, {{connectors}})"
+        ))
+    };
+    let ak = get(pk, pk.root, "ctor_args_and_kwargs")
+        .and_then(|i| pk.items(i))
+        .ok_or_else(malformed)?;
+    let space = ak
+        .first()
+        .and_then(|a| pk.items(*a))
+        .and_then(|a| a.first().copied());
+    let pieces = match ak.get(1).and_then(|kw| get(pk, *kw, "connectors")) {
+        Some(l) => Some(
+            pk.items(l)
+                .ok_or_else(malformed)?
+                .iter()
+                .map(|piece| {
+                    let t = pk.items(*piece).ok_or_else(malformed)?;
+                    let name = match t.first().map(|c| pk.get(*c)) {
+                        Some(Node::Global(_, n)) => n.clone(),
+                        _ => return Err(malformed()),
+                    };
+                    Ok((name, t.get(2).copied()))
+                })
+                .collect::<Result<_, ImportError>>()?,
+        ),
+        None => None,
+    };
+    Ok((space, pieces))
+}
+
 impl Pipeline {
     fn read(pk: &Pickle) -> Result<Self, ImportError> {
-        let malformed = || {
-            bad("the env-to-module pipeline's class_and_ctor_args is not (spaces, {connectors})")
-        };
-        let ak = get(pk, pk.root, "ctor_args_and_kwargs")
-            .and_then(|i| pk.items(i))
-            .ok_or_else(malformed)?;
-        let pieces: Vec<(String, Option<usize>)> =
-            match ak.get(1).and_then(|kw| get(pk, *kw, "connectors")) {
-                Some(l) => pk
-                    .items(l)
-                    .ok_or_else(malformed)?
-                    .iter()
-                    .map(|piece| {
-                        let t = pk.items(*piece).ok_or_else(malformed)?;
-                        let name = match t.first().map(|c| pk.get(*c)) {
-                            Some(Node::Global(_, n)) => n.clone(),
-                            _ => return Err(malformed()),
-                        };
-                        Ok((name, t.get(2).copied()))
-                    })
-                    .collect::<Result<_, ImportError>>()?,
-                None => vec![],
-            };
+        let (space, pieces) = pipeline_pieces(pk, "env-to-module")?;
+        let pieces = pieces.unwrap_or_default();
         let at = |n: &str| pieces.iter().position(|(p, _)| p == n);
         let (filter, flatten) = (at("MeanStdFilter"), at("FlattenObservations"));
         let flattened = match flatten {
@@ -1321,11 +1340,9 @@ impl Pipeline {
                         "a single-agent checkpoint",
                     ));
                 }
-                let space = ak
-                    .first()
-                    .and_then(|a| pk.items(*a))
-                    .and_then(|a| a.first().copied())
-                    .ok_or_else(malformed)?;
+                let space = space.ok_or_else(|| {
+                    bad("the env-to-module pipeline's class_and_ctor_args has no input space")
+                })?;
                 Some(observation_space(pk, space)?)
             }
         };
@@ -1364,23 +1381,12 @@ impl Default for ActionMapping {
 
 impl ActionMapping {
     fn read(pk: &Pickle) -> Result<Self, ImportError> {
-        let malformed = || {
+        let pieces = pipeline_pieces(pk, "module-to-env")?.1.ok_or_else(|| {
             bad("the module-to-env pipeline's class_and_ctor_args is not (spaces, {connectors})")
-        };
-        let pieces = get(pk, pk.root, "ctor_args_and_kwargs")
-            .and_then(|i| pk.items(i))
-            .and_then(|ak| ak.get(1).copied())
-            .and_then(|kw| get(pk, kw, "connectors"))
-            .and_then(|l| pk.items(l))
-            .ok_or_else(malformed)?;
-        for piece in pieces {
-            let t = pk.items(*piece).ok_or_else(malformed)?;
-            if !matches!(t.first().map(|c| pk.get(*c)), Some(Node::Global(_, n)) if n == "NormalizeAndClipActions")
-            {
-                continue;
-            }
+        })?;
+        if let Some((_, kwargs)) = pieces.iter().find(|(n, _)| n == "NormalizeAndClipActions") {
             let flag = |k: &str| -> Result<bool, ImportError> {
-                match t.get(2).and_then(|kw| get(pk, *kw, k)).map(|v| pk.get(v)) {
+                match kwargs.and_then(|kw| get(pk, kw, k)).map(|v| pk.get(v)) {
                     Some(Node::Bool(b)) => Ok(*b),
                     _ => Err(bad(format!(
                         "NormalizeAndClipActions without a boolean '{k}'"
