@@ -70,7 +70,7 @@ pub enum EnvIdError {
 }
 
 /// A recurrent-state operation was refused.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[derive(Debug, Error, Clone, PartialEq)]
 pub enum StateError {
     #[error("env {env} out of range (state holds {num_envs} envs)")]
     EnvOutOfRange { env: u32, num_envs: usize },
@@ -78,6 +78,24 @@ pub enum StateError {
     NoSuchTensor { index: usize, count: usize },
     #[error("{found} episode-start flags for a batch of {batch}")]
     EpisodeStarts { found: usize, batch: usize },
+    /// [`Session::write_state`](crate::Session::write_state): values for another number of state tensors.
+    #[error("{found} state tensors given, the policy has {count}")]
+    TensorCount { found: usize, count: usize },
+    /// [`Session::write_state`](crate::Session::write_state): a tensor's values are not `envs x numel`.
+    #[error("state tensor {index}: {found} values given, {envs} envs x {numel} expected")]
+    Values {
+        index: usize,
+        found: usize,
+        envs: usize,
+        numel: usize,
+    },
+    /// [`Session::write_state`](crate::Session::write_state): a NaN or infinite state value would poison every
+    /// later step of the env.
+    #[error("state tensor {index}: value {value} for env {env} is not finite")]
+    NonFinite { index: usize, env: u32, value: f32 },
+    /// A feed-forward policy has no state to write.
+    #[error("the policy is not recurrent: it has no state to write")]
+    NotRecurrent,
 }
 
 /// A backend could not do what was asked.

@@ -788,6 +788,25 @@ impl Executor for Program {
         Ok(())
     }
 
+    fn write_state(
+        &self,
+        scratch: &mut ExecScratch,
+        envs: &[u32],
+        values: &[&[f32]],
+        num_envs: usize,
+    ) -> Result<(), PolicyError> {
+        let _ = (&scratch, envs, values, num_envs);
+        #[cfg(feature = "wgpu")]
+        if self.gpu.is_some() && !self.state_sizes.is_empty() {
+            let st = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state;
+            st.get_or_insert_with(|| {
+                crate::gpu::DeviceState::zeros(&self.state_sizes, num_envs, &self.device)
+            })
+            .write_rows(envs, values, num_envs);
+        }
+        Ok(())
+    }
+
     fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
         let _ = &scratch;
         #[cfg(feature = "wgpu")]

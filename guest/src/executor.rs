@@ -144,6 +144,20 @@ pub trait Executor: Send + Sync {
         Ok(())
     }
 
+    /// Device-state executors: overwrite the state rows of `envs` (distinct, each below `num_envs`, the session's
+    /// env count after growing) with `values[k]` (`envs.len() x numel_k` per state tensor). Host-state
+    /// executors keep nothing: the session has written its host rows already.
+    fn write_state(
+        &self,
+        scratch: &mut ExecScratch,
+        envs: &[u32],
+        values: &[&[f32]],
+        num_envs: usize,
+    ) -> Result<(), PolicyError> {
+        let _ = (scratch, envs, values, num_envs);
+        Ok(())
+    }
+
     /// Device-state executors: the device copy, `num_envs x numel` per state tensor, when it is newer than the
     /// session's host rows (None otherwise, and always on host-state executors).
     fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {

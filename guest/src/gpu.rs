@@ -116,6 +116,10 @@ fn u32_bytes(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
 /// Dense + bias + activation of `[rows, k] x [k, n]`: one dispatch. The two variants' pipelines for this layer.
 #[derive(Debug, Clone)]
 pub(crate) struct DenseKernels {
@@ -598,6 +602,21 @@ impl DeviceState {
             let handle = upload_ids(t, &ids);
             let zeros = t.client.create_from_slice(&vec![0u8; ids.len() * n * 4]);
             self.kernel.launch(t, &zeros, &handle, ids.len(), *n, 1);
+        }
+    }
+
+    /// Overwrite rows `envs` (distinct, below `num_envs` after growing) with caller values, `envs.len() x n`
+    /// per state tensor: one upload and one scatter per tensor.
+    pub(crate) fn write_rows(&mut self, envs: &[u32], values: &[&[f32]], num_envs: usize) {
+        self.grow(num_envs);
+        if envs.is_empty() {
+            return;
+        }
+        for ((t, n), v) in self.tensors.iter().zip(&self.sizes).zip(values) {
+            debug_assert_eq!(v.len(), envs.len() * n);
+            let handle = upload_ids(t, envs);
+            let rows = t.client.create_from_slice(&f32_bytes(v));
+            self.kernel.launch(t, &rows, &handle, envs.len(), *n, 1);
         }
     }
 }

@@ -265,6 +265,98 @@ impl Session {
         self.policy.executor().reset_state(&mut self.scratch, envs)
     }
 
+    /// Overwrite the recurrent state of `envs` with caller-owned values: `values[k]` holds `envs.len() x numel_k`
+    /// numbers for state tensor `k` (row i for `envs[i]`). For callers that keep the state themselves between
+    /// steps (RLlib's `STATE_IN` / `STATE_OUT` columns, SB3's `predict(obs, state)`): write, act, read back.
+    /// Grows the state to hold the envs. Checked first (tensor count, lengths, duplicate ids, the env limit,
+    /// finiteness): a refused call changes nothing.
+    pub fn write_state(&mut self, envs: &[u32], values: &[&[f32]]) -> Result<(), PolicyError> {
+        if !self.state.is_recurrent() {
+            return Err(StateError::NotRecurrent.into());
+        }
+        let count = self.state.tensors.len();
+        if values.len() != count {
+            return Err(StateError::TensorCount {
+                found: values.len(),
+                count,
+            }
+            .into());
+        }
+        for (index, ((numel, _), v)) in self.state.tensors.iter().zip(values).enumerate() {
+            if v.len() != envs.len() * numel {
+                return Err(StateError::Values {
+                    index,
+                    found: v.len(),
+                    envs: envs.len(),
+                    numel: *numel,
+                }
+                .into());
+            }
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(StateError::NonFinite {
+                    index,
+                    env: envs[i / (*numel).max(1)],
+                    value: v[i],
+                }
+                .into());
+            }
+        }
+        EnvIds::List(envs).check_distinct(envs.len(), &mut self.sorted_ids)?;
+        if let Some(&env) = envs.iter().find(|e| **e as usize >= self.max_envs) {
+            return Err(EnvIdError::BeyondLimit {
+                env,
+                limit: self.max_envs,
+            }
+            .into());
+        }
+        let needed = envs.iter().map(|e| *e as usize + 1).max().unwrap_or(0);
+        self.policy
+            .check_memory(1, needed.max(self.state.num_envs))?;
+        // Device-state executors hold the authoritative copy: bring the host rows up to date first, so the rows
+        // of other envs stay right when they are read or re-uploaded.
+        let exec = self.policy.executor();
+        if let Some(device) = exec.read_state(&mut self.scratch)? {
+            self.state.overwrite(device);
+        }
+        self.state.grow(needed);
+        for ((numel, data), v) in self.state.tensors.iter_mut().zip(values) {
+            for (i, &e) in envs.iter().enumerate() {
+                let e = e as usize;
+                data[e * *numel..(e + 1) * *numel].copy_from_slice(&v[i * *numel..(i + 1) * *numel]);
+            }
+        }
+        exec.write_state(&mut self.scratch, envs, values, self.state.num_envs)
+    }
+
+    /// Every state tensor of `envs`, `envs.len() x numel_k` per tensor (row i for `envs[i]`; envs the state does
+    /// not hold yet read as zeros, as they would start). One device readback on device-state backends.
+    pub fn states_of(&mut self, envs: &[u32]) -> Result<Vec<Vec<f32>>, PolicyError> {
+        if !self.state.is_recurrent() {
+            return Err(StateError::NotRecurrent.into());
+        }
+        if let Some(device) = self.policy.executor().read_state(&mut self.scratch)? {
+            self.state.overwrite(device);
+        }
+        let num_envs = self.state.num_envs;
+        Ok(self
+            .state
+            .tensors
+            .iter()
+            .map(|(n, data)| {
+                let mut out = Vec::with_capacity(envs.len() * n);
+                for &e in envs {
+                    let e = e as usize;
+                    if e < num_envs {
+                        out.extend_from_slice(&data[e * n..(e + 1) * n]);
+                    } else {
+                        out.extend(std::iter::repeat_n(0.0, *n));
+                    }
+                }
+                out
+            })
+            .collect())
+    }
+
     /// State tensor `k` of env `env` (read back from the device first on device-state backends).
     pub fn state(&mut self, k: usize, env: u32) -> Result<&[f32], PolicyError> {
         let count = self.state.tensors.len();

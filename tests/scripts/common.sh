@@ -6,6 +6,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/policyport/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 PP_VENV="${POLICYPORT_VENV:-$HOME/.cache/policyport/venv}"
 PP_BIN="$CARGO_TARGET_DIR/release/policyport"
+# The Python package's native module (host/python) is an extension module in every build of the workspace: it
+# never links libpython (which a fresh machine's python3 may not ship as a shared library), and maturin sets the
+# same variable, so its build and the workspace build share pyo3's compiled crates.
+export PYO3_BUILD_EXTENSION_MODULE=1
 # The one crate graph that test.sh, bench.sh and gpu-bundle.sh build: the workspace with the libtorch executor and
 # the wgpu backend, and the conformance suite told so (its own tch/wgpu features only forward to these, so the
 # graph is the same). Any other feature set is a second full build of burn/wgpu/tch.

@@ -231,6 +231,50 @@ impl HeadPlan {
         }
     }
 
+    /// The log-density (log-probability for discrete heads) of one row's actions under its (finished)
+    /// parameters, as trainers report it with a sampled action (RLlib's `action_logp`, SB3's `log_prob`):
+    /// the sum over action elements. `None` where the returned action is not the distribution's draw itself:
+    /// a clipped Gaussian (the clip moved it), a squashed one (rescaled through tanh; trainers compute it from
+    /// the pre-squash draw), and a discrete action out of range.
+    pub fn log_prob(&self, params: &[f32], discrete: &[i64], continuous: &[f32]) -> Option<f32> {
+        match &self.kind {
+            HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => {
+                let mut off = 0;
+                let mut total = 0.0f64;
+                for (k, n) in self.segments.iter().enumerate() {
+                    let logits = &params[off..off + n];
+                    let a = usize::try_from(*discrete.get(k)?).ok().filter(|a| a < n)?;
+                    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                    let lse = max
+                        + logits
+                            .iter()
+                            .map(|l| (*l as f64 - max).exp())
+                            .sum::<f64>()
+                            .ln();
+                    total += logits[a] as f64 - lse;
+                    off += n;
+                }
+                Some(total as f32)
+            }
+            HeadKind::Gaussian {
+                squashed: false,
+                clip: false,
+                ..
+            } => {
+                let k = self.action_len;
+                let half_ln_2pi = 0.5 * (2.0 * std::f64::consts::PI).ln();
+                let mut total = 0.0f64;
+                for d in 0..k {
+                    let (mean, log_std) = (params[d] as f64, params[k + d] as f64);
+                    let z = (*continuous.get(d)? as f64 - mean) / log_std.exp();
+                    total += -0.5 * z * z - log_std - half_ln_2pi;
+                }
+                Some(total as f32)
+            }
+            HeadKind::Gaussian { .. } => None,
+        }
+    }
+
     /// Choose the actions of one env row from its (finished) parameters. Discrete actions go to `discrete`,
     /// continuous ones to `continuous`; each slice has `action_len` elements (the other may be empty).
     pub fn act_row(

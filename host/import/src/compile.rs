@@ -79,6 +79,23 @@ pub fn compile_rllib(
     compile_imported(crate::rllib::import_rllib(&files, source)?, golden, storage)
 }
 
+/// One RLModule from the bytes of its state and constructor pickles, compiled alone (no connectors, the
+/// module's raw actions: [`crate::rllib::import_rllib_module`]) → `.policy` bytes. The Python package's RLlib
+/// integration rebuilds an env runner's policy with this at every weight sync.
+pub fn compile_rllib_module(
+    module_state: &[u8],
+    module_ctor: &[u8],
+    name: &str,
+    source: &str,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
+    compile_imported(
+        crate::rllib::import_rllib_module(module_state, module_ctor, name, source)?,
+        None,
+        storage,
+    )
+}
+
 /// The shared back half of every route: golden vectors, storage precision, the writer.
 pub fn compile_imported(
     imported: crate::Imported,

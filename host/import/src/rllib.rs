@@ -916,6 +916,45 @@ fn npy_f64(b: &[u8]) -> Option<Vec<f64>> {
 
 /// Import one RLModule of an RLlib checkpoint (see the module docs for what is read and what is refused).
 pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, ImportError> {
+    import_with(files, source, Route::Checkpoint)
+}
+
+/// One RLModule alone, from the bytes of its state and constructor (`pickle.dumps(module.get_state())` and
+/// `pickle.dumps({"class": ..., "ctor_args_and_kwargs": module.get_ctor_args_and_kwargs()})`: what
+/// `module.save_to_path` writes as `module_state.pkl` / `class_and_ctor_args.pkl`), compiled to the module's own
+/// function: observations as the module takes them (no connector runs: RLlib's env-to-module pipeline still
+/// does, around it) and actions as the module's distribution draws them (no `NormalizeAndClipActions` mapping:
+/// the env runner's module-to-env pipeline still does it). This is what an env runner's module is replaced by
+/// (the Python package's RLlib integration, rebuilt at every weight sync). An `inference_only` module (no
+/// value function) gives an artifact without a value output. RLlib SAC is refused here (its squashed actions
+/// are defined together with the env runner's action mapping: compile its checkpoint directory instead).
+pub fn import_rllib_module(
+    module_state: &[u8],
+    module_ctor: &[u8],
+    name: &str,
+    source: &str,
+) -> Result<Imported, ImportError> {
+    let files = RllibFiles {
+        module_dir: PathBuf::from(name),
+        module_state: module_state.to_vec(),
+        module_ctor: module_ctor.to_vec(),
+        env_to_module: None,
+        module_to_env: None,
+        mean_std_state: None,
+    };
+    import_with(&files, source, Route::ModuleOnly)
+}
+
+/// Where an import's connectors come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// A checkpoint directory: its connector files when present, RLlib's defaults otherwise.
+    Checkpoint,
+    /// The module alone: no connector, raw actions ([`import_rllib_module`]).
+    ModuleOnly,
+}
+
+fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Imported, ImportError> {
     let ctor = parse(&files.module_ctor, "RLModule class")?;
     let class =
         get(&ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
@@ -955,10 +994,20 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         None => None,
     };
     let has_filter = pipeline.as_ref().is_some_and(|p| p.mean_std_filter);
-    let actions = match &files.module_to_env {
-        Some(b) => ActionMapping::read(&parse(b, "module-to-env connector")?)?,
-        None => ActionMapping::default(),
+    let actions = match (&files.module_to_env, route) {
+        (_, Route::ModuleOnly) => ActionMapping {
+            normalize: false,
+            clip: false,
+        },
+        (Some(b), _) => ActionMapping::read(&parse(b, "module-to-env connector")?)?,
+        (None, Route::Checkpoint) => ActionMapping::default(),
     };
+    if sac && route == Route::ModuleOnly {
+        return Err(unsupported(
+            "an RLlib SAC module compiled alone",
+            "its checkpoint directory (algo.save()): SAC's actions are defined with the env runner's action mapping",
+        ));
+    }
     let ObservationSpace::Box {
         shape: obs_shape, ..
     } = &module_observation
@@ -1100,14 +1149,21 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
             Ok((y, d))
         }
     };
-    let ((a, da), (c, dc)) = if shared {
+    // An env runner's module (built with inference_only=True, as RLlib builds them, and as its weights are
+    // synced) has no value function: neither `vf.*` nor, with separate encoders, `encoder.critic_encoder.*`.
+    // The artifact then has no value output.
+    let has_vf = sd.keys().any(|k| k.starts_with("vf."));
+    let ((a, da), critic) = if shared {
         let e = branch(&mut g, "shared", &mut modules)?;
-        (e.clone(), e)
+        (e.clone(), has_vf.then_some(e))
     } else {
-        (
-            branch(&mut g, "actor", &mut modules)?,
-            branch(&mut g, "critic", &mut modules)?,
-        )
+        let actor = branch(&mut g, "actor", &mut modules)?;
+        let critic = if has_vf {
+            Some(branch(&mut g, "critic", &mut modules)?)
+        } else {
+            None
+        };
+        (actor, critic)
     };
     let (logits, k) = head(&mut g, "pi", &a, da, &mc)?;
     let distribution = match &action {
@@ -1224,11 +1280,17 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         .map(|s| s.to_string())
         .collect();
     modules.push(g.module("pi", ModuleRole::PolicyHead, vec![a], head_out));
-    let (value, one) = head(&mut g, "vf", &c, dc, &mc)?;
-    if one != 1 {
-        return Err(bad(format!("the vf head has {one} outputs")));
-    }
-    modules.push(g.module("vf", ModuleRole::ValueHead, vec![c], vec![value.clone()]));
+    let value = match critic {
+        Some((c, dc)) => {
+            let (value, one) = head(&mut g, "vf", &c, dc, &mc)?;
+            if one != 1 {
+                return Err(bad(format!("the vf head has {one} outputs")));
+            }
+            modules.push(g.module("vf", ModuleRole::ValueHead, vec![c], vec![value.clone()]));
+            Some(value)
+        }
+        None => None,
+    };
     let manifest = Manifest {
         name: checkpoint_name(files),
         producer: producer(
@@ -1241,7 +1303,7 @@ pub fn import_rllib(files: &RllibFiles, source: &str) -> Result<Imported, Import
         preprocess,
         modules,
         distribution,
-        value: Some(value),
+        value,
         recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
     };

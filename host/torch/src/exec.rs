@@ -1017,6 +1017,38 @@ impl Executor for TorchProgram {
         r
     }
 
+    fn write_state(
+        &self,
+        scratch: &mut ExecScratch,
+        envs: &[u32],
+        values: &[&[f32]],
+        num_envs: usize,
+    ) -> Result<(), PolicyError> {
+        if !self.placement.state || self.program.states.is_empty() || envs.is_empty() {
+            return Ok(());
+        }
+        let s = scratch_of::<TorchScratch>(scratch);
+        let _guard = tch::no_grad_guard();
+        let mut f = || -> R<()> {
+            // Grown like a step grows it (graphs are dropped only when the tensors are replaced); rows are
+            // written in place with index_copy_, so captured CUDA graphs keep pointing at the same state.
+            self.ensure_envs(s, num_envs)?;
+            let ids: Vec<i64> = envs.iter().map(|e| *e as i64).collect();
+            let idx = Tensor::f_from_slice(&ids)
+                .and_then(|t| t.f_to_device(self.device))
+                .map_err(te)?;
+            for ((st, (_, numel, _)), v) in s.state.iter().zip(&self.program.states).zip(values) {
+                let src = Tensor::f_from_slice(v)
+                    .and_then(|t| t.f_reshape([envs.len() as i64, *numel]))
+                    .and_then(|t| t.f_to_device(self.device))
+                    .map_err(te)?;
+                let _ = st.shallow_clone().f_index_copy_(0, &idx, &src).map_err(te)?;
+            }
+            Ok(())
+        };
+        f().map_err(to_policy)
+    }
+
     fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
         let s = scratch_of::<TorchScratch>(scratch);
         if !self.placement.state || s.state.is_empty() {
