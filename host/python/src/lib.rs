@@ -300,7 +300,9 @@ impl PyPolicy {
         };
         let batch = shape.first().copied().unwrap_or(0);
         let row: usize = shape.iter().skip(1).product();
-        if shape.len() < 2 || row != per_env {
+        // [batch, ...]; a scalar observation (Discrete, or a Box of shape ()) also as a flat [batch].
+        let scalar_rows = shape.len() == 1 && per_env == 1;
+        if !scalar_rows && (shape.len() < 2 || row != per_env) {
             return Err(ObservationError::new_err(format!(
                 "observations of shape {shape:?}: expected [batch, ...] with {per_env} numbers per env \
                  (this policy's observation: {:?}); {len} numbers given",

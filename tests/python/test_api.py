@@ -1,0 +1,246 @@
+"""policyport's Python API: compile from every source, load on every backend the wheel has, act() semantics,
+recurrent state owned by the caller, typed errors for bad input, the GIL released during act()."""
+
+import io
+import json
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import policyport as pp
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FX = ROOT / "tests" / "fixtures"
+# The wheel under test is built with every backend (tests/scripts/python-test.sh packs the workspace build).
+BACKENDS = ["cpu", "flex", "wgpu", "torch"]
+
+
+def test_the_wheel_has_every_backend():
+    assert set(pp.backends()) >= set(BACKENDS), pp.backends()
+    assert pp.FORMAT_VERSION[0] == 1
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    return pp.compile(FX / "sb3" / "ppo_cartpole" / "model.zip")
+
+
+def _sources():
+    spaces = json.loads((FX / "cleanrl" / "ppo_cartpole" / "spaces.json").read_text())
+    return {
+        "sb3 path": lambda: pp.compile(FX / "sb3" / "ppo_cartpole" / "model.zip"),
+        "sb3 str path": lambda: pp.compile(str(FX / "sb3" / "ppo_cartpole" / "model.zip")),
+        "sb3 bytes": lambda: pp.compile((FX / "sb3" / "ppo_cartpole" / "model.zip").read_bytes()),
+        "sb3 + vecnormalize": lambda: pp.compile(
+            FX / "sb3" / "ppo_pendulum_vecnormalize" / "model.zip",
+            vecnormalize=FX / "sb3" / "ppo_pendulum_vecnormalize" / "vecnormalize.pkl",
+        ),
+        "cleanrl path": lambda: pp.compile(FX / "cleanrl" / "ppo_cartpole" / "agent.pt", layout="cleanrl-ppo", spaces=spaces),
+        "cleanrl in-memory state dict": lambda: pp.compile_state_dict(
+            torch.load(FX / "cleanrl" / "ppo_cartpole" / "agent.pt", weights_only=True), layout="cleanrl-ppo", spaces=spaces
+        ),
+        "rllib checkpoint": lambda: pp.compile(FX / "rllib" / "ppo_cartpole" / "checkpoint"),
+        "rllib lstm checkpoint": lambda: pp.compile(FX / "rllib" / "ppo_lstm_cartpole" / "checkpoint"),
+        "onnx + spec path": lambda: pp.compile(FX / "mlp64" / "policy.onnx", spec=FX / "mlp64" / "import.json"),
+        "onnx + spec dict": lambda: pp.compile(
+            (FX / "mlp64" / "policy.onnx").read_bytes(), spec=json.loads((FX / "mlp64" / "import.json").read_text())
+        ),
+        "onnx bf16": lambda: pp.compile(FX / "mlp64" / "policy.onnx", spec=FX / "mlp64" / "import.json", storage="bf16"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_sources()))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compile_load_verify_on_every_backend(name, backend):
+    art = _sources()[name]()
+    assert isinstance(art, bytes) and art[:8] == b"POLICYPT"
+    p = pp.Policy.load(art, backend)
+    assert p.info.backend == backend
+    reports = p.verify()
+    assert reports and all(r["passed"] for r in reports), reports
+
+
+def test_load_from_path_and_auto(tmp_path, cartpole):
+    f = tmp_path / "c.policy"
+    f.write_bytes(cartpole)
+    assert pp.Policy.load(f).info.name == pp.Policy.load(str(f)).info.name
+    auto = pp.Policy.load(cartpole, "auto", batch=16)
+    assert auto.info.selection and auto.info.selection.startswith("auto at batch 16")
+
+
+def test_act_shapes_dtypes_and_seeded_sampling(cartpole):
+    p = pp.Policy.load(cartpole)
+    obs = np.random.default_rng(0).normal(size=(7, 4)).astype(np.float32)
+    a = p.act(obs, seed=3, step=5)
+    assert a.actions.shape == (7,) and a.actions.dtype == np.int64
+    assert a.value.shape == (7,) and a.value.dtype == np.float32
+    assert a.dist_inputs.shape == (7, 2) and a.log_prob.shape == (7,)
+    # Same (seed, env, step): same draws, on every backend; another step: other draws somewhere.
+    b = p.act(obs, seed=3, step=5)
+    np.testing.assert_array_equal(a.actions, b.actions)
+    for backend in BACKENDS[1:]:
+        q = pp.Policy.load(cartpole, backend)
+        np.testing.assert_array_equal(q.act(obs, seed=3, step=5).actions, a.actions)
+    many = np.repeat(obs[:1], 256, axis=0)
+    draws = [p.act(many, seed=3, step=s).actions for s in range(4)]
+    assert len({d.tobytes() for d in draws}) == 4
+    # log_prob is the categorical's at the returned action.
+    logits = a.dist_inputs.astype(np.float64)
+    lsm = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    np.testing.assert_allclose(a.log_prob, lsm[np.arange(7), a.actions], rtol=1e-5, atol=1e-6)
+    # float64 and lists are converted; deterministic is the argmax.
+    d = p.act(obs.astype(np.float64).tolist(), deterministic=True)
+    np.testing.assert_array_equal(d.actions, a.dist_inputs.argmax(1))
+
+
+def test_gaussian_log_prob_matches_torch():
+    art = pp.compile(FX / "rllib" / "ppo_pendulum_clip_actions" / "checkpoint")
+    p = pp.Policy.load(art)
+    obs = np.random.default_rng(1).normal(size=(5,) + tuple(p.info.obs_shape)).astype(np.float32)
+    out = p.act(obs, seed=1)
+    # clip_actions: the returned action was clipped, its density is not the Gaussian's: no log_prob.
+    assert out.log_prob is None
+    mod = pp.compile_rllib_module(
+        (FX / "rllib" / "ppo_pendulum_clip_actions" / "checkpoint" / "learner_group" / "learner" / "rl_module" / "default_policy" / "module_state.pkl").read_bytes(),
+        (FX / "rllib" / "ppo_pendulum_clip_actions" / "checkpoint" / "learner_group" / "learner" / "rl_module" / "default_policy" / "class_and_ctor_args.pkl").read_bytes(),
+    )
+    m = pp.Policy.load(mod)
+    o = m.act(obs, seed=1)
+    k = m.info.action_len
+    mean, log_std = torch.from_numpy(o.dist_inputs[:, :k]), torch.from_numpy(o.dist_inputs[:, k:])
+    want = torch.distributions.Normal(mean, log_std.exp()).log_prob(torch.from_numpy(o.actions)).sum(-1)
+    np.testing.assert_allclose(o.log_prob, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_caller_owned_recurrent_state_matches_session_state():
+    art = pp.compile(FX / "sb3" / "recurrent_ppo_cartpole" / "model.zip")
+    held = pp.Policy.load(art)
+    names = [n for n, _ in held.info.states]
+    assert names[0] == "lstm_actor.l0.h", names
+    rng = np.random.default_rng(2)
+    ids = np.array([5, 1, 9])
+    state = [np.zeros((3, k), np.float32) for _, k in held.info.states]
+    for backend in BACKENDS:
+        owned = pp.Policy.load(art, backend)
+        session = pp.Policy.load(art, backend)
+        st = [s.copy() for s in state]
+        for t in range(4):
+            obs = rng.normal(size=(3, 4)).astype(np.float32)
+            starts = np.array([t == 2, False, False])
+            a = session.act(obs, seed=4, step=t, env_ids=ids, episode_starts=starts, return_state=True)
+            b = owned.act(obs, seed=4, step=t, env_ids=ids, episode_starts=starts, state=st)
+            np.testing.assert_array_equal(a.actions, b.actions)
+            for x, y in zip(a.state, b.state):
+                np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+            st = b.state
+        got = session.get_state(ids)
+        for x, y in zip(got, st):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+        session.set_state([9], [s[2:3] * 0 for s in st])
+        assert all(np.all(s[2] == 0) for s in session.get_state([5, 1, 9])) and session.num_envs >= 10
+        session.reset(ids)
+        assert all(np.all(s == 0) for s in session.get_state(ids))
+
+
+def test_typed_errors_and_nothing_lost(cartpole):
+    p = pp.Policy.load(cartpole)
+    good = np.zeros((2, 4), np.float32)
+    before = p.act(good, seed=1).actions
+    cases = [
+        (lambda: pp.Policy.load(b"garbage"), pp.ArtifactError),
+        (lambda: pp.Policy.load(cartpole[:1000]), pp.ArtifactError),
+        (lambda: pp.Policy.load(cartpole, "vulkan"), ValueError),
+        (lambda: pp.Policy.load(cartpole, "wasmtime"), ValueError),
+        (lambda: pp.Policy.load(cartpole, "torch", device="cuda:99"), pp.BackendError),
+        (lambda: pp.Policy.load(cartpole, "torch", precision="f8"), ValueError),
+        (lambda: p.act(np.zeros((2, 5), np.float32)), pp.ObservationError),
+        (lambda: p.act(np.zeros(4, np.float32)), pp.ObservationError),
+        (lambda: p.act(np.zeros((0, 4), np.float32)), pp.BatchError),
+        (lambda: p.act(np.full((2, 4), np.nan, np.float32)), pp.ObservationError),
+        (lambda: p.act(good, env_ids=[0]), pp.EnvIdError),
+        (lambda: p.act(good, env_ids=[-1, 0]), pp.EnvIdError),
+        (lambda: p.act(good, env_ids=[2**32, 0]), pp.EnvIdError),
+        (lambda: p.act(good, episode_starts=[True]), pp.StateError),
+        (lambda: p.set_state([0], []), pp.StateError),
+        (lambda: p.act("not an array"), (pp.ObservationError, ValueError)),
+        (lambda: pp.compile(b"\x00" * 64, spec={}), pp.CompileError),
+        (lambda: pp.compile(FX / "cleanrl" / "ppo_cartpole" / "agent.pt"), pp.SpecError),
+        (lambda: pp.compile(FX / "mlp64" / "policy.onnx"), pp.SpecError),
+        (lambda: pp.compile(FX / "mlp64"), pp.MalformedModelError),
+        (lambda: pp.compile(FX / "does-not-exist.zip"), OSError),
+        (lambda: pp.compile_rllib_module(b"x", b"y"), pp.CompileError),
+    ]
+    for fn, exc in cases:
+        with pytest.raises(exc):
+            fn()
+    assert issubclass(pp.NotCompiledError, pp.BackendError) and issubclass(pp.UnsupportedModelError, pp.CompileError)
+    np.testing.assert_array_equal(p.act(good, seed=1).actions, before)
+
+
+def test_recurrent_state_errors_change_nothing():
+    p = pp.Policy.load(pp.compile(FX / "sb3" / "recurrent_ppo_cartpole" / "model.zip"))
+    obs = np.zeros((2, 4), np.float32)
+    ok = p.act(obs, seed=1, env_ids=[0, 1], return_state=True).state
+    sizes = [k for _, k in p.info.states]
+    bad = [
+        ([np.zeros((2, k), np.float32) for k in sizes[:-1]], pp.StateError),  # one tensor short
+        ([np.zeros((2, k + 1), np.float32) for k in sizes], pp.StateError),  # wrong width
+        ([np.full((2, k), np.inf, np.float32) for k in sizes], pp.StateError),  # not finite
+    ]
+    for st, exc in bad:
+        with pytest.raises(exc):
+            p.act(obs, seed=1, env_ids=[0, 1], state=st)
+    with pytest.raises(pp.EnvIdError):
+        p.act(obs, seed=1, env_ids=[3, 3])
+    for x, y in zip(p.get_state([0, 1]), ok):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_gil_is_released_during_act():
+    # One long act() in a thread while this thread keeps running Python: with the GIL held through the native
+    # call, this thread would stall for the whole call (native code never yields the GIL by itself).
+    p = pp.Policy.load(pp.compile(FX / "nature_cnn" / "policy.onnx", spec=FX / "nature_cnn" / "import.json"))
+    obs = np.random.default_rng(0).integers(0, 255, size=(512,) + tuple(p.info.obs_shape)).astype(np.float32)
+    t0 = time.perf_counter()
+    p.act(obs)
+    call = time.perf_counter() - t0
+    assert call > 0.05, f"the act() must be long enough to see a stall ({call:.3f} s)"
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (p.act(obs), done.set()))
+    stamps = []
+    t.start()
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    t.join()
+    gaps = np.diff(stamps) if len(stamps) > 1 else np.array([call])
+    assert gaps.max() < call / 2, (gaps.max(), call)
+
+
+def test_sessions_share_weights_and_threads_act_concurrently(cartpole):
+    p = pp.Policy.load(cartpole)
+    obs = np.random.default_rng(3).normal(size=(32, 4)).astype(np.float32)
+    want = p.act(obs, seed=9, step=1).actions
+    results = []
+
+    def worker():
+        s = p.new_session()
+        for _ in range(50):
+            results.append(np.array_equal(s.act(obs, seed=9, step=1).actions, want))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(results) == 200 and all(results)
+
+
+def test_info_is_dataclass_like(cartpole):
+    info = pp.Policy.load(cartpole).info
+    d = info.as_dict()
+    assert d["obs_shape"] == [4] and d["discrete"] is True and d["action"] == {"kind": "discrete", "n": 2}
+    assert "PolicyInfo(" in repr(info)
+    with pytest.raises(AttributeError):
+        info.name = "x"
