@@ -210,6 +210,47 @@ hostile_table() {
 }
 check "hostile-input table with the browser column (tests/scripts/hostile_table.py)" hostile_table
 
+step "Python package: the wheel from this build, pytest in its own venv (API, SB3, RLlib on Ray, a two-node cluster)"
+# Counted from pytest's JUnit report: each test case passed, failed or skipped (with its reason). A run that wrote
+# no report (the venv or the wheel failed) is one failure.
+python_tests() {
+  local log="$CARGO_TARGET_DIR/python-test.log" xml="$CARGO_TARGET_DIR/pytest.xml" counts line
+  rm -f "$xml"
+  set +e
+  bash tests/scripts/python-test.sh 2>&1 | tee "$log"
+  set -e
+  if [ ! -s "$xml" ]; then
+    failed=$((failed + 1)) && failures+=("python tests: no pytest report (see $log)")
+    return
+  fi
+  counts=$(python3 - "$xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+p = f = s = 0
+skips = []
+for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+    if case.find("failure") is not None or case.find("error") is not None:
+        f += 1
+    elif case.find("skipped") is not None:
+        s += 1
+        skips.append(f"{case.get('classname')}.{case.get('name')}: {case.find('skipped').get('message', '')}")
+    else:
+        p += 1
+print(p, f, s)
+for k in skips:
+    print(k)
+PY
+)
+  read -r p f s <<<"$(head -1 <<<"$counts")"
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+  [ "$f" = 0 ] || failures+=("$f failed in pytest (tests/python; see $log)")
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    skips+=("$line (pytest)")
+    case "$line" in *"$ALLOWED_SKIP"*) ;; *) blocking_skips=$((blocking_skips + 1)) ;; esac
+  done < <(tail -n +2 <<<"$counts")
+}
+python_tests
+
 step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, its own small graph)"
 check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
 

@@ -81,19 +81,22 @@ pub fn compile_rllib(
 
 /// One RLModule from the bytes of its state and constructor pickles, compiled alone (no connectors, the
 /// module's raw actions: [`crate::rllib::import_rllib_module`]) → `.policy` bytes. The Python package's RLlib
-/// integration rebuilds an env runner's policy with this at every weight sync.
+/// integration rebuilds an env runner's policy with this at every weight sync, with `goldens: false`: the float64
+/// reference's golden vectors are for artifacts that travel (a NatureCNN-sized module spent ~0.5 s of a 0.6 s
+/// rebuild computing them, measured), while an env runner's policy lives in the process that compiled it.
 pub fn compile_rllib_module(
     module_state: &[u8],
     module_ctor: &[u8],
     name: &str,
     source: &str,
     storage: Storage,
+    goldens: bool,
 ) -> Result<Vec<u8>, ImportError> {
-    compile_imported(
-        crate::rllib::import_rllib_module(module_state, module_ctor, name, source)?,
-        None,
-        storage,
-    )
+    let imported = crate::rllib::import_rllib_module(module_state, module_ctor, name, source)?;
+    if goldens {
+        return compile_imported(imported, None, storage);
+    }
+    write_with_storage(imported.manifest, &imported.tensors, storage)
 }
 
 /// The shared back half of every route: golden vectors, storage precision, the writer.
@@ -124,11 +127,6 @@ pub fn compile_imported(
                 .map_err(ImportError::Golden)?
         }
     };
-    let st = match storage {
-        Storage::F32 => StorageDType::F32,
-        Storage::F16 => StorageDType::F16,
-        Storage::BF16 => StorageDType::BF16,
-    };
     // Golden tolerances assume f32 weights; reduced storage widens them to its rounding.
     if storage != Storage::F32 {
         let tol = if storage == Storage::F16 { 1e-2 } else { 5e-2 };
@@ -138,7 +136,20 @@ pub fn compile_imported(
             g.deterministic_actions.clear();
         });
     }
-    Ok(write_artifact(&manifest, &imported.tensors, &|_| st)?)
+    write_with_storage(manifest, &imported.tensors, storage)
+}
+
+fn write_with_storage(
+    manifest: policyport_format::Manifest,
+    tensors: &std::collections::BTreeMap<String, policyport_format::container::Tensor>,
+    storage: Storage,
+) -> Result<Vec<u8>, ImportError> {
+    let st = match storage {
+        Storage::F32 => StorageDType::F32,
+        Storage::F16 => StorageDType::F16,
+        Storage::BF16 => StorageDType::BF16,
+    };
+    Ok(write_artifact(&manifest, tensors, &|_| st)?)
 }
 
 /// Seeded observations that fit a space (standard normal-ish floats, bytes, or valid discrete ids).

@@ -773,18 +773,28 @@ fn compile<'py>(
 /// `module_state.pkl` and `class_and_ctor_args.pkl`), compiled alone: the module's own observations in, its raw
 /// distribution's actions out (RLlib's connectors still run around it). For env runners (weight syncs).
 #[pyfunction]
-#[pyo3(signature = (module_state, module_ctor, *, name = "rllib_module", storage = "f32"))]
+/// `goldens=False` skips the float64 reference's golden vectors (an artifact that never leaves the process: the
+/// env runners' rebuilds; `verify()` then has nothing to check).
+#[pyo3(signature = (module_state, module_ctor, *, name = "rllib_module", storage = "f32", goldens = true))]
 fn compile_rllib_module<'py>(
     py: Python<'py>,
     module_state: &[u8],
     module_ctor: &[u8],
     name: &str,
     storage: &str,
+    goldens: bool,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let storage = storage_of(storage)?;
     let bytes = py
         .detach(|| {
-            policyport_import::compile_rllib_module(module_state, module_ctor, name, "RLModule in process", storage)
+            policyport_import::compile_rllib_module(
+                module_state,
+                module_ctor,
+                name,
+                "RLModule in process",
+                storage,
+                goldens,
+            )
         })
         .map_err(import_err)?;
     Ok(PyBytes::new(py, &bytes))

@@ -102,7 +102,12 @@ def compile(
     storage: str = "f32",
 ) -> bytes: ...
 def compile_rllib_module(
-    module_state: bytes, module_ctor: bytes, *, name: str = "rllib_module", storage: str = "f32"
+    module_state: bytes,
+    module_ctor: bytes,
+    *,
+    name: str = "rllib_module",
+    storage: str = "f32",
+    goldens: bool = True,
 ) -> bytes: ...
 def backends() -> list[str]: ...
 def cuda_available() -> bool: ...
