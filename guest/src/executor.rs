@@ -19,7 +19,7 @@ use policyport_format::sampling::ActMode;
 use policyport_format::{Artifact, ValidatedPlan};
 
 use crate::backend::Backend;
-use crate::error::PolicyError;
+use crate::error::{BackendError, PolicyError};
 
 /// What an executor does on its device instead of the session doing it on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -146,7 +146,8 @@ pub trait Executor: Send + Sync {
 
     /// Device-state executors: overwrite the state rows of `envs` (distinct, each below `num_envs`, the session's
     /// env count after growing) with `values[k]` (`envs.len() x numel_k` per state tensor). Host-state
-    /// executors keep nothing: the session has written its host rows already.
+    /// executors keep nothing: the session has written its host rows already. A device-state executor that does
+    /// not implement it refuses (a silent no-op would leave the device's rows stale while the host's changed).
     fn write_state(
         &self,
         scratch: &mut ExecScratch,
@@ -155,6 +156,12 @@ pub trait Executor: Send + Sync {
         num_envs: usize,
     ) -> Result<(), PolicyError> {
         let _ = (scratch, envs, values, num_envs);
+        if self.placement().state {
+            return Err(BackendError::Unsupported(
+                "writing recurrent state from the caller on this backend (its state lives on the device)",
+            )
+            .into());
+        }
         Ok(())
     }
 

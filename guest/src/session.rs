@@ -242,12 +242,9 @@ impl Session {
         self.complete(result, rows, &p)
     }
 
-    /// Zero the recurrent state of these envs (episode boundaries); grows the state to hold them. A no-op for
-    /// feed-forward policies.
-    pub fn reset(&mut self, envs: &[u32]) -> Result<(), PolicyError> {
-        if !self.state.is_recurrent() {
-            return Ok(());
-        }
+    /// How many envs the state must hold to take `envs` (the largest id + 1), checked against the session's env
+    /// limit and the policy's memory limit; nothing is changed.
+    fn envs_to_hold(&self, envs: &[u32]) -> Result<usize, PolicyError> {
         if let Some(&env) = envs.iter().find(|e| **e as usize >= self.max_envs) {
             return Err(EnvIdError::BeyondLimit {
                 env,
@@ -258,6 +255,16 @@ impl Session {
         let needed = envs.iter().map(|e| *e as usize + 1).max().unwrap_or(0);
         self.policy
             .check_memory(1, needed.max(self.state.num_envs))?;
+        Ok(needed)
+    }
+
+    /// Zero the recurrent state of these envs (episode boundaries); grows the state to hold them. A no-op for
+    /// feed-forward policies.
+    pub fn reset(&mut self, envs: &[u32]) -> Result<(), PolicyError> {
+        if !self.state.is_recurrent() {
+            return Ok(());
+        }
+        let needed = self.envs_to_hold(envs)?;
         self.state.grow(needed);
         for &e in envs {
             self.state.zero(e);
@@ -302,22 +309,15 @@ impl Session {
             }
         }
         EnvIds::List(envs).check_distinct(envs.len(), &mut self.sorted_ids)?;
-        if let Some(&env) = envs.iter().find(|e| **e as usize >= self.max_envs) {
-            return Err(EnvIdError::BeyondLimit {
-                env,
-                limit: self.max_envs,
-            }
-            .into());
-        }
-        let needed = envs.iter().map(|e| *e as usize + 1).max().unwrap_or(0);
-        self.policy
-            .check_memory(1, needed.max(self.state.num_envs))?;
+        let needed = self.envs_to_hold(envs)?;
         // Device-state executors hold the authoritative copy: bring the host rows up to date first, so the rows
         // of other envs stay right when they are read or re-uploaded.
         let exec = self.policy.executor();
         if let Some(device) = exec.read_state(&mut self.scratch)? {
             self.state.overwrite(device);
         }
+        // The executor first: a backend that refuses leaves the host rows as they were.
+        exec.write_state(&mut self.scratch, envs, values, needed.max(self.state.num_envs))?;
         self.state.grow(needed);
         for ((numel, data), v) in self.state.tensors.iter_mut().zip(values) {
             for (i, &e) in envs.iter().enumerate() {
@@ -325,7 +325,7 @@ impl Session {
                 data[e * *numel..(e + 1) * *numel].copy_from_slice(&v[i * *numel..(i + 1) * *numel]);
             }
         }
-        exec.write_state(&mut self.scratch, envs, values, self.state.num_envs)
+        Ok(())
     }
 
     /// Every state tensor of `envs`, `envs.len() x numel_k` per tensor (row i for `envs[i]`; envs the state does

@@ -632,3 +632,68 @@ fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
         }
     }
 }
+
+/// Caller-owned state (`Session::write_state` / `states_of`, what RLlib's STATE_IN / STATE_OUT and SB3's
+/// `predict(obs, state)` need): writing an env's state and stepping equals stepping the float64 loop from that
+/// state, on every backend that keeps state where it can be written (host rows, wgpu, libtorch); the sandboxed
+/// plugin, whose state lives inside the guest, refuses with a typed error and changes nothing. Bad writes (count,
+/// widths, duplicates, NaN, the env limit, a feed-forward policy) are typed errors that change nothing.
+#[test]
+fn caller_owned_state_is_written_and_read_back_on_every_backend() {
+    let (bytes, t) = elman();
+    let x = [0.4f32, -0.3, 0.2, -0.1, 0.6, 0.05];
+    let h_in = [vec![0.3f32, -0.2, 0.1, 0.5], vec![-0.6f32, 0.25, 0.0, -0.1]];
+    for backend in backends() {
+        let policy = policyport_conformance::load(&bytes, backend).unwrap();
+        let mut s = policy.session();
+        s.set_max_envs(8);
+        let flat: Vec<f32> = h_in.concat();
+        let w = s.write_state(&[5, 1], &[&flat]);
+        if backend == policyport::Backend::Wasmtime {
+            assert!(
+                matches!(w, Err(PolicyError::Backend(policyport::BackendError::Unsupported(_)))),
+                "{w:?}"
+            );
+            assert_eq!(s.states_of(&[5]).unwrap(), vec![vec![0.0; 4]], "a refused write changed the state");
+            continue;
+        }
+        w.unwrap();
+        assert_eq!(s.states_of(&[5, 1, 3]).unwrap(), vec![[flat.clone(), vec![0.0; 4]].concat()]);
+        let out = s
+            .act(
+                &Request::new(Observations::F32(&x), 2, ActMode::Deterministic)
+                    .envs(EnvIds::List(&[5, 1])),
+            )
+            .unwrap()
+            .clone();
+        let next = s.states_of(&[5, 1]).unwrap();
+        for row in 0..2 {
+            let h64: Vec<f64> = h_in[row].iter().map(|v| *v as f64).collect();
+            let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h64);
+            for a in 0..2 {
+                assert!((out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5, "{backend:?}");
+            }
+            for i in 0..4 {
+                assert!((next[0][row * 4 + i] as f64 - h1[i]).abs() < 1e-5, "{backend:?} row {row}");
+            }
+        }
+        let before = s.states_of(&[5, 1]).unwrap();
+        let bad: [(&[u32], Vec<&[f32]>); 5] = [
+            (&[5], vec![]),                          // no tensor
+            (&[5], vec![&flat[..3]]),                // too short
+            (&[5, 5], vec![&flat[..]]),              // duplicate env
+            (&[8], vec![&flat[..4]]),                // beyond the session's limit
+            (&[5], vec![&[f32::NAN, 0.0, 0.0, 0.0][..]]), // not finite
+        ];
+        for (envs, vals) in bad {
+            assert!(s.write_state(envs, &vals).is_err(), "{backend:?} {envs:?}");
+        }
+        assert_eq!(s.states_of(&[5, 1]).unwrap(), before, "{backend:?}: a refused write changed the state");
+    }
+    let mlp = policyport_conformance::compile_fixture(&policyport_conformance::load_fixture("mlp64"));
+    let ff = policyport_conformance::load(&mlp, policyport::Backend::Cpu).unwrap();
+    assert!(matches!(
+        ff.session().write_state(&[0], &[]),
+        Err(PolicyError::State(StateError::NotRecurrent))
+    ));
+}

@@ -184,46 +184,40 @@ ensure_fuzz_tools() {
   fi
 }
 
+# ensure_requirements_venv DIR REQUIREMENTS IMPORTS WHAT: a venv at DIR with `pip install -r REQUIREMENTS`, made
+# (again) unless it exists, holds a copy of that exact requirements file, and imports IMPORTS.
+ensure_requirements_venv() {
+  local dir=$1 req=$2 imports=$3 what=$4
+  if [ -x "$dir/bin/python" ] && cmp -s "$req" "$dir/.pp-requirements" &&
+    "$dir/bin/python" -c "import $imports" 2>/dev/null; then
+    return 0
+  fi
+  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+    apt_install "python3 -m venv ($what)" python3-venv
+  fi
+  echo "== python venv $dir from ${req#"$ROOT/"} ($what)"
+  python3 -m venv "$dir"
+  "$dir/bin/pip" install -q --upgrade pip
+  "$dir/bin/pip" install -q -r "$req"
+  cp "$req" "$dir/.pp-requirements"
+  PP_INSTALLED+=("python venv $dir (pip -r ${req#"$ROOT/"})")
+}
+
 # The Python side (torch==2.11.0 CPU/CUDA-13 wheel from PyPI, onnx, onnxruntime): the libtorch executor links the
 # venv's torch; the fixture generator and the benchmark run in it. Re-installed when tests/requirements-torch.txt
 # changes (a copy is kept in the venv).
 ensure_venv() {
-  local req="$ROOT/tests/requirements-torch.txt"
-  if [ -x "$PP_VENV/bin/python" ] && cmp -s "$req" "$PP_VENV/.pp-requirements" &&
-    "$PP_VENV/bin/python" -c "import torch, onnx, onnxruntime, onnxscript" 2>/dev/null; then
-    return 0
-  fi
-  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
-    apt_install "python3 -m venv (the torch venv)" python3-venv
-  fi
-  echo "== python venv $PP_VENV from tests/requirements-torch.txt (torch 2.11.0, onnx, onnxruntime; ~3 min, ~5 GB)"
-  python3 -m venv "$PP_VENV"
-  "$PP_VENV/bin/pip" install -q --upgrade pip
-  "$PP_VENV/bin/pip" install -q -r "$req"
-  cp "$req" "$PP_VENV/.pp-requirements"
-  PP_INSTALLED+=("python venv $PP_VENV (pip -r tests/requirements-torch.txt)")
+  ensure_requirements_venv "$PP_VENV" "$ROOT/tests/requirements-torch.txt" "torch, onnx, onnxruntime, onnxscript" \
+    "torch 2.11.0, onnx, onnxruntime; ~3 min, ~5 GB"
 }
 
 # The Python package's test venv (tests/requirements-python.txt: torch 2.11.0, RLlib on Ray 2.60, SB3, pytest),
 # apart from the torch venv: ray pins gymnasium 1.2 and the wheel is installed into it fresh on every run. torch's
-# wheels come from pip's cache when the torch venv was made first (~1.5 min here, ~2 GB more disk).
+# wheels come from pip's cache when the torch venv was made first (72 s here, ~2 GB more disk).
 PP_PYVENV="${POLICYPORT_PY_VENV:-$HOME/.cache/policyport/venv-py}"
 ensure_py_venv() {
-  local req="$ROOT/tests/requirements-python.txt"
-  if [ -x "$PP_PYVENV/bin/python" ] && cmp -s "$req" "$PP_PYVENV/.pp-requirements" &&
-    "$PP_PYVENV/bin/python" -c "import torch, ray.rllib, stable_baselines3, sb3_contrib, pytest" 2>/dev/null; then
-    return 0
-  fi
-  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
-    apt_install "python3 -m venv (the Python package's venv)" python3-venv
-  fi
-  echo "== python venv $PP_PYVENV from tests/requirements-python.txt (torch, ray[rllib], stable-baselines3, pytest)"
-  rm -rf "$PP_PYVENV"
-  python3 -m venv "$PP_PYVENV"
-  "$PP_PYVENV/bin/pip" install -q --upgrade pip
-  "$PP_PYVENV/bin/pip" install -q -r "$req"
-  cp "$req" "$PP_PYVENV/.pp-requirements"
-  PP_INSTALLED+=("python venv $PP_PYVENV (pip -r tests/requirements-python.txt)")
+  ensure_requirements_venv "$PP_PYVENV" "$ROOT/tests/requirements-python.txt" \
+    "torch, ray.rllib, stable_baselines3, sb3_contrib, pytest" "torch, ray[rllib], stable-baselines3, pytest"
 }
 
 deps_summary() {

@@ -128,6 +128,15 @@ fn contiguous<'py>(x: &Bound<'py, PyAny>, dtype: &str) -> PyResult<Bound<'py, Py
         .call((x,), Some(&kw))
 }
 
+/// A sequence of arrays (recurrent state, one per state tensor) as contiguous float32 views.
+fn float32_arrays<'py>(
+    seq: &Bound<'py, PyAny>,
+) -> PyResult<Vec<numpy::PyReadonlyArrayDyn<'py, f32>>> {
+    seq.try_iter()?
+        .map(|a| Ok(contiguous(&a?, "float32")?.cast_into::<PyArrayDyn<f32>>()?.readonly()))
+        .collect()
+}
+
 /// Env ids from any integer sequence or array, each checked to be a u32 (numpy would wrap -1 silently).
 fn env_id_list(x: &Bound<'_, PyAny>, batch: usize) -> PyResult<Vec<u32>> {
     let a = contiguous(x, "int64")?;
@@ -312,23 +321,16 @@ impl PyPolicy {
         Ok((view, batch))
     }
 
-    fn arrays_out<'py>(
-        &self,
-        py: Python<'py>,
-        batch: usize,
-        discrete: Vec<i64>,
-        continuous: Vec<f32>,
-        dist: Vec<f32>,
-        value: Vec<f32>,
-        logp: Option<Vec<f32>>,
-    ) -> PyResult<(Py<PyAny>, Py<PyAny>, Option<Py<PyAny>>, Option<Py<PyAny>>)> {
+    /// The outputs of one act() as NumPy arrays shaped for the policy's spaces (one copy out of the session).
+    fn result<'py>(&self, py: Python<'py>, a: Acted) -> PyResult<PyActResult> {
         let head = self.compiled.head();
         let action = &self.compiled.manifest().action;
+        let batch = a.batch;
         let actions: Bound<'py, PyAny> = if head.is_discrete() {
-            let a = PyArray1::from_vec(py, discrete);
+            let arr = PyArray1::from_vec(py, a.discrete);
             match action {
-                policyport::format::ActionSpace::Discrete { .. } => a.into_any(),
-                _ => a.reshape([batch, head.action_len])?.into_any(),
+                policyport::format::ActionSpace::Discrete { .. } => arr.into_any(),
+                _ => arr.reshape([batch, head.action_len])?.into_any(),
             }
         } else {
             let mut shape = vec![batch];
@@ -336,17 +338,37 @@ impl PyPolicy {
                 policyport::format::ActionSpace::Box { shape: s, .. } => shape.extend(s),
                 _ => shape.push(head.action_len),
             }
-            PyArray1::from_vec(py, continuous).reshape(shape)?.into_any()
+            PyArray1::from_vec(py, a.continuous).reshape(shape)?.into_any()
         };
-        let dist = PyArray1::from_vec(py, dist)
+        let dist_inputs = PyArray1::from_vec(py, a.dist)
             .reshape([batch, head.dist_params_len])?
             .into_any();
         let value = head
             .has_value()
-            .then(|| PyArray1::from_vec(py, value).into_any().unbind());
-        let logp = logp.map(|l| PyArray1::from_vec(py, l).into_any().unbind());
-        Ok((actions.unbind(), dist.unbind(), value, logp))
+            .then(|| PyArray1::from_vec(py, a.value).into_any().unbind());
+        let log_prob = a.logp.map(|l| PyArray1::from_vec(py, l).into_any().unbind());
+        let state = match a.state {
+            Some(st) => Some(state_list(py, st, batch)?.into_any().unbind()),
+            None => None,
+        };
+        Ok(PyActResult {
+            actions: actions.unbind(),
+            value,
+            dist_inputs: dist_inputs.unbind(),
+            log_prob,
+            state,
+        })
     }
+}
+
+/// State tensors (`rows x numel` each) as a list of `[rows, numel]` arrays.
+fn state_list<'py>(py: Python<'py>, st: Vec<Vec<f32>>, rows: usize) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for v in st {
+        let n = v.len() / rows.max(1);
+        list.append(PyArray1::from_vec(py, v).reshape([rows, n])?)?;
+    }
+    Ok(list)
 }
 
 /// The result of the GIL-free part of act().
@@ -485,17 +507,7 @@ impl PyPolicy {
             .transpose()?;
         let starts: Option<&[bool]> = starts_arr.as_ref().map(|a| a.as_slice()).transpose()?;
         let recurrent = !self.compiled.manifest().recurrent.as_ref().is_none_or(|r| r.states.is_empty());
-        let state_arrs = match state {
-            Some(s) => {
-                let list: Vec<Bound<'_, PyAny>> = s.try_iter()?.collect::<PyResult<_>>()?;
-                let arrs = list
-                    .iter()
-                    .map(|a| Ok(contiguous(a, "float32")?.cast::<PyArrayDyn<f32>>()?.readonly()))
-                    .collect::<PyResult<Vec<_>>>()?;
-                Some(arrs)
-            }
-            None => None,
-        };
+        let state_arrs = state.map(float32_arrays).transpose()?;
         let state_slices: Option<Vec<&[f32]>> = state_arrs
             .as_ref()
             .map(|v| v.iter().map(|a| a.as_slice()).collect::<Result<_, _>>())
@@ -556,27 +568,7 @@ impl PyPolicy {
             }
             Ok(acted)
         });
-        let a = acted.map_err(policy_err)?;
-        let (actions, dist_inputs, value, log_prob) =
-            self.arrays_out(py, a.batch, a.discrete, a.continuous, a.dist, a.value, a.logp)?;
-        let state = match a.state {
-            Some(st) => {
-                let list = PyList::empty(py);
-                for v in st {
-                    let n = v.len() / a.batch.max(1);
-                    list.append(PyArray1::from_vec(py, v).reshape([a.batch, n])?)?;
-                }
-                Some(list.into_any().unbind())
-            }
-            None => None,
-        };
-        Ok(PyActResult {
-            actions,
-            value,
-            dist_inputs,
-            log_prob,
-            state,
-        })
+        self.result(py, acted.map_err(policy_err)?)
     }
 
     /// Zero the recurrent state of these envs (a no-op for feed-forward policies).
@@ -591,23 +583,14 @@ impl PyPolicy {
         let n = env_ids.len()?;
         let ids = env_id_list(env_ids, n)?;
         let st = py.detach(|| self.lock().states_of(&ids)).map_err(policy_err)?;
-        let list = PyList::empty(py);
-        for v in st {
-            let w = v.len() / n.max(1);
-            list.append(PyArray1::from_vec(py, v).reshape([n, w])?)?;
-        }
-        Ok(list)
+        state_list(py, st, n)
     }
 
     /// Overwrite the recurrent state of these envs: one `[len(env_ids), numel]` array per state.
     fn set_state(&self, py: Python<'_>, env_ids: &Bound<'_, PyAny>, state: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = env_ids.len()?;
         let ids = env_id_list(env_ids, n)?;
-        let list: Vec<Bound<'_, PyAny>> = state.try_iter()?.collect::<PyResult<_>>()?;
-        let arrs = list
-            .iter()
-            .map(|a| Ok(contiguous(a, "float32")?.cast::<PyArrayDyn<f32>>()?.readonly()))
-            .collect::<PyResult<Vec<_>>>()?;
+        let arrs = float32_arrays(state)?;
         let slices: Vec<&[f32]> = arrs.iter().map(|a| a.as_slice()).collect::<Result<_, _>>()?;
         py.detach(|| self.lock().write_state(&ids, &slices)).map_err(policy_err)
     }
