@@ -23,8 +23,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import zipfile
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: pyproject.toml through pip's vendored parser
+    from pip._vendor import tomli as tomllib
 
 HERE = pathlib.Path(__file__).resolve().parent
 
