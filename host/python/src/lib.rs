@@ -525,13 +525,15 @@ impl PyPolicy {
         let head = self.compiled.head();
         let acted = py.detach(|| -> Result<Acted, PolicyError> {
             let mut s = self.lock();
+            // The rows' env ids as a list, only where state is written or read (not on the plain act() path).
             let range: Vec<u32>;
             let id_slice: &[u32] = match &ids {
                 Some(v) => v,
-                None => {
+                None if state_slices.is_some() || want_state => {
                     range = (0..batch as u32).collect();
                     &range
                 }
+                None => &[],
             };
             if let Some(values) = &state_slices {
                 s.write_state(id_slice, values)?;

@@ -132,16 +132,6 @@ class PolicyportPPOTorchRLModule(DefaultPPOTorchRLModule):
             return super().forward_inference(batch, **kwargs)
         return self._pp_forward(batch, explore=False)
 
-    def _forward_exploration(self, batch: dict, **kwargs: Any) -> dict:
-        if self._pp_policy is None:
-            return super()._forward_exploration(batch, **kwargs)
-        return self._pp_forward(batch, explore=True)
-
-    def _forward_inference(self, batch: dict, **kwargs: Any) -> dict:
-        if self._pp_policy is None:
-            return super()._forward_inference(batch, **kwargs)
-        return self._pp_forward(batch, explore=False)
-
     def _pp_forward(self, batch: dict, *, explore: bool) -> dict:
         policy = self._pp_policy
         obs = _to_numpy(batch[Columns.OBS])
