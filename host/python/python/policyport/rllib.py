@@ -11,7 +11,7 @@
 How it works. ``accelerate`` swaps the module class for :class:`PolicyportPPOTorchRLModule` (a
 ``DefaultPPOTorchRLModule``: same networks, same checkpoints, same learner) and the env runner class for
 :class:`PolicyportEnvRunner`, which attaches policyport to the module each env runner builds. On an env runner
-the module's ``_forward_exploration`` / ``_forward_inference`` run the compiled policy and return what RLlib's
+the module's ``forward_exploration`` / ``forward_inference`` run the compiled policy and return what RLlib's
 connectors expect: ``actions`` (so ``GetActions`` does not sample again), ``action_logp`` and
 ``action_dist_inputs`` (PPO's learner rebuilds the old distribution from them), and for LSTM modules
 ``state_out`` in RLlib's nested layout. RLlib's env-to-module pipeline (MeanStdFilter, FlattenObservations, the
