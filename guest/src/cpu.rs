@@ -4,6 +4,8 @@
 //! so an MLP step is one pass per layer. The program (packed weights) is immutable and shared by every session;
 //! a session's [`CpuScratch`] holds the buffers. No allocation once warm.
 
+use std::sync::Mutex;
+
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
 use crate::backend::Backend;
@@ -13,6 +15,7 @@ use crate::error::PolicyError;
 use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
 use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
+use crate::pool::RowPool;
 
 #[derive(Debug, Clone)]
 enum Instr {
@@ -104,12 +107,45 @@ pub(crate) struct CpuProgram {
     row_width: usize,
 }
 
-/// One session's buffers: one per value slot, grown to the largest batch seen.
-pub(crate) struct CpuScratch {
+/// One thread's buffers: one per value slot, grown to the largest part of a batch seen.
+#[derive(Default)]
+struct Bufs {
     bufs: Vec<Vec<f32>>,
     /// Convolution: one env's patch matrix and GEMM result (see [`crate::conv`]).
     patches: Vec<f32>,
     result: Vec<f32>,
+}
+
+/// One session's data: the caller thread's buffers, and with [`Session::set_threads`](crate::Session::set_threads)
+/// the session's workers and theirs.
+pub(crate) struct CpuScratch {
+    main: Bufs,
+    threads: Option<Threads>,
+}
+
+struct Threads {
+    pool: RowPool,
+    /// Worker `i`'s buffers at `i - 1` (each locked only by its own part: never contended).
+    bufs: Vec<Mutex<Bufs>>,
+}
+
+/// Fewest batch rows worth a thread of their own: below this the hand-off costs more than the rows (measured on
+/// the benchmark MLP, see the README's thread table).
+const MIN_ROWS_PER_THREAD: usize = 8;
+
+/// The step's output rows, shared by the parts: each part writes only its own disjoint row range.
+#[derive(Clone, Copy)]
+struct RowsPtr(*mut f32);
+// SAFETY: parts write disjoint ranges (see `launch`), and the caller waits for all of them.
+unsafe impl Send for RowsPtr {}
+unsafe impl Sync for RowsPtr {}
+
+impl RowsPtr {
+    /// # Safety
+    /// `start + len` numbers exist behind the pointer, live for `'a`, and no other live slice overlaps these.
+    unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
 }
 
 impl CpuProgram {
@@ -264,28 +300,37 @@ impl CpuProgram {
         }
     }
 
-    /// One step; the readback values concatenated per row go to `rows` (cleared first).
+    /// One step for rows `r0 .. r0 + batch` of a step of `total` rows (`obs`, `states`: the whole step's); the
+    /// readback values concatenated per row go to `out` (`batch x row_width`).
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
-        scratch: &mut CpuScratch,
+        scratch: &mut Bufs,
+        r0: usize,
         batch: usize,
+        total: usize,
         obs: &[f32],
         states: &[Vec<f32>],
-        rows: &mut Vec<f32>,
+        out: &mut [f32],
     ) {
-        let CpuScratch {
+        let Bufs {
             bufs,
             patches,
             result,
         } = scratch;
+        if bufs.len() != self.slot_numel.len() {
+            bufs.resize(self.slot_numel.len(), vec![]);
+        }
         for (buf, n) in bufs.iter_mut().zip(&self.slot_numel) {
             if buf.len() < batch * n {
                 buf.resize(batch * n, 0.0);
             }
         }
-        bufs[self.obs_slot][..obs.len()].copy_from_slice(obs);
-        for ((slot, _), data) in self.state_slots.iter().zip(states) {
-            bufs[*slot][..data.len()].copy_from_slice(data);
+        let obs_width = obs.len() / total.max(1);
+        bufs[self.obs_slot][..batch * obs_width]
+            .copy_from_slice(&obs[r0 * obs_width..(r0 + batch) * obs_width]);
+        for ((slot, n), data) in self.state_slots.iter().zip(states) {
+            bufs[*slot][..batch * n].copy_from_slice(&data[r0 * n..(r0 + batch) * n]);
         }
         let isa = self.isa;
         for instr in &self.instrs {
@@ -421,10 +466,11 @@ impl CpuProgram {
             }
             bufs[out_slot] = y_buf;
         }
-        rows.clear();
+        let mut o = 0;
         for r in 0..batch {
             for (slot, n) in &self.readback {
-                rows.extend_from_slice(&bufs[*slot][r * n..(r + 1) * n]);
+                out[o..o + n].copy_from_slice(&bufs[*slot][r * n..(r + 1) * n]);
+                o += n;
             }
         }
     }
@@ -445,10 +491,31 @@ impl Executor for CpuProgram {
 
     fn new_scratch(&self) -> ExecScratch {
         Box::new(CpuScratch {
-            bufs: vec![vec![]; self.slot_numel.len()],
-            patches: vec![],
-            result: vec![],
+            main: Bufs::default(),
+            threads: None,
         })
+    }
+
+    fn set_threads(&self, scratch: &mut ExecScratch, threads: usize) -> Result<(), PolicyError> {
+        let s = scratch_of::<CpuScratch>(scratch);
+        if threads <= 1 {
+            s.threads = None;
+        } else if s.threads.as_ref().map(|t| t.pool.threads()) != Some(threads) {
+            // The old workers (if any) are joined before the new ones start.
+            s.threads = None;
+            s.threads = Some(Threads {
+                pool: RowPool::new(threads - 1)?,
+                bufs: (1..threads).map(|_| Mutex::new(Bufs::default())).collect(),
+            });
+        }
+        Ok(())
+    }
+
+    fn threads(&self, scratch: &mut ExecScratch) -> usize {
+        scratch_of::<CpuScratch>(scratch)
+            .threads
+            .as_ref()
+            .map_or(1, |t| t.pool.threads())
     }
 
     fn launch(
@@ -457,13 +524,50 @@ impl Executor for CpuProgram {
         step: &StepInput<'_>,
         rows: &mut Vec<f32>,
     ) -> Result<Pending, PolicyError> {
-        self.run(
-            scratch_of::<CpuScratch>(scratch),
-            step.batch,
-            step.obs,
-            step.states,
-            rows,
-        );
+        let s = scratch_of::<CpuScratch>(scratch);
+        let (batch, width) = (step.batch, self.row_width);
+        rows.clear();
+        rows.resize(batch * width, 0.0);
+        let parts = s.threads.as_ref().map_or(1, |t| {
+            t.pool.threads().min(batch / MIN_ROWS_PER_THREAD).max(1)
+        });
+        let (Some(Threads { pool, bufs }), true) = (&mut s.threads, parts > 1) else {
+            self.run(&mut s.main, 0, batch, batch, step.obs, step.states, rows);
+            return Ok(Pending::Ready);
+        };
+        // Equal parts; large ones in whole 12-row tiles (the AVX-512 dense tile), the last part shorter.
+        let per = match batch.div_ceil(parts) {
+            p if p >= 96 => p.next_multiple_of(12),
+            p => p,
+        };
+        let parts = batch.div_ceil(per);
+        let main = Mutex::new(&mut s.main);
+        let out = RowsPtr(rows.as_mut_ptr());
+        pool.run(parts, &|i| {
+            let (r0, r1) = (i * per, ((i + 1) * per).min(batch));
+            // SAFETY: `rows` holds `batch x width` numbers and outlives the job (`pool.run` returns after every
+            // part); the parts' row ranges are disjoint.
+            let out = unsafe { out.slice(r0 * width, (r1 - r0) * width) };
+            let (obs, states) = (step.obs, step.states);
+            if i == 0 {
+                self.run(&mut lock(&main), r0, r1 - r0, batch, obs, states, out);
+            } else {
+                self.run(
+                    &mut lock(&bufs[i - 1]),
+                    r0,
+                    r1 - r0,
+                    batch,
+                    obs,
+                    states,
+                    out,
+                );
+            }
+        })?;
         Ok(Pending::Ready)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A part that panicked poisoned its buffers' lock; their contents are scratch, rewritten by the next step.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

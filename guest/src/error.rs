@@ -116,6 +116,10 @@ pub enum BackendError {
     /// A value the device program cannot produce on this path (e.g. a blocking golden probe on WebGPU).
     #[error("{0}")]
     Unsupported(&'static str),
+    /// The intra-op threads of [`Session::set_threads`](crate::Session::set_threads) could not be started (no
+    /// threads on this platform, or the OS refused), or one of them failed a step.
+    #[error("threads: {0}")]
+    Threads(String),
     /// The backend's executor lives in another crate (libtorch: `policyport-torch`), which loads policies on it.
     #[error("the {} backend is built by another crate: load with {load_with}", backend.name())]
     BuiltElsewhere {

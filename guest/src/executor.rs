@@ -138,6 +138,25 @@ pub trait Executor: Send + Sync {
         rows: &mut Vec<f32>,
     ) -> Result<Pending, PolicyError>;
 
+    /// Run this session's steps on `threads` threads (the caller's and `threads - 1` workers the scratch owns);
+    /// 1: on the caller's thread only (the default). Backends without intra-op threads accept 1 and refuse more.
+    fn set_threads(&self, scratch: &mut ExecScratch, threads: usize) -> Result<(), PolicyError> {
+        let _ = scratch;
+        if threads > 1 {
+            return Err(BackendError::Unsupported(
+                "intra-op threads (Session::set_threads) on this backend: only the cpu backend has them",
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The threads a step of this session uses (see [`Executor::set_threads`]).
+    fn threads(&self, scratch: &mut ExecScratch) -> usize {
+        let _ = scratch;
+        1
+    }
+
     /// Device-state executors: zero the state rows of these envs (episode starts, resets).
     fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
         let _ = (scratch, envs);

@@ -34,6 +34,7 @@ mod gpu;
 mod kernels;
 pub mod lower;
 mod observations;
+mod pool;
 mod session;
 mod state;
 #[cfg(feature = "wgpu")]
@@ -51,7 +52,7 @@ pub use observations::{Observations, check_observations, one_hot_width};
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
 pub use policyport_shaders::Activation;
-pub use session::{ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, Request, Session};
+pub use session::{ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, MAX_THREADS, Request, Session};
 
 /// GPU dispatches issued by wgpu programs from this thread so far (compare against
 /// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature.

@@ -139,6 +139,9 @@ pub struct ActOutputs {
     pub dist_params: Vec<f32>,
 }
 
+/// The most threads [`Session::set_threads`] starts for one session.
+pub const MAX_THREADS: usize = 256;
+
 /// One caller's session on a shared policy. Not `Sync` by design (one caller at a time); make one per thread:
 /// they share the policy's weights.
 pub struct Session {
@@ -214,6 +217,37 @@ impl Session {
     /// policy's memory budget ([`CompiledPolicy::limits`]) is refused with [`PolicyError::Memory`].
     pub fn set_max_envs(&mut self, max_envs: usize) {
         self.max_envs = max_envs;
+    }
+
+    /// Split this session's act() over `threads` threads by batch rows: the calling thread and `threads - 1`
+    /// worker threads the session owns (they spin briefly after a step, then sleep; dropped with the session).
+    /// 0 means one per core the OS reports; 1 (the default) runs on the calling thread only. Only the cpu backend
+    /// has intra-op threads (others accept 1 and refuse more with [`BackendError::Unsupported`]); a platform
+    /// without threads (wasm) refuses with [`BackendError::Threads`]. Results are the same whatever the count:
+    /// every row is computed by the same kernels in the same order. Small batches stay on the calling thread
+    /// (fewer than 16 rows per thread).
+    ///
+    /// [`BackendError::Unsupported`]: crate::BackendError::Unsupported
+    /// [`BackendError::Threads`]: crate::BackendError::Threads
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), PolicyError> {
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n if n > MAX_THREADS => {
+                return Err(crate::BackendError::Threads(format!(
+                    "{n} threads asked for; at most {MAX_THREADS}"
+                ))
+                .into());
+            }
+            n => n,
+        };
+        self.policy
+            .executor()
+            .set_threads(&mut self.scratch, threads)
+    }
+
+    /// The threads this session's act() uses (see [`Session::set_threads`]).
+    pub fn threads(&mut self) -> usize {
+        self.policy.executor().threads(&mut self.scratch)
     }
 
     /// One step for `req.batch` envs: observations in, actions (+ value, distribution parameters) out, recurrent
@@ -317,12 +351,18 @@ impl Session {
             self.state.overwrite(device);
         }
         // The executor first: a backend that refuses leaves the host rows as they were.
-        exec.write_state(&mut self.scratch, envs, values, needed.max(self.state.num_envs))?;
+        exec.write_state(
+            &mut self.scratch,
+            envs,
+            values,
+            needed.max(self.state.num_envs),
+        )?;
         self.state.grow(needed);
         for ((numel, data), v) in self.state.tensors.iter_mut().zip(values) {
             for (i, &e) in envs.iter().enumerate() {
                 let e = e as usize;
-                data[e * *numel..(e + 1) * *numel].copy_from_slice(&v[i * *numel..(i + 1) * *numel]);
+                data[e * *numel..(e + 1) * *numel]
+                    .copy_from_slice(&v[i * *numel..(i + 1) * *numel]);
             }
         }
         Ok(())

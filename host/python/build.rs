@@ -3,6 +3,8 @@
 //! `policyport-torch/tch` in), the module needs libtorch's shared libraries; installed in site-packages next to
 //! torch, this finds them without LD_LIBRARY_PATH and without importing torch first. Harmless otherwise.
 fn main() {
-    println!("cargo:rustc-link-arg-cdylib=-Wl,-rpath,$ORIGIN/../torch/lib:$ORIGIN/../nvidia/cu13/lib");
+    println!(
+        "cargo:rustc-link-arg-cdylib=-Wl,-rpath,$ORIGIN/../torch/lib:$ORIGIN/../nvidia/cu13/lib"
+    );
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -212,3 +212,92 @@ fn eight_threads_share_one_compiled_policy() {
         assert_eq!(std::sync::Arc::strong_count(&policy), 1, "{backend:?}");
     }
 }
+
+/// `Session::set_threads`: the cpu backend split over threads gives the single thread's outputs bit for bit, for
+/// every fixture (MLPs, convolutions, recurrent state with episode starts), at batch sizes that split unevenly;
+/// warm threaded act() allocates nothing; other backends accept 1 thread and refuse more with a typed error; an
+/// absurd count is a typed error, not a million threads.
+#[test]
+fn intra_op_threads_give_the_single_thread_answers() {
+    use policyport::{Backend, BackendError, PolicyError};
+    for name in fixture_names() {
+        let f = load_fixture(&name);
+        let bytes = compile_fixture(&f);
+        let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+        let case = &f.io.cases[0];
+        let width = case.obs.len() / case.batch;
+        let (mut one, mut many) = (policy.session(), policy.session());
+        many.set_threads(3).unwrap();
+        assert_eq!(many.threads(), 3);
+        for batch in [1usize, 17, 50, 200] {
+            // The case's rows repeated: valid observations for any input kind (frames, one-hots, dicts).
+            let obs: Vec<f32> = (0..batch)
+                .flat_map(|r| case.obs[(r % case.batch) * width..][..width].to_vec())
+                .collect();
+            let starts: Vec<bool> = (0..batch).map(|r| r % 7 == 3).collect();
+            for step in 0..3u64 {
+                let req = Request::new(
+                    Observations::F32(&obs),
+                    batch,
+                    ActMode::Sample { seed: 11, step },
+                )
+                .episode_starts(&starts);
+                let want = one.act(&req).unwrap().clone();
+                let got = many.act(&req).unwrap();
+                assert_eq!(got, &want, "{name}: batch {batch}, step {step}");
+            }
+        }
+        // Warm, threaded: nothing allocated on the calling thread.
+        let obs: Vec<f32> = (0..64)
+            .flat_map(|r| case.obs[(r % case.batch) * width..][..width].to_vec())
+            .collect();
+        let req = |step| {
+            Request::new(
+                Observations::F32(&obs),
+                64,
+                ActMode::Sample { seed: 2, step },
+            )
+        };
+        many.act(&req(0)).unwrap();
+        let before = crate::alloc_count::count();
+        for step in 1..20 {
+            many.act(&req(step)).unwrap();
+        }
+        assert_eq!(
+            crate::alloc_count::count() - before,
+            0,
+            "{name}: threaded act() allocated"
+        );
+        many.set_threads(1).unwrap();
+        assert_eq!(many.threads(), 1);
+    }
+    let bytes = compile_fixture(&load_fixture("mlp64"));
+    for backend in backends() {
+        let mut s = policyport_conformance::load(&bytes, backend)
+            .unwrap()
+            .session();
+        s.set_threads(1).unwrap();
+        let more = s.set_threads(2);
+        if backend == Backend::Cpu {
+            more.unwrap();
+            assert!(matches!(
+                s.set_threads(policyport::MAX_THREADS + 1),
+                Err(PolicyError::Backend(BackendError::Threads(_)))
+            ));
+            assert_eq!(
+                s.threads(),
+                2,
+                "a refused count leaves the session as it was"
+            );
+        } else {
+            assert!(
+                matches!(
+                    more,
+                    Err(PolicyError::Backend(BackendError::Unsupported(_)))
+                ),
+                "{backend}: {more:?}"
+            );
+            assert_eq!(s.threads(), 1);
+        }
+    }
+}

@@ -651,14 +651,26 @@ fn caller_owned_state_is_written_and_read_back_on_every_backend() {
         let w = s.write_state(&[5, 1], &[&flat]);
         if backend == policyport::Backend::Wasmtime {
             assert!(
-                matches!(w, Err(PolicyError::Backend(policyport::BackendError::Unsupported(_)))),
+                matches!(
+                    w,
+                    Err(PolicyError::Backend(policyport::BackendError::Unsupported(
+                        _
+                    )))
+                ),
                 "{w:?}"
             );
-            assert_eq!(s.states_of(&[5]).unwrap(), vec![vec![0.0; 4]], "a refused write changed the state");
+            assert_eq!(
+                s.states_of(&[5]).unwrap(),
+                vec![vec![0.0; 4]],
+                "a refused write changed the state"
+            );
             continue;
         }
         w.unwrap();
-        assert_eq!(s.states_of(&[5, 1, 3]).unwrap(), vec![[flat.clone(), vec![0.0; 4]].concat()]);
+        assert_eq!(
+            s.states_of(&[5, 1, 3]).unwrap(),
+            vec![[flat.clone(), vec![0.0; 4]].concat()]
+        );
         let out = s
             .act(
                 &Request::new(Observations::F32(&x), 2, ActMode::Deterministic)
@@ -671,26 +683,37 @@ fn caller_owned_state_is_written_and_read_back_on_every_backend() {
             let h64: Vec<f64> = h_in[row].iter().map(|v| *v as f64).collect();
             let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h64);
             for a in 0..2 {
-                assert!((out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5, "{backend:?}");
+                assert!(
+                    (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
+                    "{backend:?}"
+                );
             }
             for i in 0..4 {
-                assert!((next[0][row * 4 + i] as f64 - h1[i]).abs() < 1e-5, "{backend:?} row {row}");
+                assert!(
+                    (next[0][row * 4 + i] as f64 - h1[i]).abs() < 1e-5,
+                    "{backend:?} row {row}"
+                );
             }
         }
         let before = s.states_of(&[5, 1]).unwrap();
         let bad: [(&[u32], Vec<&[f32]>); 5] = [
-            (&[5], vec![]),                          // no tensor
-            (&[5], vec![&flat[..3]]),                // too short
-            (&[5, 5], vec![&flat[..]]),              // duplicate env
-            (&[8], vec![&flat[..4]]),                // beyond the session's limit
+            (&[5], vec![]),                               // no tensor
+            (&[5], vec![&flat[..3]]),                     // too short
+            (&[5, 5], vec![&flat[..]]),                   // duplicate env
+            (&[8], vec![&flat[..4]]),                     // beyond the session's limit
             (&[5], vec![&[f32::NAN, 0.0, 0.0, 0.0][..]]), // not finite
         ];
         for (envs, vals) in bad {
             assert!(s.write_state(envs, &vals).is_err(), "{backend:?} {envs:?}");
         }
-        assert_eq!(s.states_of(&[5, 1]).unwrap(), before, "{backend:?}: a refused write changed the state");
+        assert_eq!(
+            s.states_of(&[5, 1]).unwrap(),
+            before,
+            "{backend:?}: a refused write changed the state"
+        );
     }
-    let mlp = policyport_conformance::compile_fixture(&policyport_conformance::load_fixture("mlp64"));
+    let mlp =
+        policyport_conformance::compile_fixture(&policyport_conformance::load_fixture("mlp64"));
     let ff = policyport_conformance::load(&mlp, policyport::Backend::Cpu).unwrap();
     assert!(matches!(
         ff.session().write_state(&[0], &[]),

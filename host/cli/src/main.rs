@@ -167,6 +167,9 @@ enum Cmd {
         /// Run inside the wasm sandbox with this plugin (policyport_plugin.wasm) instead of natively.
         #[arg(long)]
         plugin: Option<PathBuf>,
+        /// Intra-op threads of the session (cpu backend; 0: one per core). 1 is the default everywhere.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
     /// Time act() on the libtorch executor (needs the `tch` feature): one JSON line per batch.
     BenchTorch {
@@ -573,10 +576,13 @@ fn run() -> Result<()> {
             backend,
             seconds,
             plugin,
+            threads,
         } => {
             let bytes = read(&artifact)?;
             let policy = load_policy(&bytes, backend)?;
             let mut session = policy.session();
+            session.set_threads(threads)?;
+            let threads = session.threads();
             let raw_len = policy.info().obs_len;
             let mut sandboxed = match &plugin {
                 Some(p) => {
@@ -629,7 +635,7 @@ fn run() -> Result<()> {
                 let median = per_call[per_call.len() / 2];
                 println!(
                     "{}",
-                    serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median,
+                    serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median, "threads": threads,
                         "dispatches_per_act": policy.info().dispatches_per_act})
                 );
             }

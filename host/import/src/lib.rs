@@ -26,8 +26,8 @@ use thiserror::Error;
 
 pub use cleanrl::CleanrlLayout;
 pub use compile::{
-    Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_rllib_module, compile_sb3,
-    random_obs,
+    Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_rllib_module,
+    compile_sb3, random_obs,
 };
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};

@@ -11,9 +11,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use numpy::{
-    PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use policyport::{
     ActMode, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
 };
@@ -23,20 +21,90 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use pyo3::{create_exception, intern};
 
-create_exception!(policyport, PolicyportError, PyException, "Base of every policyport error.");
-create_exception!(policyport, ArtifactError, PolicyportError, "The artifact was refused (container, manifest, weights, validation).");
-create_exception!(policyport, ObservationError, PolicyportError, "Observations of the wrong size, dtype or value.");
-create_exception!(policyport, BatchError, PolicyportError, "A batch size out of range.");
-create_exception!(policyport, MemoryLimitError, PolicyportError, "A call would pass the policy's memory limit.");
-create_exception!(policyport, NonFiniteOutputError, PolicyportError, "The policy computed NaN or infinity.");
-create_exception!(policyport, EnvIdError, PolicyportError, "Env ids that cannot be used (count, duplicates, limit).");
-create_exception!(policyport, StateError, PolicyportError, "A recurrent-state operation was refused.");
-create_exception!(policyport, BackendError, PolicyportError, "The backend failed or cannot do what was asked.");
-create_exception!(policyport, NotCompiledError, BackendError, "This build of policyport does not have the backend.");
-create_exception!(policyport, CompileError, PolicyportError, "A model could not be compiled.");
-create_exception!(policyport, UnsupportedModelError, CompileError, "The model uses something policyport does not read (the message says what, and what to do).");
-create_exception!(policyport, MalformedModelError, CompileError, "The model's files are damaged or not what they claim.");
-create_exception!(policyport, SpecError, CompileError, "The import spec (what the outputs mean) does not fit the model.");
+create_exception!(
+    policyport,
+    PolicyportError,
+    PyException,
+    "Base of every policyport error."
+);
+create_exception!(
+    policyport,
+    ArtifactError,
+    PolicyportError,
+    "The artifact was refused (container, manifest, weights, validation)."
+);
+create_exception!(
+    policyport,
+    ObservationError,
+    PolicyportError,
+    "Observations of the wrong size, dtype or value."
+);
+create_exception!(
+    policyport,
+    BatchError,
+    PolicyportError,
+    "A batch size out of range."
+);
+create_exception!(
+    policyport,
+    MemoryLimitError,
+    PolicyportError,
+    "A call would pass the policy's memory limit."
+);
+create_exception!(
+    policyport,
+    NonFiniteOutputError,
+    PolicyportError,
+    "The policy computed NaN or infinity."
+);
+create_exception!(
+    policyport,
+    EnvIdError,
+    PolicyportError,
+    "Env ids that cannot be used (count, duplicates, limit)."
+);
+create_exception!(
+    policyport,
+    StateError,
+    PolicyportError,
+    "A recurrent-state operation was refused."
+);
+create_exception!(
+    policyport,
+    BackendError,
+    PolicyportError,
+    "The backend failed or cannot do what was asked."
+);
+create_exception!(
+    policyport,
+    NotCompiledError,
+    BackendError,
+    "This build of policyport does not have the backend."
+);
+create_exception!(
+    policyport,
+    CompileError,
+    PolicyportError,
+    "A model could not be compiled."
+);
+create_exception!(
+    policyport,
+    UnsupportedModelError,
+    CompileError,
+    "The model uses something policyport does not read (the message says what, and what to do)."
+);
+create_exception!(
+    policyport,
+    MalformedModelError,
+    CompileError,
+    "The model's files are damaged or not what they claim."
+);
+create_exception!(
+    policyport,
+    SpecError,
+    CompileError,
+    "The import spec (what the outputs mean) does not fit the model."
+);
 
 fn policy_err(e: PolicyError) -> PyErr {
     let msg = e.to_string();
@@ -115,7 +183,9 @@ fn json_text(obj: &Bound<'_, PyAny>) -> PyResult<String> {
 
 fn json_value<'py>(py: Python<'py>, v: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(v).map_err(|e| PolicyportError::new_err(e.to_string()))?;
-    py.import(intern!(py, "json"))?.getattr("loads")?.call1((text,))
+    py.import(intern!(py, "json"))?
+        .getattr("loads")?
+        .call1((text,))
 }
 
 /// `numpy.ascontiguousarray(x, dtype=...)`: already-contiguous arrays of that dtype come back as they are (no copy).
@@ -133,7 +203,11 @@ fn float32_arrays<'py>(
     seq: &Bound<'py, PyAny>,
 ) -> PyResult<Vec<numpy::PyReadonlyArrayDyn<'py, f32>>> {
     seq.try_iter()?
-        .map(|a| Ok(contiguous(&a?, "float32")?.cast_into::<PyArrayDyn<f32>>()?.readonly()))
+        .map(|a| {
+            Ok(contiguous(&a?, "float32")?
+                .cast_into::<PyArrayDyn<f32>>()?
+                .readonly())
+        })
         .collect()
 }
 
@@ -290,7 +364,8 @@ impl PyPolicy {
 
     fn obs_view<'py>(&self, obs: &Bound<'py, PyAny>) -> PyResult<(ObsView<'py>, usize)> {
         let per_env = self.compiled.manifest().observation.raw_len();
-        let u8_policy = self.compiled.manifest().observation.raw_dtype() == policyport::format::ObsDType::U8;
+        let u8_policy =
+            self.compiled.manifest().observation.raw_dtype() == policyport::format::ObsDType::U8;
         // uint8 arrays stay bytes for uint8 policies; everything else becomes float32 (a copy only when it is not
         // a contiguous float32 array already).
         let is_u8 = obs
@@ -299,9 +374,17 @@ impl PyPolicy {
             .map(|s| s == "uint8")
             .unwrap_or(false);
         let view = if is_u8 && u8_policy {
-            ObsView::U8(contiguous(obs, "uint8")?.cast::<PyArrayDyn<u8>>()?.readonly())
+            ObsView::U8(
+                contiguous(obs, "uint8")?
+                    .cast::<PyArrayDyn<u8>>()?
+                    .readonly(),
+            )
         } else {
-            ObsView::F32(contiguous(obs, "float32")?.cast::<PyArrayDyn<f32>>()?.readonly())
+            ObsView::F32(
+                contiguous(obs, "float32")?
+                    .cast::<PyArrayDyn<f32>>()?
+                    .readonly(),
+            )
         };
         let (shape, len) = match &view {
             ObsView::F32(a) => (a.shape().to_vec(), a.len()),
@@ -338,7 +421,9 @@ impl PyPolicy {
                 policyport::format::ActionSpace::Box { shape: s, .. } => shape.extend(s),
                 _ => shape.push(head.action_len),
             }
-            PyArray1::from_vec(py, a.continuous).reshape(shape)?.into_any()
+            PyArray1::from_vec(py, a.continuous)
+                .reshape(shape)?
+                .into_any()
         };
         let dist_inputs = PyArray1::from_vec(py, a.dist)
             .reshape([batch, head.dist_params_len])?
@@ -346,7 +431,9 @@ impl PyPolicy {
         let value = head
             .has_value()
             .then(|| PyArray1::from_vec(py, a.value).into_any().unbind());
-        let log_prob = a.logp.map(|l| PyArray1::from_vec(py, l).into_any().unbind());
+        let log_prob = a
+            .logp
+            .map(|l| PyArray1::from_vec(py, l).into_any().unbind());
         let state = match a.state {
             Some(st) => Some(state_list(py, st, batch)?.into_any().unbind()),
             None => None,
@@ -362,7 +449,11 @@ impl PyPolicy {
 }
 
 /// State tensors (`rows x numel` each) as a list of `[rows, numel]` arrays.
-fn state_list<'py>(py: Python<'py>, st: Vec<Vec<f32>>, rows: usize) -> PyResult<Bound<'py, PyList>> {
+fn state_list<'py>(
+    py: Python<'py>,
+    st: Vec<Vec<f32>>,
+    rows: usize,
+) -> PyResult<Bound<'py, PyList>> {
     let list = PyList::empty(py);
     for v in st {
         let n = v.len() / rows.max(1);
@@ -419,7 +510,9 @@ impl PyPolicy {
                          from Python use cpu, flex, wgpu, torch or auto",
                     ));
                 }
-                b => py.detach(|| CompiledPolicy::load(&bytes, b)).map_err(policy_err)?,
+                b => py
+                    .detach(|| CompiledPolicy::load(&bytes, b))
+                    .map_err(policy_err)?,
             }
         };
         let mut session = compiled.session();
@@ -503,10 +596,17 @@ impl PyPolicy {
         let (view, batch) = self.obs_view(obs)?;
         let ids: Option<Vec<u32>> = env_ids.map(|e| env_id_list(e, batch)).transpose()?;
         let starts_arr = episode_starts
-            .map(|s| contiguous(s, "bool_").and_then(|a| Ok(a.cast::<PyArrayDyn<bool>>()?.readonly())))
+            .map(|s| {
+                contiguous(s, "bool_").and_then(|a| Ok(a.cast::<PyArrayDyn<bool>>()?.readonly()))
+            })
             .transpose()?;
         let starts: Option<&[bool]> = starts_arr.as_ref().map(|a| a.as_slice()).transpose()?;
-        let recurrent = !self.compiled.manifest().recurrent.as_ref().is_none_or(|r| r.states.is_empty());
+        let recurrent = !self
+            .compiled
+            .manifest()
+            .recurrent
+            .as_ref()
+            .is_none_or(|r| r.states.is_empty());
         let state_arrs = state.map(float32_arrays).transpose()?;
         let state_slices: Option<Vec<&[f32]>> = state_arrs
             .as_ref()
@@ -581,20 +681,35 @@ impl PyPolicy {
     }
 
     /// The recurrent state of these envs: one `[len(env_ids), numel]` float32 array per state.
-    fn get_state<'py>(&self, py: Python<'py>, env_ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    fn get_state<'py>(
+        &self,
+        py: Python<'py>,
+        env_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let n = env_ids.len()?;
         let ids = env_id_list(env_ids, n)?;
-        let st = py.detach(|| self.lock().states_of(&ids)).map_err(policy_err)?;
+        let st = py
+            .detach(|| self.lock().states_of(&ids))
+            .map_err(policy_err)?;
         state_list(py, st, n)
     }
 
     /// Overwrite the recurrent state of these envs: one `[len(env_ids), numel]` array per state.
-    fn set_state(&self, py: Python<'_>, env_ids: &Bound<'_, PyAny>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn set_state(
+        &self,
+        py: Python<'_>,
+        env_ids: &Bound<'_, PyAny>,
+        state: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let n = env_ids.len()?;
         let ids = env_id_list(env_ids, n)?;
         let arrs = float32_arrays(state)?;
-        let slices: Vec<&[f32]> = arrs.iter().map(|a| a.as_slice()).collect::<Result<_, _>>()?;
-        py.detach(|| self.lock().write_state(&ids, &slices)).map_err(policy_err)
+        let slices: Vec<&[f32]> = arrs
+            .iter()
+            .map(|a| a.as_slice())
+            .collect::<Result<_, _>>()?;
+        py.detach(|| self.lock().write_state(&ids, &slices))
+            .map_err(policy_err)
     }
 
     /// Run the artifact's golden vectors on this backend; a list of per-case dicts (raises on none passing?
@@ -692,10 +807,18 @@ fn compile<'py>(
     };
     let model = bytes_or_file(source, "compile")?;
     if policyport_import::sb3::is_sb3_archive(&model) {
-        let vn = vecnormalize.map(|v| bytes_or_file(v, "vecnormalize")).transpose()?;
+        let vn = vecnormalize
+            .map(|v| bytes_or_file(v, "vecnormalize"))
+            .transpose()?;
         let bytes = py
             .detach(|| {
-                policyport_import::compile_sb3(&model, vn.as_deref(), &label, golden.as_ref(), storage)
+                policyport_import::compile_sb3(
+                    &model,
+                    vn.as_deref(),
+                    &label,
+                    golden.as_ref(),
+                    storage,
+                )
             })
             .map_err(import_err)?;
         return Ok(PyBytes::new(py, &bytes));
@@ -707,10 +830,13 @@ fn compile<'py>(
                  cleanrl-atari, cleanrl-atari-lstm, cleanrl-sac) and spaces={'observation': ..., 'action': ...}",
             ));
         };
-        let layout: policyport_import::CleanrlLayout =
-            layout.parse().map_err(|e: String| PyValueError::new_err(e))?;
+        let layout: policyport_import::CleanrlLayout = layout
+            .parse()
+            .map_err(|e: String| PyValueError::new_err(e))?;
         let spaces = spaces.ok_or_else(|| {
-            SpecError::new_err("a state dict needs spaces={'observation': ..., 'action': ...} (SPEC.md's spaces)")
+            SpecError::new_err(
+                "a state dict needs spaces={'observation': ..., 'action': ...} (SPEC.md's spaces)",
+            )
         })?;
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -829,13 +955,19 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("ObservationError", py.get_type::<ObservationError>()),
         ("BatchError", py.get_type::<BatchError>()),
         ("MemoryLimitError", py.get_type::<MemoryLimitError>()),
-        ("NonFiniteOutputError", py.get_type::<NonFiniteOutputError>()),
+        (
+            "NonFiniteOutputError",
+            py.get_type::<NonFiniteOutputError>(),
+        ),
         ("EnvIdError", py.get_type::<EnvIdError>()),
         ("StateError", py.get_type::<StateError>()),
         ("BackendError", py.get_type::<BackendError>()),
         ("NotCompiledError", py.get_type::<NotCompiledError>()),
         ("CompileError", py.get_type::<CompileError>()),
-        ("UnsupportedModelError", py.get_type::<UnsupportedModelError>()),
+        (
+            "UnsupportedModelError",
+            py.get_type::<UnsupportedModelError>(),
+        ),
         ("MalformedModelError", py.get_type::<MalformedModelError>()),
         ("SpecError", py.get_type::<SpecError>()),
     ] {

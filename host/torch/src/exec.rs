@@ -1042,7 +1042,10 @@ impl Executor for TorchProgram {
                     .and_then(|t| t.f_reshape([envs.len() as i64, *numel]))
                     .and_then(|t| t.f_to_device(self.device))
                     .map_err(te)?;
-                let _ = st.shallow_clone().f_index_copy_(0, &idx, &src).map_err(te)?;
+                let _ = st
+                    .shallow_clone()
+                    .f_index_copy_(0, &idx, &src)
+                    .map_err(te)?;
             }
             Ok(())
         };
