@@ -73,6 +73,10 @@ def main():
     ap.add_argument("--tch", action="store_true", help="also the libtorch executor on CPU (policyport bench-torch)")
     ap.add_argument("--models", default="nature_cnn,lstm_policy",
                     help="model-class fixtures to time at batch 1 and 64 ('' to skip)")
+    ap.add_argument("--ort-native", help="policyport-ort-bench: also time onnxruntime natively (its C API from Rust, "
+                    "the wheel's own libonnxruntime.so); the ratios are then set against it")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="also time the opt-in intra-op pool with this many threads (and onnxruntime's; 1: skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -94,12 +98,20 @@ def main():
             recs = list(map(json.loads, out.strip().splitlines()))
             ours[name] = {r["batch"]: r["us_per_act"] for r in recs}
             dispatches[name] = {r["batch"]: r.get("dispatches_per_act") for r in recs}
+        if args.threads > 1:
+            out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
+                                  str(args.seconds), "--backend", "cpu", "--threads", str(args.threads)],
+                                 check=True, capture_output=True, text=True).stdout
+            ours["cpu_mt"] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
         if args.tch:
             out = subprocess.run([args.policyport, "bench-torch", art, "--batches", args.batches, "--seconds",
                                   str(args.seconds), "--threads", "1"], check=True, capture_output=True,
                                  text=True).stdout
             ours["tch"] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
 
+    native = ort_native(args, f"{FIX}/policy.onnx", args.batches)
+    native_mt = ort_native(args, f"{FIX}/policy.onnx", args.batches, threads=args.threads) \
+        if args.threads > 1 else {}
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
@@ -118,18 +130,36 @@ def main():
                 return logits.numpy(), value.numpy()
         t_torch = median_us(eager, args.seconds)
         rows.append({"batch": b, "policyport_cpu_us": ours["cpu"][b], "policyport_flex_us": ours["flex"][b],
-                     "onnxruntime_us": t_ort, "torch_eager_us": t_torch})
+                     "onnxruntime_us": t_ort, "onnxruntime_native_us": native.get(b), "torch_eager_us": t_torch,
+                     "flop": mlp_flop(b)})
 
     print(f"act() on obs64-256-256-(4+1) tanh, 1 thread, median us per call ({os.uname().machine}, "
-          f"torch {torch.__version__}, onnxruntime {ort.__version__})")
-    print("| batch | policyport cpu | policyport flex (burn) | onnxruntime | torch eager | ort / cpu | torch / cpu |"
-          " ort / flex |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{cpu_name()}, torch {torch.__version__}, onnxruntime {ort.__version__})")
+    print("| batch | policyport cpu | onnxruntime native | onnxruntime python | torch eager | policyport flex (burn) |"
+          " ort native / cpu | ort python / cpu | torch / cpu | cpu GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        c, f = r["policyport_cpu_us"], r["policyport_flex_us"]
-        print(f"| {r['batch']} | {c:.1f} | {f:.1f} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
-              f"{r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x | {r['onnxruntime_us'] / f:.2f}x |")
-    print("(ratios > 1: policyport faster)")
+        c, f, n = r["policyport_cpu_us"], r["policyport_flex_us"], r["onnxruntime_native_us"]
+        print(f"| {r['batch']} | {c:.1f} | {fmt(n)} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
+              f"{f:.1f} | {ratio(n, c)} | {r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x | "
+              f"{r['flop'] / c / 1e3:.0f} |")
+    print("(ratios > 1: policyport faster; onnxruntime native = its C API from Rust, no Python per call; GFLOP/s "
+          "counts the model's multiply-adds as 2 FLOP, the fraction of the floor is that over the core's FMA peak)")
+    if "cpu_mt" in ours:
+        t = args.threads
+        print()
+        print(f"opt-in intra-op threads (Session::set_threads({t}) / --threads {t}) vs one thread; onnxruntime "
+              f"native with intra_op_num_threads={t} alongside")
+        print(f"| batch | policyport 1 thread | policyport {t} threads | speed-up | onnxruntime {t} threads | "
+              f"ort {t}t / policyport {t}t |")
+        print("|---|---|---|---|---|---|")
+        for b in batches:
+            one, mt, o = ours["cpu"][b], ours["cpu_mt"][b], native_mt.get(b)
+            print(f"| {b} | {one:.1f} | {mt:.1f} | {one / mt:.2f}x | {fmt(o)} | {ratio(o, mt)} |")
+        for r in rows:
+            r["policyport_cpu_threads_us"] = ours["cpu_mt"][r["batch"]]
+            r["onnxruntime_native_threads_us"] = native_mt.get(r["batch"])
+            r["threads"] = t
     if "wasm" in ours:
         print()
         print("policyport inside the wasm sandbox (wasmtime 48, SIMD128) vs native cpu, same artifact, median us per act()")
@@ -156,6 +186,44 @@ def main():
     classes = model_classes(args) if args.models else []
     if args.json:
         json.dump({"mlp64": rows, "model_classes": classes}, open(args.json, "w"), indent=1)
+
+
+def fmt(v):
+    return "n/a" if v is None else f"{v:.1f}"
+
+
+def ratio(peer, ours):
+    return "n/a" if peer is None else f"{peer / ours:.2f}x"
+
+
+def mlp_flop(batch):
+    """FLOPs of one forward of the benchmark MLP (multiply-adds x 2): 64x256, 256x256, 256x(4+1)."""
+    return 2 * batch * (64 * 256 + 256 * 256 + 256 * 5)
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def ort_native(args, model, batches, threads=1, recurrent=False):
+    """{batch: µs per Run} from policyport-ort-bench (onnxruntime through its C API, the wheel's library), or {}
+    without --ort-native."""
+    if not args.ort_native:
+        return {}
+    import glob
+    libs = sorted(glob.glob(os.path.join(os.path.dirname(ort.__file__), "capi", "libonnxruntime.so*")))
+    if not libs:
+        raise SystemExit("--ort-native: the onnxruntime wheel has no libonnxruntime.so")
+    cmd = [args.ort_native, "--lib", libs[-1], "--model", model, "--batches", str(batches), "--seconds",
+           str(args.seconds), "--threads", str(threads)] + (["--recurrent"] if recurrent else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return {r["batch"]: r["us_per_run"] for r in map(json.loads, out.strip().splitlines())}
 
 
 def fixture_model(name):
@@ -190,6 +258,8 @@ def model_classes(args):
                                    "--seconds", str(args.seconds), "--backend", "cpu"], check=True,
                                   capture_output=True, text=True).stdout
             ours = {r["batch"]: r["us_per_act"] for r in map(json.loads, recs.strip().splitlines())}
+        native = ort_native(args, f"{fix}/policy.onnx", ",".join(map(str, batches)),
+                            recurrent=name == "lstm_policy")
         for b in batches:
             rng = np.random.default_rng(b)
             x = (rng.integers(0, 256, (b, *shape)) if dtype == np.uint8 else rng.standard_normal((b, *shape)))
@@ -225,16 +295,18 @@ def model_classes(args):
                     return r[0].numpy(), r[1].numpy()
             t_torch = median_us(eager, args.seconds)
             out.append({"model": name, "batch": b, "policyport_cpu_us": ours[b], "onnxruntime_us": t_ort,
-                        "torch_eager_us": t_torch})
+                        "onnxruntime_native_us": native.get(b), "torch_eager_us": t_torch})
     print()
     print("model classes, 1 thread, median us per act() (policyport: checks, preprocessing, forward, sampling, "
-          "value; recurrent state carried in all three)")
-    print("| model | batch | policyport cpu | onnxruntime | torch eager | ort / cpu | torch / cpu |")
-    print("|---|---|---|---|---|---|---|")
+          "value; recurrent state carried in all)")
+    print("| model | batch | policyport cpu | onnxruntime native | onnxruntime python | torch eager | "
+          "ort native / cpu | ort python / cpu | torch / cpu |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in out:
-        c = r["policyport_cpu_us"]
-        print(f"| {r['model']} | {r['batch']} | {c:.1f} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
-              f"{r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x |")
+        c, n = r["policyport_cpu_us"], r["onnxruntime_native_us"]
+        print(f"| {r['model']} | {r['batch']} | {c:.1f} | {fmt(n)} | {r['onnxruntime_us']:.1f} | "
+              f"{r['torch_eager_us']:.1f} | {ratio(n, c)} | {r['onnxruntime_us'] / c:.2f}x | "
+              f"{r['torch_eager_us'] / c:.2f}x |")
     print("(ratios > 1: policyport faster)")
     return out
 
