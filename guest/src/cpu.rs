@@ -25,6 +25,16 @@ enum Instr {
         act: Act,
         out: usize,
     },
+    /// Two narrow dense layers on the same input with the same activation (a policy head's logits and the value
+    /// head: 4 + 1 outputs) as one: each alone fills a 16-wide panel with mostly padding, so both in one panel
+    /// halve their cost. The joint rows go to a scratch buffer, then `outs[0]` takes the first `n` columns and
+    /// `outs[1]` the rest.
+    DenseSplit {
+        x: usize,
+        dense: PackedDense,
+        act: Act,
+        outs: [(usize, usize); 2],
+    },
     Act {
         x: usize,
         f: Act,
@@ -114,6 +124,8 @@ struct Bufs {
     /// Convolution: one env's patch matrix and GEMM result (see [`crate::conv`]).
     patches: Vec<f32>,
     result: Vec<f32>,
+    /// The joint rows of a [`Instr::DenseSplit`].
+    split: Vec<f32>,
 }
 
 /// One session's data: the caller thread's buffers, and with [`Session::set_threads`](crate::Session::set_threads)
@@ -152,9 +164,27 @@ impl CpuProgram {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
         let low = lower(art, plan, readback_values);
         let isa = kernels::detect();
+        let partner = narrow_dense_pairs(art, &low.nodes, crate::dense::narrow_width(isa));
         let mut instrs = vec![];
-        for n in &low.nodes {
+        for (i, n) in low.nodes.iter().enumerate() {
             let (ins, out, last) = (&n.ins, n.out, n.in_last[0]);
+            match partner[i] {
+                Pair::Second => continue,
+                Pair::First(j) => {
+                    let (a, b) = (dense_weights(art, n), dense_weights(art, &low.nodes[j]));
+                    let k = a.1;
+                    let w: Vec<f32> = a.0.iter().chain(b.0).copied().collect();
+                    let bias: Vec<f32> = a.3.iter().chain(&b.3).copied().collect();
+                    instrs.push(Instr::DenseSplit {
+                        x: ins[0],
+                        dense: PackedDense::new(isa, &w, a.2 + b.2, k, Some(&bias)),
+                        act: n.act,
+                        outs: [(out, a.2), (low.nodes[j].out, b.2)],
+                    });
+                    continue;
+                }
+                Pair::None => {}
+            }
             instrs.push(match n.op {
                 Op::Dense { weight, bias } => {
                     let t = &art.tensors[weight];
@@ -317,6 +347,7 @@ impl CpuProgram {
             bufs,
             patches,
             result,
+            split,
         } = scratch;
         if bufs.len() != self.slot_numel.len() {
             bufs.resize(self.slot_numel.len(), vec![]);
@@ -334,7 +365,27 @@ impl CpuProgram {
         }
         let isa = self.isa;
         for instr in &self.instrs {
+            if let Instr::DenseSplit {
+                x,
+                dense,
+                act,
+                outs: [(o1, n1), (o2, n2)],
+            } = instr
+            {
+                let (n1, n2) = (*n1, *n2);
+                if split.len() < batch * (n1 + n2) {
+                    split.resize(batch * (n1 + n2), 0.0);
+                }
+                let tmp = &mut split[..batch * (n1 + n2)];
+                dense.run(&bufs[*x][..batch * self.slot_numel[*x]], tmp, batch, *act);
+                for (r, row) in tmp.chunks_exact(n1 + n2).enumerate() {
+                    bufs[*o1][r * n1..(r + 1) * n1].copy_from_slice(&row[..n1]);
+                    bufs[*o2][r * n2..(r + 1) * n2].copy_from_slice(&row[n1..]);
+                }
+                continue;
+            }
             let out_slot = match instr {
+                Instr::DenseSplit { .. } => unreachable!("handled above"),
                 Instr::Dense { out, .. }
                 | Instr::Act { out, .. }
                 | Instr::Softmax { out, .. }
@@ -354,6 +405,7 @@ impl CpuProgram {
             let y = &mut y_buf[..batch * self.slot_numel[out_slot]];
             let input = |s: usize| &bufs[s][..batch * self.slot_numel[s]];
             match instr {
+                Instr::DenseSplit { .. } => {}
                 Instr::Dense { x, dense, act, .. } => dense.run(input(*x), y, batch, *act),
                 Instr::Act { x, f, .. } => {
                     y.copy_from_slice(input(*x));
@@ -570,4 +622,63 @@ impl Executor for CpuProgram {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A part that panicked poisoned its buffers' lock; their contents are scratch, rewritten by the next step.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which lowered nodes [`Instr::DenseSplit`] joins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pair {
+    None,
+    /// Joined with the later node at this index (whose output this one's instruction also writes).
+    First(usize),
+    Second,
+}
+
+/// Pairs of dense nodes on the same input value with the same activation whose outputs together fit one narrow
+/// panel (`width`). Moving the second node's work up to the first is sound because values are SSA: its input
+/// exists there already, and nothing reads its output before its own position.
+fn narrow_dense_pairs(
+    art: &Artifact,
+    nodes: &[crate::lower::LoweredNode<'_>],
+    width: usize,
+) -> Vec<Pair> {
+    let outputs = |n: &crate::lower::LoweredNode<'_>| match n.op {
+        Op::Dense { weight, .. } => Some(art.tensors[weight].shape[0]),
+        _ => None,
+    };
+    let mut pair = vec![Pair::None; nodes.len()];
+    for i in 0..nodes.len() {
+        let Some(ni) = outputs(&nodes[i]) else {
+            continue;
+        };
+        if pair[i] != Pair::None {
+            continue;
+        }
+        for j in i + 1..nodes.len() {
+            if pair[j] == Pair::None
+                && nodes[j].ins[0] == nodes[i].ins[0]
+                && nodes[j].act == nodes[i].act
+                && outputs(&nodes[j]).is_some_and(|nj| ni + nj <= width)
+            {
+                pair[i] = Pair::First(j);
+                pair[j] = Pair::Second;
+                break;
+            }
+        }
+    }
+    pair
+}
+
+/// A dense node's weights `[n, k]`, k, n and bias (zeros when it has none).
+fn dense_weights<'a>(
+    art: &'a Artifact,
+    n: &crate::lower::LoweredNode<'_>,
+) -> (&'a [f32], usize, usize, Vec<f32>) {
+    let Op::Dense { weight, bias } = n.op else {
+        unreachable!("narrow_dense_pairs pairs dense nodes only")
+    };
+    let t = &art.tensors[weight];
+    let b = bias
+        .as_ref()
+        .map_or_else(|| vec![0.0; t.shape[0]], |b| art.tensors[b].data.clone());
+    (&t.data, t.shape[1], t.shape[0], b)
 }

@@ -40,6 +40,15 @@ pub(crate) fn panel_width(isa: Isa) -> usize {
     }
 }
 
+/// The widest layer `PackedDense` computes in a single panel (16 on AVX-512: one zmm per row, see `new`).
+pub(crate) fn narrow_width(isa: Isa) -> usize {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => 16,
+        other => panel_width(other),
+    }
+}
+
 impl PackedDense {
     /// `w`: `[n, k]` row-major (PyTorch's layout); `bias`: `[n]`.
     pub(crate) fn new(isa: Isa, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Self {
@@ -215,46 +224,33 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
         x.len() >= R * k
             && panels.len() >= P * k * NR
             && bias.len() >= P * NR
-            && y.len() >= (R - 1) * n + c0
+            && c0 < n
+            && y.len() >= (R - 1) * n + n.min(c0 + P * NR)
     );
-    // acc[j][i]: panel j, row i. The SIMD kernels overwrite it (bias included); the portable one accumulates onto it.
+    // The x86 kernels store their accumulators straight into `y` (row stride n, the columns past n masked off).
+    match isa {
+        // SAFETY (both arms): `detect` saw the features, NR matches the ISA's packing (`panel_width`), and the
+        // slice lengths were asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if NR == 16 => {
+            return unsafe { x86::accumulate_avx512::<R, P, 1>(x, k, panels, bias, y, n, c0) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            return unsafe { x86::accumulate_avx512::<R, P, 2>(x, k, panels, bias, y, n, c0) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => {
+            return unsafe { x86::accumulate_avx2::<R, P>(x, k, panels, bias, y, n, c0) };
+        }
+        _ => {}
+    }
+    // acc[j][i]: panel j, row i. The wasm kernel overwrites it (bias included); the portable one accumulates onto it.
     let mut acc = [[[0.0f32; NR]; R]; P];
     for (j, a) in acc.iter_mut().enumerate() {
         *a = [bias[j * NR..(j + 1) * NR].try_into().unwrap(); R];
     }
     match isa {
-        // SAFETY (all arms): the CPU has the features (`detect`, or the wasm build's simd128), NR matches the
-        // ISA's packing (`panel_width`), and the slice lengths were asserted above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if NR == 16 => unsafe {
-            x86::accumulate_avx512::<R, P, 1>(
-                x,
-                k,
-                panels,
-                bias,
-                acc.as_flattened_mut().as_flattened_mut(),
-            )
-        },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe {
-            x86::accumulate_avx512::<R, P, 2>(
-                x,
-                k,
-                panels,
-                bias,
-                acc.as_flattened_mut().as_flattened_mut(),
-            )
-        },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => unsafe {
-            x86::accumulate_avx2::<R, P>(
-                x,
-                k,
-                panels,
-                bias,
-                acc.as_flattened_mut().as_flattened_mut(),
-            )
-        },
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
         Isa::Baseline => unsafe {
             wasm::accumulate_simd128::<R, P>(
@@ -265,6 +261,8 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
                 acc.as_flattened_mut().as_flattened_mut(),
             )
         },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2Fma => unreachable!("stored by their kernels above"),
         #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
         Isa::Baseline => {
             let rows: [&[f32]; R] = std::array::from_fn(|i| &x[i * k..(i + 1) * k]);
@@ -352,15 +350,21 @@ mod wasm {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `out[(j·R + i)·NR ..][..NR] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows, P panels, NR = 16·V
-    /// (V zmm per row and panel: 2 for the 32-wide panels, 1 for layers of at most 16 outputs).
+    /// `y[i·n + c0 + j·NR + c] = bias_j[c] + Σ_kk x[i][kk] · panel_j[kk][c]` for R rows, P panels and the columns
+    /// below n, NR = 16·V (V zmm per row and panel: 2 for the 32-wide panels, 1 for layers of at most 16
+    /// outputs); partial vectors are masked stores.
+    ///
+    /// # Safety
+    /// AVX-512F; `x` holds R rows of k, `panels` P panels of k·NR, `bias` P·NR, `y` (R − 1)·n + min(n, c0 + P·NR).
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn accumulate_avx512<const R: usize, const P: usize, const V: usize>(
         x: &[f32],
         k: usize,
         panels: &[f32],
         bias: &[f32],
-        out: &mut [f32],
+        y: &mut [f32],
+        n: usize,
+        c0: usize,
     ) {
         unsafe {
             let nr = 16 * V;
@@ -380,11 +384,25 @@ mod x86 {
                     }
                 }
             }
+            let yp = y.as_mut_ptr();
             for j in 0..P {
-                for i in 0..R {
-                    let o = out.as_mut_ptr().add((j * R + i) * nr);
-                    for h in 0..V {
-                        _mm512_storeu_ps(o.add(h * 16), acc[j][i][h]);
+                for h in 0..V {
+                    let col = c0 + j * nr + h * 16;
+                    if col >= n {
+                        break;
+                    }
+                    let valid = n - col;
+                    for i in 0..R {
+                        let o = yp.add(i * n + col);
+                        if valid >= 16 {
+                            _mm512_storeu_ps(o, acc[j][i][h]);
+                        } else {
+                            _mm512_mask_storeu_ps(
+                                o,
+                                ((1u32 << valid) - 1) as __mmask16,
+                                acc[j][i][h],
+                            );
+                        }
                     }
                 }
             }
@@ -392,13 +410,18 @@ mod x86 {
     }
 
     /// The same with NR = 16 (two ymm per row and panel).
+    ///
+    /// # Safety
+    /// AVX2 + FMA; the slice lengths as for `accumulate_avx512`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn accumulate_avx2<const R: usize, const P: usize>(
         x: &[f32],
         k: usize,
         panels: &[f32],
         bias: &[f32],
-        out: &mut [f32],
+        y: &mut [f32],
+        n: usize,
+        c0: usize,
     ) {
         unsafe {
             let b = |j: usize, h: usize| _mm256_loadu_ps(bias.as_ptr().add(j * 16 + h * 8));
@@ -415,11 +438,25 @@ mod x86 {
                     }
                 }
             }
+            let yp = y.as_mut_ptr();
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             for j in 0..P {
-                for i in 0..R {
-                    let o = out.as_mut_ptr().add((j * R + i) * 16);
-                    _mm256_storeu_ps(o, acc[j][i][0]);
-                    _mm256_storeu_ps(o.add(8), acc[j][i][1]);
+                for h in 0..2 {
+                    let col = c0 + j * 16 + h * 8;
+                    if col >= n {
+                        break;
+                    }
+                    let valid = n - col;
+                    // Lanes below `valid` have their sign bit set: the ones maskstore writes.
+                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid.min(8) as i32), lane);
+                    for i in 0..R {
+                        let o = yp.add(i * n + col);
+                        if valid >= 8 {
+                            _mm256_storeu_ps(o, acc[j][i][h]);
+                        } else {
+                            _mm256_maskstore_ps(o, mask, acc[j][i][h]);
+                        }
+                    }
                 }
             }
         }
