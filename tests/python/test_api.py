@@ -244,3 +244,22 @@ def test_info_is_dataclass_like(cartpole):
     assert "PolicyInfo(" in repr(info)
     with pytest.raises(AttributeError):
         info.name = "x"
+
+
+def test_intra_op_threads_give_the_same_answers_and_refuse_typed():
+    art = pp.compile(FX / "mlp64" / "policy.onnx", spec=FX / "mlp64" / "import.json")
+    one = pp.Policy.load(art)
+    many = pp.Policy.load(art, threads=3)
+    assert one.threads == 1 and many.threads == 3
+    obs = np.random.default_rng(4).normal(size=(200, 64)).astype(np.float32)
+    for step in range(3):
+        a, b = one.act(obs, seed=2, step=step), many.act(obs, seed=2, step=step)
+        assert np.array_equal(a.actions, b.actions) and np.array_equal(a.value, b.value)
+        assert np.array_equal(a.dist_inputs, b.dist_inputs)
+    many.set_threads(1)
+    assert many.threads == 1
+    with pytest.raises(pp.BackendError):
+        pp.Policy.load(art, backend="flex", threads=2)
+    with pytest.raises(pp.BackendError):
+        many.set_threads(100_000)
+    assert many.threads == 1

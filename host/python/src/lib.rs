@@ -478,8 +478,10 @@ impl PyPolicy {
     /// Load a `.policy` artifact (bytes, or a path) on a backend: "cpu" (default), "flex", "wgpu", "torch"
     /// (libtorch; `device` "cpu" / "cuda" / "cuda:N", `precision` "f32" / "bf16" / "f16"), or "auto" (times the
     /// available backends at `batch` and keeps the fastest; `info.selection` says what it measured).
+    /// `threads`: the cpu backend's intra-op threads for this policy's session (see `set_threads`).
     #[staticmethod]
-    #[pyo3(signature = (source, backend = "cpu", *, batch = 1, device = "cpu", precision = "f32", max_envs = None))]
+    #[pyo3(signature = (source, backend = "cpu", *, batch = 1, device = "cpu", precision = "f32", max_envs = None, threads = 1))]
+    #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
@@ -488,6 +490,7 @@ impl PyPolicy {
         device: &str,
         precision: &str,
         max_envs: Option<usize>,
+        threads: usize,
     ) -> PyResult<Self> {
         let bytes = bytes_or_file(source, "Policy.load")?;
         let compiled = if backend == "auto" {
@@ -519,10 +522,24 @@ impl PyPolicy {
         if let Some(m) = max_envs {
             session.set_max_envs(m);
         }
+        session.set_threads(threads).map_err(policy_err)?;
         Ok(PyPolicy {
             compiled,
             session: Mutex::new(session),
         })
+    }
+
+    /// Split act() over `threads` threads by batch rows (the calling thread and `threads - 1` workers this
+    /// session owns; 0: one per core; 1: the default). Only the cpu backend has intra-op threads; results are
+    /// identical whatever the count. Batches under 16 rows stay on the calling thread.
+    fn set_threads(&self, threads: usize) -> PyResult<()> {
+        self.lock().set_threads(threads).map_err(policy_err)
+    }
+
+    /// The threads this session's act() uses.
+    #[getter]
+    fn threads(&self) -> PyResult<usize> {
+        Ok(self.lock().threads())
     }
 
     /// Another session on the same compiled weights (its own recurrent state): one per thread that acts.
