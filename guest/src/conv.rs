@@ -26,10 +26,29 @@ pub(crate) struct Conv2d {
     dilation: [usize; 2],
     oh: usize,
     ow: usize,
+    /// The input is channels-last `[H, W, C]` (an observation before the model's own NHWC → NCHW transpose,
+    /// which this convolution then absorbs): patch rows are in `(ky, kx, c)` order, so each kernel row is one
+    /// contiguous run of `KW·C` numbers, and the weights were permuted to match at load.
+    nhwc: bool,
+    /// Write channels-last `[OH, OW, O]` (the GEMM's own row order, no scatter) for a reader that is itself a
+    /// channels-last convolution. One group.
+    out_nhwc: bool,
+}
+
+/// How a convolution reads its input (see [`Conv2d::nhwc`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ConvInput {
+    /// `[C, H, W]`, as the graph says.
+    ChannelsFirst,
+    /// `[H, W, C]`, scaled then shifted by one number each (`x·scale + shift`, an observation's `/255`)
+    /// before the convolution: folded into its weights and bias (the caller checked that no padding is read
+    /// when `shift` is not 0).
+    ChannelsLast { scale: f32, shift: f32 },
 }
 
 impl Conv2d {
-    /// `weight`: `[O, C/g, KH, KW]`; `input`: `[C, H, W]`; `out`: `[O, OH, OW]` (validated).
+    /// `weight`: `[O, C/g, KH, KW]`; `input`: `[C, H, W]`; `out`: `[O, OH, OW]` (validated). `ChannelsLast` needs
+    /// one group.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         isa: Isa,
@@ -42,21 +61,44 @@ impl Conv2d {
         padding: [usize; 4],
         dilation: [usize; 2],
         groups: usize,
+        layout: ConvInput,
     ) -> Self {
         let (o, cg, kh, kw) = (wshape[0], wshape[1], wshape[2], wshape[3]);
         let og = o / groups;
         let kdim = cg * kh * kw;
-        let groups = (0..groups)
-            .map(|g| {
-                PackedDense::new(
-                    isa,
-                    &weight[g * og * kdim..(g + 1) * og * kdim],
-                    og,
-                    kdim,
-                    bias.map(|b| &b[g * og..(g + 1) * og]),
-                )
-            })
-            .collect();
+        let groups = match layout {
+            ConvInput::ChannelsFirst => (0..groups)
+                .map(|g| {
+                    PackedDense::new(
+                        isa,
+                        &weight[g * og * kdim..(g + 1) * og * kdim],
+                        og,
+                        kdim,
+                        bias.map(|b| &b[g * og..(g + 1) * og]),
+                    )
+                })
+                .collect(),
+            ConvInput::ChannelsLast { scale, shift } => {
+                assert_eq!(groups, 1, "channels-last convolutions have one group");
+                // w'[o][(ky·KW + kx)·C + c] = scale · w[o][c][ky][kx]; b'[o] = b[o] + shift · Σ w[o].
+                let mut w = vec![0.0f32; o * kdim];
+                let mut b: Vec<f32> = bias.map_or_else(|| vec![0.0; o], <[f32]>::to_vec);
+                for oc in 0..o {
+                    let mut sum = 0.0f64;
+                    for c in 0..cg {
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let v = weight[((oc * cg + c) * kh + ky) * kw + kx];
+                                w[oc * kdim + (ky * kw + kx) * cg + c] = v * scale;
+                                sum += v as f64;
+                            }
+                        }
+                    }
+                    b[oc] += (shift as f64 * sum) as f32;
+                }
+                vec![PackedDense::new(isa, &w, o, kdim, Some(&b))]
+            }
+        };
         Conv2d {
             groups,
             c: input[0],
@@ -69,7 +111,16 @@ impl Conv2d {
             dilation,
             oh: out[1],
             ow: out[2],
+            nhwc: layout != ConvInput::ChannelsFirst,
+            out_nhwc: false,
         }
+    }
+
+    /// Write the output channels-last (see [`Conv2d::out_nhwc`]); one group only.
+    pub(crate) fn with_channels_last_output(mut self) -> Self {
+        assert_eq!(self.groups.len(), 1, "channels-last output needs one group");
+        self.out_nhwc = true;
+        self
     }
 
     /// Floats of session scratch one env needs: the patch matrix and the GEMM result of one group.
@@ -105,7 +156,15 @@ impl Conv2d {
             let yb = &mut y[b * self.o * p..(b + 1) * self.o * p];
             for (gi, gemm) in self.groups.iter().enumerate() {
                 let patches = &mut patches[..p * kdim];
-                self.im2col(&xb[gi * cg * h * w..(gi + 1) * cg * h * w], cg, patches);
+                if self.nhwc {
+                    self.im2col_nhwc(xb, patches);
+                } else {
+                    self.im2col(&xb[gi * cg * h * w..(gi + 1) * cg * h * w], cg, patches);
+                }
+                if self.out_nhwc {
+                    gemm.run(patches, yb, p, act);
+                    continue;
+                }
                 let result = &mut result[..p * og];
                 gemm.run(patches, result, p, act);
                 // [P, O/g] -> channels-first rows of y.
@@ -156,6 +215,48 @@ impl Conv2d {
                                 line[ix as usize]
                             };
                             i += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Conv2d {
+    /// `im2col` of a channels-last `[H, W, C]` input: row `oy·OW + ox` in `(ky, kx, c)` order, so a kernel row
+    /// inside the input is one run of `KW·C` numbers (NatureCNN's first layer: 32, where channels-first gives
+    /// four runs of 8).
+    fn im2col_nhwc(&self, x: &[f32], patches: &mut [f32]) {
+        let (h, w, c) = (self.h as isize, self.w as isize, self.c);
+        let [kh, kw] = self.k;
+        let kdim = c * kh * kw;
+        let run = kw * c;
+        for oy in 0..self.oh {
+            for ox in 0..self.ow {
+                let row = &mut patches[(oy * self.ow + ox) * kdim..][..kdim];
+                let y0 = (oy * self.stride[0]) as isize - self.pad[0] as isize;
+                let x0 = (ox * self.stride[1]) as isize - self.pad[1] as isize;
+                for ky in 0..kh {
+                    let dst = &mut row[ky * run..(ky + 1) * run];
+                    let iy = y0 + (ky * self.dilation[0]) as isize;
+                    if iy < 0 || iy >= h {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let line = &x[iy as usize * self.w * c..(iy as usize + 1) * self.w * c];
+                    if self.dilation[1] == 1 && x0 >= 0 && x0 + kw as isize <= w {
+                        let start = x0 as usize * c;
+                        dst.copy_from_slice(&line[start..start + run]);
+                        continue;
+                    }
+                    for kx in 0..kw {
+                        let ix = x0 + (kx * self.dilation[1]) as isize;
+                        let d = &mut dst[kx * c..(kx + 1) * c];
+                        if ix < 0 || ix >= w {
+                            d.fill(0.0);
+                        } else {
+                            d.copy_from_slice(&line[ix as usize * c..(ix as usize + 1) * c]);
                         }
                     }
                 }
@@ -342,46 +443,71 @@ mod tests {
                 let x = lcg(batch * input.iter().product::<usize>(), 1 + ci as u32);
                 let wt = lcg(ws.iter().product(), 100 + ci as u32);
                 let b = lcg(ws[0], 200 + ci as u32);
-                let conv = Conv2d::new(
-                    isa,
-                    &wt,
-                    &ws,
-                    Some(&b),
-                    &input,
-                    &[ws[0], oh, ow],
-                    stride,
-                    pad,
-                    dil,
-                    groups,
-                );
-                let n_out = ws[0] * oh * ow;
-                let mut y = vec![f32::NAN; batch * n_out];
-                let (mut p, mut r) = (vec![], vec![]);
-                conv.run(&x, &mut y, batch, Act::Relu, &mut p, &mut r);
                 let n_in: usize = input.iter().product();
-                for bi in 0..batch {
-                    let want = conv_ref(
-                        &x[bi * n_in..(bi + 1) * n_in],
+                // Channels-first as given; channels-last (one group) from the `[H, W, C]` transpose of the raw
+                // input `(x - shift) / scale`, with the affine folded in (a shift only without padding).
+                let mut layouts = vec![ConvInput::ChannelsFirst];
+                if groups == 1 {
+                    let shift = if pad.iter().all(|p| *p == 0) {
+                        0.25
+                    } else {
+                        0.0
+                    };
+                    layouts.push(ConvInput::ChannelsLast { scale: 0.5, shift });
+                }
+                for layout in layouts {
+                    let [c, h, w] = input;
+                    let xin: Vec<f32> = match layout {
+                        ConvInput::ChannelsFirst => x.clone(),
+                        ConvInput::ChannelsLast { scale, shift } => (0..batch * n_in)
+                            .map(|i| {
+                                let (bi, r) = (i / n_in, i % n_in);
+                                let (yy, xx, ch) = (r / (w * c), r / c % w, r % c);
+                                (x[bi * n_in + (ch * h + yy) * w + xx] - shift) / scale
+                            })
+                            .collect(),
+                    };
+                    let conv = Conv2d::new(
+                        isa,
                         &wt,
-                        ws,
-                        &b,
-                        input,
+                        &ws,
+                        Some(&b),
+                        &input,
+                        &[ws[0], oh, ow],
                         stride,
                         pad,
                         dil,
                         groups,
-                        [oh, ow],
+                        layout,
                     );
-                    for (i, (g, w)) in y[bi * n_out..(bi + 1) * n_out]
-                        .iter()
-                        .zip(&want)
-                        .enumerate()
-                    {
-                        let w = w.max(0.0);
-                        assert!(
-                            (*g as f64 - w).abs() < 1e-5,
-                            "{isa:?} case {ci} env {bi} element {i}: {g} vs {w}"
+                    let n_out = ws[0] * oh * ow;
+                    let mut y = vec![f32::NAN; batch * n_out];
+                    let (mut p, mut r) = (vec![], vec![]);
+                    conv.run(&xin, &mut y, batch, Act::Relu, &mut p, &mut r);
+                    for bi in 0..batch {
+                        let want = conv_ref(
+                            &x[bi * n_in..(bi + 1) * n_in],
+                            &wt,
+                            ws,
+                            &b,
+                            input,
+                            stride,
+                            pad,
+                            dil,
+                            groups,
+                            [oh, ow],
                         );
+                        for (i, (g, w)) in y[bi * n_out..(bi + 1) * n_out]
+                            .iter()
+                            .zip(&want)
+                            .enumerate()
+                        {
+                            let w = w.max(0.0);
+                            assert!(
+                                (*g as f64 - w).abs() < 1e-5,
+                                "{isa:?} {layout:?} case {ci} env {bi} element {i}: {g} vs {w}"
+                            );
+                        }
                     }
                 }
             }

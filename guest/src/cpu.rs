@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
 use crate::backend::Backend;
-use crate::conv::{Conv2d, MaxPool2d, layer_norm};
+use crate::conv::{Conv2d, ConvInput, MaxPool2d, layer_norm};
 use crate::dense::PackedDense;
 use crate::error::PolicyError;
 use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
@@ -165,8 +165,12 @@ impl CpuProgram {
         let low = lower(art, plan, readback_values);
         let isa = kernels::detect();
         let partner = narrow_dense_pairs(art, &low.nodes, crate::dense::narrow_width(isa));
+        let (channels_last, absorbed, nhwc_out) = channels_last_convs(art, &low);
         let mut instrs = vec![];
         for (i, n) in low.nodes.iter().enumerate() {
+            if absorbed[i] {
+                continue;
+            }
             let (ins, out, last) = (&n.ins, n.out, n.in_last[0]);
             match partner[i] {
                 Pair::Second => continue,
@@ -258,20 +262,28 @@ impl CpuProgram {
                     groups,
                 } => {
                     let t = &art.tensors[weight];
+                    let (x, layout) =
+                        channels_last[i].unwrap_or((ins[0], ConvInput::ChannelsFirst));
+                    let conv = Conv2d::new(
+                        isa,
+                        &t.data,
+                        &t.shape,
+                        bias.as_ref().map(|b| &art.tensors[b].data[..]),
+                        &n.in_shapes[0],
+                        &n.out_shape,
+                        *stride,
+                        *padding,
+                        *dilation,
+                        *groups,
+                        layout,
+                    );
                     Instr::Conv {
-                        x: ins[0],
-                        conv: Box::new(Conv2d::new(
-                            isa,
-                            &t.data,
-                            &t.shape,
-                            bias.as_ref().map(|b| &art.tensors[b].data[..]),
-                            &n.in_shapes[0],
-                            &n.out_shape,
-                            *stride,
-                            *padding,
-                            *dilation,
-                            *groups,
-                        )),
+                        x,
+                        conv: Box::new(if nhwc_out[i] {
+                            conv.with_channels_last_output()
+                        } else {
+                            conv
+                        }),
                         act: n.act,
                         out,
                     }
@@ -681,4 +693,106 @@ fn dense_weights<'a>(
         .as_ref()
         .map_or_else(|| vec![0.0; t.shape[0]], |b| art.tensors[b].data.clone());
     (&t.data, t.shape[1], t.shape[0], b)
+}
+
+/// Convolutions that read a channels-last observation directly: a one-group Conv2d whose input is the model's
+/// own `[H, W, C]` → `[C, H, W]` transpose (perm `[2, 0, 1]`), possibly with a one-number affine (`/255`) before or
+/// after it, each value read by nothing else. The transpose (a gather over every pixel) and the affine pass are
+/// then not run: the convolution gathers its patches from the `[H, W, C]` value (contiguous kernel rows) with the
+/// affine folded into its weights. This is how SB3, CleanRL and RLlib pixel policies arrive (frames from the env
+/// are channels-last). Returns, per node, the convolution's input slot and layout, which nodes it absorbed, and
+/// which convolutions write channels-last for their readers.
+#[allow(clippy::type_complexity)]
+fn channels_last_convs(
+    art: &Artifact,
+    low: &crate::lower::Lowered<'_>,
+) -> (Vec<Option<(usize, ConvInput)>>, Vec<bool>, Vec<bool>) {
+    let nodes = &low.nodes;
+    let mut producer = vec![usize::MAX; low.slot_numel.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        producer[n.out] = i;
+    }
+    let read_back = |s: usize| low.readback.iter().any(|(r, _)| *r == s);
+    let only_for_next =
+        |s: usize| producer[s] != usize::MAX && low.readers[s] == 1 && !read_back(s);
+    let scalar = |t: &Option<String>, none: f32| match t {
+        None => Some(none),
+        Some(t) if art.tensors[t].data.len() == 1 => Some(art.tensors[t].data[0]),
+        Some(_) => None,
+    };
+    let mut layout = vec![None; nodes.len()];
+    let mut absorbed = vec![false; nodes.len()];
+    let one_group_conv =
+        |n: &crate::lower::LoweredNode<'_>| matches!(n.op, Op::Conv2d { groups: 1, .. });
+    // A one-group convolution whose every reader is a one-group convolution writes channels-last (its GEMM's
+    // own `[OH·OW, O]` rows: no scatter) and they read it so (kernel rows of KW·C contiguous numbers instead of
+    // C runs of KW): NatureCNN's second and third layers.
+    let mut nhwc_out = vec![false; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        let readers: Vec<usize> = (0..nodes.len())
+            .filter(|&j| nodes[j].ins.contains(&n.out))
+            .collect();
+        if one_group_conv(n)
+            && !read_back(n.out)
+            && !readers.is_empty()
+            && readers.len() == low.readers[n.out]
+            && readers
+                .iter()
+                .all(|&j| one_group_conv(&nodes[j]) && nodes[j].ins[0] == n.out)
+        {
+            nhwc_out[i] = true;
+            for j in readers {
+                layout[j] = Some((
+                    n.out,
+                    ConvInput::ChannelsLast {
+                        scale: 1.0,
+                        shift: 0.0,
+                    },
+                ));
+            }
+        }
+    }
+    for (j, n) in nodes.iter().enumerate() {
+        if layout[j].is_some() {
+            continue;
+        }
+        let Op::Conv2d {
+            groups: 1, padding, ..
+        } = n.op
+        else {
+            continue;
+        };
+        let (mut s, mut chain) = (n.ins[0], vec![]);
+        let (mut transposed, mut affine) = (false, None);
+        while chain.len() < 2 && only_for_next(s) {
+            let p = &nodes[producer[s]];
+            match p.op {
+                Op::Transpose { perm }
+                    if !transposed && perm[..] == [2, 0, 1] && p.in_shapes[0].len() == 3 =>
+                {
+                    transposed = true;
+                }
+                Op::Affine { scale, shift } if affine.is_none() => {
+                    match (scalar(scale, 1.0), scalar(shift, 0.0)) {
+                        (Some(a), Some(b)) => affine = Some((a, b)),
+                        _ => break,
+                    }
+                }
+                _ => break,
+            }
+            chain.push(producer[s]);
+            s = p.ins[0];
+        }
+        let (scale, shift) = affine.unwrap_or((1.0, 0.0));
+        // A shift folded into the bias would also be added where the kernel reads padding (zeros after the
+        // shift in the graph): only without padding.
+        if !transposed || (shift != 0.0 && padding.iter().any(|p| *p != 0)) {
+            continue;
+        }
+        for c in chain {
+            absorbed[c] = true;
+        }
+        layout[j] = Some((s, ConvInput::ChannelsLast { scale, shift }));
+    }
+    (layout, absorbed, nhwc_out)
 }

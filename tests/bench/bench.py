@@ -109,6 +109,7 @@ def main():
                                  text=True).stdout
             ours["tch"] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
 
+    peak = fma_peak(args)
     native = ort_native(args, f"{FIX}/policy.onnx", args.batches)
     native_mt = ort_native(args, f"{FIX}/policy.onnx", args.batches, threads=args.threads) \
         if args.threads > 1 else {}
@@ -136,15 +137,22 @@ def main():
     print(f"act() on obs64-256-256-(4+1) tanh, 1 thread, median us per call ({os.uname().machine}, "
           f"{cpu_name()}, torch {torch.__version__}, onnxruntime {ort.__version__})")
     print("| batch | policyport cpu | onnxruntime native | onnxruntime python | torch eager | policyport flex (burn) |"
-          " ort native / cpu | ort python / cpu | torch / cpu | cpu GFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " ort native / cpu | ort python / cpu | torch / cpu | cpu GFLOP/s (of peak) | ort native GFLOP/s (of peak) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def rate(us, flop):
+        if us is None:
+            return "n/a"
+        g = flop / us / 1e3
+        return f"{g:.0f}" + (f" ({g / peak['gflops']:.0%})" if peak else "")
     for r in rows:
         c, f, n = r["policyport_cpu_us"], r["policyport_flex_us"], r["onnxruntime_native_us"]
         print(f"| {r['batch']} | {c:.1f} | {fmt(n)} | {r['onnxruntime_us']:.1f} | {r['torch_eager_us']:.1f} | "
               f"{f:.1f} | {ratio(n, c)} | {r['onnxruntime_us'] / c:.2f}x | {r['torch_eager_us'] / c:.2f}x | "
-              f"{r['flop'] / c / 1e3:.0f} |")
+              f"{rate(c, r['flop'])} | {rate(n, r['flop'])} |")
     print("(ratios > 1: policyport faster; onnxruntime native = its C API from Rust, no Python per call; GFLOP/s "
-          "counts the model's multiply-adds as 2 FLOP, the fraction of the floor is that over the core's FMA peak)")
+          "counts the model's multiply-adds as 2 FLOP" + (f"; peak = this core's measured {peak['isa']} peak, "
+                                                          f"{peak['gflops']:.0f} GFLOP/s" if peak else "") + ")")
     if "cpu_mt" in ours:
         t = args.threads
         print()
@@ -185,7 +193,7 @@ def main():
                   f"{ours['wgpu'][b] / ours['cpu'][b]:.2f}x |")
     classes = model_classes(args) if args.models else []
     if args.json:
-        json.dump({"mlp64": rows, "model_classes": classes}, open(args.json, "w"), indent=1)
+        json.dump({"mlp64": rows, "model_classes": classes, "fma_peak": peak}, open(args.json, "w"), indent=1)
 
 
 def fmt(v):
@@ -224,6 +232,15 @@ def ort_native(args, model, batches, threads=1, recurrent=False):
            str(args.seconds), "--threads", str(threads)] + (["--recurrent"] if recurrent else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return {r["batch"]: r["us_per_run"] for r in map(json.loads, out.strip().splitlines())}
+
+
+def fma_peak(args):
+    """This core's f32 FMA peak measured by policyport-ort-bench --fma-peak ({gflops, isa}), or None."""
+    if not args.ort_native:
+        return None
+    r = json.loads(subprocess.run([args.ort_native, "--fma-peak", "--seconds", "1"], check=True,
+                                  capture_output=True, text=True).stdout)
+    return {"gflops": r["fma_peak_gflops"], "isa": r["isa"]} if r["fma_peak_gflops"] else None
 
 
 def fixture_model(name):
