@@ -369,9 +369,11 @@ impl CpuProgram {
                 buf.resize(batch * n, 0.0);
             }
         }
+        // The observation is read where it is (the session's buffer), not copied into its slot: NatureCNN's
+        // frames are 28 224 numbers per env.
         let obs_width = obs.len() / total.max(1);
-        bufs[self.obs_slot][..batch * obs_width]
-            .copy_from_slice(&obs[r0 * obs_width..(r0 + batch) * obs_width]);
+        let obs = &obs[r0 * obs_width..(r0 + batch) * obs_width];
+        let obs_slot = self.obs_slot;
         for ((slot, n), data) in self.state_slots.iter().zip(states) {
             bufs[*slot][..batch * n].copy_from_slice(&data[r0 * n..(r0 + batch) * n]);
         }
@@ -389,7 +391,12 @@ impl CpuProgram {
                     split.resize(batch * (n1 + n2), 0.0);
                 }
                 let tmp = &mut split[..batch * (n1 + n2)];
-                dense.run(&bufs[*x][..batch * self.slot_numel[*x]], tmp, batch, *act);
+                let x = if *x == obs_slot {
+                    obs
+                } else {
+                    &bufs[*x][..batch * self.slot_numel[*x]]
+                };
+                dense.run(x, tmp, batch, *act);
                 for (r, row) in tmp.chunks_exact(n1 + n2).enumerate() {
                     bufs[*o1][r * n1..(r + 1) * n1].copy_from_slice(&row[..n1]);
                     bufs[*o2][r * n2..(r + 1) * n2].copy_from_slice(&row[n1..]);
@@ -415,7 +422,13 @@ impl CpuProgram {
             // Take the output buffer out so inputs can be borrowed alongside it (values are SSA: never the same).
             let mut y_buf = std::mem::take(&mut bufs[out_slot]);
             let y = &mut y_buf[..batch * self.slot_numel[out_slot]];
-            let input = |s: usize| &bufs[s][..batch * self.slot_numel[s]];
+            let input = |s: usize| {
+                if s == obs_slot {
+                    obs
+                } else {
+                    &bufs[s][..batch * self.slot_numel[s]]
+                }
+            };
             match instr {
                 Instr::DenseSplit { .. } => {}
                 Instr::Dense { x, dense, act, .. } => dense.run(input(*x), y, batch, *act),
@@ -533,7 +546,12 @@ impl CpuProgram {
         let mut o = 0;
         for r in 0..batch {
             for (slot, n) in &self.readback {
-                out[o..o + n].copy_from_slice(&bufs[*slot][r * n..(r + 1) * n]);
+                let v = if *slot == obs_slot {
+                    obs
+                } else {
+                    &bufs[*slot][..]
+                };
+                out[o..o + n].copy_from_slice(&v[r * n..(r + 1) * n]);
                 o += n;
             }
         }

@@ -22,6 +22,7 @@ const MR: usize = 6;
 pub(crate) struct PackedDense {
     isa: Isa,
     /// Panel width: `panel_width(isa)`, or 16 for a narrow layer on AVX-512 (one zmm per row, see `new`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     nr: usize,
     k: usize,
     n: usize,
