@@ -173,6 +173,15 @@ fn c_abi_errors_are_typed_and_never_panic() {
         );
         assert_eq!(st, PpStatus::BadCall);
         assert_eq!(pp_policy_reset(p, [3u32].as_ptr(), 1), PpStatus::Ok);
+        // Intra-op threads: on, off, a typed refusal for an absurd count, a null policy.
+        assert_eq!(pp_policy_set_threads(p, 2), PpStatus::Ok);
+        assert_eq!(pp_policy_set_threads(p, 1_000_000), PpStatus::Backend);
+        assert!(last_error().contains("threads"), "{}", last_error());
+        assert_eq!(pp_policy_set_threads(p, 1), PpStatus::Ok);
+        assert_eq!(
+            pp_policy_set_threads(std::ptr::null_mut(), 2),
+            PpStatus::NullPointer
+        );
         pp_policy_free(p);
         pp_policy_free(std::ptr::null_mut());
         assert_eq!(

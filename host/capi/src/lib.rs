@@ -22,8 +22,8 @@ use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 /// cbindgen:ignore
 pub const HEADER: &str = env!("POLICYPORT_HEADER");
 
-/// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`.
-pub const PP_ABI_VERSION: u32 = 2;
+/// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`; version 3 `pp_policy_set_threads`.
+pub const PP_ABI_VERSION: u32 = 3;
 
 /// Result of every call.
 #[repr(C)]
@@ -513,6 +513,30 @@ pub unsafe extern "C" fn pp_policy_reset(
             Inner::Wasm { policy, .. } => policy
                 .reset(ids)
                 .map_err(|e| (wasm_status(&e), e.to_string())),
+        }
+    })
+}
+
+/// Split this policy's act() over `threads` threads by batch rows (the calling thread and `threads - 1` workers
+/// the policy owns; 0: one per core; 1: the default). The native cpu backend only: `PP_STATUS_BACKEND` on the
+/// others for more than 1 thread (the sandboxed plugin runs on the caller's thread), and for more than 256.
+/// Results are identical whatever the count.
+///
+/// # Safety
+/// `policy` is live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_set_threads(policy: *mut PpPolicy, threads: usize) -> PpStatus {
+    guard(|| {
+        let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
+        match &mut p.inner {
+            Inner::Native { session, .. } => session
+                .set_threads(threads)
+                .map_err(|e| (status_of(&e), e.to_string())),
+            Inner::Wasm { .. } if threads <= 1 => Ok(()),
+            Inner::Wasm { .. } => Err((
+                PpStatus::Backend,
+                "the sandboxed plugin runs on the calling thread: no intra-op threads".into(),
+            )),
         }
     })
 }
