@@ -27,14 +27,17 @@ pub(crate) fn exp(x: f32) -> f32 {
     exp_f::<false>(x)
 }
 
+/// The range reduction of `exp_f`, `expm1_2abs` and `tanh_avx512`: x = k·ln2 + r with ln2 split in a high part
+/// exact in few bits and a low correction.
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Adding 1.5·2^23 rounds to an integer that then sits in the low mantissa bits: rounding and the float→int
+/// conversion without `as i32` (whose saturation semantics keep compilers from vectorising it).
+const MAGIC: f32 = 12_582_912.0;
+
 #[inline(always)]
 fn exp_f<const F: bool>(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding 1.5·2^23 rounds to an integer that then sits in the low mantissa bits: rounding and the float→int
-    // conversion without `as i32` (whose saturation semantics keep compilers from vectorising it).
-    const MAGIC: f32 = 12_582_912.0;
     // k stays in [-126, 127]: 2^k is a normal float built directly from its exponent bits.
     let x = x.clamp(-87.3, 88.3);
     let kf = x * LOG2E + MAGIC;
@@ -76,10 +79,6 @@ fn tanh_f<const F: bool>(x: f32) -> f32 {
 /// expm1(2·min(|x|, 9)), accurate to a few ulps relative (see `tanh_f`).
 #[inline(always)]
 fn expm1_2abs<const F: bool>(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const MAGIC: f32 = 12_582_912.0;
     let t = 2.0 * x.abs().min(9.0);
     let kf = t * LOG2E + MAGIC;
     let k = kf - MAGIC;
@@ -110,11 +109,11 @@ pub(crate) unsafe fn tanh_avx512(y: &mut [f32]) {
         let xi = _mm512_castps_si512(x);
         let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, xi));
         let t = _mm512_mul_ps(_mm512_set1_ps(2.0), _mm512_min_ps(a, _mm512_set1_ps(9.0)));
-        let magic = _mm512_set1_ps(12_582_912.0);
-        let kf = _mm512_fmadd_ps(t, _mm512_set1_ps(std::f32::consts::LOG2_E), magic);
+        let magic = _mm512_set1_ps(MAGIC);
+        let kf = _mm512_fmadd_ps(t, _mm512_set1_ps(LOG2E), magic);
         let k = _mm512_sub_ps(kf, magic);
-        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693_359_4), t);
-        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(LN2_HI), t);
+        let r = _mm512_fnmadd_ps(k, _mm512_set1_ps(LN2_LO), r);
         let mut q = _mm512_set1_ps(1.0 / 5040.0);
         for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0] {
             q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(c));
