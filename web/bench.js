@@ -20,6 +20,12 @@ function inputs(batch, obsLen) {
 
 // Mean µs per call: rounds of `per` calls until SECONDS have passed (at least 5 rounds); the median round.
 async function time(call, batch) {
+  // Warm up for 300 ms first: V8 compiles wasm with its baseline compiler (Liftoff) and tiers hot functions up to
+  // TurboFan in the background; without this, whichever runtime is timed first after a bundle loads is measured
+  // partly on baseline code (seen: the first cpu-wasm row 4x slower than the same kernels timed second).
+  const warm = performance.now();
+  let w = 0;
+  while (performance.now() - warm < 300) await call(w++);
   let per = 1;
   for (;;) { // size a round to >= 20 ms so the timer's resolution does not matter
     const t0 = performance.now();
