@@ -116,6 +116,9 @@ async function main() {
     ["policyport cpu-wasm (await act)", (b) => ours("cpu", "cpu", bytes, b, obsLen, false)],
     ["onnxruntime-web wasm", (b) => peer("wasm", modelBytes, b, obsLen)],
   ];
+  // The full (WebGPU) bundle's cpu backend: its crates are built for size (profile web-gpu), the CPU bundle's for
+  // speed; `auto` there often picks cpu.
+  runs.push(["policyport cpu-wasm, full bundle (await act)", (b) => ours("webgpu", "cpu", bytes, b, obsLen, false)]);
   if (adapter) {
     runs.push(["policyport webgpu", (b) => ours("webgpu", "webgpu", bytes, b, obsLen, false)]);
     runs.push(["onnxruntime-web webgpu", (b) => peer("webgpu", modelBytes, b, obsLen)]);

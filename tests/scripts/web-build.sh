@@ -38,8 +38,10 @@ if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
   cp "$CARGO_TARGET_DIR/Cargo.lock.saved" Cargo.lock
   rm -rf web/pkg/webgpu && "$WB" --target web --out-dir web/pkg/webgpu "$WASM_DIR/web-gpu/policyport_web.wasm"
   # binaryen's wasm-opt (npm package `binaryen`, pinned in web/package-lock.json) on the full bundle: -O2 (speed
-  # first; -Oz saved only 1 % more) took it from 24.2 MB / 4.85 MB gzipped to 13.8 MB / 3.56 MB (2026-12-02),
-  # ~1.8 min of one core. The browser suite runs the optimised bundle.
+  # first; -Oz saved only 0.5-1 % more and made the bundle's cpu act() 17-30 % slower) took it from 24.2 MB /
+  # 4.85 MB gzipped to 13.8 MB / 3.56 MB (2026-12-02), ~1.8 min of one core; with the size profile of
+  # Cargo.toml's `web-gpu` (fat LTO, opt-level "z" for the dependencies) 11.6 MB / 2.98 MB. The browser suite
+  # runs the optimised bundle.
   echo "== wasm-opt -O2 on the full bundle (binaryen from web/node_modules)"
   ensure_node
   ensure_node_modules
