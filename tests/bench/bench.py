@@ -75,6 +75,7 @@ def main():
                     help="model-class fixtures to time at batch 1 and 64 ('' to skip)")
     ap.add_argument("--ort-native", help="policyport-ort-bench: also time onnxruntime natively (its C API from Rust, "
                     "the wheel's own libonnxruntime.so); the ratios are then set against it")
+    ap.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile column")
     ap.add_argument("--rounds", type=int, default=3,
                     help="alternating rounds of policyport cpu and onnxruntime native (medians reported)")
     ap.add_argument("--threads", type=int, default=2,
@@ -144,9 +145,16 @@ def main():
                 logits, value = model(xt)
                 return logits.numpy(), value.numpy()
         t_torch = median_us(eager, args.seconds)
+        extra_peers = {}
+        for peer, fn in torch_peers(model, xt, args).items():
+            def call(fn=fn):
+                with torch.inference_mode():
+                    logits, value = fn(xt)
+                    return logits.numpy(), value.numpy()
+            extra_peers[peer] = median_us(call, args.seconds)
         rows.append({"batch": b, "policyport_cpu_us": ours["cpu"][b], "policyport_flex_us": ours["flex"][b],
                      "onnxruntime_us": t_ort, "onnxruntime_native_us": native.get(b), "torch_eager_us": t_torch,
-                     "flop": mlp_flop(b)})
+                     "flop": mlp_flop(b), **{f"{k}_us": v for k, v in extra_peers.items()}})
 
     print(f"act() on obs64-256-256-(4+1) tanh, 1 thread, median us per call ({os.uname().machine}, "
           f"{cpu_name()}, torch {torch.__version__}, onnxruntime {ort.__version__})")
@@ -167,6 +175,16 @@ def main():
     print("(ratios > 1: policyport faster; onnxruntime native = its C API from Rust, no Python per call; GFLOP/s "
           "counts the model's multiply-adds as 2 FLOP" + (f"; peak = this core's measured {peak['isa']} peak, "
                                                           f"{peak['gflops']:.0f} GFLOP/s" if peak else "") + ")")
+    peers = [k[:-3] for k in rows[0] if k in ("torchscript_us", "torch_compile_us")]
+    if peers:
+        print()
+        print("torch's own compiled forms on the same model, 1 thread, median us per call, vs policyport cpu")
+        print("| batch | policyport cpu | " + " | ".join(peers) + " | " + " | ".join(f"{p} / cpu" for p in peers) + " |")
+        print("|---|---|" + "---|" * (2 * len(peers)))
+        for r in rows:
+            c = r["policyport_cpu_us"]
+            print(f"| {r['batch']} | {c:.1f} | " + " | ".join(f"{r[p + '_us']:.1f}" for p in peers) + " | "
+                  + " | ".join(f"{r[p + '_us'] / c:.2f}x" for p in peers) + " |")
     if "cpu_mt" in ours:
         t = args.threads
         print()
@@ -208,6 +226,27 @@ def main():
     classes = model_classes(args) if args.models else []
     if args.json:
         json.dump({"mlp64": rows, "model_classes": classes, "fma_peak": peak}, open(args.json, "w"), indent=1)
+
+
+_TORCH_PEERS = {}
+
+
+def torch_peers(model, xt, args):
+    """TorchScript (traced) and, unless --no-torch-compile, torch.compile (inductor) of the same module: built once
+    (torch.compile recompiles per new batch size, timed after its warm-up calls); a form that does not build is
+    reported as skipped with its reason."""
+    if not _TORCH_PEERS:
+        with torch.inference_mode():
+            _TORCH_PEERS["torchscript"] = torch.jit.freeze(torch.jit.trace(model, xt).eval())
+        if not args.no_torch_compile:
+            try:
+                compiled = torch.compile(model)
+                with torch.inference_mode():
+                    compiled(xt)
+                _TORCH_PEERS["torch_compile"] = compiled
+            except Exception as e:  # noqa: BLE001 - any failure to build is reported, not fatal
+                print(f"torch.compile skipped: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+    return _TORCH_PEERS
 
 
 def fmt(v):
