@@ -221,9 +221,7 @@ impl Conv2d {
             }
         }
     }
-}
 
-impl Conv2d {
     /// `im2col` of a channels-last `[H, W, C]` input: row `oy·OW + ox` in `(ky, kx, c)` order, so a kernel row
     /// inside the input is one run of `KW·C` numbers (NatureCNN's first layer: 32, where channels-first gives
     /// four runs of 8).

@@ -391,11 +391,7 @@ impl CpuProgram {
                     split.resize(batch * (n1 + n2), 0.0);
                 }
                 let tmp = &mut split[..batch * (n1 + n2)];
-                let x = if *x == obs_slot {
-                    obs
-                } else {
-                    &bufs[*x][..batch * self.slot_numel[*x]]
-                };
+                let x = &slot_values(bufs, obs, obs_slot, *x)[..batch * self.slot_numel[*x]];
                 dense.run(x, tmp, batch, *act);
                 for (r, row) in tmp.chunks_exact(n1 + n2).enumerate() {
                     bufs[*o1][r * n1..(r + 1) * n1].copy_from_slice(&row[..n1]);
@@ -422,13 +418,8 @@ impl CpuProgram {
             // Take the output buffer out so inputs can be borrowed alongside it (values are SSA: never the same).
             let mut y_buf = std::mem::take(&mut bufs[out_slot]);
             let y = &mut y_buf[..batch * self.slot_numel[out_slot]];
-            let input = |s: usize| {
-                if s == obs_slot {
-                    obs
-                } else {
-                    &bufs[s][..batch * self.slot_numel[s]]
-                }
-            };
+            let input =
+                |s: usize| &slot_values(bufs, obs, obs_slot, s)[..batch * self.slot_numel[s]];
             match instr {
                 Instr::DenseSplit { .. } => {}
                 Instr::Dense { x, dense, act, .. } => dense.run(input(*x), y, batch, *act),
@@ -546,11 +537,7 @@ impl CpuProgram {
         let mut o = 0;
         for r in 0..batch {
             for (slot, n) in &self.readback {
-                let v = if *slot == obs_slot {
-                    obs
-                } else {
-                    &bufs[*slot][..]
-                };
+                let v = slot_values(bufs, obs, obs_slot, *slot);
                 out[o..o + n].copy_from_slice(&v[r * n..(r + 1) * n]);
                 o += n;
             }
@@ -630,23 +617,24 @@ impl Executor for CpuProgram {
             // SAFETY: `rows` holds `batch x width` numbers and outlives the job (`pool.run` returns after every
             // part); the parts' row ranges are disjoint.
             let out = unsafe { out.slice(r0 * width, (r1 - r0) * width) };
-            let (obs, states) = (step.obs, step.states);
-            if i == 0 {
-                self.run(&mut lock(&main), r0, r1 - r0, batch, obs, states, out);
+            // Part 0 runs on the caller with the session's own buffers, part i on worker i with its own.
+            let (mut caller, mut worker);
+            let b: &mut Bufs = if i == 0 {
+                caller = lock(&main);
+                &mut caller
             } else {
-                self.run(
-                    &mut lock(&bufs[i - 1]),
-                    r0,
-                    r1 - r0,
-                    batch,
-                    obs,
-                    states,
-                    out,
-                );
-            }
+                worker = lock(&bufs[i - 1]);
+                &mut worker
+            };
+            self.run(b, r0, r1 - r0, batch, step.obs, step.states, out);
         })?;
         Ok(Pending::Ready)
     }
+}
+
+/// The values of slot `s` for this part's rows: the observation where it is, any other slot from its buffer.
+fn slot_values<'a>(bufs: &'a [Vec<f32>], obs: &'a [f32], obs_slot: usize, s: usize) -> &'a [f32] {
+    if s == obs_slot { obs } else { &bufs[s] }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -665,33 +653,37 @@ enum Pair {
 
 /// Pairs of dense nodes on the same input value with the same activation whose outputs together fit one narrow
 /// panel (`width`). Moving the second node's work up to the first is sound because values are SSA: its input
-/// exists there already, and nothing reads its output before its own position.
+/// exists there already, and nothing reads its output before its own position. Linear in the graph: narrow dense
+/// nodes are grouped by input, and each is matched among the next few of its group only (a policy's heads are
+/// two or three; a hostile graph of 100k nodes on one input must not cost 10^10 comparisons).
 fn narrow_dense_pairs(
     art: &Artifact,
     nodes: &[crate::lower::LoweredNode<'_>],
     width: usize,
 ) -> Vec<Pair> {
+    const LOOK_AHEAD: usize = 4;
     let outputs = |n: &crate::lower::LoweredNode<'_>| match n.op {
-        Op::Dense { weight, .. } => Some(art.tensors[weight].shape[0]),
+        Op::Dense { weight, .. } => Some(art.tensors[weight].shape[0]).filter(|&o| o < width),
         _ => None,
     };
-    let mut pair = vec![Pair::None; nodes.len()];
-    for i in 0..nodes.len() {
-        let Some(ni) = outputs(&nodes[i]) else {
-            continue;
-        };
-        if pair[i] != Pair::None {
-            continue;
+    let mut by_input: std::collections::HashMap<usize, Vec<(usize, usize)>> = Default::default();
+    for (i, n) in nodes.iter().enumerate() {
+        if let Some(o) = outputs(n) {
+            by_input.entry(n.ins[0]).or_default().push((i, o));
         }
-        for j in i + 1..nodes.len() {
-            if pair[j] == Pair::None
-                && nodes[j].ins[0] == nodes[i].ins[0]
-                && nodes[j].act == nodes[i].act
-                && outputs(&nodes[j]).is_some_and(|nj| ni + nj <= width)
-            {
+    }
+    let mut pair = vec![Pair::None; nodes.len()];
+    for group in by_input.values() {
+        for (a, &(i, ni)) in group.iter().enumerate() {
+            if pair[i] != Pair::None {
+                continue;
+            }
+            let partner = group[a + 1..].iter().take(LOOK_AHEAD).find(|&&(j, nj)| {
+                pair[j] == Pair::None && nodes[j].act == nodes[i].act && ni + nj <= width
+            });
+            if let Some(&(j, _)) = partner {
                 pair[i] = Pair::First(j);
                 pair[j] = Pair::Second;
-                break;
             }
         }
     }
@@ -730,7 +722,21 @@ fn channels_last_convs(
     for (i, n) in nodes.iter().enumerate() {
         producer[n.out] = i;
     }
-    let read_back = |s: usize| low.readback.iter().any(|(r, _)| *r == s);
+    let mut is_read_back = vec![false; low.slot_numel.len()];
+    for (r, _) in &low.readback {
+        is_read_back[*r] = true;
+    }
+    let read_back = |s: usize| is_read_back[s];
+    // Each slot's reading nodes, found once (a per-node scan of every node would be quadratic in the graph,
+    // which a hostile artifact can make 100k nodes long).
+    let mut readers_of: Vec<Vec<usize>> = vec![vec![]; low.slot_numel.len()];
+    for (j, n) in nodes.iter().enumerate() {
+        for &s in &n.ins {
+            if readers_of[s].last() != Some(&j) {
+                readers_of[s].push(j);
+            }
+        }
+    }
     let only_for_next =
         |s: usize| producer[s] != usize::MAX && low.readers[s] == 1 && !read_back(s);
     let scalar = |t: &Option<String>, none: f32| match t {
@@ -747,9 +753,7 @@ fn channels_last_convs(
     // C runs of KW): NatureCNN's second and third layers.
     let mut nhwc_out = vec![false; nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
-        let readers: Vec<usize> = (0..nodes.len())
-            .filter(|&j| nodes[j].ins.contains(&n.out))
-            .collect();
+        let readers = &readers_of[n.out];
         if one_group_conv(n)
             && !read_back(n.out)
             && !readers.is_empty()
@@ -759,7 +763,7 @@ fn channels_last_convs(
                 .all(|&j| one_group_conv(&nodes[j]) && nodes[j].ins[0] == n.out)
         {
             nhwc_out[i] = true;
-            for j in readers {
+            for &j in readers {
                 layout[j] = Some((
                     n.out,
                     ConvInput::ChannelsLast {

@@ -37,7 +37,8 @@ struct Slot {
     posted: AtomicU64,
     /// Number of the last job this worker finished.
     done: AtomicU64,
-    job: Mutex<Option<(JobPtr, usize, Thread)>>,
+    /// The job and the thread to wake when it is done.
+    job: Mutex<Option<(JobPtr, Thread)>>,
     panicked: AtomicBool,
     exit: AtomicBool,
 }
@@ -77,7 +78,7 @@ impl RowPool {
             let for_thread = slot.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("policyport-cpu-{}", w + 1))
-                .spawn(move || worker_loop(&for_thread))
+                .spawn(move || worker_loop(&for_thread, w + 1))
                 .map_err(|e| BackendError::Threads(e.to_string()))?;
             pool.workers.push(Worker {
                 slot,
@@ -92,7 +93,7 @@ impl RowPool {
         self.workers.len() + 1
     }
 
-    /// Run `job(0)` on the calling thread and `job(1..parts)` on workers, and return when all are done. A part
+    /// Run `job(0)` on the calling thread and `job(i)` on worker `i` for `i` in `1..parts`, and return when all are done. A part
     /// that panicked on a worker is a typed error (the caller's own part panicking unwinds as usual, after the
     /// workers finished).
     pub(crate) fn run(
@@ -112,8 +113,8 @@ impl RowPool {
             >(job)
         });
         let me = std::thread::current();
-        for (w, worker) in self.workers[..parts - 1].iter().enumerate() {
-            *lock(&worker.slot.job) = Some((ptr, w + 1, me.clone()));
+        for worker in &self.workers[..parts - 1] {
+            *lock(&worker.slot.job) = Some((ptr, me.clone()));
             worker.slot.posted.store(number, Ordering::Release);
             if let Some(t) = &worker.thread {
                 t.thread().unpark();
@@ -170,7 +171,8 @@ fn wait_until(ready: impl Fn() -> bool) {
     }
 }
 
-fn worker_loop(slot: &Slot) {
+/// Worker `part`'s loop: it always runs `job(part)`.
+fn worker_loop(slot: &Slot, part: usize) {
     let mut seen = 0;
     loop {
         wait_until(|| {
@@ -181,7 +183,7 @@ fn worker_loop(slot: &Slot) {
         }
         seen = slot.posted.load(Ordering::Acquire);
         let job = lock(&slot.job).clone();
-        if let Some((JobPtr(f), part, caller)) = job {
+        if let Some((JobPtr(f), caller)) = job {
             // SAFETY: the caller posted `f` for job `seen` and waits until `done` reaches it.
             let ok = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(part) })).is_ok();
             if !ok {
