@@ -116,6 +116,13 @@ impl Conv2d {
         }
     }
 
+    /// Offer every group's GEMM to `lender` ([`crate::lend`]).
+    pub(crate) fn lend(&mut self, lender: &std::sync::Arc<dyn crate::lend::DenseLender>) {
+        for g in &mut self.groups {
+            g.lend(lender);
+        }
+    }
+
     /// Write the output channels-last (see [`Conv2d::out_nhwc`]); one group only.
     pub(crate) fn with_channels_last_output(mut self) -> Self {
         assert_eq!(self.groups.len(), 1, "channels-last output needs one group");

@@ -4,7 +4,7 @@
 //! so an MLP step is one pass per layer. The program (packed weights) is immutable and shared by every session;
 //! a session's [`CpuScratch`] holds the buffers. No allocation once warm.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
@@ -14,6 +14,7 @@ use crate::dense::PackedDense;
 use crate::error::PolicyError;
 use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
+use crate::lend::DenseLender;
 use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
 use crate::pool::RowPool;
 
@@ -162,6 +163,16 @@ impl RowsPtr {
 
 impl CpuProgram {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
+        Self::with_lender(art, plan, readback_values, None)
+    }
+
+    /// [`new`](Self::new), every dense layer and convolution GEMM offered to `lender` ([`crate::lend`]).
+    pub(crate) fn with_lender(
+        art: &Artifact,
+        plan: &ValidatedPlan,
+        readback_values: &[&str],
+        lender: Option<&Arc<dyn DenseLender>>,
+    ) -> Self {
         let low = lower(art, plan, readback_values);
         let isa = kernels::detect();
         let partner = narrow_dense_pairs(art, &low.nodes, crate::dense::narrow_width(isa));
@@ -329,6 +340,17 @@ impl CpuProgram {
                     out,
                 },
             });
+        }
+        if let Some(lender) = lender {
+            for instr in &mut instrs {
+                match instr {
+                    Instr::Dense { dense, .. } | Instr::DenseSplit { dense, .. } => {
+                        dense.lend(lender)
+                    }
+                    Instr::Conv { conv, .. } => conv.lend(lender),
+                    _ => {}
+                }
+            }
         }
         CpuProgram {
             isa,

@@ -10,9 +10,12 @@
 //! panel is reused from L1 by the whole block (measured on the benchmark MLP at batch 1024, 1 thread, Sapphire
 //! Rapids: 1586 → 1373 µs, the mean of three alternating runs; batch 64 unchanged).
 
+use std::sync::Arc;
+
 #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 use crate::kernels::madd_pub as madd;
 use crate::kernels::{self, Act, Isa};
+use crate::lend::{DenseLender, Lent};
 
 /// Rows per tile: 6 rows × 2 vectors = 12 accumulators fit x86's 16 SIMD registers (and AVX-512's 32); measured
 /// best under wasm too (4 rows was 1.4x slower there).
@@ -29,6 +32,8 @@ pub(crate) struct PackedDense {
     panels: Vec<f32>,
     /// Padded to a whole number of panels.
     bias: Vec<f32>,
+    /// Taken by a lender ([`crate::lend`]): runs go there first, these panels compute what it refuses.
+    lent: Option<Lent>,
 }
 
 pub(crate) fn panel_width(isa: Isa) -> usize {
@@ -84,11 +89,50 @@ impl PackedDense {
             n,
             panels,
             bias: b,
+            lent: None,
         }
     }
 
-    /// `y[m, n] = act(x[m, k] Wᵀ + b)`.
+    pub(crate) fn k(&self) -> usize {
+        self.k
+    }
+
+    pub(crate) fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Offer this layer to `lender` (its weights unpacked back to `[n, k]`, the bias without padding); from then
+    /// on [`run`](Self::run) asks the lender first if it took the layer.
+    pub(crate) fn lend(&mut self, lender: &Arc<dyn DenseLender>) {
+        let (k, n, nr) = (self.k, self.n, self.nr);
+        let mut w = vec![0.0f32; n * k];
+        for (j, row) in w.chunks_exact_mut(k).enumerate() {
+            let (p, c) = (j / nr, j % nr);
+            for (kk, v) in row.iter_mut().enumerate() {
+                *v = self.panels[(p * k + kk) * nr + c];
+            }
+        }
+        self.lent = lender
+            .lend(&w, n, k, Some(&self.bias[..n]))
+            .map(|id| Lent {
+                lender: lender.clone(),
+                id,
+            });
+    }
+
+    /// `y[m, n] = act(x[m, k] Wᵀ + b)`: by the lender when it took the layer and computes it, else here.
     pub(crate) fn run(&self, x: &[f32], y: &mut [f32], m: usize, act: Act) {
+        if let Some(l) = &self.lent
+            && l.lender
+                .run(l.id, &x[..m * self.k], &mut y[..m * self.n], m, act)
+        {
+            return;
+        }
+        self.run_own(x, y, m, act);
+    }
+
+    /// [`run`](Self::run) on this runtime's own kernels.
+    pub(crate) fn run_own(&self, x: &[f32], y: &mut [f32], m: usize, act: Act) {
         assert!(x.len() >= m * self.k && y.len() >= m * self.n);
         let (k, n, p, b) = (self.k, self.n, &self.panels[..], &self.bias[..]);
         match self.isa {

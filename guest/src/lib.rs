@@ -32,6 +32,7 @@ mod golden;
 #[cfg(feature = "wgpu")]
 mod gpu;
 mod kernels;
+pub mod lend;
 pub mod lower;
 mod observations;
 mod pool;

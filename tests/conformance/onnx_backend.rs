@@ -109,6 +109,13 @@ const KNOWN_FAILING: &[(&str, Backend, &str)] = &[(
     Backend::Wgpu,
     "wgpu (lavapipe): a 1000 x 1000 observation (1 M numbers per env) fails in execution, a typed BackendError at \
      load; cause not found (open). (Heads wider than 32768 numbers, which read back wrong, are refused at load.)",
+), (
+    "pytorch-converted/test_MaxPool2d_stride_padding_dilation",
+    Backend::Wasmtime,
+    "wasmtime: loading the 54 MB artifact (a 4 MB observation, goldens at batch 4) grows the plugin's memory past \
+     the default 256 MiB cap in one ~256 MB step: a typed MemoryCap error, not a wrong answer; which allocation \
+     is that large is not found yet (open). Found by the POLICYPORT_WASM_LEND rerun, the first where wasmtime is \
+     the first backend (elsewhere wgpu fails on this model first)",
 )];
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
-use policyport_abi::ErrorCode;
+use policyport_abi::{host, ErrorCode};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture, plugin_wasm};
 use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
@@ -320,9 +320,9 @@ fn hostile_and_foreign_modules_are_refused() {
 }
 
 #[test]
-fn the_plugin_imports_nothing_and_the_module_cache_round_trips() {
+fn the_plugin_imports_only_the_host_kernel_and_the_module_cache_round_trips() {
     let wasm = plugin_wasm();
-    // WasmRuntime refuses any import; the plugin loads.
+    // WasmRuntime refuses any import but the host-lent kernel's two; the plugin loads.
     let rt = WasmRuntime::new(&wasm).unwrap();
     assert!(!rt.from_cache);
     let root = std::env::temp_dir().join(format!("policyport-cache-{}", std::process::id()));
@@ -449,7 +449,22 @@ struct RawPlugin {
 impl RawPlugin {
     fn new(module: &wasmtime::Module) -> Self {
         let mut store = wasmtime::Store::new(module.engine(), ());
-        let instance = wasmtime::Instance::new(&mut store, module, &[]).unwrap();
+        // The plugin imports the host-lent dense kernel (ABI.md); this raw host lends nothing (its offers are
+        // declined), so the plugin computes every layer itself.
+        let mut linker = wasmtime::Linker::new(module.engine());
+        linker
+            .func_wrap(host::MODULE, host::LEND_DENSE, |_: u32, _: u32, _: u32, _: u32| -> i32 {
+                host::DECLINED
+            })
+            .unwrap();
+        linker
+            .func_wrap(
+                host::MODULE,
+                host::DENSE,
+                |_: i32, _: u32, _: u32, _: u32, _: u32, _: f32, _: f32| -> i32 { host::DenseRefusal::Id as i32 },
+            )
+            .unwrap();
+        let instance = linker.instantiate(&mut store, module).unwrap();
         let memory = instance
             .get_memory(&mut store, policyport_abi::export::MEMORY)
             .unwrap();
@@ -566,4 +581,169 @@ fn plugin_exports_refuse_ranges_past_the_memory_end() {
         answers[0].0, answers[0].1.1,
         "the LSTM's second step should differ from its first"
     );
+}
+
+/// With `lend_dense` the plugin's dense layers and convolution GEMMs run in the host's native kernel: every
+/// fixture with one lends it (checked: `lent_layers`), and the answers stay the native runtime's (the same kernel,
+/// so within the float tolerance of the sandbox's other ops). Without it nothing is lent.
+#[test]
+fn the_host_lent_kernel_computes_the_plugins_dense_layers() {
+    let rt = runtime();
+    let lend = WasmLimits {
+        lend_dense: true,
+        deadline: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let mut lent_somewhere = 0;
+    for name in fixture_names() {
+        let f = load_fixture(&name);
+        let bytes = compile_fixture(&f);
+        let native_policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+        let mut native = native_policy.session();
+        let mut wasm = WasmPolicy::load(&rt, &bytes, lend).unwrap();
+        let plain = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
+        assert_eq!(plain.lent_layers(), 0, "{name}: lent without lend_dense");
+        lent_somewhere += wasm.lent_layers();
+        for case in &f.io.cases {
+            let mode = ActMode::Sample { seed: 3, step: 1 };
+            let req = Request::new(Observations::F32(&case.obs), case.batch, mode);
+            let mut b = ActOutputs::default();
+            wasm.act(&req, &mut b).unwrap();
+            let a = native.act(&req).unwrap();
+            assert_eq!(a.discrete, b.discrete, "{name}/{}", case.name);
+            assert!(
+                rel(&b.continuous, &a.continuous) < 1e-5
+                    && rel(&b.value, &a.value) < 1e-5
+                    && rel(&b.dist_params, &a.dist_params) < 1e-5,
+                "{name}/{}",
+                case.name
+            );
+        }
+    }
+    assert!(lent_somewhere >= fixture_names().len(), "only {lent_somewhere} layers lent");
+}
+
+/// A module importing the host-lent kernel, with the plain exports of [`hostile`] and `pp_load` = `load_body`.
+fn lending_guest(load_body: &str) -> String {
+    hostile(policyport_wasmtime::ABI_VERSION, load_body).replacen(
+        "(module",
+        r#"(module
+          (import "policyport_host" "pp_host_lend_dense" (func $lend (param i32 i32 i32 i32) (result i32)))
+          (import "policyport_host" "pp_host_dense" (func $dense (param i32 i32 i32 i32 i32 f32 f32) (result i32)))"#,
+        1,
+    )
+}
+
+/// `pp_load` of a guest that checks each host answer in turn: `(call ...) expected code-on-mismatch`.
+fn checks(calls: &[(&str, i32)]) -> String {
+    let mut body = String::new();
+    for (i, (call, want)) in calls.iter().enumerate() {
+        body += &format!(
+            "(if (i32.ne {call} (i32.const {want})) (then (return (i32.const {}))))\n",
+            -1000 - i as i32
+        );
+    }
+    body + "i32.const 0"
+}
+
+/// A hostile guest's pointers, sizes, ids and activation codes get the ABI's refusal codes from the lending host,
+/// never a host panic or a write outside the ranges; a well-formed call computes `act(x Wᵀ + b)`. (Memory: 2
+/// pages = 131 072 bytes; a 2 × 3 layer at 64 with its bias at 128.)
+#[test]
+fn a_hostile_guest_gets_refusals_from_the_host_lent_kernel() {
+    let lend = |n: u32, k: u32, w: u32, b: u32| format!("(call $lend (i32.const {w}) (i32.const {n}) (i32.const {k}) (i32.const {b}))");
+    let dense = |id: i32, x: u32, m: u32, y: u32, act: u32, a: &str| {
+        format!("(call $dense (i32.const {id}) (i32.const {x}) (i32.const {m}) (i32.const {y}) (i32.const {act}) (f32.const {a}) (f32.const 0))")
+    };
+    let tanh = policyport_abi::host::act::TANH;
+    let clip = policyport_abi::host::act::CLIP;
+    let mut setup = String::new();
+    for (i, v) in [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().enumerate() {
+        setup += &format!("(f32.store (i32.const {}) (f32.const {v}))\n", 64 + 4 * i);
+    }
+    setup += "(f32.store (i32.const 128) (f32.const 0.5)) (f32.store (i32.const 132) (f32.const -1))\n";
+    for (i, v) in [0.5f32, 0.25, 1.0].iter().enumerate() {
+        setup += &format!("(f32.store (i32.const {}) (f32.const {v}))\n", 256 + 4 * i);
+    }
+    let identity = policyport_abi::host::act::IDENTITY;
+    let body = setup
+        + &checks(&[
+            (&lend(0, 3, 64, 128), -1),          // no outputs
+            (&lend(2, 3, 131_064, 0), -1),       // weights past the memory's end
+            (&lend(2, 3, 66, 0), -1),            // misaligned
+            (&lend(2, 3, 0, 0), -1),             // null
+            (&lend(65_536, 65_536, 64, 0), -1),  // 2^32 weights
+            (&lend(2, 3, 64, 131_068), -1),      // bias past the end
+            (&lend(2, 3, 64, 128), 0),           // taken: id 0
+            (&dense(7, 256, 1, 512, tanh, "0"), -1),     // unknown id
+            (&dense(-5, 256, 1, 512, tanh, "0"), -1),
+            (&dense(0, 256, 1, 512, 99, "0"), -3),       // unknown activation
+            (&dense(0, 256, 1, 512, clip, "nan"), -3),   // NaN parameter
+            (&dense(0, 131_064, 1, 512, tanh, "0"), -2), // x past the end
+            (&dense(0, 256, 1, 131_068, tanh, "0"), -2), // y past the end
+            (&dense(0, 256, 1, 260, tanh, "0"), -2),     // x and y overlap
+            (&dense(0, 0, 1, 512, tanh, "0"), -2),       // null x
+            (&dense(0, 258, 1, 512, tanh, "0"), -2),     // misaligned x
+            (&dense(0, 256, u32::MAX, 512, tanh, "0"), -2), // 2^32 rows
+            (&dense(0, 256, 0, 512, tanh, "0"), 0),      // no rows: nothing to do
+            (&dense(0, 256, 1, 512, identity, "0"), 0),  // y = x Wᵀ + b
+            // 0.5·1 + 0.25·2 + 1·3 + 0.5 = 4.5 and 0.5·4 + 0.25·5 + 1·6 − 1 = 8.25: exact in f32 in any order.
+            ("(i32.reinterpret_f32 (f32.load (i32.const 512)))", 4.5f32.to_bits() as i32),
+            ("(i32.reinterpret_f32 (f32.load (i32.const 516)))", 8.25f32.to_bits() as i32),
+            ("(i32.load (i32.const 520))", 0), // nothing written past y
+        ]);
+    let rt = WasmRuntime::new(lending_guest(&body).as_bytes()).unwrap();
+    let lend_on = WasmLimits {
+        lend_dense: true,
+        ..Default::default()
+    };
+    if let Err(e) = WasmPolicy::load(&rt, b"x", lend_on) {
+        panic!("a host answer differed from the ABI's (UnknownCode -1000 - i is check i): {e}");
+    }
+    // Without lend_dense the host declines every layer, however well-formed.
+    let declined = WasmRuntime::new(lending_guest(&checks(&[(&lend(2, 3, 64, 128), -1)])).as_bytes()).unwrap();
+    WasmPolicy::load(&declined, b"x", WasmLimits::default()).unwrap();
+    // The host holds lent weights against the instance's memory cap: 1 MiB takes exactly 8 layers of 128 KiB
+    // (128 × 255 weights + 128 biases), then declines.
+    let count = r#"(local $n i32)
+        (block $full (loop $more
+          (br_if $full (i32.lt_s (call $lend (i32.const 4) (i32.const 128) (i32.const 255) (i32.const 0)) (i32.const 0)))
+          (local.set $n (i32.add (local.get $n) (i32.const 1)))
+          (br_if $more (i32.lt_u (local.get $n) (i32.const 100)))))
+        (if (i32.ne (local.get $n) (i32.const 8)) (then (return (i32.sub (i32.const -2000) (local.get $n)))))
+        i32.const 0"#;
+    let rt = WasmRuntime::new(lending_guest(count).as_bytes()).unwrap();
+    let capped = WasmLimits {
+        lend_dense: true,
+        memory_bytes: 1 << 20,
+        ..Default::default()
+    };
+    if let Err(e) = WasmPolicy::load(&rt, b"x", capped) {
+        panic!("lent bytes past the memory cap (UnknownCode -2000 - n: n layers taken): {e}");
+    }
+}
+
+/// The epoch deadline interrupts guest code only: a host-lent layer checks the call's deadline itself (between
+/// row blocks) and ends the call with the same typed `Deadline` error.
+#[test]
+fn a_host_lent_layer_stops_at_the_calls_deadline() {
+    let body = "(drop (call $lend (i32.const 64) (i32.const 2) (i32.const 3) (i32.const 0)))
+        (drop (call $dense (i32.const 0) (i32.const 256) (i32.const 1) (i32.const 512) (i32.const 0) (f32.const 0) (f32.const 0)))
+        i32.const 0";
+    let rt = WasmRuntime::new(lending_guest(body).as_bytes()).unwrap();
+    let limits = WasmLimits {
+        lend_dense: true,
+        deadline: Duration::ZERO,
+        ..Default::default()
+    };
+    assert!(matches!(
+        WasmPolicy::load(&rt, b"x", limits),
+        Err(WasmError::Deadline { call: "pp_load", .. })
+    ));
+    // The same call with time to spare computes.
+    let limits = WasmLimits {
+        deadline: Duration::from_secs(5),
+        ..limits
+    };
+    WasmPolicy::load(&rt, b"x", limits).unwrap();
 }

@@ -102,6 +102,13 @@ step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX
 POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance \
   -- --skip gpu:: --skip torch:: --skip wasm::
 
+step "conformance suite again on the wasm sandbox with the host-lent dense kernel (WasmLimits::lend_dense)"
+# backends() returns just wasmtime under this variable, loaded with the host lending its native dense kernel: a
+# second configuration of the sandbox, so the whole suite runs on it. wasm.rs tests the lending host itself (and
+# the plain sandbox) in the first pass; gpu/torch/wasm tests do not read the variable, so they are filtered out.
+POLICYPORT_WASM_LEND=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-lend.log" --release --workspace "${FEATURES[@]}" --test conformance \
+  -- --skip gpu:: --skip torch:: --skip wasm::
+
 step "without tch, flex and wasmtime: the same API, typed 'not compiled' errors (host crates' tests, lean graph)"
 # --no-default-features: the libtorch and wasmtime host crates without libtorch and wasmtime, on the runtime
 # without burn (what the demo builds): a small graph (~1 min cold) where the compiled-out executors must answer

@@ -69,9 +69,16 @@ pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
 /// Under `POLICYPORT_CPU_BASELINE=1` (test.sh's rerun of the suite on the cpu backend's portable kernels, no
 /// AVX2/AVX-512) only the cpu backend: it is the only one whose code that variable changes, and every backend
 /// already ran the whole suite in the first pass.
+///
+/// Under `POLICYPORT_WASM_LEND=1` (test.sh's rerun for the host-lent dense kernel) only `Wasmtime`, loaded with
+/// `WasmLimits::lend_dense`: the plugin's dense layers and convolution GEMMs then run natively in the host, the
+/// rest in the sandbox — a second configuration of the same backend, so the whole suite runs on it too.
 pub fn backends() -> Vec<Backend> {
     if std::env::var_os("POLICYPORT_CPU_BASELINE").is_some() {
         return vec![Backend::Cpu];
+    }
+    if wasm_lend() {
+        return vec![Backend::Wasmtime];
     }
     let mut b = Backend::compiled();
     assert!(
@@ -107,6 +114,11 @@ pub fn backends() -> Vec<Backend> {
     b
 }
 
+/// Whether this run lends the sandbox the host's dense kernel (`POLICYPORT_WASM_LEND=1`, see [`backends`]).
+pub fn wasm_lend() -> bool {
+    std::env::var("POLICYPORT_WASM_LEND").is_ok_and(|v| v == "1")
+}
+
 /// One wasmtime runtime (engine + compiled plugin) for the whole suite.
 pub fn plugin_runtime() -> Arc<WasmRuntime> {
     static RT: std::sync::OnceLock<Arc<WasmRuntime>> = std::sync::OnceLock::new();
@@ -132,6 +144,7 @@ pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, Polic
         Backend::Wasmtime => {
             let limits = policyport_wasmtime::WasmLimits {
                 deadline: std::time::Duration::from_secs(60),
+                lend_dense: wasm_lend(),
                 ..Default::default()
             };
             policyport_wasmtime::load(&plugin_runtime(), bytes, limits).map_err(|e| match e {

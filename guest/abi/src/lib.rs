@@ -1,4 +1,4 @@
-//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 4) as code: one definition of the version, the export
+//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 5) as code: one definition of the version, the export
 //! names, the error codes, the `pp_info` words and the `pp_act` argument encodings, shared by the plugin (inside the
 //! sandbox), the wasmtime host and the C ABI. Before this crate each side kept its own copy (the plugin's `ERR_*`
 //! constants were unused by the host, which matched literal `-1`..`-4`, and decoded `pp_info` by index).
@@ -8,8 +8,9 @@
 /// The ABI version a plugin reports from `pp_abi_version` and a host requires. Version 2 added `pp_act`'s
 /// `episode_starts` (the one state model: a per-row flag that zeroes the env's state before the step); version 3
 /// added `pp_state` (reading the recurrent state back, so the plugin is a runtime `Executor` like any other);
-/// version 4 the codes [`ErrorCode::TooLarge`] and [`ErrorCode::NonFinite`].
-pub const ABI_VERSION: u32 = 4;
+/// version 4 the codes [`ErrorCode::TooLarge`] and [`ErrorCode::NonFinite`]; version 5 the two imports of
+/// [`host`] (the host-lent dense kernel: a host that lends nothing declines every offer).
+pub const ABI_VERSION: u32 = 5;
 
 /// Export names (and the one exported memory).
 pub mod export {
@@ -24,6 +25,96 @@ pub mod export {
     pub const STATE: &str = "pp_state";
     pub const LAST_ERROR: &str = "pp_last_error";
     pub const DROP: &str = "pp_drop";
+}
+
+/// The plugin's imports (module [`host::MODULE`]): the host-lent dense kernel. Every host provides both; one that
+/// lends nothing returns [`host::DECLINED`] from `pp_host_lend_dense`, and the plugin then computes every layer
+/// itself (the plain sandbox). A host that lends computes `y = act(x Wᵀ + b)` natively on ranges of the guest's
+/// memory it checked (ABI.md, "Host-lent dense layers"): the guest never gives the host code, only numbers.
+pub mod host {
+    use policyport_shaders::Activation;
+
+    pub const MODULE: &str = "policyport_host";
+    /// `pp_host_lend_dense(w: u32, n: u32, k: u32, bias: u32) -> i32`: offer one dense layer (`w`: `n × k` `f32`
+    /// row-major, PyTorch's layout; `bias`: `n` `f32`, or 0 for none). The host copies what it takes: a layer id
+    /// (`≥ 0`), or [`DECLINED`] (the plugin computes the layer itself).
+    pub const LEND_DENSE: &str = "pp_host_lend_dense";
+    /// `pp_host_dense(id: i32, x: u32, m: u32, y: u32, act: u32, a: f32, b: f32) -> i32`: `y[m × n] = act(x[m × k]
+    /// Wᵀ + b)` for a lent layer; 0, or a negative [`DenseRefusal`] (the plugin then computes the layer itself).
+    pub const DENSE: &str = "pp_host_dense";
+    /// What `pp_host_lend_dense` returns for a layer the host does not take.
+    pub const DECLINED: i32 = -1;
+
+    /// Why `pp_host_dense` did not compute a layer (the plugin falls back to its own kernels; nothing is lost).
+    #[repr(i32)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum DenseRefusal {
+        /// No lent layer with that id.
+        Id = -1,
+        /// A range outside the guest's memory, misaligned, or `x` and `y` overlapping.
+        Range = -2,
+        /// An activation code (or its parameters) this host does not know.
+        Activation = -3,
+    }
+
+    /// Activation codes of `pp_host_dense` (`act`, with up to two `f32` parameters `a`, `b`).
+    pub mod act {
+        pub const IDENTITY: u32 = 0;
+        pub const RELU: u32 = 1;
+        pub const TANH: u32 = 2;
+        pub const SIGMOID: u32 = 3;
+        pub const SILU: u32 = 4;
+        /// `a`: alpha.
+        pub const ELU: u32 = 5;
+        /// `a`: the negative slope.
+        pub const LEAKY_RELU: u32 = 6;
+        pub const GELU: u32 = 7;
+        pub const GELU_TANH: u32 = 8;
+        pub const ERF: u32 = 9;
+        pub const EXP: u32 = 10;
+        /// `a`, `b`: the bounds (an open side is ±infinity).
+        pub const CLIP: u32 = 11;
+    }
+
+    /// `(code, a, b)` of an activation (unused parameters are 0).
+    pub fn encode_activation(f: Activation) -> (u32, f32, f32) {
+        match f {
+            Activation::Identity => (act::IDENTITY, 0.0, 0.0),
+            Activation::Relu => (act::RELU, 0.0, 0.0),
+            Activation::Tanh => (act::TANH, 0.0, 0.0),
+            Activation::Sigmoid => (act::SIGMOID, 0.0, 0.0),
+            Activation::Silu => (act::SILU, 0.0, 0.0),
+            Activation::Elu(a) => (act::ELU, a, 0.0),
+            Activation::LeakyRelu(a) => (act::LEAKY_RELU, a, 0.0),
+            Activation::Gelu => (act::GELU, 0.0, 0.0),
+            Activation::GeluTanh => (act::GELU_TANH, 0.0, 0.0),
+            Activation::Erf => (act::ERF, 0.0, 0.0),
+            Activation::Exp => (act::EXP, 0.0, 0.0),
+            Activation::Clip(lo, hi) => (act::CLIP, lo, hi),
+        }
+    }
+
+    /// The activation of `(code, a, b)`; `None` for an unknown code or a NaN parameter (a hostile guest's).
+    pub fn decode_activation(code: u32, a: f32, b: f32) -> Option<Activation> {
+        if a.is_nan() || b.is_nan() {
+            return None;
+        }
+        Some(match code {
+            act::IDENTITY => Activation::Identity,
+            act::RELU => Activation::Relu,
+            act::TANH => Activation::Tanh,
+            act::SIGMOID => Activation::Sigmoid,
+            act::SILU => Activation::Silu,
+            act::ELU => Activation::Elu(a),
+            act::LEAKY_RELU => Activation::LeakyRelu(a),
+            act::GELU => Activation::Gelu,
+            act::GELU_TANH => Activation::GeluTanh,
+            act::ERF => Activation::Erf,
+            act::EXP => Activation::Exp,
+            act::CLIP => Activation::Clip(a, b),
+            _ => return None,
+        })
+    }
 }
 
 /// `pp_act(handle, obs, obs_dtype, batch, env_ids, env_offset, mode, seed, step, actions, value, dist,
@@ -270,6 +361,41 @@ mod tests {
                 "ABI.md lacks export {name}"
             );
         }
+    }
+
+    #[test]
+    fn abi_md_names_the_imports_and_activation_codes() {
+        let md: String = ABI_MD.split_whitespace().collect::<Vec<_>>().join(" ");
+        for name in [host::MODULE, host::LEND_DENSE, host::DENSE] {
+            assert!(md.contains(&format!("`{name}`")), "ABI.md lacks import {name}");
+        }
+        for (code, name) in [
+            (host::act::IDENTITY, "identity"),
+            (host::act::RELU, "relu"),
+            (host::act::TANH, "tanh"),
+            (host::act::SIGMOID, "sigmoid"),
+            (host::act::SILU, "silu"),
+            (host::act::ELU, "elu"),
+            (host::act::LEAKY_RELU, "leaky relu"),
+            (host::act::GELU, "gelu"),
+            (host::act::GELU_TANH, "gelu (tanh)"),
+            (host::act::ERF, "erf"),
+            (host::act::EXP, "exp"),
+            (host::act::CLIP, "clip"),
+        ] {
+            assert!(md.contains(&format!("`{code}` {name}")), "ABI.md lacks activation {code} {name}");
+        }
+    }
+
+    #[test]
+    fn every_activation_round_trips_and_unknown_codes_are_refused() {
+        for f in policyport_shaders::Activation::ALL {
+            let (c, a, b) = host::encode_activation(f);
+            assert_eq!(host::decode_activation(c, a, b), Some(f));
+        }
+        assert_eq!(host::decode_activation(12, 0.0, 0.0), None);
+        assert_eq!(host::decode_activation(u32::MAX, 0.0, 0.0), None);
+        assert_eq!(host::decode_activation(host::act::CLIP, f32::NAN, 1.0), None);
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! policyport as a plain wasm module for sandboxed hosts: the exports of ABI.md (its version: `policyport_abi`). Build with
-//! `cargo build --release -p policyport-plugin --target wasm32-unknown-unknown`. The module imports nothing;
-//! everything crosses the boundary as offsets into its own memory. A panic aborts (traps) the instance; the host
+//! `cargo build --release -p policyport-plugin --target wasm32-unknown-unknown`. The module imports only the two
+//! functions of the host-lent dense kernel (`policyport_abi::host`; a host that lends nothing declines every
+//! layer); everything crosses the boundary as offsets into its own memory. A panic aborts (traps) the instance; the host
 //! turns the trap into a typed error and drops the instance.
 
 use std::cell::RefCell;
 
 use policyport::{
-    ActMode, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
+    ActMode, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
 };
 
 use policyport_abi::{ABI_VERSION, ErrorCode, Mode, ObsDType, PluginInfo};
@@ -18,6 +19,58 @@ const ERR_CALL: i32 = ErrorCode::Call.code();
 const ERR_STATE: i32 = ErrorCode::State.code();
 const ERR_BACKEND: i32 = ErrorCode::Backend.code();
 const ERR_HANDLE: i32 = ErrorCode::Handle.code();
+
+/// The `cpu` backend, its dense layers offered to the host (the host-lent kernel, ABI.md): a host that declines
+/// them all leaves the plain sandbox.
+#[cfg(target_arch = "wasm32")]
+fn builder() -> std::sync::Arc<dyn policyport::ExecutorBuilder> {
+    std::sync::Arc::new(policyport::lend::CpuWithLender::new(std::sync::Arc::new(
+        host_lent::HostLender,
+    )))
+}
+
+/// Natively (this crate's own unit builds) there is no host to lend: the plain `cpu` backend.
+#[cfg(not(target_arch = "wasm32"))]
+fn builder() -> std::sync::Arc<dyn policyport::ExecutorBuilder> {
+    std::sync::Arc::new(policyport::Backend::Cpu)
+}
+
+#[cfg(target_arch = "wasm32")]
+mod host_lent {
+    use policyport::Activation;
+    use policyport::lend::DenseLender;
+    use policyport_abi::host;
+
+    #[link(wasm_import_module = "policyport_host")]
+    unsafe extern "C" {
+        /// `policyport_abi::host::LEND_DENSE`.
+        fn pp_host_lend_dense(w: *const f32, n: u32, k: u32, bias: *const f32) -> i32;
+        /// `policyport_abi::host::DENSE`.
+        fn pp_host_dense(id: i32, x: *const f32, m: u32, y: *mut f32, act: u32, a: f32, b: f32) -> i32;
+    }
+
+    /// The host behind the imports. Sizes past `u32` (impossible in a 4 GiB memory) are never offered.
+    pub(super) struct HostLender;
+
+    impl DenseLender for HostLender {
+        fn lend(&self, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Option<u32> {
+            let (n32, k32) = (u32::try_from(n).ok()?, u32::try_from(k).ok()?);
+            let b = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+            // SAFETY: the host only reads `n·k` and `n` numbers at these pointers (ranges of this memory).
+            let id = unsafe { pp_host_lend_dense(w.as_ptr(), n32, k32, b) };
+            u32::try_from(id).ok()
+        }
+
+        fn run(&self, id: u32, x: &[f32], y: &mut [f32], m: usize, act: Activation) -> bool {
+            let (Ok(id), Ok(m)) = (i32::try_from(id), u32::try_from(m)) else {
+                return false;
+            };
+            let (code, a, b) = host::encode_activation(act);
+            // SAFETY: the host reads `x` (m·k numbers) and writes `y` (m·n), the slices' own lengths.
+            unsafe { pp_host_dense(id, x.as_ptr(), m, y.as_mut_ptr(), code, a, b) == 0 }
+        }
+    }
+}
 
 /// One loaded policy: a runtime session (its state, outputs and scratch) and the policy's info.
 struct Slot {
@@ -157,7 +210,10 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
     let Some(bytes) = (unsafe { slice(ptr, len as usize) }) else {
         return fail(ERR_CALL, "artifact pointer is null or out of range");
     };
-    match CompiledPolicy::load(bytes, Backend::Cpu) {
+    let policy = policyport::format::read_artifact(bytes)
+        .map_err(PolicyError::from)
+        .and_then(|art| CompiledPolicy::with_builder(art, builder()));
+    match policy {
         Ok(policy) => SLOTS.with(|s| {
             let mut slots = s.borrow_mut();
             let slot = Some(Slot {

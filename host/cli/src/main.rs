@@ -167,6 +167,9 @@ enum Cmd {
         /// Run inside the wasm sandbox with this plugin (policyport_plugin.wasm) instead of natively.
         #[arg(long)]
         plugin: Option<PathBuf>,
+        /// With --plugin: lend the sandbox this host's native dense kernel (policyport_wasmtime::WasmLimits::lend_dense).
+        #[arg(long)]
+        lend_dense: bool,
         /// Intra-op threads of the session (cpu backend; 0: one per core). 1 is the default everywhere.
         #[arg(long, default_value_t = 1)]
         threads: usize,
@@ -576,8 +579,12 @@ fn run() -> Result<()> {
             backend,
             seconds,
             plugin,
+            lend_dense,
             threads,
         } => {
+            if lend_dense && plugin.is_none() {
+                bail!("--lend-dense lends the kernel to the wasm sandbox: give --plugin too");
+            }
             let bytes = read(&artifact)?;
             let policy = load_policy(&bytes, backend)?;
             let mut session = policy.session();
@@ -587,15 +594,16 @@ fn run() -> Result<()> {
             let mut sandboxed = match &plugin {
                 Some(p) => {
                     let rt = policyport_wasmtime::WasmRuntime::new(&read(p)?)?;
-                    Some(policyport_wasmtime::WasmPolicy::load(
-                        &rt,
-                        &bytes,
-                        Default::default(),
-                    )?)
+                    let limits = policyport_wasmtime::WasmLimits {
+                        lend_dense,
+                        ..Default::default()
+                    };
+                    Some(policyport_wasmtime::WasmPolicy::load(&rt, &bytes, limits)?)
                 }
                 None => None,
             };
             let runtime = match &plugin {
+                Some(_) if lend_dense => "policyport-wasm-lent".to_string(),
                 Some(_) => "policyport-wasm".to_string(),
                 None => format!("policyport-{}", backend.name()),
             };

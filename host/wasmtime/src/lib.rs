@@ -19,6 +19,8 @@ use std::sync::Arc;
 #[cfg(feature = "wasmtime")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+#[cfg(feature = "wasmtime")]
+use std::time::Instant;
 
 #[cfg_attr(not(feature = "wasmtime"), allow(unused_imports))]
 use policyport::{ActMode, ActOutputs, EnvIds, Observations, Request};
@@ -29,6 +31,8 @@ use wasmtime::{
 };
 
 pub mod executor;
+#[cfg(feature = "wasmtime")]
+mod lent;
 pub use executor::load;
 
 /// The plugin ABI version this host speaks (the one definition: `policyport_abi`).
@@ -45,7 +49,7 @@ pub enum WasmError {
     MissingExport(&'static str),
     #[error("plugin speaks ABI version {found}, this host speaks {expected}")]
     AbiVersion { found: u32, expected: u32 },
-    #[error("plugin imports {0:?}; a policyport plugin imports nothing")]
+    #[error("plugin imports {0:?}; a policyport plugin imports only the host-lent dense kernel (policyport_host::pp_host_lend_dense, pp_host_dense)")]
     Imports(Vec<String>),
     #[error("plugin call '{call}' passed its deadline of {deadline_ms} ms")]
     Deadline {
@@ -93,8 +97,16 @@ pub enum WasmError {
 pub struct WasmLimits {
     /// Linear memory cap in bytes.
     pub memory_bytes: usize,
-    /// Wall-clock budget of one call (load, act, ...), enforced by epoch interruption at 1 ms granularity.
+    /// Wall-clock budget of one call (load, act, ...), enforced by epoch interruption at 1 ms granularity (and
+    /// between row blocks of a host-lent layer).
     pub deadline: Duration,
+    /// Lend the guest this host's native dense kernel (ABI.md, "Host-lent dense layers"): the plugin offers each
+    /// dense layer and convolution GEMM at load, the host copies and packs the weights (counted against
+    /// `memory_bytes`) and computes those layers natively on ranges of the guest's memory it checks first. The
+    /// guest gives the host numbers, never code; everything else stays in the sandbox. Off by default (the
+    /// guest computes everything itself): it trades the sandbox's SIMD128 kernels for native ones, and the
+    /// host's kernel code then runs on the guest's data.
+    pub lend_dense: bool,
 }
 
 impl Default for WasmLimits {
@@ -102,6 +114,7 @@ impl Default for WasmLimits {
         WasmLimits {
             memory_bytes: 256 << 20,
             deadline: Duration::from_millis(1000),
+            lend_dense: false,
         }
     }
 }
@@ -127,7 +140,7 @@ impl Drop for WasmRuntime {
 fn engine() -> Result<Engine, WasmError> {
     let mut config = Config::new();
     config.epoch_interruption(true);
-    // One linear memory per instance: the memory cap (`Limiter`) is per memory, so several memories would
+    // One linear memory per instance: the memory cap (`HostData`'s limiter) is per memory, so several memories would
     // multiply it. The limiter also caps memories, tables and instances per store.
     config.wasm_multi_memory(false);
     Engine::new(&config).map_err(|e| WasmError::Module(format!("{e:#}")))
@@ -179,12 +192,15 @@ impl WasmRuntime {
     }
 
     fn finish(engine: Engine, module: Module, from_cache: bool) -> Result<Arc<Self>, WasmError> {
-        let imports: Vec<String> = module
+        // The plugin may import the host-lent dense kernel's two functions (every instance gets them; they
+        // decline unless `lend_dense` is on) and nothing else.
+        let foreign: Vec<String> = module
             .imports()
+            .filter(|i| !lent::is_host_import(i.module(), i.name()))
             .map(|i| format!("{}::{}", i.module(), i.name()))
             .collect();
-        if !imports.is_empty() {
-            return Err(WasmError::Imports(imports));
+        if !foreign.is_empty() {
+            return Err(WasmError::Imports(foreign));
         }
         let stop = Arc::new(AtomicBool::new(false));
         let (e, s) = (engine.clone(), stop.clone());
@@ -206,14 +222,18 @@ impl WasmRuntime {
     }
 }
 
+/// What a store holds for the host: the memory cap (and whether the guest hit it), the guest's memory (for the
+/// host-lent kernel's range checks) and the lent layers.
 #[cfg(feature = "wasmtime")]
-struct Limiter {
+struct HostData {
     cap: usize,
     denied: bool,
+    memory: Option<Memory>,
+    lent: lent::LentLayers,
 }
 
 #[cfg(feature = "wasmtime")]
-impl ResourceLimiter for Limiter {
+impl ResourceLimiter for HostData {
     fn memory_growing(
         &mut self,
         _current: usize,
@@ -278,7 +298,7 @@ pub struct WasmPolicy {
     /// on the ticker, and dropping the caller's `WasmRuntime` used to stop it (a looping plugin then hung the
     /// host; regression test `the_deadline_outlives_the_runtime_handle`).
     _runtime: Arc<WasmRuntime>,
-    store: Store<Limiter>,
+    store: Store<HostData>,
     memory: Memory,
     x: Exports,
     handle: i32,
@@ -299,21 +319,26 @@ impl WasmPolicy {
     ) -> Result<Self, WasmError> {
         let mut store = Store::new(
             &rt.engine,
-            Limiter {
+            HostData {
                 cap: limits.memory_bytes,
                 denied: false,
+                memory: None,
+                lent: lent::LentLayers::new(limits.lend_dense),
             },
         );
         store.limiter(|l| l as &mut dyn ResourceLimiter);
         store.set_epoch_deadline(deadline_ticks(limits));
         store.epoch_deadline_trap();
-        let linker = Linker::new(&rt.engine);
+        store.data_mut().lent.deadline = Instant::now().checked_add(limits.deadline);
+        let mut linker = Linker::new(&rt.engine);
+        lent::link(&mut linker).map_err(|e| WasmError::Module(format!("{e:#}")))?;
         let instance: Instance = linker
             .instantiate(&mut store, &rt.module)
             .map_err(|e| classify(e, &store, "instantiate", limits))?;
         let memory = instance
             .get_memory(&mut store, export::MEMORY)
             .ok_or(WasmError::MissingExport(export::MEMORY))?;
+        store.data_mut().memory = Some(memory);
         macro_rules! func {
             ($name:expr) => {
                 instance
@@ -403,12 +428,18 @@ impl WasmPolicy {
         self.info
     }
 
+    /// How many of the policy's dense layers the host computes ([`WasmLimits::lend_dense`]; 0 when off).
+    pub fn lent_layers(&self) -> usize {
+        self.store.data().lent.len()
+    }
+
     fn call<R>(
         &mut self,
         name: &'static str,
-        f: impl FnOnce(&mut Store<Limiter>, &Exports) -> wasmtime::Result<R>,
+        f: impl FnOnce(&mut Store<HostData>, &Exports) -> wasmtime::Result<R>,
     ) -> Result<R, WasmError> {
         self.store.set_epoch_deadline(deadline_ticks(self.limits));
+        self.store.data_mut().lent.deadline = Instant::now().checked_add(self.limits.deadline);
         f(&mut self.store, &self.x).map_err(|e| classify(e, &self.store, name, self.limits))
     }
 
@@ -837,7 +868,7 @@ fn write_entry(dir: &Path, entry: &Path, bytes: &[u8]) -> Result<(), WasmError> 
 #[cfg(feature = "wasmtime")]
 fn classify(
     e: wasmtime::Error,
-    store: &Store<Limiter>,
+    store: &Store<HostData>,
     call: &'static str,
     limits: WasmLimits,
 ) -> WasmError {
@@ -894,6 +925,10 @@ mod compiled_out {
         }
 
         pub fn info(&self) -> WasmInfo {
+            match self.never {}
+        }
+
+        pub fn lent_layers(&self) -> usize {
             match self.never {}
         }
 

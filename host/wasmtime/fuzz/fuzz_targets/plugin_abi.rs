@@ -12,8 +12,8 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use policyport_abi::export;
-use wasmtime::{Config, Engine, Instance, Module, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc};
+use policyport_abi::{export, host};
+use wasmtime::{Config, Engine, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Trap, TypedFunc};
 
 const ARTIFACTS: &[&[u8]] = &[
     include_bytes!("../../../../tests/frozen/v1.0/cartpole.f32.policy"),
@@ -58,8 +58,18 @@ fuzz_target!(|data: &[u8]| {
         Store::new(engine, StoreLimitsBuilder::new().memory_size(MEMORY_CAP).instances(1).memories(1).build());
     store.limiter(|l| l);
     store.set_fuel(2_000_000_000).unwrap();
-    // The plugin imports nothing (the host refuses a module that does).
-    let instance = Instance::new(&mut store, module, &[]).expect("instantiate the plugin");
+    // The plugin imports the host-lent dense kernel (ABI.md); this host lends nothing, so the plugin's own
+    // kernels run (the lending host's side is tested in tests/conformance/wasm.rs).
+    let mut linker: Linker<StoreLimits> = Linker::new(engine);
+    linker
+        .func_wrap(host::MODULE, host::LEND_DENSE, |_: u32, _: u32, _: u32, _: u32| -> i32 { host::DECLINED })
+        .unwrap();
+    linker
+        .func_wrap(host::MODULE, host::DENSE, |_: i32, _: u32, _: u32, _: u32, _: u32, _: f32, _: f32| -> i32 {
+            host::DenseRefusal::Id as i32
+        })
+        .unwrap();
+    let instance = linker.instantiate(&mut store, module).expect("instantiate the plugin");
     let memory = instance.get_memory(&mut store, export::MEMORY).expect("memory");
     macro_rules! f {
         ($name:expr) => {
