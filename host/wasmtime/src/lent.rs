@@ -14,7 +14,7 @@
 //! `Interrupt` between blocks once the call's deadline has passed.
 
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use policyport::lend::DenseKernel;
 use policyport_abi::host::{self, DenseRefusal};
@@ -51,6 +51,14 @@ impl LentLayers {
 
     pub(crate) fn len(&self) -> usize {
         self.layers.len()
+    }
+
+    /// A call into the guest begins: lent layers must finish within `budget` from now. Without lending nothing
+    /// is read (no clock on the plain act() path).
+    pub(crate) fn start_call(&mut self, budget: Duration) {
+        if self.enabled {
+            self.deadline = Instant::now().checked_add(budget);
+        }
     }
 }
 

@@ -19,8 +19,6 @@ use std::sync::Arc;
 #[cfg(feature = "wasmtime")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-#[cfg(feature = "wasmtime")]
-use std::time::Instant;
 
 #[cfg_attr(not(feature = "wasmtime"), allow(unused_imports))]
 use policyport::{ActMode, ActOutputs, EnvIds, Observations, Request};
@@ -329,7 +327,7 @@ impl WasmPolicy {
         store.limiter(|l| l as &mut dyn ResourceLimiter);
         store.set_epoch_deadline(deadline_ticks(limits));
         store.epoch_deadline_trap();
-        store.data_mut().lent.deadline = Instant::now().checked_add(limits.deadline);
+        store.data_mut().lent.start_call(limits.deadline);
         let mut linker = Linker::new(&rt.engine);
         lent::link(&mut linker).map_err(|e| WasmError::Module(format!("{e:#}")))?;
         let instance: Instance = linker
@@ -439,7 +437,7 @@ impl WasmPolicy {
         f: impl FnOnce(&mut Store<HostData>, &Exports) -> wasmtime::Result<R>,
     ) -> Result<R, WasmError> {
         self.store.set_epoch_deadline(deadline_ticks(self.limits));
-        self.store.data_mut().lent.deadline = Instant::now().checked_add(self.limits.deadline);
+        self.store.data_mut().lent.start_call(self.limits.deadline);
         f(&mut self.store, &self.x).map_err(|e| classify(e, &self.store, name, self.limits))
     }
 
