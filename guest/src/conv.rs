@@ -123,6 +123,16 @@ impl Conv2d {
         }
     }
 
+    /// This convolution's GEMMs in `precision` ([`PackedDense::in_precision`]).
+    pub(crate) fn in_precision(mut self, precision: crate::CpuPrecision) -> Self {
+        self.groups = self
+            .groups
+            .into_iter()
+            .map(|g| g.in_precision(precision))
+            .collect();
+        self
+    }
+
     /// Write the output channels-last (see [`Conv2d::out_nhwc`]); one group only.
     pub(crate) fn with_channels_last_output(mut self) -> Self {
         assert_eq!(self.groups.len(), 1, "channels-last output needs one group");

@@ -163,15 +163,17 @@ impl RowsPtr {
 
 impl CpuProgram {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
-        Self::with_lender(art, plan, readback_values, None)
+        Self::with_lender(art, plan, readback_values, None, crate::CpuPrecision::F32)
     }
 
-    /// [`new`](Self::new), every dense layer and convolution GEMM offered to `lender` ([`crate::lend`]).
+    /// [`new`](Self::new), every dense layer and convolution GEMM offered to `lender` ([`crate::lend`]), and in
+    /// `precision` (the caller checked that this CPU has its kernel).
     pub(crate) fn with_lender(
         art: &Artifact,
         plan: &ValidatedPlan,
         readback_values: &[&str],
         lender: Option<&Arc<dyn DenseLender>>,
+        precision: crate::CpuPrecision,
     ) -> Self {
         let low = lower(art, plan, readback_values);
         let isa = kernels::detect();
@@ -340,6 +342,41 @@ impl CpuProgram {
                     out,
                 },
             });
+        }
+        if precision != crate::CpuPrecision::F32 {
+            for instr in std::mem::take(&mut instrs) {
+                instrs.push(match instr {
+                    Instr::Dense {
+                        x,
+                        dense,
+                        act,
+                        out,
+                    } => Instr::Dense {
+                        x,
+                        dense: dense.in_precision(precision),
+                        act,
+                        out,
+                    },
+                    Instr::DenseSplit {
+                        x,
+                        dense,
+                        act,
+                        outs,
+                    } => Instr::DenseSplit {
+                        x,
+                        dense: dense.in_precision(precision),
+                        act,
+                        outs,
+                    },
+                    Instr::Conv { x, conv, act, out } => Instr::Conv {
+                        x,
+                        conv: Box::new((*conv).in_precision(precision)),
+                        act,
+                        out,
+                    },
+                    other => other,
+                });
+            }
         }
         if let Some(lender) = lender {
             for instr in &mut instrs {

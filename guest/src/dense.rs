@@ -34,6 +34,9 @@ pub(crate) struct PackedDense {
     bias: Vec<f32>,
     /// Taken by a lender ([`crate::lend`]): runs go there first, these panels compute what it refuses.
     lent: Option<Lent>,
+    /// The weights packed for the bf16 kernel ([`crate::dense_bf16`]) when the layer runs in bf16 (then
+    /// `panels` is empty: a layer holds one copy of its weights).
+    bf16: Option<crate::dense_bf16::Bf16Panels>,
 }
 
 pub(crate) fn panel_width(isa: Isa) -> usize {
@@ -90,7 +93,33 @@ impl PackedDense {
             panels,
             bias: b,
             lent: None,
+            bf16: None,
         }
+    }
+
+    /// This layer in `precision`: under [`CpuPrecision::Bf16`](crate::CpuPrecision) a layer of more than 16
+    /// outputs (not a head: see [`crate::dense_bf16`]) is repacked for the bf16 kernel, once, at load. The caller
+    /// checked [`crate::dense_bf16::available`].
+    pub(crate) fn in_precision(mut self, precision: crate::CpuPrecision) -> Self {
+        if precision == crate::CpuPrecision::Bf16 && self.n > 16 && self.lent.is_none() {
+            let w = self.unpacked();
+            self.bf16 = Some(crate::dense_bf16::Bf16Panels::new(&w, self.n, self.k));
+            self.panels = Vec::new();
+        }
+        self
+    }
+
+    /// The weights back in PyTorch's `[n, k]` layout.
+    fn unpacked(&self) -> Vec<f32> {
+        let (k, n, nr) = (self.k, self.n, self.nr);
+        let mut w = vec![0.0f32; n * k];
+        for (j, row) in w.chunks_exact_mut(k).enumerate() {
+            let (p, c) = (j / nr, j % nr);
+            for (kk, v) in row.iter_mut().enumerate() {
+                *v = self.panels[(p * k + kk) * nr + c];
+            }
+        }
+        w
     }
 
     pub(crate) fn k(&self) -> usize {
@@ -104,14 +133,12 @@ impl PackedDense {
     /// Offer this layer to `lender` (its weights unpacked back to `[n, k]`, the bias without padding); from then
     /// on [`run`](Self::run) asks the lender first if it took the layer.
     pub(crate) fn lend(&mut self, lender: &Arc<dyn DenseLender>) {
-        let (k, n, nr) = (self.k, self.n, self.nr);
-        let mut w = vec![0.0f32; n * k];
-        for (j, row) in w.chunks_exact_mut(k).enumerate() {
-            let (p, c) = (j / nr, j % nr);
-            for (kk, v) in row.iter_mut().enumerate() {
-                *v = self.panels[(p * k + kk) * nr + c];
-            }
+        if self.bf16.is_some() {
+            // The lenders compute f32; a bf16 layer keeps its own precision (no lender offers bf16 today).
+            return;
         }
+        let (k, n) = (self.k, self.n);
+        let w = self.unpacked();
         self.lent = lender
             .lend(&w, n, k, Some(&self.bias[..n]))
             .map(|id| Lent {
@@ -134,6 +161,10 @@ impl PackedDense {
     /// [`run`](Self::run) on this runtime's own kernels.
     pub(crate) fn run_own(&self, x: &[f32], y: &mut [f32], m: usize, act: Act) {
         assert!(x.len() >= m * self.k && y.len() >= m * self.n);
+        if let Some(bf16) = &self.bf16 {
+            crate::dense_bf16::run(bf16, &self.bias, x, y, m, self.k, self.n, act);
+            return;
+        }
         let (k, n, p, b) = (self.k, self.n, &self.panels[..], &self.bias[..]);
         match self.isa {
             #[cfg(target_arch = "x86_64")]

@@ -120,6 +120,13 @@ pub enum BackendError {
     /// threads on this platform, or the OS refused), or one of them failed a step.
     #[error("threads: {0}")]
     Threads(String),
+    /// The requested kernels need an instruction-set extension this CPU lacks (or that POLICYPORT_CPU_BASELINE
+    /// turned off); the default configuration runs everywhere.
+    #[error("{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE is set)")]
+    MissingCpuFeature {
+        wanted: &'static str,
+        feature: &'static str,
+    },
     /// The backend's executor lives in another crate (libtorch: `policyport-torch`), which loads policies on it.
     #[error("the {} backend is built by another crate: load with {load_with}", backend.name())]
     BuiltElsewhere {

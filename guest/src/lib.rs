@@ -24,6 +24,7 @@ mod compiled;
 mod conv;
 mod cpu;
 mod dense;
+mod dense_bf16;
 mod error;
 #[cfg(feature = "burn")]
 mod exec;
@@ -41,7 +42,7 @@ mod state;
 #[cfg(feature = "wgpu")]
 mod wgpu_setup;
 
-pub use backend::{Backend, UnknownBackend};
+pub use backend::{Backend, CpuOptions, CpuPrecision, UnknownBackend, UnknownPrecision};
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
 pub use error::{BackendError, EnvIdError, ObservationError, PolicyError, StateError};
 pub use executor::{

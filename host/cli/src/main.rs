@@ -173,6 +173,10 @@ enum Cmd {
         /// Intra-op threads of the session (cpu backend; 0: one per core). 1 is the default everywhere.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// The cpu backend's dense-layer precision: f32 (default) or bf16 (needs AVX512-BF16; see
+        /// policyport::CpuPrecision).
+        #[arg(long, default_value = "f32")]
+        precision: policyport::CpuPrecision,
     },
     /// Time act() on the libtorch executor (needs the `tch` feature): one JSON line per batch.
     BenchTorch {
@@ -581,12 +585,22 @@ fn run() -> Result<()> {
             plugin,
             lend_dense,
             threads,
+            precision,
         } => {
             if lend_dense && plugin.is_none() {
                 bail!("--lend-dense lends the kernel to the wasm sandbox: give --plugin too");
             }
+            if precision != policyport::CpuPrecision::F32 && (backend != Backend::Cpu || plugin.is_some()) {
+                bail!("--precision is the native cpu backend's (--backend cpu, no --plugin)");
+            }
             let bytes = read(&artifact)?;
-            let policy = load_policy(&bytes, backend)?;
+            let policy = match precision {
+                policyport::CpuPrecision::F32 => load_policy(&bytes, backend)?,
+                _ => CompiledPolicy::with_builder(
+                    policyport::format::read_artifact(&bytes)?,
+                    std::sync::Arc::new(policyport::CpuOptions { precision }),
+                )?,
+            };
             let mut session = policy.session();
             session.set_threads(threads)?;
             let threads = session.threads();
@@ -605,6 +619,9 @@ fn run() -> Result<()> {
             let runtime = match &plugin {
                 Some(_) if lend_dense => "policyport-wasm-lent".to_string(),
                 Some(_) => "policyport-wasm".to_string(),
+                None if precision != policyport::CpuPrecision::F32 => {
+                    format!("policyport-{}-{}", backend.name(), precision.name())
+                }
                 None => format!("policyport-{}", backend.name()),
             };
             for b in batches.split(',') {
