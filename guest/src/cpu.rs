@@ -346,12 +346,7 @@ impl CpuProgram {
         if precision != crate::CpuPrecision::F32 {
             for instr in std::mem::take(&mut instrs) {
                 instrs.push(match instr {
-                    Instr::Dense {
-                        x,
-                        dense,
-                        act,
-                        out,
-                    } => Instr::Dense {
+                    Instr::Dense { x, dense, act, out } => Instr::Dense {
                         x,
                         dense: dense.in_precision(precision),
                         act,

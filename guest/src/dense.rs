@@ -139,12 +139,10 @@ impl PackedDense {
         }
         let (k, n) = (self.k, self.n);
         let w = self.unpacked();
-        self.lent = lender
-            .lend(&w, n, k, Some(&self.bias[..n]))
-            .map(|id| Lent {
-                lender: lender.clone(),
-                id,
-            });
+        self.lent = lender.lend(&w, n, k, Some(&self.bias[..n])).map(|id| Lent {
+            lender: lender.clone(),
+            id,
+        });
     }
 
     /// `y[m, n] = act(x[m, k] Wᵀ + b)`: by the lender when it took the layer and computes it, else here.

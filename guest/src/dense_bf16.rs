@@ -17,7 +17,12 @@
 //! Layers of at most 16 outputs (the heads: logits, value) stay f32: they are a sliver of the work, and the
 //! sampled actions and the value are where rounding would show most.
 
-use crate::kernels::{self, Act, Isa};
+// Elsewhere than x86-64 the kernel does not exist: `available` is false, so nothing is packed or run in bf16.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_variables))]
+
+use crate::kernels::Act;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::{self, Isa};
 
 /// Panel width of the bf16 kernel (two zmm of 16 f32 accumulators).
 const NR: usize = 32;
@@ -89,9 +94,9 @@ impl Bf16Panels {
         }
         Bf16Panels { k2, pairs }
     }
-
 }
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     /// The input rows rounded to bf16 pairs, per thread (the intra-op pool's workers each run their own rows).
     static INPUT_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -112,24 +117,29 @@ pub(crate) fn run(
     n: usize,
     act: Act,
 ) {
-    assert!(available(), "bf16 panels are packed only where the kernel runs");
+    assert!(
+        available(),
+        "bf16 panels are packed only where the kernel runs"
+    );
     assert!(x.len() >= m * k && y.len() >= m * n && bias.len() >= n.div_ceil(NR) * NR);
     assert_eq!(panels.k2, k.div_ceil(2));
     #[cfg(target_arch = "x86_64")]
-    INPUT_PAIRS.with_borrow_mut(|xp| {
-        let k2 = panels.k2;
-        if xp.len() < m * k2 {
-            xp.resize(m * k2, 0);
+    {
+        INPUT_PAIRS.with_borrow_mut(|xp| {
+            let k2 = panels.k2;
+            if xp.len() < m * k2 {
+                xp.resize(m * k2, 0);
+            }
+            // SAFETY (both calls): `available` saw AVX512-F and AVX512-BF16 on this CPU; the lengths were asserted
+            // above and `xp` was sized here.
+            unsafe {
+                x86::round_rows(&x[..m * k], k, &mut xp[..m * k2]);
+                x86::dense(&xp[..m * k2], panels, bias, y, m, k2, n);
+            }
+        });
+        if act != Act::Identity {
+            kernels::bias_act(Isa::Avx512, act, &mut y[..m * n], None, n);
         }
-        // SAFETY (both calls): `available` saw AVX512-F and AVX512-BF16 on this CPU; the lengths were asserted
-        // above and `xp` was sized here.
-        unsafe {
-            x86::round_rows(&x[..m * k], k, &mut xp[..m * k2]);
-            x86::dense(&xp[..m * k2], panels, bias, y, m, k2, n);
-        }
-    });
-    if act != Act::Identity {
-        kernels::bias_act(Isa::Avx512, act, &mut y[..m * n], None, n);
     }
 }
 
@@ -250,8 +260,7 @@ mod x86 {
         debug_assert!(x.len() >= R * k2 && w.len() >= P * k2 * NR && bias.len() >= P * NR);
         unsafe {
             let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * NR + h * 16));
-            let mut acc: [[[__m512; 2]; R]; P] =
-                std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
+            let mut acc: [[[__m512; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
             let (xp, wp) = (x.as_ptr(), w.as_ptr());
             for kk in 0..k2 {
                 let xv: [__m512bh; R] = std::array::from_fn(|i| {
@@ -259,7 +268,8 @@ mod x86 {
                 });
                 for (j, aj) in acc.iter_mut().enumerate() {
                     let wj = wp.add((j * k2 + kk) * NR);
-                    let w0: __m512bh = std::mem::transmute(_mm512_loadu_si512(wj as *const __m512i));
+                    let w0: __m512bh =
+                        std::mem::transmute(_mm512_loadu_si512(wj as *const __m512i));
                     let w1: __m512bh =
                         std::mem::transmute(_mm512_loadu_si512(wj.add(16) as *const __m512i));
                     for i in 0..R {
@@ -281,7 +291,11 @@ mod x86 {
                         if valid >= 16 {
                             _mm512_storeu_ps(o, acc[j][i][h]);
                         } else {
-                            _mm512_mask_storeu_ps(o, ((1u32 << valid) - 1) as __mmask16, acc[j][i][h]);
+                            _mm512_mask_storeu_ps(
+                                o,
+                                ((1u32 << valid) - 1) as __mmask16,
+                                acc[j][i][h],
+                            );
                         }
                     }
                 }
@@ -311,7 +325,7 @@ mod tests {
     #[test]
     #[cfg_attr(
         not(policyport_host_avx512bf16),
-        ignore = "this CPU has no AVX512-BF16 (build.rs): the bf16 kernel cannot run here"
+        ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"
     )]
     fn bf16_dense_matches_the_rounded_f64_sum() {
         assert!(
@@ -346,7 +360,9 @@ mod tests {
                 for r in 0..m {
                     for j in 0..n {
                         let s = (0..k)
-                            .map(|i| round_bf16(x[r * k + i]) as f64 * round_bf16(w[j * k + i]) as f64)
+                            .map(|i| {
+                                round_bf16(x[r * k + i]) as f64 * round_bf16(w[j * k + i]) as f64
+                            })
                             .sum::<f64>()
                             + b[j] as f64;
                         let want = if act == Act::Tanh { s.tanh() } else { s };

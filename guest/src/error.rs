@@ -122,7 +122,9 @@ pub enum BackendError {
     Threads(String),
     /// The requested kernels need an instruction-set extension this CPU lacks (or that POLICYPORT_CPU_BASELINE
     /// turned off); the default configuration runs everywhere.
-    #[error("{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE is set)")]
+    #[error(
+        "{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE is set)"
+    )]
     MissingCpuFeature {
         wanted: &'static str,
         feature: &'static str,

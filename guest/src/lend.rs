@@ -91,7 +91,9 @@ pub struct DenseKernel {
 
 /// Shapes that do not describe a dense layer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a dense layer of {n} outputs × {k} inputs needs {want_w} weights and {n} biases; got {got_w} and {got_b:?}")]
+#[error(
+    "a dense layer of {n} outputs × {k} inputs needs {want_w} weights and {n} biases; got {got_w} and {got_b:?}"
+)]
 pub struct DenseShapeError {
     pub n: usize,
     pub k: usize,

@@ -11,6 +11,7 @@
 //! - `cleanrl`: CleanRL state dicts with `--layout` and spaces reproduce the agent everywhere; wrong layouts.
 //! - `sb3`: Stable-Baselines3 archives written by SB3 compile alone and reproduce SB3 everywhere; hostile archives.
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
+//! - `cpu_bf16`: the cpu backend's opt-in bf16 kernels: bf16 tolerance on every fixture, threads, typed refusal.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
 //! - `gpu`: the wgpu backend's dispatch count, batch sizes 1 to 65536, the `auto` choice.
 //! - `torch`: the libtorch executor (feature `tch`): parity on CPU in f32 / f16 / bf16, the guest's samples,
@@ -21,6 +22,7 @@ mod artifact;
 mod bad_input;
 mod capi;
 mod cleanrl;
+mod cpu_bf16;
 mod episodes;
 mod fixtures;
 mod frozen;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
-use policyport_abi::{host, ErrorCode};
+use policyport_abi::{ErrorCode, host};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture, plugin_wasm};
 use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
@@ -453,15 +453,19 @@ impl RawPlugin {
         // declined), so the plugin computes every layer itself.
         let mut linker = wasmtime::Linker::new(module.engine());
         linker
-            .func_wrap(host::MODULE, host::LEND_DENSE, |_: u32, _: u32, _: u32, _: u32| -> i32 {
-                host::DECLINED
-            })
+            .func_wrap(
+                host::MODULE,
+                host::LEND_DENSE,
+                |_: u32, _: u32, _: u32, _: u32| -> i32 { host::DECLINED },
+            )
             .unwrap();
         linker
             .func_wrap(
                 host::MODULE,
                 host::DENSE,
-                |_: i32, _: u32, _: u32, _: u32, _: u32, _: f32, _: f32| -> i32 { host::DenseRefusal::Id as i32 },
+                |_: i32, _: u32, _: u32, _: u32, _: u32, _: f32, _: f32| -> i32 {
+                    host::DenseRefusal::Id as i32
+                },
             )
             .unwrap();
         let instance = linker.instantiate(&mut store, module).unwrap();
@@ -620,7 +624,10 @@ fn the_host_lent_kernel_computes_the_plugins_dense_layers() {
             );
         }
     }
-    assert!(lent_somewhere >= fixture_names().len(), "only {lent_somewhere} layers lent");
+    assert!(
+        lent_somewhere >= fixture_names().len(),
+        "only {lent_somewhere} layers lent"
+    );
 }
 
 /// A module importing the host-lent kernel, with the plain exports of [`hostile`] and `pp_load` = `load_body`.
@@ -651,9 +658,13 @@ fn checks(calls: &[(&str, i32)]) -> String {
 /// pages = 131 072 bytes; a 2 × 3 layer at 64 with its bias at 128.)
 #[test]
 fn a_hostile_guest_gets_refusals_from_the_host_lent_kernel() {
-    let lend = |n: u32, k: u32, w: u32, b: u32| format!("(call $lend (i32.const {w}) (i32.const {n}) (i32.const {k}) (i32.const {b}))");
+    let lend = |n: u32, k: u32, w: u32, b: u32| {
+        format!("(call $lend (i32.const {w}) (i32.const {n}) (i32.const {k}) (i32.const {b}))")
+    };
     let dense = |id: i32, x: u32, m: u32, y: u32, act: u32, a: &str| {
-        format!("(call $dense (i32.const {id}) (i32.const {x}) (i32.const {m}) (i32.const {y}) (i32.const {act}) (f32.const {a}) (f32.const 0))")
+        format!(
+            "(call $dense (i32.const {id}) (i32.const {x}) (i32.const {m}) (i32.const {y}) (i32.const {act}) (f32.const {a}) (f32.const 0))"
+        )
     };
     let tanh = policyport_abi::host::act::TANH;
     let clip = policyport_abi::host::act::CLIP;
@@ -661,35 +672,42 @@ fn a_hostile_guest_gets_refusals_from_the_host_lent_kernel() {
     for (i, v) in [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().enumerate() {
         setup += &format!("(f32.store (i32.const {}) (f32.const {v}))\n", 64 + 4 * i);
     }
-    setup += "(f32.store (i32.const 128) (f32.const 0.5)) (f32.store (i32.const 132) (f32.const -1))\n";
+    setup +=
+        "(f32.store (i32.const 128) (f32.const 0.5)) (f32.store (i32.const 132) (f32.const -1))\n";
     for (i, v) in [0.5f32, 0.25, 1.0].iter().enumerate() {
         setup += &format!("(f32.store (i32.const {}) (f32.const {v}))\n", 256 + 4 * i);
     }
     let identity = policyport_abi::host::act::IDENTITY;
     let body = setup
         + &checks(&[
-            (&lend(0, 3, 64, 128), -1),          // no outputs
-            (&lend(2, 3, 131_064, 0), -1),       // weights past the memory's end
-            (&lend(2, 3, 66, 0), -1),            // misaligned
-            (&lend(2, 3, 0, 0), -1),             // null
-            (&lend(65_536, 65_536, 64, 0), -1),  // 2^32 weights
-            (&lend(2, 3, 64, 131_068), -1),      // bias past the end
-            (&lend(2, 3, 64, 128), 0),           // taken: id 0
-            (&dense(7, 256, 1, 512, tanh, "0"), -1),     // unknown id
+            (&lend(0, 3, 64, 128), -1),              // no outputs
+            (&lend(2, 3, 131_064, 0), -1),           // weights past the memory's end
+            (&lend(2, 3, 66, 0), -1),                // misaligned
+            (&lend(2, 3, 0, 0), -1),                 // null
+            (&lend(65_536, 65_536, 64, 0), -1),      // 2^32 weights
+            (&lend(2, 3, 64, 131_068), -1),          // bias past the end
+            (&lend(2, 3, 64, 128), 0),               // taken: id 0
+            (&dense(7, 256, 1, 512, tanh, "0"), -1), // unknown id
             (&dense(-5, 256, 1, 512, tanh, "0"), -1),
-            (&dense(0, 256, 1, 512, 99, "0"), -3),       // unknown activation
-            (&dense(0, 256, 1, 512, clip, "nan"), -3),   // NaN parameter
+            (&dense(0, 256, 1, 512, 99, "0"), -3), // unknown activation
+            (&dense(0, 256, 1, 512, clip, "nan"), -3), // NaN parameter
             (&dense(0, 131_064, 1, 512, tanh, "0"), -2), // x past the end
             (&dense(0, 256, 1, 131_068, tanh, "0"), -2), // y past the end
-            (&dense(0, 256, 1, 260, tanh, "0"), -2),     // x and y overlap
-            (&dense(0, 0, 1, 512, tanh, "0"), -2),       // null x
-            (&dense(0, 258, 1, 512, tanh, "0"), -2),     // misaligned x
+            (&dense(0, 256, 1, 260, tanh, "0"), -2), // x and y overlap
+            (&dense(0, 0, 1, 512, tanh, "0"), -2), // null x
+            (&dense(0, 258, 1, 512, tanh, "0"), -2), // misaligned x
             (&dense(0, 256, u32::MAX, 512, tanh, "0"), -2), // 2^32 rows
-            (&dense(0, 256, 0, 512, tanh, "0"), 0),      // no rows: nothing to do
-            (&dense(0, 256, 1, 512, identity, "0"), 0),  // y = x Wᵀ + b
+            (&dense(0, 256, 0, 512, tanh, "0"), 0), // no rows: nothing to do
+            (&dense(0, 256, 1, 512, identity, "0"), 0), // y = x Wᵀ + b
             // 0.5·1 + 0.25·2 + 1·3 + 0.5 = 4.5 and 0.5·4 + 0.25·5 + 1·6 − 1 = 8.25: exact in f32 in any order.
-            ("(i32.reinterpret_f32 (f32.load (i32.const 512)))", 4.5f32.to_bits() as i32),
-            ("(i32.reinterpret_f32 (f32.load (i32.const 516)))", 8.25f32.to_bits() as i32),
+            (
+                "(i32.reinterpret_f32 (f32.load (i32.const 512)))",
+                4.5f32.to_bits() as i32,
+            ),
+            (
+                "(i32.reinterpret_f32 (f32.load (i32.const 516)))",
+                8.25f32.to_bits() as i32,
+            ),
             ("(i32.load (i32.const 520))", 0), // nothing written past y
         ]);
     let rt = WasmRuntime::new(lending_guest(&body).as_bytes()).unwrap();
@@ -701,7 +719,8 @@ fn a_hostile_guest_gets_refusals_from_the_host_lent_kernel() {
         panic!("a host answer differed from the ABI's (UnknownCode -1000 - i is check i): {e}");
     }
     // Without lend_dense the host declines every layer, however well-formed.
-    let declined = WasmRuntime::new(lending_guest(&checks(&[(&lend(2, 3, 64, 128), -1)])).as_bytes()).unwrap();
+    let declined =
+        WasmRuntime::new(lending_guest(&checks(&[(&lend(2, 3, 64, 128), -1)])).as_bytes()).unwrap();
     WasmPolicy::load(&declined, b"x", WasmLimits::default()).unwrap();
     // The host holds lent weights against the instance's memory cap: 1 MiB takes exactly 8 layers of 128 KiB
     // (128 × 255 weights + 128 biases), then declines.
@@ -738,7 +757,10 @@ fn a_host_lent_layer_stops_at_the_calls_deadline() {
     };
     assert!(matches!(
         WasmPolicy::load(&rt, b"x", limits),
-        Err(WasmError::Deadline { call: "pp_load", .. })
+        Err(WasmError::Deadline {
+            call: "pp_load",
+            ..
+        })
     ));
     // The same call with time to spare computes.
     let limits = WasmLimits {

@@ -367,7 +367,10 @@ mod tests {
     fn abi_md_names_the_imports_and_activation_codes() {
         let md: String = ABI_MD.split_whitespace().collect::<Vec<_>>().join(" ");
         for name in [host::MODULE, host::LEND_DENSE, host::DENSE] {
-            assert!(md.contains(&format!("`{name}`")), "ABI.md lacks import {name}");
+            assert!(
+                md.contains(&format!("`{name}`")),
+                "ABI.md lacks import {name}"
+            );
         }
         for (code, name) in [
             (host::act::IDENTITY, "identity"),
@@ -383,7 +386,10 @@ mod tests {
             (host::act::EXP, "exp"),
             (host::act::CLIP, "clip"),
         ] {
-            assert!(md.contains(&format!("`{code}` {name}")), "ABI.md lacks activation {code} {name}");
+            assert!(
+                md.contains(&format!("`{code}` {name}")),
+                "ABI.md lacks activation {code} {name}"
+            );
         }
     }
 
@@ -395,7 +401,10 @@ mod tests {
         }
         assert_eq!(host::decode_activation(12, 0.0, 0.0), None);
         assert_eq!(host::decode_activation(u32::MAX, 0.0, 0.0), None);
-        assert_eq!(host::decode_activation(host::act::CLIP, f32::NAN, 1.0), None);
+        assert_eq!(
+            host::decode_activation(host::act::CLIP, f32::NAN, 1.0),
+            None
+        );
     }
 
     #[test]

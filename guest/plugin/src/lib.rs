@@ -6,9 +6,7 @@
 
 use std::cell::RefCell;
 
-use policyport::{
-    ActMode, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
-};
+use policyport::{ActMode, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session};
 
 use policyport_abi::{ABI_VERSION, ErrorCode, Mode, ObsDType, PluginInfo};
 
@@ -46,7 +44,15 @@ mod host_lent {
         /// `policyport_abi::host::LEND_DENSE`.
         fn pp_host_lend_dense(w: *const f32, n: u32, k: u32, bias: *const f32) -> i32;
         /// `policyport_abi::host::DENSE`.
-        fn pp_host_dense(id: i32, x: *const f32, m: u32, y: *mut f32, act: u32, a: f32, b: f32) -> i32;
+        fn pp_host_dense(
+            id: i32,
+            x: *const f32,
+            m: u32,
+            y: *mut f32,
+            act: u32,
+            a: f32,
+            b: f32,
+        ) -> i32;
     }
 
     /// The host behind the imports. Sizes past `u32` (impossible in a 4 GiB memory) are never offered.

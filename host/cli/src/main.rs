@@ -590,7 +590,9 @@ fn run() -> Result<()> {
             if lend_dense && plugin.is_none() {
                 bail!("--lend-dense lends the kernel to the wasm sandbox: give --plugin too");
             }
-            if precision != policyport::CpuPrecision::F32 && (backend != Backend::Cpu || plugin.is_some()) {
+            if precision != policyport::CpuPrecision::F32
+                && (backend != Backend::Cpu || plugin.is_some())
+            {
                 bail!("--precision is the native cpu backend's (--backend cpu, no --plugin)");
             }
             let bytes = read(&artifact)?;

@@ -47,7 +47,9 @@ pub enum WasmError {
     MissingExport(&'static str),
     #[error("plugin speaks ABI version {found}, this host speaks {expected}")]
     AbiVersion { found: u32, expected: u32 },
-    #[error("plugin imports {0:?}; a policyport plugin imports only the host-lent dense kernel (policyport_host::pp_host_lend_dense, pp_host_dense)")]
+    #[error(
+        "plugin imports {0:?}; a policyport plugin imports only the host-lent dense kernel (policyport_host::pp_host_lend_dense, pp_host_dense)"
+    )]
     Imports(Vec<String>),
     #[error("plugin call '{call}' passed its deadline of {deadline_ms} ms")]
     Deadline {
