@@ -111,16 +111,18 @@ def main():
             dispatches[name] = {r["batch"]: r.get("dispatches_per_act") for r in recs}
         # The headline pair (policyport cpu vs onnxruntime native) in alternating rounds, median of each: a VM's
         # speed drifts by 10-20 % over a minute here, which would otherwise land on whichever ran second.
-        cpu_rounds, native_rounds, peaks = [], [], []
+        cpu_rounds, native_rounds, peaks, bf16_rounds = [], [], [], []
+        bf16 = bf16_runs(args, art)
         for _ in range(args.rounds):
-            out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
-                                  str(args.seconds), "--backend", "cpu"], check=True, capture_output=True,
-                                 text=True).stdout
-            cpu_rounds.append({r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())})
+            cpu_rounds.append(bench_ours(args, art, args.batches, ["--backend", "cpu"]))
             native_rounds.append(ort_native(args, f"{FIX}/policy.onnx", args.batches))
             peaks.append(fma_peak(args))
+            if bf16:
+                bf16_rounds.append(bench_ours(args, art, args.batches, ["--precision", "bf16"]))
         ours["cpu"] = {b: float(np.median([r[b] for r in cpu_rounds])) for b in cpu_rounds[0]}
         native = {b: float(np.median([r[b] for r in native_rounds])) for b in native_rounds[0]}
+        if bf16:
+            ours["cpu_bf16"] = {b: float(np.median([r[b] for r in bf16_rounds])) for b in bf16_rounds[0]}
         if args.threads > 1:
             out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
                                   str(args.seconds), "--backend", "cpu", "--threads", str(args.threads)],
@@ -193,6 +195,20 @@ def main():
             c = r["policyport_cpu_us"]
             print(f"| {r['batch']} | {c:.1f} | " + " | ".join(f"{r[p + '_us']:.1f}" for p in peers) + " | "
                   + " | ".join(f"{r[p + '_us'] / c:.2f}x" for p in peers) + " |")
+    print()
+    if "cpu_bf16" in ours:
+        print("opt-in bf16 (CpuPrecision::Bf16: bf16 weights and layer inputs, f32 sums, vdpbf16ps; heads f32) vs f32 "
+              "and onnxruntime native (f32), same alternating rounds; fidelity: tests/conformance/cpu_bf16.rs")
+        print("| batch | policyport cpu f32 | policyport cpu bf16 | bf16 speed-up | onnxruntime native | ort native / bf16 "
+              "| bf16 GFLOP/s (of f32 peak) |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            b = r["batch"]
+            c, h, n = ours["cpu"][b], ours["cpu_bf16"][b], r["onnxruntime_native_us"]
+            print(f"| {b} | {c:.1f} | {h:.1f} | {c / h:.2f}x | {fmt(n)} | {ratio(n, h)} | {rate(h, r['flop'])} |")
+            r["policyport_cpu_bf16_us"] = h
+    else:
+        print("opt-in bf16 (CpuPrecision::Bf16): not timed, this CPU has no AVX512-BF16")
     if "cpu_mt" in ours:
         t = args.threads
         print()
@@ -270,7 +286,7 @@ def fmt(v):
 
 
 def ratio(peer, ours):
-    return "n/a" if peer is None else f"{peer / ours:.2f}x"
+    return "n/a" if peer is None or ours is None else f"{peer / ours:.2f}x"
 
 
 def mlp_flop(batch):
@@ -301,6 +317,23 @@ def ort_native(args, model, batches, threads=1, recurrent=False):
            str(args.seconds), "--threads", str(threads)] + (["--recurrent"] if recurrent else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return {r["batch"]: r["us_per_run"] for r in map(json.loads, out.strip().splitlines())}
+
+
+def bench_ours(args, art, batches, extra):
+    """{batch: median us per act()} from `policyport bench`."""
+    out = subprocess.run([args.policyport, "bench", art, "--batches", str(batches), "--seconds", str(args.seconds)]
+                         + extra, check=True, capture_output=True, text=True).stdout
+    return {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
+
+
+def bf16_runs(args, art):
+    """Whether this CPU runs the cpu backend's bf16 kernels (a load with --precision bf16 succeeds; elsewhere it is
+    refused with a typed error naming the missing CPU feature)."""
+    r = subprocess.run([args.policyport, "bench", art, "--batches", "1", "--seconds", "0.01", "--precision", "bf16"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 and "avx512_bf16" not in r.stderr:
+        raise SystemExit(f"policyport bench --precision bf16 failed: {r.stderr}")
+    return r.returncode == 0
 
 
 def fma_peak(args):
@@ -340,10 +373,9 @@ def model_classes(args):
             art = os.path.join(tmp, f"{name}.policy")
             subprocess.run([args.policyport, "compile", f"{fix}/policy.onnx", "--spec", f"{fix}/import.json",
                             "--golden", f"{fix}/io.json", "-o", art], check=True, stdout=subprocess.DEVNULL)
-            recs = subprocess.run([args.policyport, "bench", art, "--batches", ",".join(map(str, batches)),
-                                   "--seconds", str(args.seconds), "--backend", "cpu"], check=True,
-                                  capture_output=True, text=True).stdout
-            ours = {r["batch"]: r["us_per_act"] for r in map(json.loads, recs.strip().splitlines())}
+            ours = bench_ours(args, art, ",".join(map(str, batches)), ["--backend", "cpu"])
+            ours_bf16 = bench_ours(args, art, ",".join(map(str, batches)), ["--precision", "bf16"]) \
+                if bf16_runs(args, art) else {}
         native = ort_native(args, f"{fix}/policy.onnx", ",".join(map(str, batches)),
                             recurrent=name == "lstm_policy")
         for b in batches:
@@ -380,19 +412,20 @@ def model_classes(args):
                         tstate["s"] = list(r[2:])
                     return r[0].numpy(), r[1].numpy()
             t_torch = median_us(eager, args.seconds)
-            out.append({"model": name, "batch": b, "policyport_cpu_us": ours[b], "onnxruntime_us": t_ort,
+            out.append({"model": name, "batch": b, "policyport_cpu_us": ours[b],
+                        "policyport_cpu_bf16_us": ours_bf16.get(b), "onnxruntime_us": t_ort,
                         "onnxruntime_native_us": native.get(b), "torch_eager_us": t_torch})
     print()
     print("model classes, 1 thread, median us per act() (policyport: checks, preprocessing, forward, sampling, "
           "value; recurrent state carried in all)")
     print("| model | batch | policyport cpu | onnxruntime native | onnxruntime python | torch eager | "
-          "ort native / cpu | ort python / cpu | torch / cpu |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "ort native / cpu | ort python / cpu | torch / cpu | policyport cpu bf16 | ort native / bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in out:
-        c, n = r["policyport_cpu_us"], r["onnxruntime_native_us"]
+        c, n, h = r["policyport_cpu_us"], r["onnxruntime_native_us"], r["policyport_cpu_bf16_us"]
         print(f"| {r['model']} | {r['batch']} | {c:.1f} | {fmt(n)} | {r['onnxruntime_us']:.1f} | "
               f"{r['torch_eager_us']:.1f} | {ratio(n, c)} | {r['onnxruntime_us'] / c:.2f}x | "
-              f"{r['torch_eager_us'] / c:.2f}x |")
+              f"{r['torch_eager_us'] / c:.2f}x | {fmt(h)} | {ratio(n, h)} |")
     print("(ratios > 1: policyport faster)")
     return out
 

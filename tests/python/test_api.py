@@ -263,3 +263,34 @@ def test_intra_op_threads_give_the_same_answers_and_refuse_typed():
     with pytest.raises(pp.BackendError):
         many.set_threads(100_000)
     assert many.threads == 1
+
+
+def _cpu_has_avx512_bf16():
+    try:
+        flags = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags and " avx512f" in flags
+
+
+@pytest.mark.skipif(not _cpu_has_avx512_bf16(), reason="needs a CPU with AVX512-BF16")
+def test_cpu_bf16_is_close_to_f32_and_deterministic():
+    art = pp.compile(FX / "mlp64" / "policy.onnx", spec=FX / "mlp64" / "import.json")
+    f32, bf16 = pp.Policy.load(art), pp.Policy.load(art, precision="bf16")
+    obs = np.random.default_rng(5).normal(size=(100, 64)).astype(np.float32)
+    a, b = f32.act(obs, seed=2, step=0), bf16.act(obs, seed=2, step=0)
+    # bf16 rounding is visible (the bf16 kernels ran) and small (~3 significant digits per layer).
+    err = np.abs(a.dist_inputs - b.dist_inputs).max() / np.abs(a.dist_inputs).max()
+    assert 1e-5 < err < 2e-2, err
+    assert np.array_equal(b.dist_inputs, bf16.act(obs, seed=2, step=0).dist_inputs)
+
+
+def test_cpu_precision_names_are_checked():
+    art = pp.compile(FX / "mlp64" / "policy.onnx", spec=FX / "mlp64" / "import.json")
+    with pytest.raises(ValueError):
+        pp.Policy.load(art, precision="fp8")
+    with pytest.raises(ValueError):
+        pp.Policy.load(art, backend="flex", precision="bf16")
+    if not _cpu_has_avx512_bf16():
+        with pytest.raises(pp.BackendError):
+            pp.Policy.load(art, precision="bf16")

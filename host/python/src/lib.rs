@@ -475,9 +475,10 @@ struct Acted {
 
 #[pymethods]
 impl PyPolicy {
-    /// Load a `.policy` artifact (bytes, or a path) on a backend: "cpu" (default), "flex", "wgpu", "torch"
-    /// (libtorch; `device` "cpu" / "cuda" / "cuda:N", `precision` "f32" / "bf16" / "f16"), or "auto" (times the
-    /// available backends at `batch` and keeps the fastest; `info.selection` says what it measured).
+    /// Load a `.policy` artifact (bytes, or a path) on a backend: "cpu" (default; `precision` "f32" or "bf16",
+    /// the latter on CPUs with AVX512-BF16, else a PolicyError), "flex", "wgpu", "torch" (libtorch; `device`
+    /// "cpu" / "cuda" / "cuda:N", `precision` "f32" / "bf16" / "f16"), or "auto" (times the available backends at
+    /// `batch` and keeps the fastest; `info.selection` says what it measured).
     /// `threads`: the cpu backend's intra-op threads for this policy's session (see `set_threads`).
     #[staticmethod]
     #[pyo3(signature = (source, backend = "cpu", *, batch = 1, device = "cpu", precision = "f32", max_envs = None, threads = 1))]
@@ -512,6 +513,26 @@ impl PyPolicy {
                         "backend 'wasmtime' is the sandboxed plugin for game engines (the C ABI / Rust host); \
                          from Python use cpu, flex, wgpu, torch or auto",
                     ));
+                }
+                Backend::Cpu if precision != "f32" => {
+                    let precision: policyport::CpuPrecision =
+                        precision
+                            .parse()
+                            .map_err(|e: policyport::UnknownPrecision| {
+                                PyValueError::new_err(e.to_string())
+                            })?;
+                    py.detach(|| {
+                        CompiledPolicy::with_builder(
+                            policyport::format::read_artifact(&bytes)?,
+                            std::sync::Arc::new(policyport::CpuOptions { precision }),
+                        )
+                    })
+                    .map_err(policy_err)?
+                }
+                b if precision != "f32" => {
+                    return Err(PyValueError::new_err(format!(
+                        "precision '{precision}' is for the cpu and torch backends, not {b}"
+                    )));
                 }
                 b => py
                     .detach(|| CompiledPolicy::load(&bytes, b))
