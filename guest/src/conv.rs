@@ -8,11 +8,12 @@
 //! one env (NatureCNN's first layer: 400 × 256 floats, 400 KB) stays cache-sized, so the gather costs a small
 //! fraction of the multiply-adds. The patch and result buffers belong to the session (no allocation once warm).
 
-use crate::dense::PackedDense;
+use crate::dense::{PackedDense, Segments};
 use crate::kernels::{Act, Isa};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Conv2d {
+    isa: Isa,
     /// One packed GEMM per group: `[O/g, C/g·KH·KW]`.
     groups: Vec<PackedDense>,
     c: usize,
@@ -100,6 +101,7 @@ impl Conv2d {
             }
         };
         Conv2d {
+            isa,
             groups,
             c: input[0],
             h: input[1],
@@ -123,8 +125,14 @@ impl Conv2d {
         }
     }
 
-    /// This convolution's GEMMs in `precision` ([`PackedDense::in_precision`]).
+    /// This convolution's GEMMs in `precision` ([`PackedDense::in_precision`]) — except one that reads its input
+    /// in place in f32 but could not in bf16 (an odd channel count: bf16 reads the input as pairs), which stays
+    /// f32: measured on NatureCNN at batch 64 (2026-12-03), im2col + bf16 was slower than the in-place f32 GEMM
+    /// (8.2 vs 6.8 ms).
     pub(crate) fn in_precision(mut self, precision: crate::CpuPrecision) -> Self {
+        if self.reads_in_place() && self.c % 2 == 1 {
+            return self;
+        }
         self.groups = self
             .groups
             .into_iter()
@@ -157,17 +165,73 @@ impl Conv2d {
         result: &mut Vec<f32>,
     ) {
         let (plen, rlen) = self.scratch_len();
+        let (c, h, w) = (self.c, self.h, self.w);
+        let g = self.groups.len();
+        let (cg, og) = (c / g, self.o / g);
+        let p = self.oh * self.ow;
+        let kdim = cg * self.k[0] * self.k[1];
+        if self.reads_in_place() {
+            // The whole batch as one implicit GEMM (rows = every env's output pixels, read from the input in
+            // place: no patch matrix), so the 96-row blocks reuse each weight panel across envs too.
+            let gemm = &self.groups[0];
+            let (ow, s, plane) = (self.ow, self.stride, h * w * c);
+            let row_start = |r: usize| {
+                let (b, pix) = (r / p, r % p);
+                b * plane + ((pix / ow) * s[0] * w + (pix % ow) * s[1]) * c
+            };
+            let seg = Segments {
+                count: self.k[0],
+                len: self.k[1] * c,
+                stride: w * c,
+            };
+            let x = &x[..batch * plane];
+            if self.out_nhwc {
+                gemm.run_rows(
+                    x,
+                    row_start,
+                    seg,
+                    &mut y[..batch * p * self.o],
+                    batch * p,
+                    act,
+                );
+                return;
+            }
+            // Channels-first output: GEMM rows of `chunk` envs at a time, then scattered. The chunk keeps this
+            // buffer within the scratch the memory estimate counts for a convolution (validate.rs: one env's
+            // patches and result; the patch buffer itself is not used on this path).
+            let env_out = p * self.o;
+            let chunk = ((plen + rlen) / env_out).clamp(1, batch.max(1));
+            if result.len() < chunk * env_out {
+                result.resize(chunk * env_out, 0.0);
+            }
+            let mut b0 = 0;
+            while b0 < batch {
+                let envs = chunk.min(batch - b0);
+                let rows = &mut result[..envs * env_out];
+                // The chunk's envs only (the bf16 kernel rounds what it is given, whole).
+                let start = |r: usize| row_start(b0 * p + r) - b0 * plane;
+                let xc = &x[b0 * plane..(b0 + envs) * plane];
+                gemm.run_rows(xc, start, seg, rows, envs * p, act);
+                for (rb, yb) in rows
+                    .chunks_exact(env_out)
+                    .zip(y[b0 * env_out..].chunks_exact_mut(env_out))
+                {
+                    for (oc, yrow) in yb.chunks_exact_mut(p).enumerate() {
+                        for (pix, v) in yrow.iter_mut().enumerate() {
+                            *v = rb[pix * self.o + oc];
+                        }
+                    }
+                }
+                b0 += envs;
+            }
+            return;
+        }
         if patches.len() < plen {
             patches.resize(plen, 0.0);
         }
         if result.len() < rlen {
             result.resize(rlen, 0.0);
         }
-        let (c, h, w) = (self.c, self.h, self.w);
-        let g = self.groups.len();
-        let (cg, og) = (c / g, self.o / g);
-        let p = self.oh * self.ow;
-        let kdim = cg * self.k[0] * self.k[1];
         for b in 0..batch {
             let xb = &x[b * c * h * w..(b + 1) * c * h * w];
             let yb = &mut y[b * self.o * p..(b + 1) * self.o * p];
@@ -195,6 +259,22 @@ impl Conv2d {
                 }
             }
         }
+    }
+
+    /// Whether [`run`](Self::run) reads the input in place ([`PackedDense::run_rows`]) instead of copying
+    /// patches: channels-last input (each kernel row one run of KW·C numbers), one group, no padding, no dilation,
+    /// every window inside the input, and the GEMM on the AVX-512 f32 kernel (not lent, not bf16).
+    fn reads_in_place(&self) -> bool {
+        self.nhwc
+            && self.groups.len() == 1
+            && self.pad == [0, 0]
+            && self.dilation == [1, 1]
+            && self.oh >= 1
+            && self.ow >= 1
+            && (self.oh - 1) * self.stride[0] + self.k[0] <= self.h
+            && (self.ow - 1) * self.stride[1] + self.k[1] <= self.w
+            && self.groups[0].runs_rows()
+            && (self.c % 2 == 0 || !self.groups[0].rows_must_be_even())
     }
 
     /// Row `oy·OW + ox` of `patches` = the input values under the kernel at that output pixel, zero where the
@@ -262,7 +342,7 @@ impl Conv2d {
                     let line = &x[iy as usize * self.w * c..(iy as usize + 1) * self.w * c];
                     if self.dilation[1] == 1 && x0 >= 0 && x0 + kw as isize <= w {
                         let start = x0 as usize * c;
-                        dst.copy_from_slice(&line[start..start + run]);
+                        copy_long(self.isa, dst, &line[start..start + run]);
                         continue;
                     }
                     for kx in 0..kw {
@@ -298,6 +378,49 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
         };
     }
     fixed!(1 2 3 4 5 6 7 8 9 10 11 12);
+}
+
+/// `dst.copy_from_slice(src)` for the kernel rows of a channels-last patch (NatureCNN: 32, 128 and 192 floats), in
+/// 16-float blocks the compiler turns into vector moves: `copy_from_slice` calls `memmove` for each, and those
+/// calls were 20 % of NatureCNN's act() at batch 64 (perf, 2026-12-03).
+#[inline(always)]
+fn copy_long(isa: Isa, dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: AVX-512F was detected; both slices hold `len` floats.
+        unsafe { copy_avx512(dst, src) };
+        return;
+    }
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let s: &[f32; 16] = s.try_into().unwrap();
+        let d: &mut [f32; 16] = d.try_into().unwrap();
+        *d = *s;
+    }
+    copy_run(d.into_remainder(), s.remainder());
+}
+
+/// `copy_long` in explicit 16-float vector moves (a plain loop is turned back into a `memmove` call by LLVM).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn copy_avx512(dst: &mut [f32], src: &[f32]) {
+    use std::arch::x86_64::*;
+    let n = dst.len();
+    let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+    let mut i = 0;
+    // SAFETY: every access is below `n`, the length of both slices (the tail masked).
+    unsafe {
+        while i + 16 <= n {
+            _mm512_storeu_ps(d.add(i), _mm512_loadu_ps(s.add(i)));
+            i += 16;
+        }
+        if i < n {
+            let m = ((1u32 << (n - i)) - 1) as __mmask16;
+            _mm512_mask_storeu_ps(d.add(i), m, _mm512_maskz_loadu_ps(m, s.add(i)));
+        }
+    }
 }
 
 /// 2-D max pooling geometry of one node (`[C, H, W]` → `[C, OH, OW]`).
@@ -447,6 +570,11 @@ mod tests {
             ([3, 9, 7], [6, 1, 3, 3], [1, 2], [1, 0, 2, 1], [1, 1], 3),
             ([2, 10, 10], [5, 2, 3, 2], [2, 1], [1, 1, 1, 1], [2, 3], 1),
             ([16, 5, 5], [32, 16, 1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            // Read in place when channels-last (no padding): 3 envs × 196 pixels = 588 rows (six 96-row blocks,
+            // a ragged last tile), 40 outputs (two 32-wide panels, the second ragged), odd run length 12.
+            ([3, 30, 30], [40, 3, 4, 4], [2, 2], [0, 0, 0, 0], [1, 1], 1),
+            // A stride that leaves the input's last column unread.
+            ([2, 11, 11], [24, 2, 3, 3], [3, 4], [0, 0, 0, 0], [1, 1], 1),
         ];
         let mut isas = vec![Isa::Baseline, kernels::detect()];
         isas.dedup();
@@ -524,6 +652,102 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The bf16 convolution read in place (even channel counts) computes the definition on bf16-rounded inputs
+    /// and weights, summed in f32: exact but for the summation order, across blocks, tiles, ragged panels and
+    /// envs.
+    #[test]
+    #[cfg_attr(
+        not(policyport_host_avx512bf16),
+        ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"
+    )]
+    fn bf16_conv_read_in_place_matches_the_rounded_definition() {
+        use crate::dense_bf16::round_bf16;
+        for (ci, &(input, ws, stride)) in [
+            (
+                [4usize, 84usize, 84usize],
+                [32usize, 4usize, 8usize, 8usize],
+                [4usize, 4usize],
+            ),
+            ([32, 9, 9], [64, 32, 3, 3], [1, 1]),
+            ([2, 30, 30], [40, 2, 4, 4], [2, 2]),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let [c, h, w] = input;
+            let oh = (h - ws[2]) / stride[0] + 1;
+            let ow = (w - ws[3]) / stride[1] + 1;
+            let batch = 3;
+            let n_in = c * h * w;
+            let x = lcg(batch * n_in, 11 + ci as u32);
+            let wt = lcg(ws.iter().product(), 111 + ci as u32);
+            let b = lcg(ws[0], 211 + ci as u32);
+            let conv = Conv2d::new(
+                Isa::Avx512,
+                &wt,
+                &ws,
+                Some(&b),
+                &input,
+                &[ws[0], oh, ow],
+                stride,
+                [0; 4],
+                [1, 1],
+                1,
+                ConvInput::ChannelsLast {
+                    scale: 1.0,
+                    shift: 0.0,
+                },
+            )
+            .in_precision(crate::CpuPrecision::Bf16);
+            assert!(conv.reads_in_place() && conv.groups[0].rows_must_be_even());
+            // The channels-last input and the channels-first reference both from the rounded values.
+            let xr: Vec<f32> = x.iter().map(|v| round_bf16(*v)).collect();
+            let wr: Vec<f32> = wt.iter().map(|v| round_bf16(*v)).collect();
+            let nhwc: Vec<f32> = (0..batch * n_in)
+                .map(|i| {
+                    let (bi, r) = (i / n_in, i % n_in);
+                    let (yy, xx, ch) = (r / (w * c), r / c % w, r % c);
+                    x[bi * n_in + (ch * h + yy) * w + xx]
+                })
+                .collect();
+            let n_out = ws[0] * oh * ow;
+            let mut y = vec![f32::NAN; batch * n_out];
+            conv.run(
+                &nhwc,
+                &mut y,
+                batch,
+                Act::Identity,
+                &mut vec![],
+                &mut vec![],
+            );
+            for bi in 0..batch {
+                let want = conv_ref(
+                    &xr[bi * n_in..(bi + 1) * n_in],
+                    &wr,
+                    ws,
+                    &b,
+                    input,
+                    stride,
+                    [0; 4],
+                    [1, 1],
+                    1,
+                    [oh, ow],
+                );
+                let kdim = (ws[1] * ws[2] * ws[3]) as f64;
+                for (i, (g, wv)) in y[bi * n_out..(bi + 1) * n_out]
+                    .iter()
+                    .zip(&want)
+                    .enumerate()
+                {
+                    assert!(
+                        (*g as f64 - wv).abs() < 2e-6 * (1.0 + wv.abs()) * kdim.sqrt(),
+                        "case {ci} env {bi} element {i}: {g} vs {wv}"
+                    );
                 }
             }
         }

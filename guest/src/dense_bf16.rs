@@ -143,11 +143,212 @@ pub(crate) fn run(
     }
 }
 
+/// [`run`] with row `r` of the left matrix read in place from `x` as `seg` says ([`crate::dense::Segments`]): a
+/// channels-last convolution without a patch copy. `x` is rounded to bf16 pairs whole, once, so every row start,
+/// run length and run stride must be even (a pair never straddles two runs): the caller checks
+/// (`Conv2d::reads_in_place`: an even channel count).
+///
+/// # Panics
+/// When the kernel is not available, an offset or length is odd, a row's runs leave `x`, or the runs do not
+/// cover k.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_rows(
+    panels: &Bf16Panels,
+    bias: &[f32],
+    x: &[f32],
+    row_start: &dyn Fn(usize) -> usize,
+    seg: crate::dense::Segments,
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    act: Act,
+) {
+    assert!(
+        available(),
+        "bf16 panels are packed only where the kernel runs"
+    );
+    assert!(seg.count >= 1 && seg.count * seg.len == k && seg.len % 2 == 0 && seg.stride % 2 == 0);
+    assert!(y.len() >= m * n && bias.len() >= n.div_ceil(NR) * NR && panels.k2 == k / 2);
+    let span = (seg.count - 1) * seg.stride + seg.len;
+    for r in 0..m {
+        let start = row_start(r);
+        assert!(
+            start % 2 == 0 && start + span <= x.len(),
+            "row {r}: odd or outside the input"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        INPUT_PAIRS.with_borrow_mut(|xp| {
+            let pairs = x.len().div_ceil(2);
+            if xp.len() < pairs {
+                xp.resize(pairs, 0);
+            }
+            let half = crate::dense::Segments {
+                count: seg.count,
+                len: seg.len / 2,
+                stride: seg.stride / 2,
+            };
+            // SAFETY: `available` saw AVX512-F and AVX512-BF16; `xp` holds x rounded, every row's runs (in
+            // pairs: offsets and lengths halved, all even before) were checked to lie inside it above.
+            unsafe {
+                if !x.is_empty() {
+                    x86::round_rows(x, x.len(), &mut xp[..pairs]);
+                }
+                x86::dense_rows(
+                    &xp[..pairs],
+                    &|r| row_start(r) / 2,
+                    half,
+                    panels,
+                    bias,
+                    y,
+                    m,
+                    n,
+                );
+            }
+        });
+        if act != Act::Identity {
+            kernels::bias_act(Isa::Avx512, act, &mut y[..m * n], None, n);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
     use super::{Bf16Panels, MR, NR, ROW_BLOCK};
+
+    /// `dense` over rows read in place ([`super::run_rows`]): `x` is the whole input in pairs, row r's runs start
+    /// at `row_start(r)` (in pairs).
+    ///
+    /// # Safety
+    /// AVX512-F and AVX512-BF16; every row's runs inside `x`; `y` m rows of n; `bias` whole panels.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dense_rows(
+        x: &[u32],
+        row_start: &dyn Fn(usize) -> usize,
+        seg: crate::dense::Segments,
+        panels: &Bf16Panels,
+        bias: &[f32],
+        y: &mut [f32],
+        m: usize,
+        n: usize,
+    ) {
+        let (k2, np) = (panels.k2, n.div_ceil(NR));
+        let base = x.as_ptr();
+        let mut r0 = 0;
+        while r0 < m {
+            let block = (m - r0).min(ROW_BLOCK);
+            for p in 0..np {
+                let wp = &panels.pairs[p * k2 * NR..(p + 1) * k2 * NR];
+                let b = &bias[p * NR..(p + 1) * NR];
+                let mut r = r0;
+                while r < r0 + block {
+                    let rows = (r0 + block - r).min(MR);
+                    let ys = &mut y[r * n..];
+                    // SAFETY: the caller's contract (rows inside `x`), `wp` one panel, `ys` from row r on.
+                    unsafe {
+                        macro_rules! rows {
+                            ($($r:literal)*) => {
+                                match rows {
+                                    $($r => {
+                                        let ptrs: [*const u32; $r] =
+                                            std::array::from_fn(|i| base.add(row_start(r + i)));
+                                        rows_tile::<$r>(&ptrs, seg, wp, b, ys, n, p * NR)
+                                    })*
+                                    _ => unreachable!("1 to {MR} rows"),
+                                }
+                            };
+                        }
+                        rows!(1 2 3 4 5 6 7 8 9 10 11 12)
+                    }
+                    r += rows;
+                }
+            }
+            r0 += block;
+        }
+    }
+
+    /// `tile::<R, 1>` with each row's pairs read from `rows[i]` in `seg`'s runs.
+    ///
+    /// # Safety
+    /// AVX512-F and AVX512-BF16; as for `tile`, with the rows' runs inside their allocation.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn rows_tile<const R: usize>(
+        rows: &[*const u32; R],
+        seg: crate::dense::Segments,
+        w: &[u32],
+        bias: &[f32],
+        y: &mut [f32],
+        n: usize,
+        c0: usize,
+    ) {
+        unsafe {
+            let b = |h: usize| _mm512_loadu_ps(bias.as_ptr().add(h * 16));
+            let mut acc: [[[__m512; 2]; R]; 1] = [[[b(0), b(1)]; R]];
+            let mut wj = w.as_ptr();
+            for s in 0..seg.count {
+                let off = s * seg.stride;
+                for kk in 0..seg.len {
+                    let xv: [__m512bh; R] = std::array::from_fn(|i| {
+                        std::mem::transmute(_mm512_set1_epi32(*rows[i].add(off + kk) as i32))
+                    });
+                    let w0: __m512bh =
+                        std::mem::transmute(_mm512_loadu_si512(wj as *const __m512i));
+                    let w1: __m512bh =
+                        std::mem::transmute(_mm512_loadu_si512(wj.add(16) as *const __m512i));
+                    for i in 0..R {
+                        acc[0][i][0] = _mm512_dpbf16_ps(acc[0][i][0], xv[i], w0);
+                        acc[0][i][1] = _mm512_dpbf16_ps(acc[0][i][1], xv[i], w1);
+                    }
+                    wj = wj.add(NR);
+                }
+            }
+            store(&acc, y, n, c0);
+        }
+    }
+
+    /// `acc[j][i][h]` to `y[i·n + c0 + j·32 + h·16 ..]`, the columns from n on masked off.
+    ///
+    /// # Safety
+    /// AVX-512F; `y` holds (R − 1)·n + min(n, c0 + P·32).
+    #[inline(always)]
+    unsafe fn store<const R: usize, const P: usize>(
+        acc: &[[[__m512; 2]; R]; P],
+        y: &mut [f32],
+        n: usize,
+        c0: usize,
+    ) {
+        let yp = y.as_mut_ptr();
+        for j in 0..P {
+            for h in 0..2 {
+                let col = c0 + j * NR + h * 16;
+                if col >= n {
+                    break;
+                }
+                let valid = n - col;
+                for i in 0..R {
+                    // SAFETY: inside `y` by the caller's contract.
+                    unsafe {
+                        let o = yp.add(i * n + col);
+                        if valid >= 16 {
+                            _mm512_storeu_ps(o, acc[j][i][h]);
+                        } else {
+                            _mm512_mask_storeu_ps(
+                                o,
+                                ((1u32 << valid) - 1) as __mmask16,
+                                acc[j][i][h],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Each row of `x` (`k` floats) rounded to `ceil(k/2)` bf16 pairs in `out` (a zero high half when k is odd).
     ///
@@ -278,28 +479,7 @@ mod x86 {
                     }
                 }
             }
-            let yp = y.as_mut_ptr();
-            for j in 0..P {
-                for h in 0..2 {
-                    let col = c0 + j * NR + h * 16;
-                    if col >= n {
-                        break;
-                    }
-                    let valid = n - col;
-                    for i in 0..R {
-                        let o = yp.add(i * n + col);
-                        if valid >= 16 {
-                            _mm512_storeu_ps(o, acc[j][i][h]);
-                        } else {
-                            _mm512_mask_storeu_ps(
-                                o,
-                                ((1u32 << valid) - 1) as __mmask16,
-                                acc[j][i][h],
-                            );
-                        }
-                    }
-                }
-            }
+            store(&acc, y, n, c0);
         }
     }
 }
