@@ -500,7 +500,7 @@ mod wasm {
 /// The register-blocked inner loops in intrinsics: written generically, the compiler keeps some accumulators in
 /// memory (it vectorises the lane loop only after scalar replacement has given up on the array).
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     /// `y[i·n + c0 + j·NR + c] = bias_j[c] + Σ_kk x[i][kk] · panel_j[kk][c]` for R rows, P panels and the columns
@@ -546,7 +546,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F; `y` holds (R − 1)·n + min(n, c0 + P·16V).
     #[inline(always)]
-    unsafe fn store_avx512<const R: usize, const P: usize, const V: usize>(
+    pub(crate) unsafe fn store_avx512<const R: usize, const P: usize, const V: usize>(
         acc: &[[[__m512; V]; R]; P],
         y: &mut [f32],
         n: usize,

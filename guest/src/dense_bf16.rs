@@ -308,45 +308,7 @@ mod x86 {
                     wj = wj.add(NR);
                 }
             }
-            store(&acc, y, n, c0);
-        }
-    }
-
-    /// `acc[j][i][h]` to `y[i·n + c0 + j·32 + h·16 ..]`, the columns from n on masked off.
-    ///
-    /// # Safety
-    /// AVX-512F; `y` holds (R − 1)·n + min(n, c0 + P·32).
-    #[inline(always)]
-    unsafe fn store<const R: usize, const P: usize>(
-        acc: &[[[__m512; 2]; R]; P],
-        y: &mut [f32],
-        n: usize,
-        c0: usize,
-    ) {
-        let yp = y.as_mut_ptr();
-        for j in 0..P {
-            for h in 0..2 {
-                let col = c0 + j * NR + h * 16;
-                if col >= n {
-                    break;
-                }
-                let valid = n - col;
-                for i in 0..R {
-                    // SAFETY: inside `y` by the caller's contract.
-                    unsafe {
-                        let o = yp.add(i * n + col);
-                        if valid >= 16 {
-                            _mm512_storeu_ps(o, acc[j][i][h]);
-                        } else {
-                            _mm512_mask_storeu_ps(
-                                o,
-                                ((1u32 << valid) - 1) as __mmask16,
-                                acc[j][i][h],
-                            );
-                        }
-                    }
-                }
-            }
+            crate::dense::x86::store_avx512(&acc, y, n, c0);
         }
     }
 
@@ -479,7 +441,7 @@ mod x86 {
                     }
                 }
             }
-            store(&acc, y, n, c0);
+            crate::dense::x86::store_avx512(&acc, y, n, c0);
         }
     }
 }
