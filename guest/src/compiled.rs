@@ -98,6 +98,9 @@ impl std::fmt::Debug for CompiledPolicy {
     }
 }
 
+/// The most bytes of zero observations one warm-up act at load may use (see `CompiledPolicy::warm_up_batches`).
+const WARM_UP_OBS_BYTES: usize = 16 << 20;
+
 impl CompiledPolicy {
     /// Read, checksum and validate the artifact, lower it for `backend` (weights packed / uploaded once) and warm
     /// up (one act at batch 1; on a GPU also batch 64, so every kernel variant's pipeline exists), so the first
@@ -188,12 +191,22 @@ impl CompiledPolicy {
     }
 
     /// GPU programs also warm the large-batch (tiled) kernels, so no batch size meets an uncompiled pipeline.
+    /// The executor's warm-up batches ([`Executor::warm_up_batches`]), each capped so its zero observations stay
+    /// within [`WARM_UP_OBS_BYTES`]. Why: the batch-64 warm-up used to run for every executor that samples, the
+    /// sandboxed plugin included; a policy with a 1000 × 1000 observation then copied 64 × 4 MB into the plugin
+    /// at load and hit its default 256 MiB memory cap (found on ONNX's MaxPool2d_stride_padding_dilation;
+    /// regression test in tests/conformance/onnx_backend.rs).
     fn warm_up_batches(&self) -> Vec<usize> {
-        if self.exec.placement().sampling {
-            vec![1, 64]
-        } else {
-            vec![1]
-        }
+        let per_env = 4 * self.artifact.manifest.observation.raw_len().max(1);
+        let cap = (WARM_UP_OBS_BYTES / per_env).max(1);
+        let mut batches: Vec<usize> = self
+            .exec
+            .warm_up_batches()
+            .iter()
+            .map(|b| (*b).clamp(1, cap))
+            .collect();
+        batches.dedup();
+        batches
     }
 
     fn warm_up(self: &Arc<Self>, batch: usize) -> Result<(), PolicyError> {

@@ -13,7 +13,6 @@ use crate::kernels::{Act, Isa};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Conv2d {
-    isa: Isa,
     /// One packed GEMM per group: `[O/g, C/g·KH·KW]`.
     groups: Vec<PackedDense>,
     c: usize,
@@ -101,7 +100,6 @@ impl Conv2d {
             }
         };
         Conv2d {
-            isa,
             groups,
             c: input[0],
             h: input[1],
@@ -342,7 +340,7 @@ impl Conv2d {
                     let line = &x[iy as usize * self.w * c..(iy as usize + 1) * self.w * c];
                     if self.dilation[1] == 1 && x0 >= 0 && x0 + kw as isize <= w {
                         let start = x0 as usize * c;
-                        copy_long(self.isa, dst, &line[start..start + run]);
+                        dst.copy_from_slice(&line[start..start + run]);
                         continue;
                     }
                     for kx in 0..kw {
@@ -378,49 +376,6 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
         };
     }
     fixed!(1 2 3 4 5 6 7 8 9 10 11 12);
-}
-
-/// `dst.copy_from_slice(src)` for the kernel rows of a channels-last patch (NatureCNN: 32, 128 and 192 floats), in
-/// 16-float blocks the compiler turns into vector moves: `copy_from_slice` calls `memmove` for each, and those
-/// calls were 20 % of NatureCNN's act() at batch 64 (perf, 2026-12-03).
-#[inline(always)]
-fn copy_long(isa: Isa, dst: &mut [f32], src: &[f32]) {
-    assert_eq!(dst.len(), src.len());
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: AVX-512F was detected; both slices hold `len` floats.
-        unsafe { copy_avx512(dst, src) };
-        return;
-    }
-    let mut d = dst.chunks_exact_mut(16);
-    let mut s = src.chunks_exact(16);
-    for (d, s) in (&mut d).zip(&mut s) {
-        let s: &[f32; 16] = s.try_into().unwrap();
-        let d: &mut [f32; 16] = d.try_into().unwrap();
-        *d = *s;
-    }
-    copy_run(d.into_remainder(), s.remainder());
-}
-
-/// `copy_long` in explicit 16-float vector moves (a plain loop is turned back into a `memmove` call by LLVM).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn copy_avx512(dst: &mut [f32], src: &[f32]) {
-    use std::arch::x86_64::*;
-    let n = dst.len();
-    let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
-    let mut i = 0;
-    // SAFETY: every access is below `n`, the length of both slices (the tail masked).
-    unsafe {
-        while i + 16 <= n {
-            _mm512_storeu_ps(d.add(i), _mm512_loadu_ps(s.add(i)));
-            i += 16;
-        }
-        if i < n {
-            let m = ((1u32 << (n - i)) - 1) as __mmask16;
-            _mm512_mask_storeu_ps(d.add(i), m, _mm512_maskz_loadu_ps(m, s.add(i)));
-        }
-    }
 }
 
 /// 2-D max pooling geometry of one node (`[C, H, W]` → `[C, OH, OW]`).

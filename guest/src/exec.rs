@@ -691,6 +691,15 @@ impl Executor for Program {
         self.backend
     }
 
+    /// A wgpu program builds its small-batch and tiled kernels' pipelines on first use: warm both.
+    fn warm_up_batches(&self) -> &'static [usize] {
+        #[cfg(feature = "wgpu")]
+        if self.gpu.is_some() {
+            return &[1, 64];
+        }
+        &[1]
+    }
+
     /// wgpu programs preprocess (unless a one-hot needs the host), keep state and sample on the device.
     fn placement(&self) -> Placement {
         #[cfg(feature = "wgpu")]

@@ -115,6 +115,13 @@ pub trait Executor: Send + Sync {
         Placement::default()
     }
 
+    /// Batch sizes [`CompiledPolicy`](crate::CompiledPolicy) acts at once while loading, so that the first real
+    /// act() pays no setup: batch 1 by default; a GPU program also a batch large enough to build its tiled
+    /// kernels' pipelines. (The policy caps these by observation size: see `CompiledPolicy::warm_up_batches`.)
+    fn warm_up_batches(&self) -> &'static [usize] {
+        &[1]
+    }
+
     /// Numbers per env of each recurrent state input, in manifest order.
     fn state_sizes(&self) -> &[usize];
 

@@ -948,6 +948,15 @@ impl Executor for TorchProgram {
         self.placement
     }
 
+    /// Sampling on the device (CUDA graphs, device Philox) has per-shape setup at a larger batch too.
+    fn warm_up_batches(&self) -> &'static [usize] {
+        if self.placement.sampling {
+            &[1, 64]
+        } else {
+            &[1]
+        }
+    }
+
     fn state_sizes(&self) -> &[usize] {
         &self.state_sizes
     }
