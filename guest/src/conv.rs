@@ -532,6 +532,11 @@ mod tests {
             ([2, 11, 11], [24, 2, 3, 3], [3, 4], [0, 0, 0, 0], [1, 1], 1),
         ];
         let mut isas = vec![Isa::Baseline, kernels::detect()];
+        // The AVX2 kernels too where the CPU has AVX-512 (detect() picks the widest).
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            isas.push(Isa::Avx2Fma);
+        }
         isas.dedup();
         for isa in isas {
             for (ci, &(input, ws, stride, pad, dil, groups)) in cases.iter().enumerate() {

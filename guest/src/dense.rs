@@ -192,12 +192,12 @@ pub(crate) struct Segments {
 }
 
 impl PackedDense {
-    /// Whether [`run_rows`](Self::run_rows) can run this layer: on this runtime's AVX-512 kernels (f32, or bf16
-    /// with even row starts and runs: [`rows_must_be_even`](Self::rows_must_be_even)), not lent.
+    /// Whether [`run_rows`](Self::run_rows) can run this layer: on this runtime's AVX-512 or AVX2 kernels (f32,
+    /// or bf16 with even row starts and runs: [`rows_must_be_even`](Self::rows_must_be_even)), not lent.
     pub(crate) fn runs_rows(&self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            self.isa == Isa::Avx512 && self.lent.is_none()
+            matches!(self.isa, Isa::Avx512 | Isa::Avx2Fma) && self.lent.is_none()
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -229,7 +229,10 @@ impl PackedDense {
         m: usize,
         act: Act,
     ) {
-        assert!(self.runs_rows(), "run_rows needs the AVX-512 kernels");
+        assert!(
+            self.runs_rows(),
+            "run_rows needs the AVX-512 or AVX2 kernels"
+        );
         if let Some(bf16) = &self.bf16 {
             let (k, n) = (self.k, self.n);
             crate::dense_bf16::run_rows(bf16, &self.bias, x, &row_start, seg, y, m, k, n, act);
@@ -242,13 +245,13 @@ impl PackedDense {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            // SAFETY: AVX-512F was detected (`runs_rows`); every row's runs were checked to lie inside `x`, and
-            // the panels were packed `nr` wide for this ISA.
+            // SAFETY: the ISA's features were detected (`runs_rows`); every row's runs were checked to lie inside
+            // `x`, and the panels were packed `nr` wide for this ISA.
             unsafe {
-                if self.nr == 16 {
-                    x86::rows_avx512::<1>(self, x, &row_start, seg, y, m, act)
-                } else {
-                    x86::rows_avx512::<2>(self, x, &row_start, seg, y, m, act)
+                match (self.isa, self.nr) {
+                    (Isa::Avx2Fma, _) => x86::rows_avx2::<2>(self, x, &row_start, seg, y, m, act),
+                    (_, 16) => x86::rows_avx512::<1>(self, x, &row_start, seg, y, m, act),
+                    _ => x86::rows_avx512::<2>(self, x, &row_start, seg, y, m, act),
                 }
             }
         }
@@ -620,65 +623,105 @@ pub(crate) mod x86 {
         }
     }
 
-    /// The row blocks, panels and tiles of `dense_generic` for [`PackedDense::run_rows`](super::PackedDense).
-    ///
-    /// # Safety
-    /// AVX-512F; the layer packed 16V wide; every row's runs inside `x` (checked by the caller); `y` m·n.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn rows_avx512<const V: usize>(
-        d: &super::PackedDense,
-        x: &[f32],
-        row_start: &dyn Fn(usize) -> usize,
-        seg: super::Segments,
-        y: &mut [f32],
-        m: usize,
-        act: super::Act,
-    ) {
-        const MR: usize = 12;
-        const ROW_BLOCK: usize = 96;
-        let (k, n, nr) = (d.k, d.n, 16 * V);
-        let np = n.div_ceil(nr);
-        let base = x.as_ptr();
-        let mut r0 = 0;
-        while r0 < m {
-            let block = (m - r0).min(ROW_BLOCK);
-            for p in 0..np {
-                let panel = &d.panels[p * k * nr..(p + 1) * k * nr];
-                let bias = &d.bias[p * nr..(p + 1) * nr];
-                let mut r = r0;
-                while r < r0 + block {
-                    let rows = (r0 + block - r).min(MR);
-                    let ys = &mut y[r * n..];
-                    // SAFETY: row starts inside `x` with their runs (checked by run_rows); the rest as for
-                    // `rows_tile`.
-                    unsafe {
-                        macro_rules! tile {
-                            ($($r:literal)*) => {
+    /// `$name`: the row blocks, panels and tiles of `dense_generic` for [`PackedDense::run_rows`](super::PackedDense)
+    /// on one instruction set (`$tile` computes one tile of up to `$mr` rows, `$nr` columns).
+    macro_rules! rows_driver {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $isa:expr, $mr:literal, $nr:expr, $tile:ident, [$($r:literal)*]) => {
+            $(#[$doc])*
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const V: usize>(
+                d: &super::PackedDense,
+                x: &[f32],
+                row_start: &dyn Fn(usize) -> usize,
+                seg: super::Segments,
+                y: &mut [f32],
+                m: usize,
+                act: super::Act,
+            ) {
+                const ROW_BLOCK: usize = 96;
+                let (k, n, nr) = (d.k, d.n, $nr);
+                let np = n.div_ceil(nr);
+                let base = x.as_ptr();
+                let mut r0 = 0;
+                while r0 < m {
+                    let block = (m - r0).min(ROW_BLOCK);
+                    for p in 0..np {
+                        let panel = &d.panels[p * k * nr..(p + 1) * k * nr];
+                        let bias = &d.bias[p * nr..(p + 1) * nr];
+                        let mut r = r0;
+                        while r < r0 + block {
+                            let rows = (r0 + block - r).min($mr);
+                            let ys = &mut y[r * n..];
+                            // SAFETY: row starts inside `x` with their runs (checked by run_rows); the rest as
+                            // for the tile function.
+                            unsafe {
                                 match rows {
                                     $($r => {
                                         let ptrs: [*const f32; $r] =
                                             std::array::from_fn(|i| base.add(row_start(r + i)));
-                                        rows_tile::<$r, V>(&ptrs, seg, panel, bias, ys, n, p * nr)
+                                        $tile::<$r, V>(&ptrs, seg, panel, bias, ys, n, p * nr)
                                     })*
-                                    _ => unreachable!("1 to {MR} rows"),
+                                    _ => unreachable!("1 to {} rows", $mr),
                                 }
-                            };
+                            }
+                            r += rows;
                         }
-                        tile!(1 2 3 4 5 6 7 8 9 10 11 12)
                     }
-                    r += rows;
+                    if act != super::Act::Identity {
+                        crate::kernels::bias_act($isa, act, &mut y[r0 * n..(r0 + block) * n], None, n);
+                    }
+                    r0 += block;
                 }
             }
-            if act != super::Act::Identity {
-                crate::kernels::bias_act(
-                    super::Isa::Avx512,
-                    act,
-                    &mut y[r0 * n..(r0 + block) * n],
-                    None,
-                    n,
-                );
+        };
+    }
+
+    rows_driver!(
+        /// # Safety
+        /// AVX-512F; the layer packed 16V wide; every row's runs inside `x` (checked by the caller); `y` m·n.
+        rows_avx512, "avx512f,avx2,fma", super::Isa::Avx512, 12, 16 * V, rows_tile,
+        [1 2 3 4 5 6 7 8 9 10 11 12]
+    );
+    rows_driver!(
+        /// # Safety
+        /// AVX2 + FMA; the layer packed 16 wide (V = 2 ymm); every row's runs inside `x`; `y` m·n.
+        rows_avx2, "avx2,fma", super::Isa::Avx2Fma, 6, 16, rows_tile_avx2,
+        [1 2 3 4 5 6]
+    );
+
+    /// `rows_tile` on AVX2: R rows × one 16-wide panel in two ymm per row (V is always 2 here).
+    ///
+    /// # Safety
+    /// AVX2 + FMA; as for `rows_tile` with 16-wide panels.
+    #[inline(always)]
+    unsafe fn rows_tile_avx2<const R: usize, const V: usize>(
+        rows: &[*const f32; R],
+        seg: super::Segments,
+        panel: &[f32],
+        bias: &[f32],
+        y: &mut [f32],
+        n: usize,
+        c0: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let b = |h: usize| _mm256_loadu_ps(bias.as_ptr().add(h * 8));
+            let mut acc: [[[__m256; 2]; R]; 1] = [[[b(0), b(1)]; R]];
+            let mut w = panel.as_ptr();
+            for s in 0..seg.count {
+                let off = s * seg.stride;
+                for kk in 0..seg.len {
+                    let xv: [__m256; R] =
+                        std::array::from_fn(|i| _mm256_set1_ps(*rows[i].add(off + kk)));
+                    let (w0, w1) = (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)));
+                    for i in 0..R {
+                        acc[0][i][0] = _mm256_fmadd_ps(xv[i], w0, acc[0][i][0]);
+                        acc[0][i][1] = _mm256_fmadd_ps(xv[i], w1, acc[0][i][1]);
+                    }
+                    w = w.add(16);
+                }
             }
-            r0 += block;
+            store_avx2(&acc, y, n, c0);
         }
     }
 
@@ -711,6 +754,23 @@ pub(crate) mod x86 {
                     }
                 }
             }
+            store_avx2(&acc, y, n, c0);
+        }
+    }
+
+    /// `acc[j][i][h]` to `y[i·n + c0 + j·16 + h·8 ..]`, the columns from n on masked off.
+    ///
+    /// # Safety
+    /// AVX2; `y` holds (R − 1)·n + min(n, c0 + P·16).
+    #[inline(always)]
+    unsafe fn store_avx2<const R: usize, const P: usize>(
+        acc: &[[[__m256; 2]; R]; P],
+        y: &mut [f32],
+        n: usize,
+        c0: usize,
+    ) {
+        // SAFETY: inside `y` by the caller's contract.
+        unsafe {
             let yp = y.as_mut_ptr();
             let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             for j in 0..P {
