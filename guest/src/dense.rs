@@ -796,6 +796,19 @@ pub(crate) mod x86 {
     }
 }
 
+/// Deterministic test inputs `x[m, k]` in [-1, 1] and weights `w[n, k]` in [-1, 1] (the f32 and bf16 kernels'
+/// tests share them).
+#[cfg(test)]
+pub(crate) fn test_operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let x = (0..m * k)
+        .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+        .collect();
+    let w = (0..n * k)
+        .map(|i| ((i * 104_729) % 97) as f32 / 48.0 - 1.0)
+        .collect();
+    (x, w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -824,12 +837,7 @@ mod tests {
             (25, 9, 33),
             (30, 20, 16),
         ] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 104_729) % 97) as f32 / 48.0 - 1.0)
-                .collect();
+            let (x, w) = test_operands(m, k, n);
             let b: Vec<f32> = (0..n).map(|i| i as f32 / 10.0 - 1.0).collect();
             for act in [Act::Identity, Act::Tanh, Act::Relu] {
                 let want: Vec<f64> = (0..m * n)

@@ -486,12 +486,7 @@ mod tests {
             (30, 3136, 40),
             (12, 1, 17),
         ] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 104_729) % 97) as f32 / 48.0 - 1.0)
-                .collect();
+            let (x, w) = crate::dense::test_operands(m, k, n);
             let b: Vec<f32> = (0..n.div_ceil(NR) * NR)
                 .map(|i| i as f32 / 10.0 - 1.0)
                 .collect();
