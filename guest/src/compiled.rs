@@ -374,7 +374,11 @@ impl CompiledPolicy {
     /// Refuse an act() of `batch` rows in a session holding state for `envs` envs when the estimate
     /// ([`ValidatedPlan::memory`]) is over `max_memory_bytes`: a typed error before anything is allocated.
     pub(crate) fn check_memory(&self, batch: usize, envs: usize) -> Result<(), PolicyError> {
-        let bytes = self.plan.memory.bytes_for(batch, envs);
+        let bytes = self
+            .plan
+            .memory
+            .bytes_for(batch, envs)
+            .saturating_add(self.exec.extra_bytes_per_row().saturating_mul(batch as u64));
         if bytes > self.limits.max_memory_bytes {
             return Err(PolicyError::Memory {
                 batch,

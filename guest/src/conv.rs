@@ -259,6 +259,19 @@ impl Conv2d {
         }
     }
 
+    /// Bytes of bf16 pair buffer one env of this convolution needs (0 in f32): its whole input when read in place
+    /// (rounded once), else its patch matrix (counted per env, though it is one env's at a time: an upper bound).
+    pub(crate) fn bf16_bytes_per_env(&self) -> u64 {
+        let g = &self.groups[0];
+        if g.bf16_bytes_per_row() == 0 {
+            0
+        } else if self.reads_in_place() {
+            2 * (self.c * self.h * self.w) as u64 + 4
+        } else {
+            (self.oh * self.ow) as u64 * g.bf16_bytes_per_row()
+        }
+    }
+
     /// Whether [`run`](Self::run) reads the input in place ([`PackedDense::run_rows`]) instead of copying
     /// patches: channels-last input (each kernel row one run of KW·C numbers), one group, no padding, no dilation,
     /// every window inside the input, and the GEMM on the AVX-512 f32 kernel (not lent, not bf16).

@@ -116,6 +116,8 @@ pub(crate) struct CpuProgram {
     state_sizes: Vec<usize>,
     readback: Vec<(usize, usize)>,
     row_width: usize,
+    /// [`Executor::extra_bytes_per_row`]: the largest bf16 pair buffer a layer needs per row (0 in f32).
+    bf16_bytes_per_row: u64,
 }
 
 /// One thread's buffers: one per value slot, grown to the largest part of a batch seen.
@@ -384,7 +386,19 @@ impl CpuProgram {
                 }
             }
         }
+        let bf16_bytes_per_row = instrs
+            .iter()
+            .map(|i| match i {
+                Instr::Dense { dense, .. } | Instr::DenseSplit { dense, .. } => {
+                    dense.bf16_bytes_per_row()
+                }
+                Instr::Conv { conv, .. } => conv.bf16_bytes_per_env(),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
         CpuProgram {
+            bf16_bytes_per_row,
             isa,
             instrs,
             slot_numel: low.slot_numel,
@@ -610,6 +624,10 @@ impl Executor for CpuProgram {
 
     fn row_width(&self) -> usize {
         self.row_width
+    }
+
+    fn extra_bytes_per_row(&self) -> u64 {
+        self.bf16_bytes_per_row
     }
 
     fn new_scratch(&self) -> ExecScratch {

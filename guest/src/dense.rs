@@ -205,6 +205,16 @@ impl PackedDense {
         }
     }
 
+    /// Bytes of rounded input ([`crate::dense_bf16`]'s per-thread pair buffer) one row of this layer needs: 0 in
+    /// f32.
+    pub(crate) fn bf16_bytes_per_row(&self) -> u64 {
+        if self.bf16.is_some() {
+            4 * self.k.div_ceil(2) as u64
+        } else {
+            0
+        }
+    }
+
     /// Whether [`run_rows`](Self::run_rows) needs every row start, run length and run stride even (bf16 reads
     /// the input as pairs).
     pub(crate) fn rows_must_be_even(&self) -> bool {

@@ -122,6 +122,13 @@ pub trait Executor: Send + Sync {
         &[1]
     }
 
+    /// Bytes per row of an act() this executor uses beyond the plan's estimate ([`ValidatedPlan::memory`], which
+    /// knows the graph but not the kernels): added to it when an act() is checked against
+    /// `Limits::max_memory_bytes`. 0 by default; the cpu backend in bf16 reports its rounded-input buffer.
+    fn extra_bytes_per_row(&self) -> u64 {
+        0
+    }
+
     /// Numbers per env of each recurrent state input, in manifest order.
     fn state_sizes(&self) -> &[usize];
 

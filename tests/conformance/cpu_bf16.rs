@@ -5,7 +5,8 @@
 //! The fidelity test needs a CPU with AVX512-BF16: tests/build.rs sets `policyport_host_avx512bf16` when the
 //! building (= testing) CPU has it; elsewhere the test is ignored with that reason (reported as skipped, never as
 //! passed). test.sh's reruns on the portable kernels and the lent sandbox skip this module (`--skip cpu_bf16::`):
-//! it is one configuration of the native cpu backend, checked in the first pass.
+//! it is one configuration of the native cpu backend, checked in the first pass (the typed-refusal test runs
+//! in the POLICYPORT_CPU_BASELINE pass too, where it checks the refusal).
 
 use std::sync::Arc;
 
@@ -151,4 +152,46 @@ fn bf16_loads_where_the_kernel_runs_and_is_refused_with_a_typed_error_elsewhere(
     }
     assert_eq!("bf16".parse::<CpuPrecision>(), Ok(CpuPrecision::Bf16));
     assert!("fp8".parse::<CpuPrecision>().is_err());
+}
+
+/// The memory check before an act() counts the bf16 kernels' rounded-input buffer (the plan's estimate knows the
+/// graph, not the kernels): a limit just above the f32 estimate at a large batch admits f32 and refuses bf16 with
+/// the typed memory error, before anything is allocated.
+#[test]
+#[cfg_attr(
+    not(policyport_host_avx512bf16),
+    ignore = "needs a CPU with AVX512-BF16 (tests/build.rs found none on this machine)"
+)]
+fn bf16_rounded_inputs_are_counted_against_the_memory_limit() {
+    let bytes = compile_fixture(&load_fixture("mlp64"));
+    let batch = 1000;
+    let f32_policy = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
+    let estimate = f32_policy.plan().memory.bytes_for(batch, batch);
+    let limits = policyport::format::Limits {
+        max_memory_bytes: estimate + 1000,
+        ..Default::default()
+    };
+    let obs = vec![0.1f32; batch * 64];
+    let req =
+        Request::new(Observations::F32(&obs), batch, ActMode::Deterministic).envs(EnvIds::Range(0));
+    for (precision, admitted) in [(CpuPrecision::F32, true), (CpuPrecision::Bf16, false)] {
+        let p = CompiledPolicy::with_builder_and_limits(
+            read_artifact(&bytes).unwrap(),
+            Arc::new(CpuOptions { precision }),
+            limits.clone(),
+        )
+        .unwrap();
+        let mut s = p.session();
+        s.set_max_envs(batch);
+        match s.act(&req) {
+            Ok(_) => assert!(admitted, "{precision:?} admitted over the limit"),
+            Err(PolicyError::Memory { bytes, limit, .. }) => {
+                assert!(
+                    !admitted && bytes > limit,
+                    "{precision:?}: {bytes} vs {limit}"
+                )
+            }
+            Err(e) => panic!("{precision:?}: {e}"),
+        }
+    }
 }
