@@ -120,10 +120,10 @@ pub enum BackendError {
     /// threads on this platform, or the OS refused), or one of them failed a step.
     #[error("threads: {0}")]
     Threads(String),
-    /// The requested kernels need an instruction-set extension this CPU lacks (or that POLICYPORT_CPU_BASELINE
-    /// turned off); the default configuration runs everywhere.
+    /// The requested kernels need an instruction-set extension this CPU lacks (or that POLICYPORT_CPU_BASELINE /
+    /// POLICYPORT_CPU_AVX2 turned off); the default configuration runs everywhere.
     #[error(
-        "{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE is set)"
+        "{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE / POLICYPORT_CPU_AVX2 is set)"
     )]
     MissingCpuFeature {
         wanted: &'static str,

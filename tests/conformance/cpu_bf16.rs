@@ -6,7 +6,7 @@
 //! building (= testing) CPU has it; elsewhere the test is ignored with that reason (reported as skipped, never as
 //! passed). test.sh's reruns on the portable kernels and the lent sandbox skip this module (`--skip cpu_bf16::`):
 //! it is one configuration of the native cpu backend, checked in the first pass (the typed-refusal test runs
-//! in the POLICYPORT_CPU_BASELINE pass too, where it checks the refusal).
+//! in the POLICYPORT_CPU_BASELINE and POLICYPORT_CPU_AVX2 passes too, where it checks the refusal).
 
 use std::sync::Arc;
 
@@ -25,10 +25,12 @@ fn load_bf16(bytes: &[u8]) -> Result<Arc<CompiledPolicy>, PolicyError> {
     CompiledPolicy::with_builder(read_artifact(bytes)?, Arc::new(BF16))
 }
 
-/// Whether this run should have the bf16 kernel: the CPU has it (build.rs) and the portable kernels are not
-/// forced (POLICYPORT_CPU_BASELINE, read at run time).
+/// Whether this run should have the bf16 kernel: the CPU has it (build.rs) and no narrower kernels are forced
+/// (POLICYPORT_CPU_BASELINE or POLICYPORT_CPU_AVX2, read at run time).
 fn bf16_expected() -> bool {
-    cfg!(policyport_host_avx512bf16) && std::env::var_os("POLICYPORT_CPU_BASELINE").is_none()
+    cfg!(policyport_host_avx512bf16)
+        && std::env::var_os("POLICYPORT_CPU_BASELINE").is_none()
+        && std::env::var_os("POLICYPORT_CPU_AVX2").is_none()
 }
 
 /// bf16 keeps 8 mantissa bits: each layer's inputs and weights are rounded to ~3 significant digits, and the

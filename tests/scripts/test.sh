@@ -108,6 +108,17 @@ step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX
 POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance \
   -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
 
+step "conformance suite again on the cpu backend's AVX2 kernels (a CPU with AVX-512 runs those in the first pass)"
+# POLICYPORT_CPU_AVX2 caps the kernels at AVX2 + FMA: the AVX2 family (dense tiles, in-place convolutions,
+# activations) passes the whole suite, not just its unit tests. On a CPU without AVX-512 the first pass already
+# ran the AVX2 kernels (or the portable ones), so the rerun would repeat it: said, not counted.
+if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  POLICYPORT_CPU_AVX2=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-avx2.log" --release --workspace "${FEATURES[@]}" --test conformance \
+    -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
+else
+  echo "no AVX-512 here: the first pass ran the cpu backend on its AVX2 (or portable) kernels already"
+fi
+
 step "conformance suite again on the wasm sandbox with the host-lent dense kernel (WasmLimits::lend_dense)"
 # backends() returns just wasmtime under this variable, loaded with the host lending its native dense kernel: a
 # second configuration of the sandbox, so the whole suite runs on it. wasm.rs tests the lending host itself (and
