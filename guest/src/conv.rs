@@ -123,20 +123,17 @@ impl Conv2d {
         }
     }
 
-    /// This convolution's GEMMs in `precision` ([`PackedDense::in_precision`]) — except one that reads its input
+    /// This convolution's GEMMs in `precision` ([`PackedDense::set_precision`]) — except one that reads its input
     /// in place in f32 but could not in bf16 (an odd channel count: bf16 reads the input as pairs), which stays
     /// f32: measured on NatureCNN at batch 64 (2026-12-03), im2col + bf16 was slower than the in-place f32 GEMM
     /// (8.2 vs 6.8 ms).
-    pub(crate) fn in_precision(mut self, precision: crate::CpuPrecision) -> Self {
+    pub(crate) fn set_precision(&mut self, precision: crate::CpuPrecision) {
         if self.reads_in_place() && self.c % 2 == 1 {
-            return self;
+            return;
         }
-        self.groups = self
-            .groups
-            .into_iter()
-            .map(|g| g.in_precision(precision))
-            .collect();
-        self
+        for g in &mut self.groups {
+            g.set_precision(precision);
+        }
     }
 
     /// Write the output channels-last (see [`Conv2d::out_nhwc`]); one group only.
@@ -660,7 +657,7 @@ mod tests {
             let x = lcg(batch * n_in, 11 + ci as u32);
             let wt = lcg(ws.iter().product(), 111 + ci as u32);
             let b = lcg(ws[0], 211 + ci as u32);
-            let conv = Conv2d::new(
+            let mut conv = Conv2d::new(
                 Isa::Avx512,
                 &wt,
                 &ws,
@@ -675,8 +672,8 @@ mod tests {
                     scale: 1.0,
                     shift: 0.0,
                 },
-            )
-            .in_precision(crate::CpuPrecision::Bf16);
+            );
+            conv.set_precision(crate::CpuPrecision::Bf16);
             assert!(conv.reads_in_place() && conv.groups[0].rows_must_be_even());
             // The channels-last input and the channels-first reference both from the rounded values.
             let xr: Vec<f32> = x.iter().map(|v| round_bf16(*v)).collect();

@@ -345,34 +345,14 @@ impl CpuProgram {
                 },
             });
         }
-        if precision != crate::CpuPrecision::F32 {
-            for instr in std::mem::take(&mut instrs) {
-                instrs.push(match instr {
-                    Instr::Dense { x, dense, act, out } => Instr::Dense {
-                        x,
-                        dense: dense.in_precision(precision),
-                        act,
-                        out,
-                    },
-                    Instr::DenseSplit {
-                        x,
-                        dense,
-                        act,
-                        outs,
-                    } => Instr::DenseSplit {
-                        x,
-                        dense: dense.in_precision(precision),
-                        act,
-                        outs,
-                    },
-                    Instr::Conv { x, conv, act, out } => Instr::Conv {
-                        x,
-                        conv: Box::new((*conv).in_precision(precision)),
-                        act,
-                        out,
-                    },
-                    other => other,
-                });
+        // Precision first: a bf16 layer is not lent (the lenders compute f32).
+        for instr in &mut instrs {
+            match instr {
+                Instr::Dense { dense, .. } | Instr::DenseSplit { dense, .. } => {
+                    dense.set_precision(precision)
+                }
+                Instr::Conv { conv, .. } => conv.set_precision(precision),
+                _ => {}
             }
         }
         if let Some(lender) = lender {

@@ -100,13 +100,12 @@ impl PackedDense {
     /// This layer in `precision`: under [`CpuPrecision::Bf16`](crate::CpuPrecision) a layer of more than 16
     /// outputs (not a head: see [`crate::dense_bf16`]) is repacked for the bf16 kernel, once, at load. The caller
     /// checked [`crate::dense_bf16::available`].
-    pub(crate) fn in_precision(mut self, precision: crate::CpuPrecision) -> Self {
+    pub(crate) fn set_precision(&mut self, precision: crate::CpuPrecision) {
         if precision == crate::CpuPrecision::Bf16 && self.n > 16 && self.lent.is_none() {
             let w = self.unpacked();
             self.bf16 = Some(crate::dense_bf16::Bf16Panels::new(&w, self.n, self.k));
             self.panels = Vec::new();
         }
-        self
     }
 
     /// The weights back in PyTorch's `[n, k]` layout.
