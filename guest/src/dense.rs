@@ -347,32 +347,45 @@ fn dense_generic<const NR: usize, const F: bool, const WIDE: bool>(
                 let xs = &x[r * k..(r + rows) * k];
                 let ys = &mut y[r * n..(r + rows) * n];
                 match (rows, group) {
-                    (1, 4) => tile::<1, 4, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (12, _) if WIDE => tile::<12, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (11, _) if WIDE => tile::<11, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (10, _) if WIDE => tile::<10, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (9, _) if WIDE => tile::<9, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (8, _) if WIDE => tile::<8, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (7, _) if WIDE => tile::<7, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (6, _) => tile::<6, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (5, _) => tile::<5, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (4, _) => tile::<4, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (3, _) => tile::<3, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    (2, _) => tile::<2, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
-                    _ => tile::<1, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0),
+                    (1, 4) => tile::<1, 4, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (12, _) if WIDE => tile::<12, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (11, _) if WIDE => tile::<11, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (10, _) if WIDE => tile::<10, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (9, _) if WIDE => tile::<9, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (8, _) if WIDE => tile::<8, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (7, _) if WIDE => tile::<7, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (6, _) => tile::<6, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (5, _) => tile::<5, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (4, _) => tile::<4, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (3, _) => tile::<3, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    (2, _) => tile::<2, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
+                    _ => tile::<1, 1, NR, F>(isa, xs, k, panel, b, ys, n, c0, act),
                 }
                 r += rows;
             }
             p += group;
         }
-        if act != Act::Identity {
+        if !act_in_store(isa, act) {
             kernels::bias_act(isa, act, &mut y[r0 * n..(r0 + block) * n], None, n);
         }
         r0 += block;
     }
 }
 
-/// `R` rows × `P` consecutive panels: accumulate (bias included) and store the valid columns into `y`.
+/// Whether `isa`'s tiles apply `act` to their accumulators before they store them (AVX-512: Identity, ReLU and
+/// tanh, in `x86::store_avx512`), so that the layer needs no activation pass over its output. Why: the pass
+/// read the whole block back from L2 and wrote it again — with tanh on the benchmark MLP, ~11 % of act() at
+/// batch 1024 before tanh was made cheap enough (`kernels::tanh_lanes_avx512`) to run in the tile.
+pub(crate) fn act_in_store(isa: Isa, act: Act) -> bool {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
+        _ => act == Act::Identity,
+    }
+}
+
+/// `R` rows × `P` consecutive panels: accumulate (bias included) and store the valid columns into `y`, with `act`
+/// applied where [`act_in_store`] (else the caller's pass applies it).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
@@ -384,6 +397,7 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
     y: &mut [f32],
     n: usize,
     c0: usize,
+    act: Act,
 ) {
     assert!(
         x.len() >= R * k
@@ -393,16 +407,18 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
             && y.len() >= (R - 1) * n + n.min(c0 + P * NR)
     );
     // The x86 kernels store their accumulators straight into `y` (row stride n, the columns past n masked off).
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = act;
     match isa {
         // SAFETY (both arms): `detect` saw the features, NR matches the ISA's packing (`panel_width`), and the
         // slice lengths were asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if NR == 16 => {
-            return unsafe { x86::accumulate_avx512::<R, P, 1>(x, k, panels, bias, y, n, c0) };
+            return unsafe { x86::accumulate_avx512::<R, P, 1>(x, k, panels, bias, y, n, c0, act) };
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
-            return unsafe { x86::accumulate_avx512::<R, P, 2>(x, k, panels, bias, y, n, c0) };
+            return unsafe { x86::accumulate_avx512::<R, P, 2>(x, k, panels, bias, y, n, c0, act) };
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => {
@@ -517,11 +533,12 @@ pub(crate) mod x86 {
 
     /// `y[i·n + c0 + j·NR + c] = bias_j[c] + Σ_kk x[i][kk] · panel_j[kk][c]` for R rows, P panels and the columns
     /// below n, NR = 16·V (V zmm per row and panel: 2 for the 32-wide panels, 1 for layers of at most 16
-    /// outputs); partial vectors are masked stores.
+    /// outputs); partial vectors are masked stores; `act` applied as `store_avx512` does.
     ///
     /// # Safety
     /// AVX-512F; `x` holds R rows of k, `panels` P panels of k·NR, `bias` P·NR, `y` (R − 1)·n + min(n, c0 + P·NR).
     #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn accumulate_avx512<const R: usize, const P: usize, const V: usize>(
         x: &[f32],
         k: usize,
@@ -530,6 +547,7 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: super::Act,
     ) {
         unsafe {
             let nr = 16 * V;
@@ -549,11 +567,13 @@ pub(crate) mod x86 {
                     }
                 }
             }
-            store_avx512(&acc, y, n, c0);
+            store_avx512(&acc, y, n, c0, act);
         }
     }
 
-    /// `acc[j][i][h]` to `y[i·n + c0 + j·16V + h·16 ..]`, the columns from n on masked off.
+    /// `act(acc[j][i][h])` to `y[i·n + c0 + j·16V + h·16 ..]`, the columns from n on masked off; `act` is
+    /// applied here when it is one of [`super::act_in_store`]'s (ReLU as `max(v, 0)`, NaN → 0 like the
+    /// activation pass; tanh by `tanh_lanes_avx512`), and left to the caller's pass otherwise.
     ///
     /// # Safety
     /// AVX-512F; `y` holds (R − 1)·n + min(n, c0 + P·16V).
@@ -563,7 +583,16 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: super::Act,
     ) {
+        // SAFETY: AVX-512F by the caller's contract.
+        let activate = |v: __m512| unsafe {
+            match act {
+                super::Act::Relu => _mm512_max_ps(v, _mm512_setzero_ps()),
+                super::Act::Tanh => crate::kernels::tanh_lanes_avx512(v),
+                _ => v,
+            }
+        };
         let nr = 16 * V;
         let yp = y.as_mut_ptr();
         for j in 0..P {
@@ -578,14 +607,11 @@ pub(crate) mod x86 {
                     // caller's contract.
                     unsafe {
                         let o = yp.add(i * n + col);
+                        let v = activate(acc[j][i][h]);
                         if valid >= 16 {
-                            _mm512_storeu_ps(o, acc[j][i][h]);
+                            _mm512_storeu_ps(o, v);
                         } else {
-                            _mm512_mask_storeu_ps(
-                                o,
-                                ((1u32 << valid) - 1) as __mmask16,
-                                acc[j][i][h],
-                            );
+                            _mm512_mask_storeu_ps(o, ((1u32 << valid) - 1) as __mmask16, v);
                         }
                     }
                 }
@@ -599,6 +625,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// AVX-512F; every row's runs inside its allocation; `panel` k·16V; `bias` 16V; `y` as for `store_avx512`.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn rows_tile<const R: usize, const V: usize>(
         rows: &[*const f32; R],
         seg: super::Segments,
@@ -607,6 +634,7 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: super::Act,
     ) {
         let nr = 16 * V;
         // SAFETY: the caller's contract.
@@ -628,7 +656,7 @@ pub(crate) mod x86 {
                     w = w.add(nr);
                 }
             }
-            store_avx512(&acc, y, n, c0);
+            store_avx512(&acc, y, n, c0, act);
         }
     }
 
@@ -668,7 +696,7 @@ pub(crate) mod x86 {
                                     $($r => {
                                         let ptrs: [*const f32; $r] =
                                             std::array::from_fn(|i| base.add(row_start(r + i)));
-                                        $tile::<$r, V>(&ptrs, seg, panel, bias, ys, n, p * nr)
+                                        $tile::<$r, V>(&ptrs, seg, panel, bias, ys, n, p * nr, act)
                                     })*
                                     _ => unreachable!("1 to {} rows", $mr),
                                 }
@@ -676,7 +704,7 @@ pub(crate) mod x86 {
                             r += rows;
                         }
                     }
-                    if act != super::Act::Identity {
+                    if !super::act_in_store($isa, act) {
                         crate::kernels::bias_act($isa, act, &mut y[r0 * n..(r0 + block) * n], None, n);
                     }
                     r0 += block;
@@ -703,6 +731,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// AVX2 + FMA; as for `rows_tile` with 16-wide panels.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn rows_tile_avx2<const R: usize, const V: usize>(
         rows: &[*const f32; R],
         seg: super::Segments,
@@ -711,6 +740,7 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        _act: super::Act, // applied by the driver's pass (`act_in_store` is false for AVX2 but Identity)
     ) {
         // SAFETY: the caller's contract.
         unsafe {

@@ -134,10 +134,10 @@ pub(crate) fn run(
             // above and `xp` was sized here.
             unsafe {
                 x86::round_rows(&x[..m * k], k, &mut xp[..m * k2]);
-                x86::dense(&xp[..m * k2], panels, bias, y, m, k2, n);
+                x86::dense(&xp[..m * k2], panels, bias, y, m, k2, n, act);
             }
         });
-        if act != Act::Identity {
+        if !crate::dense::act_in_store(Isa::Avx512, act) {
             kernels::bias_act(Isa::Avx512, act, &mut y[..m * n], None, n);
         }
     }
@@ -205,10 +205,11 @@ pub(crate) fn run_rows(
                     y,
                     m,
                     n,
+                    act,
                 );
             }
         });
-        if act != Act::Identity {
+        if !crate::dense::act_in_store(Isa::Avx512, act) {
             kernels::bias_act(Isa::Avx512, act, &mut y[..m * n], None, n);
         }
     }
@@ -218,7 +219,7 @@ pub(crate) fn run_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Bf16Panels, MR, NR, ROW_BLOCK};
+    use super::{Act, Bf16Panels, MR, NR, ROW_BLOCK};
 
     /// `dense` over rows read in place ([`super::run_rows`]): `x` is the whole input in pairs, row r's runs start
     /// at `row_start(r)` (in pairs).
@@ -236,6 +237,7 @@ mod x86 {
         y: &mut [f32],
         m: usize,
         n: usize,
+        act: Act,
     ) {
         let (k2, np) = (panels.k2, n.div_ceil(NR));
         let base = x.as_ptr();
@@ -257,7 +259,7 @@ mod x86 {
                                     $($r => {
                                         let ptrs: [*const u32; $r] =
                                             std::array::from_fn(|i| base.add(row_start(r + i)));
-                                        rows_tile::<$r>(&ptrs, seg, wp, b, ys, n, p * NR)
+                                        rows_tile::<$r>(&ptrs, seg, wp, b, ys, n, p * NR, act)
                                     })*
                                     _ => unreachable!("1 to {MR} rows"),
                                 }
@@ -278,6 +280,7 @@ mod x86 {
     /// AVX512-F and AVX512-BF16; as for `tile`, with the rows' runs inside their allocation.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn rows_tile<const R: usize>(
         rows: &[*const u32; R],
         seg: crate::dense::Segments,
@@ -286,6 +289,7 @@ mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: Act,
     ) {
         unsafe {
             let b = |h: usize| _mm512_loadu_ps(bias.as_ptr().add(h * 16));
@@ -308,7 +312,7 @@ mod x86 {
                     wj = wj.add(NR);
                 }
             }
-            crate::dense::x86::store_avx512(&acc, y, n, c0);
+            crate::dense::x86::store_avx512(&acc, y, n, c0, act);
         }
     }
 
@@ -347,11 +351,13 @@ mod x86 {
         }
     }
 
-    /// The row blocks and tiles of the f32 kernel ([`crate::dense`]) over bf16 pairs; no activation.
+    /// The row blocks and tiles of the f32 kernel ([`crate::dense`]) over bf16 pairs; `act` applied in the
+    /// tiles' store where [`crate::dense::act_in_store`] (the caller's pass applies the others).
     ///
     /// # Safety
     /// AVX512-F and AVX512-BF16; `x` holds m rows of k2 pairs, `y` m rows of n, `bias` whole panels.
     #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn dense(
         x: &[u32],
         panels: &Bf16Panels,
@@ -360,6 +366,7 @@ mod x86 {
         m: usize,
         k2: usize,
         n: usize,
+        act: Act,
     ) {
         let np = n.div_ceil(NR);
         let w = &panels.pairs[..];
@@ -388,8 +395,8 @@ mod x86 {
                         macro_rules! rows {
                             ($($r:literal)*) => {
                                 match (rows, group) {
-                                    (1, 4) => tile::<1, 4>(xs, k2, wp, b, ys, n, c0),
-                                    $(($r, _) => tile::<$r, 1>(xs, k2, wp, b, ys, n, c0),)*
+                                    (1, 4) => tile::<1, 4>(xs, k2, wp, b, ys, n, c0, act),
+                                    $(($r, _) => tile::<$r, 1>(xs, k2, wp, b, ys, n, c0, act),)*
                                     _ => unreachable!("1 to {MR} rows"),
                                 }
                             };
@@ -411,6 +418,7 @@ mod x86 {
     /// min(n, c0 + P·32).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile<const R: usize, const P: usize>(
         x: &[u32],
         k2: usize,
@@ -419,6 +427,7 @@ mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: Act,
     ) {
         debug_assert!(x.len() >= R * k2 && w.len() >= P * k2 * NR && bias.len() >= P * NR);
         unsafe {
@@ -441,7 +450,7 @@ mod x86 {
                     }
                 }
             }
-            crate::dense::x86::store_avx512(&acc, y, n, c0);
+            crate::dense::x86::store_avx512(&acc, y, n, c0, act);
         }
     }
 }
