@@ -134,7 +134,7 @@ pub fn check_observations(
     }
     match (obs, space) {
         (Observations::F32(x), _) => {
-            if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            if let Some(i) = first_non_finite(x) {
                 return Err(ObservationError::NonFinite {
                     env: i / raw_len,
                     element: i % raw_len,
@@ -164,10 +164,60 @@ pub fn check_observations(
     Ok(())
 }
 
+/// The index of the first NaN or infinity in `x`. Why not `x.iter().position(|v| !v.is_finite())`: a loop that
+/// can exit at any element does not vectorise (about one element per cycle: the observation check alone was
+/// ~1.6 % of the benchmark MLP's act() at batch 64), so each chunk of 64 is tested without a branch first (the
+/// exponent bits all set: NaN or ±inf), and only a chunk holding a bad value is searched.
+pub(crate) fn first_non_finite(x: &[f32]) -> Option<usize> {
+    const CHUNK: usize = 64;
+    const EXP: u32 = 0x7f80_0000;
+    for (c, chunk) in x.chunks(CHUNK).enumerate() {
+        let bad = chunk
+            .iter()
+            .fold(0u32, |a, v| a | ((v.to_bits() & EXP == EXP) as u32));
+        if bad != 0 {
+            return chunk
+                .iter()
+                .position(|v| !v.is_finite())
+                .map(|i| c * CHUNK + i);
+        }
+    }
+    None
+}
+
 /// The one-hot width of an artifact's preprocessing, if any (argument of [`check_observations`]).
 pub fn one_hot_width(art: &Artifact) -> Option<usize> {
     art.manifest.preprocess.iter().find_map(|p| match p {
         Preprocess::OneHot { n } => Some(*n),
         _ => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_non_finite;
+
+    #[test]
+    fn first_non_finite_finds_the_first_bad_value_in_any_chunk() {
+        assert_eq!(first_non_finite(&[]), None);
+        let mut x = vec![1.5f32; 300];
+        assert_eq!(first_non_finite(&x), None);
+        // Largest finite values and subnormals are finite.
+        x[0] = f32::MAX;
+        x[1] = -f32::MAX;
+        x[2] = f32::from_bits(1);
+        assert_eq!(first_non_finite(&x), None);
+        for (at, bad) in [(299, f32::NAN), (64, f32::INFINITY), (63, f32::NEG_INFINITY), (130, -f32::NAN)] {
+            let mut y = x.clone();
+            y[at] = bad;
+            if at + 1 < y.len() {
+                y[at + 1] = bad; // a later one in the same chunk must not win
+            }
+            assert_eq!(first_non_finite(&y), Some(at), "{bad} at {at}");
+        }
+        let mut y = x.clone();
+        y[200] = f32::NAN;
+        y[70] = f32::INFINITY;
+        assert_eq!(first_non_finite(&y), Some(70));
+    }
 }

@@ -333,7 +333,7 @@ impl Session {
                 }
                 .into());
             }
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            if let Some(i) = crate::observations::first_non_finite(v) {
                 return Err(StateError::NonFinite {
                     index,
                     env: envs[i / (*numel).max(1)],
@@ -536,7 +536,7 @@ impl Session {
         // (argmax skipped it, sampling fell through to the last action), and a NaN mean or value went out as
         // the action (regression test `non_finite_outputs_are_a_typed_error`). O(row width) per row.
         let width = self.policy.executor().row_width();
-        if let Some(i) = rows.iter().position(|x| !x.is_finite()) {
+        if let Some(i) = crate::observations::first_non_finite(&rows) {
             let value = rows[i];
             self.rows = rows;
             return Err(PolicyError::NonFiniteOutput {
