@@ -24,7 +24,8 @@ const MR: usize = 6;
 #[derive(Debug, Clone)]
 pub(crate) struct PackedDense {
     isa: Isa,
-    /// Panel width: `panel_width(isa)`, or 16 for a narrow layer on AVX-512 (one zmm per row, see `new`).
+    /// Panel width: `panel_width(isa)`, or 16 for a narrow layer on AVX-512 (one zmm per row, see `new`); 0
+    /// when the layer is packed by output rows instead ([`DOT_MAX_N`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     nr: usize,
     k: usize,
@@ -58,9 +59,39 @@ pub(crate) fn narrow_width(isa: Isa) -> usize {
     }
 }
 
+/// Layers of at most this many outputs run on AVX-512 as dot products along k (`x86::dot_avx512`): the weights
+/// packed by output, `[n][k rounded up to 16]`, each row's numbers read 16 at a time against every output's
+/// weights, summed across lanes at the end. Why: a policy head (4 logits + 1 value joined, a lone value, a
+/// critic's Q) in a 16-wide column panel uses 5 of the 16 lanes of every FMA, and at batch 1 all of its k
+/// steps form one dependent chain (256 FMAs at 4 cycles each for the benchmark MLP's head, ~10 % of act() at
+/// batch 1); as dots, batch 1 has n independent chains of k/16 steps and a tile of 4 rows uses every lane.
+pub(crate) const DOT_MAX_N: usize = 8;
+
 impl PackedDense {
     /// `w`: `[n, k]` row-major (PyTorch's layout); `bias`: `[n]`.
     pub(crate) fn new(isa: Isa, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && n <= DOT_MAX_N && n > 0 {
+            let kp = k.div_ceil(16) * 16;
+            let mut panels = vec![0.0f32; n * kp];
+            for (dst, src) in panels.chunks_exact_mut(kp).zip(w.chunks_exact(k.max(1))) {
+                dst[..k].copy_from_slice(&src[..k]);
+            }
+            let mut b = vec![0.0f32; n];
+            if let Some(bias) = bias {
+                b.copy_from_slice(&bias[..n]);
+            }
+            return PackedDense {
+                isa,
+                nr: 0,
+                k,
+                n,
+                panels,
+                bias: b,
+                lent: None,
+                bf16: None,
+            };
+        }
         // A layer of at most 16 outputs (a policy head's few logits, a value; a 16-channel convolution) would fill
         // at most half of a 32-wide AVX-512 panel, which costs two FMAs per row and k step whatever the width
         // used: one 16-wide panel (one zmm per row) does it in one.
@@ -112,6 +143,13 @@ impl PackedDense {
     fn unpacked(&self) -> Vec<f32> {
         let (k, n, nr) = (self.k, self.n, self.nr);
         let mut w = vec![0.0f32; n * k];
+        if nr == 0 {
+            let kp = k.div_ceil(16) * 16;
+            for (dst, src) in w.chunks_exact_mut(k.max(1)).zip(self.panels.chunks_exact(kp.max(1))) {
+                dst.copy_from_slice(&src[..dst.len()]);
+            }
+            return w;
+        }
         for (j, row) in w.chunks_exact_mut(k).enumerate() {
             let (p, c) = (j / nr, j % nr);
             for (kk, v) in row.iter_mut().enumerate() {
@@ -165,6 +203,9 @@ impl PackedDense {
         let (k, n, p, b) = (self.k, self.n, &self.panels[..], &self.bias[..]);
         match self.isa {
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `detect` saw these features on this CPU; the weights were packed by output, k padded to 16.
+            Isa::Avx512 if self.nr == 0 => unsafe { x86::dot_avx512(x, p, b, y, m, k, n, act) },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: `detect` saw these features on this CPU, and the panels were packed for this width.
             Isa::Avx512 if self.nr == 16 => unsafe { dense_avx512_16(x, p, b, y, m, k, n, act) },
             #[cfg(target_arch = "x86_64")]
@@ -196,7 +237,8 @@ impl PackedDense {
     pub(crate) fn runs_rows(&self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            matches!(self.isa, Isa::Avx512 | Isa::Avx2Fma) && self.lent.is_none()
+            // Not the dot layout (`DOT_MAX_N`): a convolution that narrow takes the patch path.
+            matches!(self.isa, Isa::Avx512 | Isa::Avx2Fma) && self.lent.is_none() && self.nr != 0
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -571,6 +613,114 @@ pub(crate) mod x86 {
         }
     }
 
+    /// `y[m, n] = act(x[m, k] Wᵀ + b)` with W packed by output rows of `kp = k` rounded up to 16 (zeros past k):
+    /// see [`super::DOT_MAX_N`]. Tiles of 4 rows (3 from 7 outputs on: 4·n accumulators, 4 row vectors and a
+    /// weight vector stay within 32 registers), then single rows; the rows' last partial group of 16 is a
+    /// masked load (never past the row, and no NaN from what follows it).
+    ///
+    /// # Safety
+    /// AVX-512F; `w` holds n·kp, `bias` n, `x` m·k, `y` m·n; 1 ≤ n ≤ `DOT_MAX_N`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_avx512(
+        x: &[f32],
+        w: &[f32],
+        bias: &[f32],
+        y: &mut [f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        act: super::Act,
+    ) {
+        assert!(
+            (1..=super::DOT_MAX_N).contains(&n)
+                && w.len() >= n * k.div_ceil(16) * 16
+                && bias.len() >= n
+                && x.len() >= m * k
+                && y.len() >= m * n
+        );
+        macro_rules! by_n {
+            ($($n:literal => $r:literal),*) => {
+                match n {
+                    $($n => {
+                        let mut r = 0;
+                        while r + $r <= m {
+                            // SAFETY: rows r..r + R < m of x and y; the asserted lengths.
+                            unsafe { dot_tile::<$r, $n>(x, w, bias, y, r, k) };
+                            r += $r;
+                        }
+                        while r < m {
+                            // SAFETY: as above, one row.
+                            unsafe { dot_tile::<1, $n>(x, w, bias, y, r, k) };
+                            r += 1;
+                        }
+                    })*
+                    _ => unreachable!("asserted above"),
+                }
+            };
+        }
+        by_n!(1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 4, 6 => 4, 7 => 3, 8 => 3);
+        if act != super::Act::Identity {
+            crate::kernels::bias_act(super::Isa::Avx512, act, &mut y[..m * n], None, n);
+        }
+    }
+
+    /// Rows r..r + R of `dot_avx512`, without the activation.
+    ///
+    /// # Safety
+    /// AVX-512F; as for `dot_avx512`, with r + R ≤ m.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline(never)] // its own register allocation: inlined 16 times into one function, accumulators spilled
+    unsafe fn dot_tile<const R: usize, const N: usize>(
+        x: &[f32],
+        w: &[f32],
+        bias: &[f32],
+        y: &mut [f32],
+        r: usize,
+        k: usize,
+    ) {
+        let kp = k.div_ceil(16) * 16;
+        // SAFETY: the caller's contract: every full group of 16 lies inside row r + i (< m) of x, the last one
+        // is masked to the row's end; the weights are padded to kp.
+        unsafe {
+            let rows: [*const f32; R] = std::array::from_fn(|i| x.as_ptr().add((r + i) * k));
+            let wp: [*const f32; N] = std::array::from_fn(|j| w.as_ptr().add(j * kp));
+            let mut acc: [[__m512; N]; R] = [[_mm512_setzero_ps(); N]; R];
+            let mut c = 0;
+            while c < k {
+                // All lanes but in the last, partial group (a masked load costs what a plain one does).
+                let mask = if k - c >= 16 { u16::MAX } else { ((1u32 << (k - c)) - 1) as u16 };
+                let xv: [__m512; R] = std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, rows[i].add(c)));
+                for j in 0..N {
+                    let wv = _mm512_loadu_ps(wp[j].add(c));
+                    for i in 0..R {
+                        acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
+                    }
+                }
+                c += 16;
+            }
+            let yp = y.as_mut_ptr().add(r * N);
+            for i in 0..R {
+                for j in 0..N {
+                    *yp.add(i * N + j) = bias[j] + sum_lanes(acc[i][j]);
+                }
+            }
+        }
+    }
+
+    /// The sum of v's 16 lanes in 512-bit operations only. Why not `_mm512_reduce_add_ps`: it narrows to ymm and
+    /// xmm instructions, which without AVX512-VL reach only registers 0-15, so `dot_tile`'s accumulators had to
+    /// live there and spilled to the stack in the loop.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sum_lanes(v: __m512) -> f32 {
+        let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v));
+        let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+        let v = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+        let v = _mm512_add_ps(v, _mm512_permute_ps::<0b10_11_00_01>(v));
+        _mm512_cvtss_f32(v)
+    }
+
     /// `act(acc[j][i][h])` to `y[i·n + c0 + j·16V + h·16 ..]`, the columns from n on masked off; `act` is
     /// applied here when it is one of [`super::act_in_store`]'s (ReLU as `max(v, 0)`, NaN → 0 like the
     /// activation pass; tanh by `tanh_lanes_avx512`), and left to the caller's pass otherwise.
@@ -875,6 +1025,13 @@ mod tests {
             (203, 48, 70),
             (25, 9, 33),
             (30, 20, 16),
+            // Dot products (at most DOT_MAX_N outputs on AVX-512): 4- and 3-row tiles with single-row
+            // remainders, k below, at and past a multiple of 16 (the masked last group).
+            (11, 17, 3),
+            (6, 31, 8),
+            (7, 16, 7),
+            (1, 300, 1),
+            (9, 5, 6),
         ] {
             let (x, w) = test_operands(m, k, n);
             let b: Vec<f32> = (0..n).map(|i| i as f32 / 10.0 - 1.0).collect();
