@@ -628,7 +628,7 @@ fn run() -> Result<()> {
             };
             for b in batches.split(',') {
                 let batch: usize = b.trim().parse().context("--batches")?;
-                let obs = policyport_import::random_obs(&policy.manifest().observation, batch, 1);
+                let obs = BenchObs::new(&policy.manifest().observation, batch);
                 let mut out = ActOutputs::default();
                 let mut step = 0u64;
                 let mut run = |n: u64, session: &mut policyport::Session| -> Result<f64> {
@@ -636,12 +636,9 @@ fn run() -> Result<()> {
                     for _ in 0..n {
                         let mode = ActMode::Sample { seed: 1, step };
                         match sandboxed.as_mut() {
-                            Some(w) => w.act(
-                                &Request::new(Observations::F32(&obs), batch, mode),
-                                &mut out,
-                            )?,
+                            Some(w) => w.act(&Request::new(obs.get(), batch, mode), &mut out)?,
                             None => {
-                                session.act(&Request::new(Observations::F32(&obs), batch, mode))?;
+                                session.act(&Request::new(obs.get(), batch, mode))?;
                             }
                         }
                         step += 1;
@@ -669,6 +666,30 @@ fn run() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A benchmark's random observations, in the element type users pass: a uint8 space (Atari frames) as bytes,
+/// as SB3 and RLlib hand them over and as onnxruntime's bench feeds its uint8 input. Fed as f32 (before
+/// 2026-12-03), NatureCNN's observation alone was 4x the bytes to check and copy: 7.2 MB per act at batch 64.
+struct BenchObs {
+    f32: Vec<f32>,
+    u8: Option<Vec<u8>>,
+}
+
+impl BenchObs {
+    fn new(space: &policyport::format::ObservationSpace, batch: usize) -> Self {
+        let f32 = policyport_import::random_obs(space, batch, 1);
+        let u8 = (space.raw_dtype() == policyport::format::ObsDType::U8)
+            .then(|| f32.iter().map(|v| *v as u8).collect());
+        BenchObs { f32, u8 }
+    }
+
+    fn get(&self) -> Observations<'_> {
+        match &self.u8 {
+            Some(b) => Observations::U8(b),
+            None => Observations::F32(&self.f32),
+        }
+    }
 }
 
 /// Median µs per call of `f` (calibrated blocks of back-to-back calls for about `seconds`).
@@ -751,14 +772,14 @@ fn bench_torch(
     );
     let space = policy_observation(bytes)?;
     for batch in sizes {
-        let obs = policyport_import::random_obs(&space, batch, 1);
+        let obs = BenchObs::new(&space, batch);
         let mut out = ActOutputs::default();
         let mut step = 0u64;
         let us = median_us(seconds, |_| {
             step += 1;
             policy.act(
                 &Request::new(
-                    Observations::F32(&obs),
+                    obs.get(),
                     batch,
                     ActMode::Sample { seed: 1, step },
                 ),
