@@ -8,7 +8,7 @@
 //! one env (NatureCNN's first layer: 400 × 256 floats, 400 KB) stays cache-sized, so the gather costs a small
 //! fraction of the multiply-adds. The patch and result buffers belong to the session (no allocation once warm).
 
-use crate::dense::{PackedDense, Segments};
+use crate::dense::{PackedDense, RowMap, Segments};
 use crate::kernels::{Act, Isa};
 
 #[derive(Debug, Clone)]
@@ -169,10 +169,13 @@ impl Conv2d {
             // The whole batch as one implicit GEMM (rows = every env's output pixels, read from the input in
             // place: no patch matrix), so the 96-row blocks reuse each weight panel across envs too.
             let gemm = &self.groups[0];
-            let (ow, s, plane) = (self.ow, self.stride, h * w * c);
-            let row_start = |r: usize| {
-                let (b, pix) = (r / p, r % p);
-                b * plane + ((pix / ow) * s[0] * w + (pix % ow) * s[1]) * c
+            let plane = h * w * c;
+            let rows = RowMap {
+                pixels: p,
+                ow: self.ow,
+                env_stride: plane,
+                row_stride: self.stride[0] * w * c,
+                col_stride: self.stride[1] * c,
             };
             let seg = Segments {
                 count: self.k[0],
@@ -183,7 +186,7 @@ impl Conv2d {
             if self.out_nhwc {
                 gemm.run_rows(
                     x,
-                    row_start,
+                    rows,
                     seg,
                     &mut y[..batch * p * self.o],
                     batch * p,
@@ -202,12 +205,12 @@ impl Conv2d {
             let mut b0 = 0;
             while b0 < batch {
                 let envs = chunk.min(batch - b0);
-                let rows = &mut result[..envs * env_out];
-                // The chunk's envs only (the bf16 kernel rounds what it is given, whole).
-                let start = |r: usize| row_start(b0 * p + r) - b0 * plane;
+                // The chunk's envs only (the bf16 kernel rounds what it is given, whole); they start at an env,
+                // so the same row map applies.
                 let xc = &x[b0 * plane..(b0 + envs) * plane];
-                gemm.run_rows(xc, start, seg, rows, envs * p, act);
-                for (rb, yb) in rows
+                let out = &mut result[..envs * env_out];
+                gemm.run_rows(xc, rows, seg, out, envs * p, act);
+                for (rb, yb) in out
                     .chunks_exact(env_out)
                     .zip(y[b0 * env_out..].chunks_exact_mut(env_out))
                 {

@@ -156,7 +156,7 @@ pub(crate) fn run_rows(
     panels: &Bf16Panels,
     bias: &[f32],
     x: &[f32],
-    row_start: &dyn Fn(usize) -> usize,
+    rows: crate::dense::RowMap,
     seg: crate::dense::Segments,
     y: &mut [f32],
     m: usize,
@@ -170,14 +170,12 @@ pub(crate) fn run_rows(
     );
     assert!(seg.count >= 1 && seg.count * seg.len == k && seg.len % 2 == 0 && seg.stride % 2 == 0);
     assert!(y.len() >= m * n && bias.len() >= n.div_ceil(NR) * NR && panels.k2 == k / 2);
+    assert!(rows.pixels >= 1 && rows.ow >= 1 && rows.even(), "odd row starts");
     let span = (seg.count - 1) * seg.stride + seg.len;
-    for r in 0..m {
-        let start = row_start(r);
-        assert!(
-            start % 2 == 0 && start + span <= x.len(),
-            "row {r}: odd or outside the input"
-        );
-    }
+    assert!(
+        rows.bound(m).and_then(|b| b.checked_add(span)).is_some_and(|end| end <= x.len()),
+        "rows leave the input"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         INPUT_PAIRS.with_borrow_mut(|xp| {
@@ -198,7 +196,7 @@ pub(crate) fn run_rows(
                 }
                 x86::dense_rows(
                     &xp[..pairs],
-                    &|r| row_start(r) / 2,
+                    rows.halved(),
                     half,
                     panels,
                     bias,
@@ -230,7 +228,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn dense_rows(
         x: &[u32],
-        row_start: &dyn Fn(usize) -> usize,
+        row_map: crate::dense::RowMap,
         seg: crate::dense::Segments,
         panels: &Bf16Panels,
         bias: &[f32],
@@ -241,9 +239,11 @@ mod x86 {
     ) {
         let (k2, np) = (panels.k2, n.div_ceil(NR));
         let base = x.as_ptr();
+        let mut starts = [0usize; ROW_BLOCK];
         let mut r0 = 0;
         while r0 < m {
             let block = (m - r0).min(ROW_BLOCK);
+            row_map.fill(r0, &mut starts[..block]);
             for p in 0..np {
                 let wp = &panels.pairs[p * k2 * NR..(p + 1) * k2 * NR];
                 let b = &bias[p * NR..(p + 1) * NR];
@@ -258,7 +258,7 @@ mod x86 {
                                 match rows {
                                     $($r => {
                                         let ptrs: [*const u32; $r] =
-                                            std::array::from_fn(|i| base.add(row_start(r + i)));
+                                            std::array::from_fn(|i| base.add(starts[r - r0 + i]));
                                         rows_tile::<$r>(&ptrs, seg, wp, b, ys, n, p * NR, act)
                                     })*
                                     _ => unreachable!("1 to {MR} rows"),
