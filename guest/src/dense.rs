@@ -17,9 +17,20 @@ use crate::kernels::madd_pub as madd;
 use crate::kernels::{self, Act, Isa};
 use crate::lend::{DenseLender, Lent};
 
-/// Rows per tile: 6 rows × 2 vectors = 12 accumulators fit x86's 16 SIMD registers (and AVX-512's 32); measured
-/// best under wasm too (4 rows was 1.4x slower there).
+/// Rows per tile: 6 rows × 2 vectors = 12 accumulators fit x86's 16 SIMD registers (AVX-512 has its own, wider
+/// tiles). Under wasm it depends on the engine, and the browser bundle and the sandbox plugin are separate builds:
+/// - Browsers (V8): 4 rows. LLVM's wasm backend does not model registers and emits a k step's R broadcasts
+///   before its FMAs, so 6 rows are 12 accumulators + 6 broadcasts + 2 weight vectors, more than V8's 15
+///   allocatable XMM registers; 4 rows are 14. Measured in Chromium 156 on Zen 5 (tests/scripts/web-bench.sh,
+///   benchmark MLP, alternating runs): batch 64 520-534 → 425-440 µs, batch 1024 8401-9889 → 5434-5445.
+/// - wasmtime (feature `cranelift-tiles`, the plugin): 6 rows. Cranelift keeps every accumulator on the stack
+///   across the loop back-edge whatever the tile (the epoch-deadline check there is an out-of-line call, and SysV
+///   has no callee-saved XMM registers: with epoch interruption off, the kernel's stack reloads drop from 80 to
+///   11), so the tile that does more FMAs per reload wins: 4 rows measured +20 % at batch 64 and 1024.
+#[cfg(not(all(target_arch = "wasm32", not(feature = "cranelift-tiles"))))]
 const MR: usize = 6;
+#[cfg(all(target_arch = "wasm32", not(feature = "cranelift-tiles")))]
+const MR: usize = 4;
 
 #[derive(Debug, Clone)]
 pub(crate) struct PackedDense {
@@ -65,6 +76,7 @@ pub(crate) fn narrow_width(isa: Isa) -> usize {
 /// critic's Q) in a 16-wide column panel uses 5 of the 16 lanes of every FMA, and at batch 1 all of its k
 /// steps form one dependent chain (256 FMAs at 4 cycles each for the benchmark MLP's head, ~10 % of act() at
 /// batch 1); as dots, batch 1 has n independent chains of k/16 steps and a tile of 4 rows uses every lane.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const DOT_MAX_N: usize = 8;
 
 impl PackedDense {
@@ -268,6 +280,7 @@ impl RowMap {
     }
 
     /// The starts of rows r0, r0 + 1, … into `out`, walking pixel by pixel (no division past the first row).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn fill(&self, r0: usize, out: &mut [usize]) {
         let (mut b, pix) = (r0 / self.pixels, r0 % self.pixels);
         let (mut oy, mut ox) = (pix / self.ow, pix % self.ow);
@@ -285,6 +298,7 @@ impl RowMap {
     }
 
     /// The same rows in pairs of numbers (bf16): every stride halved (all even: the caller checked).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn halved(self) -> RowMap {
         RowMap {
             env_stride: self.env_stride / 2,
