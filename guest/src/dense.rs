@@ -629,7 +629,10 @@ mod wasm {
             let mut acc: [[[v128; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
             let (xp, wp) = (x.as_ptr(), panels.as_ptr());
             for kk in 0..k {
-                let xv: [v128; R] = std::array::from_fn(|i| f32x4_splat(*xp.add(i * k + kk)));
+                // `v128.load32_splat`: one `vbroadcastss` from memory in V8, where a scalar load then
+                // `f32x4.splat` is a load, a move and a shuffle.
+                let xv: [v128; R] =
+                    std::array::from_fn(|i| v128_load32_splat(xp.add(i * k + kk) as *const u32));
                 for (j, aj) in acc.iter_mut().enumerate() {
                     let w = wp.add(j * k * 8 + kk * 8);
                     let (w0, w1) = (
