@@ -13,6 +13,11 @@ fn main() {
         ),
         cpp_compat: true,
         documentation: true,
+        // `pp_policy_load` takes the backend as a code (see `PpBackend::from_code`); the enum still names them.
+        export: cbindgen::ExportConfig {
+            include: vec!["PpBackend".into()],
+            ..Default::default()
+        },
         enumeration: cbindgen::EnumConfig {
             rename_variants: cbindgen::RenameRule::QualifiedScreamingSnakeCase,
             ..Default::default()

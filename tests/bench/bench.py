@@ -241,7 +241,7 @@ def main():
                       "policyport_cpu_sse_us": ours["cpu_sse"][b]})
     if "tch" in ours:
         print()
-        print("libtorch executor (policyport bench-torch, eager, CPU, 1 thread, device Philox sampling) vs torch eager")
+        print("libtorch executor (policyport bench-torch, eager, CPU, 1 thread, host sampling: the bench-torch default) vs torch eager (forward only)")
         print("| batch | policyport tch | torch eager | torch / tch |")
         print("|---|---|---|---|")
         for r in rows:

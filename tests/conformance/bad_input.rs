@@ -715,7 +715,7 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
         };
         let mut p: *mut PpPolicy = std::ptr::null_mut();
         let c_native = c_status(unsafe {
-            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu, &mut p)
+            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p)
         });
         let c_wasm = c_status(unsafe {
             pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), plugin_c.as_ptr(), 0, 0, &mut p)
@@ -751,7 +751,7 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
     .unwrap();
     let mut c: *mut PpPolicy = std::ptr::null_mut();
     assert_eq!(
-        unsafe { pp_policy_load(good.as_ptr(), good.len(), PpBackend::Cpu, &mut c) },
+        unsafe { pp_policy_load(good.as_ptr(), good.len(), PpBackend::Cpu as u32, &mut c) },
         PpStatus::Ok
     );
     let want = native

@@ -27,7 +27,7 @@ fn c_abi_errors_are_typed_and_never_panic() {
     let mut p: *mut PpPolicy = std::ptr::null_mut();
     unsafe {
         assert_eq!(
-            pp_policy_load(b"junk".as_ptr(), 4, PpBackend::Cpu, &mut p),
+            pp_policy_load(b"junk".as_ptr(), 4, PpBackend::Cpu as u32, &mut p),
             PpStatus::InvalidArtifact
         );
         assert!(last_error().contains("truncated"), "{}", last_error());
@@ -35,17 +35,17 @@ fn c_abi_errors_are_typed_and_never_panic() {
             pp_policy_load(
                 bytes.as_ptr(),
                 bytes.len(),
-                PpBackend::Cpu,
+                PpBackend::Cpu as u32,
                 std::ptr::null_mut()
             ),
             PpStatus::NullPointer
         );
         assert_eq!(
-            pp_policy_load(std::ptr::null(), 10, PpBackend::Cpu, &mut p),
+            pp_policy_load(std::ptr::null(), 10, PpBackend::Cpu as u32, &mut p),
             PpStatus::NullPointer
         );
         assert_eq!(
-            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu, &mut p),
+            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p),
             PpStatus::Ok
         );
         let mut info = PpInfo::default();
@@ -194,6 +194,74 @@ fn c_abi_errors_are_typed_and_never_panic() {
             pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), missing.as_ptr(), 0, 0, &mut p),
             PpStatus::Io
         );
+    }
+}
+
+/// The backend is a code, not a Rust enum, at the boundary: an unknown one is a typed BadCall (as an enum
+/// parameter it was undefined behaviour before any check); `PP_BACKEND_CPU_BF16` loads the bf16 kernels where
+/// the CPU has AVX512-BF16 (values within bf16 tolerance of f32, and not bit-identical: bf16 ran) and is a typed
+/// Backend error elsewhere.
+#[test]
+fn c_abi_backend_codes_unknown_refused_and_bf16_on_request() {
+    let bytes = compile_fixture(&load_fixture("cartpole"));
+    let value_of = |p: *mut PpPolicy| -> f32 {
+        let ok = [0.01f32, 0.2, 0.02, -0.3];
+        let (mut a, mut v) = ([-1i64; 1], [f32::NAN; 1]);
+        // SAFETY: the buffers hold one env's observation, action and value.
+        let st = unsafe {
+            pp_policy_act(
+                p,
+                ok.as_ptr(),
+                1,
+                0,
+                1,
+                1,
+                1,
+                a.as_mut_ptr(),
+                std::ptr::null_mut(),
+                v.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(st, PpStatus::Ok, "{}", last_error());
+        v[0]
+    };
+    unsafe {
+        let mut p: *mut PpPolicy = std::ptr::null_mut();
+        for code in [3u32, 7, u32::MAX] {
+            assert_eq!(
+                pp_policy_load(bytes.as_ptr(), bytes.len(), code, &mut p),
+                PpStatus::BadCall
+            );
+            assert!(last_error().contains(&format!("backend {code}")), "{}", last_error());
+            assert!(p.is_null());
+        }
+        assert_eq!(
+            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p),
+            PpStatus::Ok
+        );
+        let f32_value = value_of(p);
+        pp_policy_free(p);
+        p = std::ptr::null_mut();
+        let st = pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::CpuBf16 as u32, &mut p);
+        let bf16_expected = cfg!(policyport_host_avx512bf16)
+            && std::env::var_os("POLICYPORT_CPU_BASELINE").is_none()
+            && std::env::var_os("POLICYPORT_CPU_AVX2").is_none();
+        if bf16_expected {
+            assert_eq!(st, PpStatus::Ok, "{}", last_error());
+            let bf16_value = value_of(p);
+            pp_policy_free(p);
+            assert!(
+                (bf16_value - f32_value).abs() <= 1e-2 * (1.0 + f32_value.abs()),
+                "bf16 {bf16_value} vs f32 {f32_value}"
+            );
+            assert_ne!(bf16_value.to_bits(), f32_value.to_bits(), "the bf16 kernels did not run");
+        } else {
+            assert_eq!(st, PpStatus::Backend);
+            assert!(last_error().contains("avx512_bf16"), "{}", last_error());
+            assert!(p.is_null());
+        }
     }
 }
 

@@ -22,8 +22,9 @@ use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 /// cbindgen:ignore
 pub const HEADER: &str = env!("POLICYPORT_HEADER");
 
-/// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`; version 3 `pp_policy_set_threads`.
-pub const PP_ABI_VERSION: u32 = 3;
+/// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`; version 3 `pp_policy_set_threads`;
+/// version 4 `PP_BACKEND_CPU_BF16`, and `pp_policy_load` takes the backend as a `uint32_t` code (the same values).
+pub const PP_ABI_VERSION: u32 = 4;
 
 /// Result of every call.
 #[repr(C)]
@@ -45,14 +46,28 @@ pub enum PpStatus {
     NonFiniteOutput = 11,
 }
 
-/// Native backends.
+/// Native backends: the codes `pp_policy_load` takes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PpBackend {
-    /// Native CPU kernels.
+    /// Native CPU kernels (f32).
     Cpu = 0,
     /// burn-flex.
     Flex = 1,
+    /// Native CPU kernels with bf16 weights and layer inputs, f32 sums (`vdpbf16ps`): faster, within bf16
+    /// tolerance of f32. Needs AVX512-BF16: elsewhere `pp_policy_load` fails with `PP_STATUS_BACKEND`.
+    CpuBf16 = 2,
+}
+
+impl PpBackend {
+    /// The backend a caller's code names, if any. Why codes and not the enum in the signature: a C caller can
+    /// pass any integer where an enum is declared, and an out-of-range value in a Rust enum is undefined
+    /// behaviour before any check could run; as a `u32` it is a typed `PP_STATUS_BAD_CALL`.
+    pub fn from_code(code: u32) -> Option<PpBackend> {
+        [PpBackend::Cpu, PpBackend::Flex, PpBackend::CpuBf16]
+            .into_iter()
+            .find(|b| *b as u32 == code)
+    }
 }
 
 /// What a policy expects and returns.
@@ -208,7 +223,8 @@ pub extern "C" fn pp_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// Load a `.policy` artifact (`bytes`, `len`) on a native backend; `*out` receives the policy.
+/// Load a `.policy` artifact (`bytes`, `len`) on a native backend (`backend`: a `PpBackend` value, e.g.
+/// `PP_BACKEND_CPU`); `*out` receives the policy.
 ///
 /// # Safety
 /// `bytes` covers `len` readable bytes; `out` is a writable pointer.
@@ -216,7 +232,7 @@ pub extern "C" fn pp_last_error() -> *const c_char {
 pub unsafe extern "C" fn pp_policy_load(
     bytes: *const u8,
     len: usize,
-    backend: PpBackend,
+    backend: u32,
     out: *mut *mut PpPolicy,
 ) -> PpStatus {
     guard(|| {
@@ -224,11 +240,29 @@ pub unsafe extern "C" fn pp_policy_load(
             return Err(null("out"));
         }
         let bytes = unsafe { bytes_arg(bytes, len) }?;
-        let b = match backend {
-            PpBackend::Cpu => Backend::Cpu,
-            PpBackend::Flex => Backend::Flex,
+        let backend = PpBackend::from_code(backend).ok_or_else(|| {
+            (
+                PpStatus::BadCall,
+                format!(
+                    "backend {backend}: PP_BACKEND_CPU (0), PP_BACKEND_FLEX (1) or PP_BACKEND_CPU_BF16 (2)"
+                ),
+            )
+        })?;
+        let loaded = match backend {
+            PpBackend::Cpu => CompiledPolicy::load(bytes, Backend::Cpu),
+            PpBackend::Flex => CompiledPolicy::load(bytes, Backend::Flex),
+            PpBackend::CpuBf16 => policyport::format::read_artifact(bytes)
+                .map_err(PolicyError::from)
+                .and_then(|art| {
+                    CompiledPolicy::with_builder(
+                        art,
+                        Arc::new(policyport::CpuOptions {
+                            precision: policyport::CpuPrecision::Bf16,
+                        }),
+                    )
+                }),
         };
-        let policy = CompiledPolicy::load(bytes, b).map_err(|e| (status_of(&e), e.to_string()))?;
+        let policy = loaded.map_err(|e| (status_of(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
             starts: vec![],
             inner: Inner::Native {
