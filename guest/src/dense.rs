@@ -500,14 +500,14 @@ fn dense_generic<const NR: usize, const F: bool, const WIDE: bool>(
     }
 }
 
-/// Whether `isa`'s tiles apply `act` to their accumulators before they store them (AVX-512: Identity, ReLU and
-/// tanh, in `x86::store_avx512`), so that the layer needs no activation pass over its output. Why: the pass
+/// Whether `isa`'s tiles apply `act` to their accumulators before they store them (AVX-512 and AVX2: Identity,
+/// ReLU and tanh, in `x86::store_avx512` / `x86::store_avx2`), so that the layer needs no activation pass over its output. Why: the pass
 /// read the whole block back from L2 and wrote it again — with tanh on the benchmark MLP, ~11 % of act() at
 /// batch 1024 before tanh was made cheap enough (`kernels::tanh_lanes_avx512`) to run in the tile.
 pub(crate) fn act_in_store(isa: Isa, act: Act) -> bool {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
+        Isa::Avx512 | Isa::Avx2Fma => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
         _ => act == Act::Identity,
     }
 }
@@ -550,7 +550,7 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => {
-            return unsafe { x86::accumulate_avx2::<R, P>(x, k, panels, bias, y, n, c0) };
+            return unsafe { x86::accumulate_avx2::<R, P>(x, k, panels, bias, y, n, c0, act) };
         }
         _ => {}
     }
@@ -874,6 +874,15 @@ pub(crate) mod x86 {
         }
     }
 
+    /// `tanh_registers` for AVX2 tiles.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline(never)]
+    fn tanh_registers_avx2(v: &mut [__m256]) {
+        for x in v {
+            *x = crate::kernels::tanh_lanes_avx2(*x);
+        }
+    }
+
     /// One panel × R rows of an implicit GEMM: row i's numbers are `seg.count` runs of `seg.len` from `rows[i]`,
     /// `seg.stride` apart (see [`super::Segments`]); the panel's k steps follow the runs in order.
     ///
@@ -997,7 +1006,7 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
-        _act: super::Act, // applied by the driver's pass (`act_in_store` is false for AVX2 but Identity)
+        act: super::Act,
     ) {
         // SAFETY: the caller's contract.
         unsafe {
@@ -1017,7 +1026,7 @@ pub(crate) mod x86 {
                     w = w.add(16);
                 }
             }
-            store_avx2(&acc, y, n, c0);
+            store_avx2(&acc, y, n, c0, act);
         }
     }
 
@@ -1026,6 +1035,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// AVX2 + FMA; the slice lengths as for `accumulate_avx512`.
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn accumulate_avx2<const R: usize, const P: usize>(
         x: &[f32],
         k: usize,
@@ -1034,6 +1044,7 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: super::Act,
     ) {
         unsafe {
             let b = |j: usize, h: usize| _mm256_loadu_ps(bias.as_ptr().add(j * 16 + h * 8));
@@ -1050,11 +1061,13 @@ pub(crate) mod x86 {
                     }
                 }
             }
-            store_avx2(&acc, y, n, c0);
+            store_avx2(&acc, y, n, c0, act);
         }
     }
 
-    /// `acc[j][i][h]` to `y[i·n + c0 + j·16 + h·8 ..]`, the columns from n on masked off.
+    /// `act(acc[j][i][h])` to `y[i·n + c0 + j·16 + h·8 ..]`, the columns from n on masked off; `act` applied
+    /// as in `store_avx512` (ReLU as `max(v, 0)`, tanh by `kernels::tanh_lanes_avx2` in a function of its own,
+    /// others left to the caller's pass).
     ///
     /// # Safety
     /// AVX2; `y` holds (R − 1)·n + min(n, c0 + P·16).
@@ -1064,7 +1077,19 @@ pub(crate) mod x86 {
         y: &mut [f32],
         n: usize,
         c0: usize,
+        act: super::Act,
     ) {
+        let mut acc = *acc;
+        let flat = acc.as_flattened_mut().as_flattened_mut();
+        match act {
+            // SAFETY: AVX2 by the caller's contract.
+            super::Act::Relu => flat
+                .iter_mut()
+                .for_each(|v| *v = unsafe { _mm256_max_ps(*v, _mm256_setzero_ps()) }),
+            // SAFETY: as above.
+            super::Act::Tanh => unsafe { tanh_registers_avx2(flat) },
+            _ => {}
+        }
         // SAFETY: inside `y` by the caller's contract.
         unsafe {
             let yp = y.as_mut_ptr();

@@ -126,6 +126,27 @@ pub(crate) fn tanh_lanes_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_
     _mm512_fnmadd_ps(rcp, _mm512_fmsub_ps(d, q0, p), q0)
 }
 
+/// `tanh_lanes_avx512` on 8 lanes for AVX2 tiles (`dense::x86::store_avx2`): the same rational, with a division
+/// (`vrcpps` has 12 bits only: after one Newton step its error would add to the approximation's 3.4e-7 against
+/// the 4e-7 the test holds it to; 12 divisions per 6-row tile are a few % of the tile's k loop).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn tanh_lanes_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let x = _mm256_min_ps(_mm256_set1_ps(TANH_CLAMP), _mm256_max_ps(_mm256_set1_ps(-TANH_CLAMP), x));
+    let x2 = _mm256_mul_ps(x, x);
+    let mut p = _mm256_set1_ps(TANH_P[0]);
+    for c in &TANH_P[1..] {
+        p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(*c));
+    }
+    let mut d = _mm256_set1_ps(TANH_Q[0]);
+    for c in &TANH_Q[1..] {
+        d = _mm256_fmadd_ps(d, x2, _mm256_set1_ps(*c));
+    }
+    _mm256_div_ps(_mm256_mul_ps(p, x), d)
+}
+
 /// Where `tanh_lanes_avx512` stops following x (XLA's bound): tanh(7.9053) is 1 − 2.7e-7 and P/Q there
 /// 1 − 1.8e-7 (3 ulps under 1), so every larger |x| gets that value, within the tolerance of exact ±1.
 #[cfg(target_arch = "x86_64")]
@@ -413,6 +434,29 @@ mod tests {
             assert_eq!(ys[ys.len() - 4], -1e-30);
             // Saturated: within 2e-7 of −1 (P/Q stays 3 ulps under 1 at the clamp).
             assert!((ys[ys.len() - 1] + 1.0).abs() <= 2e-7, "{}", ys[ys.len() - 1]);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if detect() != Isa::Baseline {
+            use std::arch::x86_64::*;
+            let (mut worst, mut x) = (0.0f64, -30.0f32);
+            let mut check = |xs: [f32; 8]| {
+                let mut ys = [0.0f32; 8];
+                // SAFETY: `detect` saw AVX2 + FMA (AVX-512 CPUs have them too).
+                unsafe { _mm256_storeu_ps(ys.as_mut_ptr(), tanh_lanes_avx2(_mm256_loadu_ps(xs.as_ptr()))) };
+                for (x, y) in xs.iter().zip(ys) {
+                    worst = worst.max(rel(y, (*x as f64).tanh()));
+                }
+                ys
+            };
+            while x < 30.0 {
+                check(std::array::from_fn(|i| x + i as f32 * 0.000_37));
+                x += 8.0 * 0.000_37;
+            }
+            let ys = check([0.0, -0.0, 1e-30, -1e-30, 9.0, -1e9, 1e-45, f32::NAN]);
+            assert_eq!((ys[0].to_bits(), ys[1].to_bits()), (0, (-0.0f32).to_bits()));
+            assert_eq!((ys[2], ys[3]), (1e-30, -1e-30));
+            assert!(ys[7].is_nan());
+            assert!(worst < 4e-7, "tanh_lanes_avx2 {worst:e}");
         }
         assert_eq!(tanh(0.0), 0.0);
         assert_eq!(tanh(-1e-30), -1e-30);
