@@ -70,7 +70,8 @@ pub(crate) fn narrow_width(isa: Isa) -> usize {
     }
 }
 
-/// Layers of at most this many outputs run on AVX-512 as dot products along k (`x86::dot_avx512`): the weights
+/// Layers of at most this many outputs run on AVX-512 and AVX2 as dot products along k (`x86::dot_avx512`,
+/// `x86::dot_avx2`): the weights
 /// packed by output, `[n][k rounded up to 16]`, each row's numbers read 16 at a time against every output's
 /// weights, summed across lanes at the end. Why: a policy head (4 logits + 1 value joined, a lone value, a
 /// critic's Q) in a 16-wide column panel uses 5 of the 16 lanes of every FMA, and at batch 1 all of its k
@@ -83,7 +84,7 @@ impl PackedDense {
     /// `w`: `[n, k]` row-major (PyTorch's layout); `bias`: `[n]`.
     pub(crate) fn new(isa: Isa, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 && n <= DOT_MAX_N && n > 0 {
+        if matches!(isa, Isa::Avx512 | Isa::Avx2Fma) && n <= DOT_MAX_N && n > 0 {
             let kp = k.div_ceil(16) * 16;
             let mut panels = vec![0.0f32; n * kp];
             for (dst, src) in panels.chunks_exact_mut(kp).zip(w.chunks_exact(k.max(1))) {
@@ -217,6 +218,9 @@ impl PackedDense {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `detect` saw these features on this CPU; the weights were packed by output, k padded to 16.
             Isa::Avx512 if self.nr == 0 => unsafe { x86::dot_avx512(x, p, b, y, m, k, n, act) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above (AVX2 + FMA).
+            Isa::Avx2Fma if self.nr == 0 => unsafe { x86::dot_avx2(x, p, b, y, m, k, n, act) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `detect` saw these features on this CPU, and the panels were packed for this width.
             Isa::Avx512 if self.nr == 16 => unsafe { dense_avx512_16(x, p, b, y, m, k, n, act) },
@@ -792,6 +796,105 @@ pub(crate) mod x86 {
             for i in 0..R {
                 for j in 0..N {
                     *yp.add(i * N + j) = bias[j] + sum_lanes(acc[i][j]);
+                }
+            }
+        }
+    }
+
+    /// `dot_avx512` on AVX2 (16 YMM registers): tiles of R rows with R·N accumulators, R row vectors and a weight
+    /// vector within 16 (R = 4, 3, 2 or 1 as N grows), then single rows; the last partial group of 8 is a masked
+    /// load.
+    ///
+    /// # Safety
+    /// AVX2 + FMA; as for `dot_avx512`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn dot_avx2(
+        x: &[f32],
+        w: &[f32],
+        bias: &[f32],
+        y: &mut [f32],
+        m: usize,
+        k: usize,
+        n: usize,
+        act: super::Act,
+    ) {
+        assert!(
+            (1..=super::DOT_MAX_N).contains(&n)
+                && w.len() >= n * k.div_ceil(16) * 16
+                && bias.len() >= n
+                && x.len() >= m * k
+                && y.len() >= m * n
+        );
+        macro_rules! by_n {
+            ($($n:literal => $r:literal),*) => {
+                match n {
+                    $($n => {
+                        let mut r = 0;
+                        while r + $r <= m {
+                            // SAFETY: rows r..r + R < m of x and y; the asserted lengths.
+                            unsafe { dot_tile_avx2::<$r, $n>(x, w, bias, y, r, k) };
+                            r += $r;
+                        }
+                        while r < m {
+                            // SAFETY: as above, one row.
+                            unsafe { dot_tile_avx2::<1, $n>(x, w, bias, y, r, k) };
+                            r += 1;
+                        }
+                    })*
+                    _ => unreachable!("asserted above"),
+                }
+            };
+        }
+        by_n!(1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 1, 7 => 1, 8 => 1);
+        if act != super::Act::Identity {
+            crate::kernels::bias_act(super::Isa::Avx2Fma, act, &mut y[..m * n], None, n);
+        }
+    }
+
+    /// Rows r..r + R of `dot_avx2`, without the activation.
+    ///
+    /// # Safety
+    /// AVX2 + FMA; as for `dot_avx2`, with r + R ≤ m.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline(never)]
+    unsafe fn dot_tile_avx2<const R: usize, const N: usize>(
+        x: &[f32],
+        w: &[f32],
+        bias: &[f32],
+        y: &mut [f32],
+        r: usize,
+        k: usize,
+    ) {
+        let kp = k.div_ceil(16) * 16;
+        // SAFETY: the caller's contract: every full group of 8 lies inside row r + i (< m) of x, the last one is
+        // masked to the row's end; the weights are padded to kp.
+        unsafe {
+            let rows: [*const f32; R] = std::array::from_fn(|i| x.as_ptr().add((r + i) * k));
+            let wp: [*const f32; N] = std::array::from_fn(|j| w.as_ptr().add(j * kp));
+            let mut acc: [[__m256; N]; R] = [[_mm256_setzero_ps(); N]; R];
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let mut c = 0;
+            while c < k {
+                // Lanes below the row's end have their sign bit set: the ones maskload reads.
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((k - c).min(8) as i32), lane);
+                let xv: [__m256; R] = std::array::from_fn(|i| _mm256_maskload_ps(rows[i].add(c), mask));
+                for j in 0..N {
+                    let wv = _mm256_loadu_ps(wp[j].add(c));
+                    for i in 0..R {
+                        acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
+                    }
+                }
+                c += 8;
+            }
+            let yp = y.as_mut_ptr().add(r * N);
+            for i in 0..R {
+                for j in 0..N {
+                    let v = acc[i][j];
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                    *yp.add(i * N + j) = bias[j] + _mm_cvtss_f32(s);
                 }
             }
         }
