@@ -184,14 +184,7 @@ impl Conv2d {
             };
             let x = &x[..batch * plane];
             if self.out_nhwc {
-                gemm.run_rows(
-                    x,
-                    rows,
-                    seg,
-                    &mut y[..batch * p * self.o],
-                    batch * p,
-                    act,
-                );
+                gemm.run_rows(x, rows, seg, &mut y[..batch * p * self.o], batch * p, act);
                 return;
             }
             // Channels-first output: GEMM rows of `chunk` envs at a time, then scattered. The chunk keeps this

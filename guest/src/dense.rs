@@ -158,7 +158,10 @@ impl PackedDense {
         let mut w = vec![0.0f32; n * k];
         if nr == 0 {
             let kp = k.div_ceil(16) * 16;
-            for (dst, src) in w.chunks_exact_mut(k.max(1)).zip(self.panels.chunks_exact(kp.max(1))) {
+            for (dst, src) in w
+                .chunks_exact_mut(k.max(1))
+                .zip(self.panels.chunks_exact(kp.max(1)))
+            {
                 dst.copy_from_slice(&src[..dst.len()]);
             }
             return w;
@@ -280,7 +283,11 @@ impl RowMap {
         ((m - 1) / self.pixels)
             .checked_mul(self.env_stride)?
             .checked_add((rows_in_env / self.ow).checked_mul(self.row_stride)?)?
-            .checked_add((self.ow - 1).min(rows_in_env).checked_mul(self.col_stride)?)
+            .checked_add(
+                (self.ow - 1)
+                    .min(rows_in_env)
+                    .checked_mul(self.col_stride)?,
+            )
     }
 
     /// The starts of rows r0, r0 + 1, … into `out`, walking pixel by pixel (no division past the first row).
@@ -372,6 +379,9 @@ impl PackedDense {
             self.runs_rows(),
             "run_rows needs the AVX-512 or AVX2 kernels"
         );
+        if m == 0 {
+            return;
+        }
         if let Some(bf16) = &self.bf16 {
             let (k, n) = (self.k, self.n);
             crate::dense_bf16::run_rows(bf16, &self.bias, x, rows, seg, y, m, k, n, act);
@@ -381,7 +391,9 @@ impl PackedDense {
         assert!(rows.pixels >= 1 && rows.ow >= 1);
         let span = (seg.count - 1) * seg.stride + seg.len;
         assert!(
-            rows.bound(m).and_then(|b| b.checked_add(span)).is_some_and(|end| end <= x.len()),
+            rows.bound(m)
+                .and_then(|b| b.checked_add(span))
+                .is_some_and(|end| end <= x.len()),
             "rows leave the input"
         );
         #[cfg(target_arch = "x86_64")]
@@ -706,57 +718,73 @@ pub(crate) mod x86 {
         }
     }
 
-    /// `y[m, n] = act(x[m, k] Wᵀ + b)` with W packed by output rows of `kp = k` rounded up to 16 (zeros past k):
-    /// see [`super::DOT_MAX_N`]. Tiles of 4 rows (3 from 7 outputs on: 4·n accumulators, 4 row vectors and a
-    /// weight vector stay within 32 registers), then single rows; the rows' last partial group of 16 is a
-    /// masked load (never past the row, and no NaN from what follows it).
-    ///
-    /// # Safety
-    /// AVX-512F; `w` holds n·kp, `bias` n, `x` m·k, `y` m·n; 1 ≤ n ≤ `DOT_MAX_N`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dot_avx512(
-        x: &[f32],
-        w: &[f32],
-        bias: &[f32],
-        y: &mut [f32],
-        m: usize,
-        k: usize,
-        n: usize,
-        act: super::Act,
-    ) {
-        assert!(
-            (1..=super::DOT_MAX_N).contains(&n)
-                && w.len() >= n * k.div_ceil(16) * 16
-                && bias.len() >= n
-                && x.len() >= m * k
-                && y.len() >= m * n
-        );
-        macro_rules! by_n {
-            ($($n:literal => $r:literal),*) => {
+    /// `$name`: the driver of the dot-product kernels ([`super::DOT_MAX_N`]) on one instruction set — `$tile`
+    /// computes R rows (R per output count N from the table: R·N accumulators, R row vectors and a weight
+    /// vector within the ISA's registers), then single rows; the activation, if any, in one pass after.
+    macro_rules! dot_driver {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $isa:expr, $tile:ident, [$($n:literal => $r:literal),*]) => {
+            $(#[$doc])*
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn $name(
+                x: &[f32],
+                w: &[f32],
+                bias: &[f32],
+                y: &mut [f32],
+                m: usize,
+                k: usize,
+                n: usize,
+                act: super::Act,
+            ) {
+                assert!(
+                    (1..=super::DOT_MAX_N).contains(&n)
+                        && w.len() >= n * k.div_ceil(16) * 16
+                        && bias.len() >= n
+                        && x.len() >= m * k
+                        && y.len() >= m * n
+                );
                 match n {
                     $($n => {
                         let mut r = 0;
                         while r + $r <= m {
                             // SAFETY: rows r..r + R < m of x and y; the asserted lengths.
-                            unsafe { dot_tile::<$r, $n>(x, w, bias, y, r, k) };
+                            unsafe { $tile::<$r, $n>(x, w, bias, y, r, k) };
                             r += $r;
                         }
                         while r < m {
                             // SAFETY: as above, one row.
-                            unsafe { dot_tile::<1, $n>(x, w, bias, y, r, k) };
+                            unsafe { $tile::<1, $n>(x, w, bias, y, r, k) };
                             r += 1;
                         }
                     })*
                     _ => unreachable!("asserted above"),
                 }
-            };
-        }
-        by_n!(1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 4, 6 => 4, 7 => 3, 8 => 3);
-        if act != super::Act::Identity {
-            crate::kernels::bias_act(super::Isa::Avx512, act, &mut y[..m * n], None, n);
-        }
+                if act != super::Act::Identity {
+                    crate::kernels::bias_act($isa, act, &mut y[..m * n], None, n);
+                }
+            }
+        };
     }
+
+    dot_driver!(
+        /// `y[m, n] = act(x[m, k] Wᵀ + b)` with W packed by output rows of `kp = k` rounded up to 16 (zeros past
+        /// k): see [`super::DOT_MAX_N`]. Tiles of 4 rows (3 from 7 outputs on: within 32 registers); the rows'
+        /// last partial group of 16 is a masked load (never past the row, and no NaN from what follows it).
+        ///
+        /// # Safety
+        /// AVX-512F; `w` holds n·kp, `bias` n, `x` m·k, `y` m·n; 1 ≤ n ≤ `DOT_MAX_N`.
+        dot_avx512, "avx512f,avx2,fma", super::Isa::Avx512, dot_tile,
+        [1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 4, 6 => 4, 7 => 3, 8 => 3]
+    );
+    dot_driver!(
+        /// `dot_avx512` on AVX2 (16 YMM registers: R = 4, 3, 2 or 1 as N grows); the last partial group of 8 is
+        /// a masked load.
+        ///
+        /// # Safety
+        /// AVX2 + FMA; as for `dot_avx512`.
+        dot_avx2, "avx2,fma", super::Isa::Avx2Fma, dot_tile_avx2,
+        [1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 1, 7 => 1, 8 => 1]
+    );
 
     /// Rows r..r + R of `dot_avx512`, without the activation.
     ///
@@ -782,8 +810,13 @@ pub(crate) mod x86 {
             let mut c = 0;
             while c < k {
                 // All lanes but in the last, partial group (a masked load costs what a plain one does).
-                let mask = if k - c >= 16 { u16::MAX } else { ((1u32 << (k - c)) - 1) as u16 };
-                let xv: [__m512; R] = std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, rows[i].add(c)));
+                let mask = if k - c >= 16 {
+                    u16::MAX
+                } else {
+                    ((1u32 << (k - c)) - 1) as u16
+                };
+                let xv: [__m512; R] =
+                    std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, rows[i].add(c)));
                 for j in 0..N {
                     let wv = _mm512_loadu_ps(wp[j].add(c));
                     for i in 0..R {
@@ -798,57 +831,6 @@ pub(crate) mod x86 {
                     *yp.add(i * N + j) = bias[j] + sum_lanes(acc[i][j]);
                 }
             }
-        }
-    }
-
-    /// `dot_avx512` on AVX2 (16 YMM registers): tiles of R rows with R·N accumulators, R row vectors and a weight
-    /// vector within 16 (R = 4, 3, 2 or 1 as N grows), then single rows; the last partial group of 8 is a masked
-    /// load.
-    ///
-    /// # Safety
-    /// AVX2 + FMA; as for `dot_avx512`.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dot_avx2(
-        x: &[f32],
-        w: &[f32],
-        bias: &[f32],
-        y: &mut [f32],
-        m: usize,
-        k: usize,
-        n: usize,
-        act: super::Act,
-    ) {
-        assert!(
-            (1..=super::DOT_MAX_N).contains(&n)
-                && w.len() >= n * k.div_ceil(16) * 16
-                && bias.len() >= n
-                && x.len() >= m * k
-                && y.len() >= m * n
-        );
-        macro_rules! by_n {
-            ($($n:literal => $r:literal),*) => {
-                match n {
-                    $($n => {
-                        let mut r = 0;
-                        while r + $r <= m {
-                            // SAFETY: rows r..r + R < m of x and y; the asserted lengths.
-                            unsafe { dot_tile_avx2::<$r, $n>(x, w, bias, y, r, k) };
-                            r += $r;
-                        }
-                        while r < m {
-                            // SAFETY: as above, one row.
-                            unsafe { dot_tile_avx2::<1, $n>(x, w, bias, y, r, k) };
-                            r += 1;
-                        }
-                    })*
-                    _ => unreachable!("asserted above"),
-                }
-            };
-        }
-        by_n!(1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 1, 7 => 1, 8 => 1);
-        if act != super::Act::Identity {
-            crate::kernels::bias_act(super::Isa::Avx2Fma, act, &mut y[..m * n], None, n);
         }
     }
 
@@ -878,7 +860,8 @@ pub(crate) mod x86 {
             while c < k {
                 // Lanes below the row's end have their sign bit set: the ones maskload reads.
                 let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((k - c).min(8) as i32), lane);
-                let xv: [__m256; R] = std::array::from_fn(|i| _mm256_maskload_ps(rows[i].add(c), mask));
+                let xv: [__m256; R] =
+                    std::array::from_fn(|i| _mm256_maskload_ps(rows[i].add(c), mask));
                 for j in 0..N {
                     let wv = _mm256_loadu_ps(wp[j].add(c));
                     for i in 0..R {

@@ -170,10 +170,15 @@ pub(crate) fn run_rows(
     );
     assert!(seg.count >= 1 && seg.count * seg.len == k && seg.len % 2 == 0 && seg.stride % 2 == 0);
     assert!(y.len() >= m * n && bias.len() >= n.div_ceil(NR) * NR && panels.k2 == k / 2);
-    assert!(rows.pixels >= 1 && rows.ow >= 1 && rows.even(), "odd row starts");
+    assert!(
+        rows.pixels >= 1 && rows.ow >= 1 && rows.even(),
+        "odd row starts"
+    );
     let span = (seg.count - 1) * seg.stride + seg.len;
     assert!(
-        rows.bound(m).and_then(|b| b.checked_add(span)).is_some_and(|end| end <= x.len()),
+        rows.bound(m)
+            .and_then(|b| b.checked_add(span))
+            .is_some_and(|end| end <= x.len()),
         "rows leave the input"
     );
     #[cfg(target_arch = "x86_64")]

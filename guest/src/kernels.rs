@@ -109,7 +109,10 @@ fn expm1_2abs<const F: bool>(x: f32) -> f32 {
 #[inline]
 pub(crate) fn tanh_lanes_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    let x = _mm512_min_ps(_mm512_set1_ps(TANH_CLAMP), _mm512_max_ps(_mm512_set1_ps(-TANH_CLAMP), x));
+    let x = _mm512_min_ps(
+        _mm512_set1_ps(TANH_CLAMP),
+        _mm512_max_ps(_mm512_set1_ps(-TANH_CLAMP), x),
+    );
     let x2 = _mm512_mul_ps(x, x);
     let mut p = _mm512_set1_ps(TANH_P[0]);
     for c in &TANH_P[1..] {
@@ -134,7 +137,10 @@ pub(crate) fn tanh_lanes_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_
 #[inline]
 pub(crate) fn tanh_lanes_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    let x = _mm256_min_ps(_mm256_set1_ps(TANH_CLAMP), _mm256_max_ps(_mm256_set1_ps(-TANH_CLAMP), x));
+    let x = _mm256_min_ps(
+        _mm256_set1_ps(TANH_CLAMP),
+        _mm256_max_ps(_mm256_set1_ps(-TANH_CLAMP), x),
+    );
     let x2 = _mm256_mul_ps(x, x);
     let mut p = _mm256_set1_ps(TANH_P[0]);
     for c in &TANH_P[1..] {
@@ -433,7 +439,11 @@ mod tests {
             assert_eq!(ys[ys.len() - 6].to_bits(), (-0.0f32).to_bits());
             assert_eq!(ys[ys.len() - 4], -1e-30);
             // Saturated: within 2e-7 of −1 (P/Q stays 3 ulps under 1 at the clamp).
-            assert!((ys[ys.len() - 1] + 1.0).abs() <= 2e-7, "{}", ys[ys.len() - 1]);
+            assert!(
+                (ys[ys.len() - 1] + 1.0).abs() <= 2e-7,
+                "{}",
+                ys[ys.len() - 1]
+            );
         }
         #[cfg(target_arch = "x86_64")]
         if detect() != Isa::Baseline {
@@ -442,7 +452,12 @@ mod tests {
             let mut check = |xs: [f32; 8]| {
                 let mut ys = [0.0f32; 8];
                 // SAFETY: `detect` saw AVX2 + FMA (AVX-512 CPUs have them too).
-                unsafe { _mm256_storeu_ps(ys.as_mut_ptr(), tanh_lanes_avx2(_mm256_loadu_ps(xs.as_ptr()))) };
+                unsafe {
+                    _mm256_storeu_ps(
+                        ys.as_mut_ptr(),
+                        tanh_lanes_avx2(_mm256_loadu_ps(xs.as_ptr())),
+                    )
+                };
                 for (x, y) in xs.iter().zip(ys) {
                     worst = worst.max(rel(y, (*x as f64).tanh()));
                 }

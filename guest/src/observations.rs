@@ -207,7 +207,12 @@ mod tests {
         x[1] = -f32::MAX;
         x[2] = f32::from_bits(1);
         assert_eq!(first_non_finite(&x), None);
-        for (at, bad) in [(299, f32::NAN), (64, f32::INFINITY), (63, f32::NEG_INFINITY), (130, -f32::NAN)] {
+        for (at, bad) in [
+            (299, f32::NAN),
+            (64, f32::INFINITY),
+            (63, f32::NEG_INFINITY),
+            (130, -f32::NAN),
+        ] {
             let mut y = x.clone();
             y[at] = bad;
             if at + 1 < y.len() {

@@ -234,7 +234,11 @@ fn c_abi_backend_codes_unknown_refused_and_bf16_on_request() {
                 pp_policy_load(bytes.as_ptr(), bytes.len(), code, &mut p),
                 PpStatus::BadCall
             );
-            assert!(last_error().contains(&format!("backend {code}")), "{}", last_error());
+            assert!(
+                last_error().contains(&format!("backend {code}")),
+                "{}",
+                last_error()
+            );
             assert!(p.is_null());
         }
         assert_eq!(
@@ -244,7 +248,12 @@ fn c_abi_backend_codes_unknown_refused_and_bf16_on_request() {
         let f32_value = value_of(p);
         pp_policy_free(p);
         p = std::ptr::null_mut();
-        let st = pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::CpuBf16 as u32, &mut p);
+        let st = pp_policy_load(
+            bytes.as_ptr(),
+            bytes.len(),
+            PpBackend::CpuBf16 as u32,
+            &mut p,
+        );
         let bf16_expected = cfg!(policyport_host_avx512bf16)
             && std::env::var_os("POLICYPORT_CPU_BASELINE").is_none()
             && std::env::var_os("POLICYPORT_CPU_AVX2").is_none();
@@ -256,7 +265,11 @@ fn c_abi_backend_codes_unknown_refused_and_bf16_on_request() {
                 (bf16_value - f32_value).abs() <= 1e-2 * (1.0 + f32_value.abs()),
                 "bf16 {bf16_value} vs f32 {f32_value}"
             );
-            assert_ne!(bf16_value.to_bits(), f32_value.to_bits(), "the bf16 kernels did not run");
+            assert_ne!(
+                bf16_value.to_bits(),
+                f32_value.to_bits(),
+                "the bf16 kernels did not run"
+            );
         } else {
             assert_eq!(st, PpStatus::Backend);
             assert!(last_error().contains("avx512_bf16"), "{}", last_error());

@@ -115,7 +115,11 @@ mod tests {
                     .map(|i| (u01(s.word(i as u32 + 1)) - 0.5) * 12.0)
                     .collect();
                 let u = u01(s.word(0));
-                assert_eq!(categorical(&logits, u), two_pass(&logits, u), "n {n} step {step}");
+                assert_eq!(
+                    categorical(&logits, u),
+                    two_pass(&logits, u),
+                    "n {n} step {step}"
+                );
             }
         }
         // u at the top of its range still returns the last index, through either path.

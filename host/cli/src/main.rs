@@ -778,11 +778,7 @@ fn bench_torch(
         let us = median_us(seconds, |_| {
             step += 1;
             policy.act(
-                &Request::new(
-                    obs.get(),
-                    batch,
-                    ActMode::Sample { seed: 1, step },
-                ),
+                &Request::new(obs.get(), batch, ActMode::Sample { seed: 1, step }),
                 &mut out,
             )?;
             Ok(())
