@@ -791,7 +791,9 @@ pub(crate) mod x86 {
     /// # Safety
     /// AVX-512F; as for `dot_avx512`, with r + R ≤ m.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    #[inline(never)] // its own register allocation: inlined 16 times into one function, accumulators spilled
+    // Out of line, one register allocation per (R, N). The first version (inlined into the driver, lane sums by
+    // `_mm512_reduce_add_ps`) spilled its accumulators; the measured cause was the sums (see `sum_lanes`).
+    #[inline(never)]
     unsafe fn dot_tile<const R: usize, const N: usize>(
         x: &[f32],
         w: &[f32],
