@@ -254,10 +254,7 @@ fn c_abi_backend_codes_unknown_refused_and_bf16_on_request() {
             PpBackend::CpuBf16 as u32,
             &mut p,
         );
-        let bf16_expected = cfg!(policyport_host_avx512bf16)
-            && std::env::var_os("POLICYPORT_CPU_BASELINE").is_none()
-            && std::env::var_os("POLICYPORT_CPU_AVX2").is_none();
-        if bf16_expected {
+        if crate::cpu_bf16::bf16_expected() {
             assert_eq!(st, PpStatus::Ok, "{}", last_error());
             let bf16_value = value_of(p);
             pp_policy_free(p);
