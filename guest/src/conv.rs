@@ -537,14 +537,8 @@ mod tests {
             // A stride that leaves the input's last column unread.
             ([2, 11, 11], [24, 2, 3, 3], [3, 4], [0, 0, 0, 0], [1, 1], 1),
         ];
-        let mut isas = vec![Isa::Baseline, kernels::detect()];
-        // The AVX2 kernels too where the CPU has AVX-512 (detect() picks the widest).
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            isas.push(Isa::Avx2Fma);
-        }
-        isas.dedup();
-        for isa in isas {
+        // Every kernel family this CPU runs (detect() would pick only the widest).
+        for isa in kernels::available() {
             for (ci, &(input, ws, stride, pad, dil, groups)) in cases.iter().enumerate() {
                 let oh = (input[1] + pad[0] + pad[2] - dil[0] * (ws[2] - 1) - 1) / stride[0] + 1;
                 let ow = (input[2] + pad[1] + pad[3] - dil[1] * (ws[3] - 1) - 1) / stride[1] + 1;
@@ -625,8 +619,9 @@ mod tests {
 
     /// The bf16 convolution read in place (even channel counts) computes the definition on bf16-rounded inputs
     /// and weights, summed in f32: exact but for the summation order, across blocks, tiles, ragged panels and
-    /// envs.
+    /// envs. (x86-64 only: the bf16 kernels are AVX512-BF16's.)
     #[test]
+    #[cfg(target_arch = "x86_64")]
     #[cfg_attr(
         not(policyport_host_avx512bf16),
         ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"

@@ -57,7 +57,7 @@ pub(crate) fn panel_width(isa: Isa) -> usize {
         Isa::Avx512 => 32,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => 16,
-        Isa::Baseline => 8,
+        Isa::Simd128 | Isa::Portable => 8,
     }
 }
 
@@ -233,8 +233,15 @@ impl PackedDense {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             Isa::Avx2Fma => unsafe { dense_avx2(x, p, b, y, m, k, n, act) },
-            Isa::Baseline => {
-                dense_generic::<8, false, false>(Isa::Baseline, x, p, b, y, m, k, n, act)
+            Isa::Simd128 => {
+                #[cfg(target_arch = "x86_64")]
+                let fma = kernels::simd128_fma();
+                #[cfg(not(target_arch = "x86_64"))]
+                let fma = false;
+                dense_simd128(fma, x, p, b, y, m, k, n, act)
+            }
+            Isa::Portable => {
+                dense_generic::<8, false, false>(Isa::Portable, x, p, b, y, m, k, n, act)
             }
         }
     }
@@ -439,6 +446,46 @@ macro_rules! x86_dense {
     };
 }
 
+x86_dense!(
+    /// The 128-bit tile with FMA (`v128::Fma128`): x86 CPUs with FMA3 under `POLICYPORT_CPU_SIMD128`.
+    dense_sse_fma, "fma", Isa::Simd128, 8, false
+);
+
+/// The 128-bit kernels ([`v128`]) on panels 8 wide: 12-row tiles on aarch64 (32 NEON registers: 24
+/// accumulators), `MR` rows elsewhere (16 XMM registers: 12); `fma` (x86 only, `kernels::simd128_fma` said
+/// so) fuses the multiply-adds, which SSE2 alone cannot.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dense_simd128(
+    fma: bool,
+    x: &[f32],
+    p: &[f32],
+    b: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    act: Act,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: the caller saw FMA on this CPU.
+        unsafe { dense_sse_fma(x, p, b, y, m, k, n, act) };
+        return;
+    }
+    let _ = fma;
+    dense_generic::<8, false, { cfg!(target_arch = "aarch64") }>(
+        Isa::Simd128,
+        x,
+        p,
+        b,
+        y,
+        m,
+        k,
+        n,
+        act,
+    )
+}
+
 x86_dense!(dense_avx512, "avx512f,avx2,fma", Isa::Avx512, 32, true);
 x86_dense!(
     /// AVX-512 on 16-wide panels (layers of at most 16 outputs): one zmm per row.
@@ -570,26 +617,46 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
         }
         _ => {}
     }
-    // acc[j][i]: panel j, row i. The wasm kernel overwrites it (bias included); the portable one accumulates onto it.
+    // acc[j][i]: panel j, row i. The 128-bit kernel overwrites it (bias included); the portable one accumulates
+    // onto it.
     let mut acc = [[[0.0f32; NR]; R]; P];
     for (j, a) in acc.iter_mut().enumerate() {
         *a = [bias[j * NR..(j + 1) * NR].try_into().unwrap(); R];
     }
     match isa {
-        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        Isa::Baseline => unsafe {
-            wasm::accumulate_simd128::<R, P>(
-                x,
-                k,
-                panels,
-                bias,
-                acc.as_flattened_mut().as_flattened_mut(),
-            )
-        },
+        Isa::Simd128 => {
+            assert_eq!(NR, 8, "the 128-bit tile is two vectors wide");
+            let out = acc.as_flattened_mut().as_flattened_mut();
+            // SAFETY: the lengths asserted above; SSE2, NEON and SIMD128 are part of their targets, and `F` on
+            // x86 means the caller saw FMA (`dense_sse_fma`).
+            unsafe {
+                #[cfg(target_arch = "x86_64")]
+                if F {
+                    v128::accumulate::<v128::Fma128, R, P>(x, k, panels, bias, out)
+                } else {
+                    v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out)
+                }
+                #[cfg(any(
+                    all(target_arch = "aarch64", target_feature = "neon"),
+                    all(target_arch = "wasm32", target_feature = "simd128")
+                ))]
+                v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out);
+                #[cfg(not(any(
+                    target_arch = "x86_64",
+                    all(target_arch = "aarch64", target_feature = "neon"),
+                    all(target_arch = "wasm32", target_feature = "simd128")
+                )))]
+                unreachable!("kernels::detect never picks Simd128 here");
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2Fma => unreachable!("stored by their kernels above"),
+        // Never picked in a SIMD128 wasm build (`kernels::detect`), and not compiled there: 10 KB of the
+        // browser bundle and the plugin.
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Portable => unreachable!("kernels::detect picks Simd128 in a SIMD128 build"),
         #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-        Isa::Baseline => {
+        Isa::Portable => {
             let rows: [&[f32]; R] = std::array::from_fn(|i| &x[i * k..(i + 1) * k]);
             for (j, panel) in panels.chunks_exact(k * NR).take(P).enumerate() {
                 for (kk, w) in panel.chunks_exact(NR).enumerate() {
@@ -613,59 +680,207 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
     }
 }
 
-/// The same inner loop for wasm SIMD128 (NR = 8: two v128 per row); wasmtime and browsers lower it to SSE/AVX.
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-mod wasm {
-    use std::arch::wasm32::*;
-
-    /// `a·b + c`: relaxed-SIMD lets the engine fuse it (FMA on x86 with FMA); the result may then differ in the
-    /// last bit between hosts — within the suite's tolerances, and deterministic on any one host.
-    #[inline(always)]
-    fn madd(a: v128, b: v128, c: v128) -> v128 {
-        #[cfg(target_feature = "relaxed-simd")]
-        {
-            f32x4_relaxed_madd(a, b, c)
-        }
-        #[cfg(not(target_feature = "relaxed-simd"))]
-        {
-            f32x4_add(c, f32x4_mul(a, b))
-        }
+/// The 128-bit tile, written once for every four-lane vector type ([`Lanes4`](v128::Lanes4)): SSE2 and SSE
+/// with FMA on x86-64, NEON on aarch64, SIMD128 in wasm (which wasmtime and browsers lower to SSE/AVX). NR = 8:
+/// two vectors per row and panel. Why one generic body: the three ISAs' tiles are the same loop over the same
+/// packing, and the x86 one is the native kernel of the sandbox plugin's width (the comparison bench.sh prints).
+pub(crate) mod v128 {
+    /// Four f32 lanes and the four operations the tile needs.
+    pub(crate) trait Lanes4: Copy {
+        /// # Safety
+        /// `p` valid for reading 4 floats; the ISA available.
+        unsafe fn load(p: *const f32) -> Self;
+        /// `*p` in every lane.
+        ///
+        /// # Safety
+        /// `p` valid for reading; the ISA available.
+        unsafe fn splat(p: *const f32) -> Self;
+        /// # Safety
+        /// `p` valid for writing 4 floats; the ISA available.
+        unsafe fn store(self, p: *mut f32);
+        /// `a·b + c`, fused where the type is.
+        ///
+        /// # Safety
+        /// The ISA available.
+        unsafe fn madd(a: Self, b: Self, c: Self) -> Self;
     }
 
     /// `out[(j·R + i)·8 ..][..8] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows and P panels (NR = 8).
-    pub(super) unsafe fn accumulate_simd128<const R: usize, const P: usize>(
+    ///
+    /// # Safety
+    /// `x` holds R rows of k, `panels` P panels of k·8, `bias` P·8, `out` P·R·8; `V`'s ISA available.
+    #[inline(always)]
+    pub(super) unsafe fn accumulate<V: Lanes4, const R: usize, const P: usize>(
         x: &[f32],
         k: usize,
         panels: &[f32],
         bias: &[f32],
         out: &mut [f32],
     ) {
+        debug_assert!(
+            x.len() >= R * k
+                && panels.len() >= P * k * 8
+                && bias.len() >= P * 8
+                && out.len() >= P * R * 8
+        );
+        // SAFETY: the caller's contract.
         unsafe {
-            let b = |j: usize, h: usize| v128_load(bias.as_ptr().add(j * 8 + h * 4) as *const v128);
-            let mut acc: [[[v128; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
+            let b = |j: usize, h: usize| V::load(bias.as_ptr().add(j * 8 + h * 4));
+            let mut acc: [[[V; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
             let (xp, wp) = (x.as_ptr(), panels.as_ptr());
             for kk in 0..k {
-                // `v128.load32_splat`: one `vbroadcastss` from memory in V8, where a scalar load then
-                // `f32x4.splat` is a load, a move and a shuffle.
-                let xv: [v128; R] =
-                    std::array::from_fn(|i| v128_load32_splat(xp.add(i * k + kk) as *const u32));
+                // Broadcast from memory: `v128.load32_splat` is one `vbroadcastss` in V8, where a scalar load
+                // then `f32x4.splat` is a load, a move and a shuffle; `ld1r` on NEON.
+                let xv: [V; R] = std::array::from_fn(|i| V::splat(xp.add(i * k + kk)));
                 for (j, aj) in acc.iter_mut().enumerate() {
                     let w = wp.add(j * k * 8 + kk * 8);
-                    let (w0, w1) = (
-                        v128_load(w as *const v128),
-                        v128_load(w.add(4) as *const v128),
-                    );
+                    let (w0, w1) = (V::load(w), V::load(w.add(4)));
                     for i in 0..R {
-                        aj[i][0] = madd(xv[i], w0, aj[i][0]);
-                        aj[i][1] = madd(xv[i], w1, aj[i][1]);
+                        aj[i][0] = V::madd(xv[i], w0, aj[i][0]);
+                        aj[i][1] = V::madd(xv[i], w1, aj[i][1]);
                     }
                 }
             }
             for j in 0..P {
                 for i in 0..R {
                     let o = out.as_mut_ptr().add((j * R + i) * 8);
-                    v128_store(o as *mut v128, acc[j][i][0]);
-                    v128_store(o.add(4) as *mut v128, acc[j][i][1]);
+                    acc[j][i][0].store(o);
+                    acc[j][i][1].store(o.add(4));
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) use x86::{Fma128, Plain};
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        /// SSE2: multiply, then add (part of x86-64 itself).
+        pub(crate) type Plain = __m128;
+
+        impl super::Lanes4 for __m128 {
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { _mm_loadu_ps(p) }
+            }
+            #[inline(always)]
+            unsafe fn splat(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { _mm_load1_ps(p) }
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                // SAFETY: the caller's contract.
+                unsafe { _mm_storeu_ps(p, self) }
+            }
+            #[inline(always)]
+            unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
+                // SAFETY: SSE is part of x86-64.
+                unsafe { _mm_add_ps(c, _mm_mul_ps(a, b)) }
+            }
+        }
+
+        /// SSE registers with FMA3's fused multiply-add (inlined into `dense_sse_fma`, compiled for FMA).
+        #[derive(Clone, Copy)]
+        pub(crate) struct Fma128(__m128);
+
+        impl super::Lanes4 for Fma128 {
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                Fma128(unsafe { _mm_loadu_ps(p) })
+            }
+            #[inline(always)]
+            unsafe fn splat(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                Fma128(unsafe { _mm_load1_ps(p) })
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                // SAFETY: the caller's contract.
+                unsafe { _mm_storeu_ps(p, self.0) }
+            }
+            #[inline]
+            #[target_feature(enable = "fma")]
+            unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
+                // Compiled for FMA (this function's target feature): a safe call.
+                Fma128(_mm_fmadd_ps(a.0, b.0, c.0))
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    pub(crate) use self::neon::Plain;
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    mod neon {
+        use std::arch::aarch64::*;
+
+        /// NEON (part of aarch64 itself): `fmla`, always fused.
+        pub(crate) type Plain = float32x4_t;
+
+        impl super::Lanes4 for float32x4_t {
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { vld1q_f32(p) }
+            }
+            #[inline(always)]
+            unsafe fn splat(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { vld1q_dup_f32(p) }
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                // SAFETY: the caller's contract.
+                unsafe { vst1q_f32(p, self) }
+            }
+            #[inline(always)]
+            unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
+                // SAFETY: NEON is part of the target (the module's cfg).
+                unsafe { vfmaq_f32(c, a, b) }
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    pub(crate) use self::wasm::Plain;
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    mod wasm {
+        use std::arch::wasm32::*;
+
+        /// SIMD128; with relaxed-SIMD the engine may fuse the multiply-add (FMA on x86 with FMA), so the result
+        /// may differ in the last bit between hosts — within the suite's tolerances, and deterministic on any
+        /// one host.
+        pub(crate) type Plain = v128;
+
+        impl super::Lanes4 for v128 {
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { v128_load(p as *const v128) }
+            }
+            #[inline(always)]
+            unsafe fn splat(p: *const f32) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { v128_load32_splat(p as *const u32) }
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                // SAFETY: the caller's contract.
+                unsafe { v128_store(p as *mut v128, self) }
+            }
+            #[inline(always)]
+            unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
+                #[cfg(target_feature = "relaxed-simd")]
+                {
+                    f32x4_relaxed_madd(a, b, c)
+                }
+                #[cfg(not(target_feature = "relaxed-simd"))]
+                {
+                    f32x4_add(c, f32x4_mul(a, b))
                 }
             }
         }
@@ -1261,16 +1476,7 @@ mod tests {
 
     #[test]
     fn packed_dense_matches_f64_on_every_isa_and_shape() {
-        let mut isas = vec![Isa::Baseline];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                isas.push(Isa::Avx2Fma);
-            }
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-                isas.push(Isa::Avx512);
-            }
-        }
+        let isas = kernels::available();
         for (m, k, n) in [
             (1, 4, 2),
             (1, 64, 256),
@@ -1307,19 +1513,31 @@ mod tests {
                         }
                     })
                     .collect();
-                for &isa in &isas {
-                    let d = PackedDense::new(isa, &w, n, k, Some(&b));
-                    let mut y = vec![f32::NAN; m * n];
-                    d.run(&x, &mut y, m, act);
+                let check = |y: &[f32], what: &str| {
                     for i in 0..m * n {
                         let tol = 1e-5 * (1.0 + want[i].abs()) * (k as f64).sqrt();
                         assert!(
                             (y[i] as f64 - want[i]).abs() < tol,
-                            "{isa:?} {act:?} m{m} k{k} n{n} [{i}]: {} vs {}",
+                            "{what} {act:?} m{m} k{k} n{n} [{i}]: {} vs {}",
                             y[i],
                             want[i]
                         );
                     }
+                };
+                for &isa in &isas {
+                    let d = PackedDense::new(isa, &w, n, k, Some(&b));
+                    let mut y = vec![f32::NAN; m * n];
+                    d.run(&x, &mut y, m, act);
+                    check(&y, &format!("{isa:?}"));
+                }
+                // Both x86 128-bit tiles, whichever one `simd128_fma` picks on this CPU: SSE2's multiply-add
+                // and (where the CPU has it) FMA3's.
+                #[cfg(target_arch = "x86_64")]
+                for fma in [false, kernels::simd128_fma()] {
+                    let d = PackedDense::new(Isa::Simd128, &w, n, k, Some(&b));
+                    let mut y = vec![f32::NAN; m * n];
+                    dense_simd128(fma, &x, &d.panels, &d.bias, &mut y, m, k, n, act);
+                    check(&y, &format!("Simd128 fma {fma}"));
                 }
             }
         }

@@ -31,7 +31,7 @@ const MR: usize = 12;
 /// Rows per block: each panel is reused from L1 by every tile of a block (as in the f32 kernel).
 const ROW_BLOCK: usize = 96;
 
-/// Whether this CPU runs the bf16 kernel (AVX512-F and AVX512-BF16, and not forced to the portable kernels).
+/// Whether this CPU runs the bf16 kernel (AVX512-F and AVX512-BF16, and not capped below AVX-512).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -479,6 +479,7 @@ mod tests {
     /// The kernel computes exactly the bf16-rounded products summed in f32: against f64 sums of the rounded
     /// inputs and weights it is within f32 accumulation error, on every shape the blocking has a case for.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     #[cfg_attr(
         not(policyport_host_avx512bf16),
         ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"

@@ -121,9 +121,9 @@ pub enum BackendError {
     #[error("threads: {0}")]
     Threads(String),
     /// The requested kernels need an instruction-set extension this CPU lacks (or that POLICYPORT_CPU_BASELINE /
-    /// POLICYPORT_CPU_AVX2 turned off); the default configuration runs everywhere.
+    /// POLICYPORT_CPU_SIMD128 / POLICYPORT_CPU_AVX2 turned off); the default configuration runs everywhere.
     #[error(
-        "{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE / POLICYPORT_CPU_AVX2 is set)"
+        "{wanted} needs the CPU feature {feature}, which this CPU lacks (or POLICYPORT_CPU_BASELINE / POLICYPORT_CPU_SIMD128 / POLICYPORT_CPU_AVX2 is set)"
     )]
     MissingCpuFeature {
         wanted: &'static str,

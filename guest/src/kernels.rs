@@ -300,20 +300,29 @@ fn bias_act_generic<const F: bool>(f: Act, y: &mut [f32], bias: Option<&[f32]>, 
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
-    Baseline,
+    /// Plain Rust loops, vectorised by the compiler where it can: architectures without a kernel of their own,
+    /// and `POLICYPORT_CPU_BASELINE` (kept as the reference the vector kernels are tested against).
+    Portable,
+    /// 128-bit vectors, one tile written once for all three (`dense::v128`): SSE2 on x86-64 (with FMA where the
+    /// CPU has it: `simd128_fma`), NEON on aarch64 (Apple silicon, Graviton, Ampere), SIMD128 in wasm.
+    Simd128,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
-/// The widest instruction set this CPU has, capped by `POLICYPORT_CPU_BASELINE` (the portable kernels) or
-/// `POLICYPORT_CPU_AVX2` (at most AVX2 + FMA): test.sh reruns the conformance suite under each, so every kernel
-/// family passes the whole suite on one AVX-512 machine.
+/// The widest instruction set this CPU has, capped by `POLICYPORT_CPU_BASELINE` (the portable kernels),
+/// `POLICYPORT_CPU_SIMD128` (the 128-bit ones: SSE on x86-64) or `POLICYPORT_CPU_AVX2` (at most AVX2 + FMA):
+/// test.sh reruns the conformance suite under each, so every kernel family passes the whole suite on one
+/// AVX-512 machine (aarch64's NEON through qemu: tests/scripts/cross-aarch64.sh).
 pub(crate) fn detect() -> Isa {
+    if std::env::var_os("POLICYPORT_CPU_BASELINE").is_some() {
+        return Isa::Portable;
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::env::var_os("POLICYPORT_CPU_BASELINE").is_none() {
+        if std::env::var_os("POLICYPORT_CPU_SIMD128").is_none() {
             if std::env::var_os("POLICYPORT_CPU_AVX2").is_none()
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("fma")
@@ -324,8 +333,77 @@ pub(crate) fn detect() -> Isa {
                 return Isa::Avx2Fma;
             }
         }
+        // SSE2 is part of x86-64 itself.
+        Isa::Simd128
     }
-    Isa::Baseline
+    // NEON is part of aarch64 itself (the target's default features).
+    #[cfg(any(
+        all(target_arch = "aarch64", target_feature = "neon"),
+        all(target_arch = "wasm32", target_feature = "simd128")
+    ))]
+    {
+        Isa::Simd128
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        all(target_arch = "aarch64", target_feature = "neon"),
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )))]
+    {
+        Isa::Portable
+    }
+}
+
+/// Every instruction set this CPU runs, narrowest first (for tests that hold each kernel family to the same
+/// reference): not capped by the environment variables.
+#[cfg(test)]
+pub(crate) fn available() -> Vec<Isa> {
+    #[allow(unused_mut)]
+    let mut isas = vec![Isa::Portable];
+    #[cfg(any(
+        target_arch = "x86_64",
+        all(target_arch = "aarch64", target_feature = "neon"),
+        all(target_arch = "wasm32", target_feature = "simd128")
+    ))]
+    isas.push(Isa::Simd128);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            isas.push(Isa::Avx2Fma);
+        }
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            isas.push(Isa::Avx512);
+        }
+    }
+    isas
+}
+
+/// What [`crate::cpu_kernels`] calls `isa` on this machine.
+pub(crate) fn name(isa: Isa) -> &'static str {
+    match isa {
+        Isa::Portable => "portable",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Simd128 if simd128_fma() => "sse+fma",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Simd128 => "sse2",
+        #[cfg(target_arch = "aarch64")]
+        Isa::Simd128 => "neon",
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        Isa::Simd128 => "simd128",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => "avx2+fma",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => "avx512",
+    }
+}
+
+/// Whether the x86 128-bit tile fuses its multiply-adds (FMA3: every x86 CPU with AVX2, and AMD's Piledriver
+/// family without it); without FMA it multiplies then adds (SSE2). Also what the sandbox's SIMD128 code gets
+/// from wasmtime on the same CPU (relaxed-SIMD madd is an FMA there), which makes `POLICYPORT_CPU_SIMD128` the
+/// same-width native baseline the plugin is compared with.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn simd128_fma() -> bool {
+    is_x86_feature_detected!("fma")
 }
 
 /// Compile a generic kernel once per instruction set and pick the version at run time.
@@ -345,7 +423,7 @@ macro_rules! multiversion {
                     // SAFETY: `detect` saw these features on this CPU.
                     Isa::Avx512 => unsafe { avx512($($arg),*) },
                     Isa::Avx2Fma => unsafe { avx2($($arg),*) },
-                    Isa::Baseline => $generic::<false>($($arg),*),
+                    Isa::Simd128 | Isa::Portable => $generic::<false>($($arg),*),
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -446,7 +524,7 @@ mod tests {
             );
         }
         #[cfg(target_arch = "x86_64")]
-        if detect() != Isa::Baseline {
+        if matches!(detect(), Isa::Avx512 | Isa::Avx2Fma) {
             use std::arch::x86_64::*;
             let (mut worst, mut x) = (0.0f64, -30.0f32);
             let mut check = |xs: [f32; 8]| {

@@ -56,6 +56,14 @@ pub use policyport_format::sampling::ActMode;
 pub use policyport_shaders::Activation;
 pub use session::{ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, MAX_THREADS, Request, Session};
 
+/// The instruction set of the `cpu` backend's f32 kernels on this machine, as a policy loaded now would use it:
+/// `"avx512"`, `"avx2+fma"`, `"sse+fma"` or `"sse2"` (x86-64), `"neon"` (aarch64), `"simd128"` (wasm), or
+/// `"portable"` (plain Rust loops: other architectures). The environment variables that cap the kernels cap it
+/// too (`POLICYPORT_CPU_BASELINE`: portable, `POLICYPORT_CPU_SIMD128`: 128-bit, `POLICYPORT_CPU_AVX2`).
+pub fn cpu_kernels() -> &'static str {
+    kernels::name(kernels::detect())
+}
+
 /// GPU dispatches issued by wgpu programs from this thread so far (compare against
 /// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature.
 pub fn wgpu_dispatches_issued() -> usize {

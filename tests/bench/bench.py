@@ -92,22 +92,23 @@ def main():
         runs = [("cpu", ["--backend", "cpu"]), ("flex", ["--backend", "flex"])]
         if args.plugin:
             runs.append(("wasm", ["--plugin", args.plugin]))
-            # The host-lent dense kernel (WasmLimits::lend_dense), and the native cpu backend on its portable
-            # kernels (POLICYPORT_CPU_BASELINE, no AVX2 / AVX-512). Measured 2026-12-03: the portable kernels are
-            # 1.4-4.8x slower than the plugin's explicit SIMD128 ones (plain loops the compiler vectorises
-            # poorly), so they are no same-width yardstick for the sandbox; the column shows them as they are.
+            # The host-lent dense kernel (WasmLimits::lend_dense), and the native cpu backend on its 128-bit
+            # kernels (POLICYPORT_CPU_SIMD128: SSE with FMA here, the same tile as the plugin's SIMD128 one and
+            # what wasmtime lowers it to): the same-width yardstick for the sandbox.
             runs.append(("wasm_lent", ["--plugin", args.plugin, "--lend-dense"]))
             runs.append(("cpu_sse", ["--backend", "cpu"]))
         if args.wgpu:
             runs.append(("wgpu", ["--backend", "wgpu"]))
         dispatches = {}
         for name, extra in runs[1:]:
-            env = dict(os.environ, POLICYPORT_CPU_BASELINE="1") if name == "cpu_sse" else None
+            env = dict(os.environ, POLICYPORT_CPU_SIMD128="1") if name == "cpu_sse" else None
             out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
                                   str(args.seconds)] + extra, check=True, capture_output=True, text=True,
                                  env=env).stdout
             recs = list(map(json.loads, out.strip().splitlines()))
             ours[name] = {r["batch"]: r["us_per_act"] for r in recs}
+            if name == "cpu_sse":
+                kernels_128 = recs[0].get("kernels")
             dispatches[name] = {r["batch"]: r.get("dispatches_per_act") for r in recs}
         # The headline pair (policyport cpu vs onnxruntime native) in alternating rounds, median of each: a VM's
         # speed drifts by 10-20 % over a minute here, which would otherwise land on whichever ran second.
@@ -227,9 +228,10 @@ def main():
     if "wasm" in ours:
         print()
         print("policyport inside the wasm sandbox (wasmtime 48, SIMD128 + relaxed FMA) vs native, same artifact, median us "
-              "per act(); native portable = the cpu backend's portable kernels (POLICYPORT_CPU_BASELINE, no AVX2/AVX-512); "
+              "per act(); native 128-bit = the cpu backend's 128-bit kernels (POLICYPORT_CPU_SIMD128: "
+              f"{kernels_128}), the plugin's vector width; "
               "lent = WasmLimits::lend_dense (dense layers in the host's native kernel, the rest in the sandbox)")
-        print("| batch | native cpu | native portable | wasm plugin | wasm / native | wasm / native portable "
+        print("| batch | native cpu | native 128-bit | wasm plugin | wasm / native | wasm / native 128-bit "
               "| wasm, host-lent kernel | lent / native |")
         print("|---|---|---|---|---|---|---|---|")
         for b in batches:
@@ -238,7 +240,7 @@ def main():
         for r in rows:
             b = r["batch"]
             r.update({"policyport_wasm_us": ours["wasm"][b], "policyport_wasm_lent_us": ours["wasm_lent"][b],
-                      "policyport_cpu_sse_us": ours["cpu_sse"][b]})
+                      "policyport_cpu_128_us": ours["cpu_sse"][b], "cpu_128_kernels": kernels_128})
     if "tch" in ours:
         print()
         print("libtorch executor (policyport bench-torch, eager, CPU, 1 thread, host sampling: the bench-torch default) vs torch eager (forward only)")

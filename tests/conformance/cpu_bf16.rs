@@ -26,11 +26,12 @@ fn load_bf16(bytes: &[u8]) -> Result<Arc<CompiledPolicy>, PolicyError> {
 }
 
 /// Whether this run should have the bf16 kernel: the CPU has it (build.rs) and no narrower kernels are forced
-/// (POLICYPORT_CPU_BASELINE or POLICYPORT_CPU_AVX2, read at run time).
+/// (POLICYPORT_CPU_BASELINE, POLICYPORT_CPU_SIMD128 or POLICYPORT_CPU_AVX2, read at run time).
 pub(crate) fn bf16_expected() -> bool {
     cfg!(policyport_host_avx512bf16)
         && std::env::var_os("POLICYPORT_CPU_BASELINE").is_none()
         && std::env::var_os("POLICYPORT_CPU_AVX2").is_none()
+        && std::env::var_os("POLICYPORT_CPU_SIMD128").is_none()
 }
 
 /// bf16 keeps 8 mantissa bits: each layer's inputs and weights are rounded to ~3 significant digits, and the

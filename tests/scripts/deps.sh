@@ -152,6 +152,28 @@ ensure_wasm_target() {
   fi
 }
 
+# aarch64 Linux under emulation, for the NEON kernels (the CI machine is x86-64): Rust's aarch64 standard library,
+# Debian's cross linker with its C library, and qemu-user to run the binaries (~15 s and ~150 MB from apt). Then
+# `aarch64_env` points cargo at them: `cargo test --target aarch64-unknown-linux-gnu` runs its tests under qemu.
+ensure_aarch64_cross() {
+  if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+    echo "== rustup target add aarch64-unknown-linux-gnu (the NEON kernels, run under qemu)"
+    rustup target add aarch64-unknown-linux-gnu
+    PP_INSTALLED+=("rust target aarch64-unknown-linux-gnu (rustup)")
+  fi
+  if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null ||
+    [ ! -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]; then
+    apt_install "linking and running aarch64 binaries (the NEON kernels' tests)" \
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+  fi
+}
+
+aarch64_env() {
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+  PP_AARCH64_RUN=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
+}
+
 # wasm-bindgen-cli at exactly the version of the wasm-bindgen crate in Cargo.toml (they must match), under
 # $PP_TOOLS so it does not shadow another version on PATH.
 ensure_wasm_bindgen() {

@@ -119,6 +119,13 @@ else
   echo "no AVX-512 here: the first pass ran the cpu backend on its AVX2 (or portable) kernels already"
 fi
 
+step "conformance suite again on the cpu backend's 128-bit kernels (SSE; the tile NEON runs on aarch64)"
+# POLICYPORT_CPU_SIMD128 caps the kernels at 128-bit vectors: SSE with FMA on this CPU (the plain SSE2 tile, for
+# CPUs without FMA, is held to f64 in the unit tests). The same generic tile is the NEON one on aarch64 (the
+# qemu step below) and the plugin's SIMD128 one.
+POLICYPORT_CPU_SIMD128=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-simd128.log" --release --workspace "${FEATURES[@]}" --test conformance \
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
+
 step "conformance suite again on the wasm sandbox with the host-lent dense kernel (WasmLimits::lend_dense)"
 # backends() returns just wasmtime under this variable, loaded with the host lending its native dense kernel: a
 # second configuration of the sandbox, so the whole suite runs on it. wasm.rs tests the lending host itself (and
@@ -215,6 +222,38 @@ cli_truncated() {
     { echo "truncated artifact: want a typed error and exit 1, got $rc"; cat "$out/err.txt"; return 1; }
 }
 check "CLI: a truncated artifact is a typed error with exit 1" cli_truncated
+
+step "aarch64 under qemu-user: the NEON kernels (runtime unit tests, every fixture's golden vectors, the demo)"
+# The CI machine is x86-64, so the runtime's aarch64 build (NEON tiles; what Apple silicon, Graviton and Ampere
+# users run) is tested under emulation: its unit tests (every kernel family against f64), then the lean CLI built
+# for aarch64 imports every ONNX fixture, checks its golden vectors (PyTorch's outputs; artifacts are portable, so
+# the SB3, CleanRL and RLlib ones the x86 CLI wrote above too) and runs the demo's trained policies. ~2 min cold.
+ensure_aarch64_cross
+aarch64_env
+cargo_test "$CARGO_TARGET_DIR/cargo-test-aarch64.log" --release -p policyport --no-default-features --lib \
+  --target aarch64-unknown-linux-gnu
+cargo build --profile demo -p policyport-cli --bin policyport --no-default-features --target aarch64-unknown-linux-gnu
+A64=("${PP_AARCH64_RUN[@]}" "$CARGO_TARGET_DIR/aarch64-unknown-linux-gnu/demo/policyport")
+aarch64_fixtures() {
+  local d name
+  for d in tests/fixtures/*/; do
+    [ -f "$d/policy.onnx" ] || continue
+    name=$(basename "$d")
+    "${A64[@]}" compile "$d/policy.onnx" --spec "$d/import.json" --golden "$d/io.json" -o "$out/$name.a64.policy"
+    "${A64[@]}" verify "$out/$name.a64.policy"
+    "${A64[@]}" verify "$out/$name.bf16.policy" >/dev/null
+  done
+  for name in sb3_cartpole sb3_sac sb3_lstm cleanrl_cartpole cleanrl_sac rllib_cartpole rllib_lstm; do
+    "${A64[@]}" verify "$out/$name.policy"
+  done
+}
+check "aarch64: every ONNX fixture compiled and verified (f32; bf16 storage), SB3 / CleanRL / RLlib artifacts verified" \
+  aarch64_fixtures
+# The kernels say which instruction set they run: NEON, not the portable loops.
+check "aarch64: the cpu backend runs its NEON kernels" \
+  bash -c '"$@" | grep -q "\"kernels\":\"neon\""' _ "${A64[@]}" bench "$out/mlp64.a64.policy" --batches 1 --seconds 0.05
+check "aarch64: the demo (trained CartPole and Pendulum policies against PyTorch's returns)" \
+  "${A64[@]}" demo --out-dir "$CARGO_TARGET_DIR/policyport-demo-aarch64"
 
 step "browser: headless Chromium (WebGPU on SwiftShader) against policyport serve-web"
 # Each check of run.mjs is counted from its own "ok  " / "FAIL" line; a crash before any check is one failure.

@@ -70,7 +70,8 @@ pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
 /// AVX2/AVX-512) only the cpu backend: it is the only one whose code that variable changes, and every backend
 /// already ran the whole suite in the first pass.
 ///
-/// Likewise under `POLICYPORT_CPU_AVX2=1` (the rerun on the AVX2 kernels, on a CPU that also has AVX-512).
+/// Likewise under `POLICYPORT_CPU_AVX2=1` (the rerun on the AVX2 kernels, on a CPU that also has AVX-512) and
+/// `POLICYPORT_CPU_SIMD128=1` (the 128-bit kernels: SSE, the NEON tile's x86 twin).
 ///
 /// Under `POLICYPORT_WASM_LEND=1` (test.sh's rerun for the host-lent dense kernel) only `Wasmtime`, loaded with
 /// `WasmLimits::lend_dense`: the plugin's dense layers and convolution GEMMs then run natively in the host, the
@@ -78,6 +79,7 @@ pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
 pub fn backends() -> Vec<Backend> {
     if std::env::var_os("POLICYPORT_CPU_BASELINE").is_some()
         || std::env::var_os("POLICYPORT_CPU_AVX2").is_some()
+        || std::env::var_os("POLICYPORT_CPU_SIMD128").is_some()
     {
         return vec![Backend::Cpu];
     }

@@ -657,10 +657,13 @@ fn run() -> Result<()> {
                     .collect::<Result<_>>()?;
                 per_call.sort_by(|a, b| a.total_cmp(b));
                 let median = per_call[per_call.len() / 2];
+                // The native cpu backend's instruction set (the plugin's kernels are its own: SIMD128).
+                let kernels =
+                    (plugin.is_none() && backend == Backend::Cpu).then(policyport::cpu_kernels);
                 println!(
                     "{}",
                     serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median, "threads": threads,
-                        "dispatches_per_act": policy.info().dispatches_per_act})
+                        "dispatches_per_act": policy.info().dispatches_per_act, "kernels": kernels})
                 );
             }
         }
