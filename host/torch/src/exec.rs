@@ -198,10 +198,10 @@ impl Program {
                 Op::Dense { weight, bias } => {
                     let t = &art.tensors[weight];
                     let (o, i) = (t.shape[0] as i64, t.shape[1] as i64);
-                    // [out, in] → [in, out] once, so act() is x @ w (+ b as addmm).
+                    // Kept `[out, in]` as PyTorch's Linear keeps it; `w` is its transposed view, so addmm hands
+                    // the BLAS a transposed B, as torch eager does (see the regression note in CONTRIBUTING).
                     let w = upload(&t.data, &[o, i], compute, device)?
-                        .f_t_copy()
-                        .and_then(|w| w.f_contiguous())
+                        .f_tr()
                         .map_err(te)?;
                     let b = match bias {
                         Some(b) => Some(upload(&art.tensors[b].data, &[o], compute, device)?),
