@@ -24,6 +24,25 @@ def test_the_wheel_has_every_backend():
     assert pp.FORMAT_VERSION[0] == 1
 
 
+def test_cpu_kernels_name_the_instruction_set_and_follow_the_caps(monkeypatch):
+    """The cpu backend's kernel family, read when asked: the widest the CPU has, or what the env variables cap it to."""
+    import platform
+
+    names = {"avx512", "avx2+fma", "sse+fma", "sse2", "neon", "simd128", "portable"}
+    assert pp.cpu_kernels() in names
+    monkeypatch.setenv("POLICYPORT_CPU_BASELINE", "1")
+    assert pp.cpu_kernels() == "portable"
+    monkeypatch.delenv("POLICYPORT_CPU_BASELINE")
+    if platform.machine() in ("x86_64", "AMD64"):
+        import re
+
+        flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
+        if {"avx512f", "fma"} <= flags:
+            assert pp.cpu_kernels() == "avx512"
+        monkeypatch.setenv("POLICYPORT_CPU_SIMD128", "1")
+        assert pp.cpu_kernels() == ("sse+fma" if "fma" in flags else "sse2")
+
+
 @pytest.fixture(scope="module")
 def cartpole():
     return pp.compile(FX / "sb3" / "ppo_cartpole" / "model.zip")

@@ -969,6 +969,13 @@ fn cuda_available() -> bool {
     policyport_torch::cuda_device_count() > 0
 }
 
+/// The instruction set of the cpu backend's f32 kernels on this machine, as a policy loaded now would use it:
+/// "avx512", "avx2+fma", "sse+fma", "sse2", "neon", "simd128" or "portable" (`policyport::cpu_kernels`).
+#[pyfunction]
+fn cpu_kernels() -> &'static str {
+    policyport::cpu_kernels()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -979,6 +986,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile_rllib_module, m)?)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_kernels, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add(
         "FORMAT_VERSION",

@@ -42,6 +42,7 @@ from ._native import (  # noqa: F401  (re-exported)
     backends,
     compile,
     compile_rllib_module,
+    cpu_kernels,
     cuda_available,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "backends",
     "compile",
     "compile_rllib_module",
+    "cpu_kernels",
     "compile_state_dict",
     "cuda_available",
 ]
