@@ -757,58 +757,49 @@ pub(crate) mod v128 {
     mod x86 {
         use std::arch::x86_64::*;
 
-        /// SSE2: multiply, then add (part of x86-64 itself).
-        pub(crate) type Plain = __m128;
-
-        impl super::Lanes4 for __m128 {
-            #[inline(always)]
-            unsafe fn load(p: *const f32) -> Self {
-                // SAFETY: the caller's contract.
-                unsafe { _mm_loadu_ps(p) }
-            }
-            #[inline(always)]
-            unsafe fn splat(p: *const f32) -> Self {
-                // SAFETY: the caller's contract.
-                unsafe { _mm_load1_ps(p) }
-            }
-            #[inline(always)]
-            unsafe fn store(self, p: *mut f32) {
-                // SAFETY: the caller's contract.
-                unsafe { _mm_storeu_ps(p, self) }
-            }
-            #[inline(always)]
-            unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
-                // SAFETY: SSE is part of x86-64.
-                unsafe { _mm_add_ps(c, _mm_mul_ps(a, b)) }
-            }
-        }
-
-        /// SSE registers with FMA3's fused multiply-add (inlined into `dense_sse_fma`, compiled for FMA).
+        /// SSE registers; `FMA`: multiply-adds fused by FMA3 (only inside code compiled for FMA:
+        /// `dense_sse_fma`), else multiplied then added (SSE2, part of x86-64 itself).
         #[derive(Clone, Copy)]
-        pub(crate) struct Fma128(__m128);
+        pub(crate) struct Sse<const FMA: bool>(__m128);
 
-        impl super::Lanes4 for Fma128 {
+        /// SSE2 alone.
+        pub(crate) type Plain = Sse<false>;
+        /// SSE with FMA3.
+        pub(crate) type Fma128 = Sse<true>;
+
+        impl<const FMA: bool> super::Lanes4 for Sse<FMA> {
             #[inline(always)]
             unsafe fn load(p: *const f32) -> Self {
                 // SAFETY: the caller's contract.
-                Fma128(unsafe { _mm_loadu_ps(p) })
+                Sse(unsafe { _mm_loadu_ps(p) })
             }
             #[inline(always)]
             unsafe fn splat(p: *const f32) -> Self {
                 // SAFETY: the caller's contract.
-                Fma128(unsafe { _mm_load1_ps(p) })
+                Sse(unsafe { _mm_load1_ps(p) })
             }
             #[inline(always)]
             unsafe fn store(self, p: *mut f32) {
                 // SAFETY: the caller's contract.
                 unsafe { _mm_storeu_ps(p, self.0) }
             }
-            #[inline]
-            #[target_feature(enable = "fma")]
+            #[inline(always)]
             unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
-                // Compiled for FMA (this function's target feature): a safe call.
-                Fma128(_mm_fmadd_ps(a.0, b.0, c.0))
+                if FMA {
+                    // SAFETY: the caller's contract: compiled for (and run on) a CPU with FMA.
+                    Sse(unsafe { fmadd(a.0, b.0, c.0) })
+                } else {
+                    // SAFETY: SSE is part of x86-64.
+                    Sse(unsafe { _mm_add_ps(c.0, _mm_mul_ps(a.0, b.0)) })
+                }
             }
+        }
+
+        /// `a·b + c` fused; inlined into its FMA-compiled caller.
+        #[inline]
+        #[target_feature(enable = "fma")]
+        fn fmadd(a: __m128, b: __m128, c: __m128) -> __m128 {
+            _mm_fmadd_ps(a, b, c)
         }
     }
 
