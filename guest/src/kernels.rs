@@ -315,7 +315,7 @@ pub(crate) enum Isa {
 /// The widest instruction set this CPU has, capped by `POLICYPORT_CPU_BASELINE` (the portable kernels),
 /// `POLICYPORT_CPU_SIMD128` (the 128-bit ones: SSE on x86-64) or `POLICYPORT_CPU_AVX2` (at most AVX2 + FMA):
 /// test.sh reruns the conformance suite under each, so every kernel family passes the whole suite on one
-/// AVX-512 machine (aarch64's NEON through qemu: tests/scripts/cross-aarch64.sh).
+/// AVX-512 machine (and aarch64's NEON runs under qemu: test.sh's aarch64 step).
 pub(crate) fn detect() -> Isa {
     if std::env::var_os("POLICYPORT_CPU_BASELINE").is_some() {
         return Isa::Portable;
