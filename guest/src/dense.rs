@@ -564,14 +564,17 @@ fn dense_generic<const NR: usize, const F: bool, const WIDE: bool>(
 }
 
 /// Whether `isa`'s tiles apply `act` to their accumulators before they store them (AVX-512 and AVX2: Identity,
-/// ReLU and tanh, in `x86::store_avx512` / `x86::store_avx2`), so that the layer needs no activation pass over its output. Why: the pass
+/// ReLU and tanh, in `x86::store_avx512` / `x86::store_avx2`; the 128-bit tile in `v128::activate`), so that
+/// the layer needs no activation pass over its output. Why: the pass
 /// read the whole block back from L2 and wrote it again — with tanh on the benchmark MLP, ~11 % of act() at
 /// batch 1024 before tanh was made cheap enough (`kernels::tanh_lanes_avx512`) to run in the tile.
 pub(crate) fn act_in_store(isa: Isa, act: Act) -> bool {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2Fma => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
-        _ => act == Act::Identity,
+        // The 128-bit tile activates its outputs before they leave it (`v128::activate`).
+        Isa::Simd128 => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
+        Isa::Portable => act == Act::Identity,
     }
 }
 
@@ -598,7 +601,6 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
             && y.len() >= (R - 1) * n + n.min(c0 + P * NR)
     );
     // The x86 kernels store their accumulators straight into `y` (row stride n, the columns past n masked off).
-    #[cfg(not(target_arch = "x86_64"))]
     let _ = act;
     match isa {
         // SAFETY (both arms): `detect` saw the features, NR matches the ISA's packing (`panel_width`), and the
@@ -632,15 +634,20 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
             unsafe {
                 #[cfg(target_arch = "x86_64")]
                 if F {
-                    v128::accumulate::<v128::Fma128, R, P>(x, k, panels, bias, out)
+                    v128::accumulate::<v128::Fma128, R, P>(x, k, panels, bias, out);
+                    v128::activate::<v128::Fma128>(out, act);
                 } else {
-                    v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out)
+                    v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out);
+                    v128::activate::<v128::Plain>(out, act);
                 }
                 #[cfg(any(
                     all(target_arch = "aarch64", target_feature = "neon"),
                     all(target_arch = "wasm32", target_feature = "simd128")
                 ))]
-                v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out);
+                {
+                    v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out);
+                    v128::activate::<v128::Plain>(out, act);
+                }
                 #[cfg(not(any(
                     target_arch = "x86_64",
                     all(target_arch = "aarch64", target_feature = "neon"),
@@ -703,6 +710,77 @@ pub(crate) mod v128 {
         /// # Safety
         /// The ISA available.
         unsafe fn madd(a: Self, b: Self, c: Self) -> Self;
+        /// `v` in every lane.
+        ///
+        /// # Safety
+        /// The ISA available.
+        unsafe fn set(v: f32) -> Self;
+        /// # Safety
+        /// The ISA available.
+        unsafe fn mul(a: Self, b: Self) -> Self;
+        /// # Safety
+        /// The ISA available.
+        unsafe fn div(a: Self, b: Self) -> Self;
+        /// x clamped to [−c, c] lane by lane, a NaN kept NaN.
+        ///
+        /// # Safety
+        /// The ISA available.
+        unsafe fn clamp(x: Self, c: f32) -> Self;
+        /// `max(v, 0)` with a NaN lane → 0, as the activation pass's ReLU (`f32::max`).
+        ///
+        /// # Safety
+        /// The ISA available.
+        unsafe fn relu(v: Self) -> Self;
+    }
+
+    /// tanh on four lanes: the 13/6 rational of `kernels::tanh_lanes_avx512` (within 3.5e-7 of f64; ±0, tiny
+    /// and subnormal x come back exactly, NaN stays NaN), with a division.
+    ///
+    /// # Safety
+    /// `V`'s ISA available.
+    #[inline(always)]
+    pub(crate) unsafe fn tanh_lanes<V: Lanes4>(x: V) -> V {
+        use crate::kernels::{TANH_CLAMP, TANH_P, TANH_Q};
+        // SAFETY: the caller's contract.
+        unsafe {
+            let x = V::clamp(x, TANH_CLAMP);
+            let x2 = V::mul(x, x);
+            let mut p = V::set(TANH_P[0]);
+            for c in &TANH_P[1..] {
+                p = V::madd(p, x2, V::set(*c));
+            }
+            let mut d = V::set(TANH_Q[0]);
+            for c in &TANH_Q[1..] {
+                d = V::madd(d, x2, V::set(*c));
+            }
+            V::div(V::mul(p, x), d)
+        }
+    }
+
+    /// `act` on `out` in place, 4 lanes at a time, where [`super::act_in_store`] (ReLU, tanh; identity is
+    /// nothing): the tile's outputs while they are still in L1, instead of a pass over the block after it. Why:
+    /// the pass (the portable tanh, one value at a time) was 14 % of act() on the SSE kernels at batch 64.
+    ///
+    /// # Safety
+    /// `out.len()` a multiple of 4; `V`'s ISA available.
+    #[inline(always)]
+    pub(super) unsafe fn activate<V: Lanes4>(out: &mut [f32], act: super::Act) {
+        // SAFETY: every chunk is 4 floats inside `out`; the ISA by the caller's contract.
+        unsafe {
+            match act {
+                super::Act::Relu => {
+                    for c in out.chunks_exact_mut(4) {
+                        V::relu(V::load(c.as_ptr())).store(c.as_mut_ptr());
+                    }
+                }
+                super::Act::Tanh => {
+                    for c in out.chunks_exact_mut(4) {
+                        tanh_lanes(V::load(c.as_ptr())).store(c.as_mut_ptr());
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     /// `out[(j·R + i)·8 ..][..8] = bias_j + Σ_kk x[i][kk] · panel_j[kk]` for R rows and P panels (NR = 8).
@@ -793,6 +871,29 @@ pub(crate) mod v128 {
                     Sse(unsafe { _mm_add_ps(c.0, _mm_mul_ps(a.0, b.0)) })
                 }
             }
+            // SAFETY (the four below): SSE is part of x86-64.
+            #[inline(always)]
+            unsafe fn set(v: f32) -> Self {
+                Sse(unsafe { _mm_set1_ps(v) })
+            }
+            #[inline(always)]
+            unsafe fn mul(a: Self, b: Self) -> Self {
+                Sse(unsafe { _mm_mul_ps(a.0, b.0) })
+            }
+            #[inline(always)]
+            unsafe fn div(a: Self, b: Self) -> Self {
+                Sse(unsafe { _mm_div_ps(a.0, b.0) })
+            }
+            #[inline(always)]
+            unsafe fn clamp(x: Self, c: f32) -> Self {
+                // maxps/minps return their second operand when either is NaN: x last keeps a NaN.
+                unsafe { Sse(_mm_min_ps(_mm_set1_ps(c), _mm_max_ps(_mm_set1_ps(-c), x.0))) }
+            }
+            #[inline(always)]
+            unsafe fn relu(v: Self) -> Self {
+                // The second operand (0) when v is NaN.
+                Sse(unsafe { _mm_max_ps(v.0, _mm_setzero_ps()) })
+            }
         }
 
         /// `a·b + c` fused; inlined into its FMA-compiled caller.
@@ -832,6 +933,29 @@ pub(crate) mod v128 {
             unsafe fn madd(a: Self, b: Self, c: Self) -> Self {
                 // SAFETY: NEON is part of the target (the module's cfg).
                 unsafe { vfmaq_f32(c, a, b) }
+            }
+            // SAFETY (the five below): NEON is part of the target.
+            #[inline(always)]
+            unsafe fn set(v: f32) -> Self {
+                unsafe { vdupq_n_f32(v) }
+            }
+            #[inline(always)]
+            unsafe fn mul(a: Self, b: Self) -> Self {
+                unsafe { vmulq_f32(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn div(a: Self, b: Self) -> Self {
+                unsafe { vdivq_f32(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn clamp(x: Self, c: f32) -> Self {
+                // fmin/fmax return NaN when either operand is NaN.
+                unsafe { vminq_f32(vdupq_n_f32(c), vmaxq_f32(vdupq_n_f32(-c), x)) }
+            }
+            #[inline(always)]
+            unsafe fn relu(v: Self) -> Self {
+                // fmaxnm: the number when the other operand is NaN.
+                unsafe { vmaxnmq_f32(v, vdupq_n_f32(0.0)) }
             }
         }
     }
@@ -873,6 +997,28 @@ pub(crate) mod v128 {
                 {
                     f32x4_add(c, f32x4_mul(a, b))
                 }
+            }
+            #[inline(always)]
+            unsafe fn set(v: f32) -> Self {
+                f32x4_splat(v)
+            }
+            #[inline(always)]
+            unsafe fn mul(a: Self, b: Self) -> Self {
+                f32x4_mul(a, b)
+            }
+            #[inline(always)]
+            unsafe fn div(a: Self, b: Self) -> Self {
+                f32x4_div(a, b)
+            }
+            #[inline(always)]
+            unsafe fn clamp(x: Self, c: f32) -> Self {
+                // f32x4.min/max return NaN when either operand is NaN.
+                f32x4_min(f32x4_splat(c), f32x4_max(f32x4_splat(-c), x))
+            }
+            #[inline(always)]
+            unsafe fn relu(v: Self) -> Self {
+                // pmax(0, v) = 0 < v ? v : 0, so a NaN lane gives 0.
+                f32x4_pmax(f32x4_splat(0.0), v)
             }
         }
     }
@@ -1463,6 +1609,59 @@ mod tests {
             col_stride: 1,
         };
         assert_eq!(huge.bound(12), None, "overflow is refused, not wrapped");
+    }
+
+    /// The 128-bit tanh (`v128::tanh_lanes`) on every lane type this machine runs, against f64, with the special
+    /// values the activation pass keeps: ±0, tiny and subnormal x exactly, NaN as NaN, saturation; and ReLU's
+    /// NaN → 0.
+    #[test]
+    fn v128_tanh_and_relu_match_f64_and_keep_special_values() {
+        use v128::Lanes4;
+        fn check<V: Lanes4>(what: &str) {
+            let rel = |a: f32, b: f64| (a as f64 - b).abs() / b.abs().max(1e-30);
+            let (mut worst, mut x) = (0.0f64, -30.0f32);
+            let lanes = |xs: [f32; 4]| {
+                let mut ys = [0.0f32; 4];
+                // SAFETY: the caller runs only lane types this CPU has; 4 floats each way.
+                unsafe { v128::tanh_lanes(V::load(xs.as_ptr())).store(ys.as_mut_ptr()) };
+                ys
+            };
+            while x < 30.0 {
+                let xs: [f32; 4] = std::array::from_fn(|i| x + i as f32 * 0.000_37);
+                for (x, y) in xs.iter().zip(lanes(xs)) {
+                    worst = worst.max(rel(y, (*x as f64).tanh()));
+                }
+                x += 4.0 * 0.000_37;
+            }
+            assert!(worst < 4e-7, "{what} tanh {worst:e}");
+            let ys = lanes([0.0, -0.0, 1e-30, -1e-40]);
+            assert_eq!(
+                ys.map(f32::to_bits),
+                [0.0f32, -0.0, 1e-30, -1e-40].map(f32::to_bits),
+                "{what}"
+            );
+            let ys = lanes([f32::NAN, 9.0, -1e9, f32::INFINITY]);
+            assert!(ys[0].is_nan(), "{what}");
+            assert!(
+                (ys[1] - 1.0).abs() <= 2e-7 && (ys[2] + 1.0).abs() <= 2e-7,
+                "{what} {ys:?}"
+            );
+            assert!((ys[3] - 1.0).abs() <= 2e-7, "{what} {ys:?}");
+            let mut r = [f32::NAN, -2.0, 3.0, -0.0];
+            // SAFETY: as above.
+            unsafe { V::relu(V::load(r.as_ptr())).store(r.as_mut_ptr()) };
+            assert_eq!(r[..3], [0.0, 0.0, 3.0], "{what}");
+            assert_eq!(r[3], 0.0, "{what}");
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            check::<v128::Plain>("sse2");
+            if kernels::simd128_fma() {
+                check::<v128::Fma128>("sse+fma");
+            }
+        }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        check::<v128::Plain>("neon");
     }
 
     #[test]

@@ -155,13 +155,10 @@ pub(crate) fn tanh_lanes_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64
 
 /// Where `tanh_lanes_avx512` stops following x (XLA's bound): tanh(7.9053) is 1 − 2.7e-7 and P/Q there
 /// 1 − 1.8e-7 (3 ulps under 1), so every larger |x| gets that value, within the tolerance of exact ±1.
-#[cfg(target_arch = "x86_64")]
-const TANH_CLAMP: f32 = 7.905_311_1;
-/// `tanh_lanes_avx512`'s numerator P(x²) (highest power first; the constant term 1), then its denominator.
-#[cfg(target_arch = "x86_64")]
+pub(crate) const TANH_CLAMP: f32 = 7.905_311_1;
+/// `tanh_lanes_avx512`'s (and `dense::v128::tanh_lanes`') numerator P(x²) (highest power first; the constant term 1), then its denominator.
 const TANH_Q0: f64 = 4.893_525_185_543_85e-3;
-#[cfg(target_arch = "x86_64")]
-const TANH_P: [f32; 7] = [
+pub(crate) const TANH_P: [f32; 7] = [
     (-2.760_768_477_423_55e-16 / TANH_Q0) as f32,
     (2.000_187_904_824_77e-13 / TANH_Q0) as f32,
     (-8.604_671_522_137_35e-11 / TANH_Q0) as f32,
@@ -170,8 +167,7 @@ const TANH_P: [f32; 7] = [
     (6.372_619_288_754_36e-4 / TANH_Q0) as f32,
     1.0,
 ];
-#[cfg(target_arch = "x86_64")]
-const TANH_Q: [f32; 4] = [
+pub(crate) const TANH_Q: [f32; 4] = [
     (1.198_258_394_667_02e-6 / TANH_Q0) as f32,
     (1.185_347_056_866_54e-4 / TANH_Q0) as f32,
     (2.268_434_632_439_00e-3 / TANH_Q0) as f32,
