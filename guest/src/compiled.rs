@@ -11,7 +11,7 @@ use policyport_format::{
     read_artifact, validate,
 };
 
-use crate::backend::Backend;
+use crate::backend::{Backend, CpuOptions};
 use crate::error::{BackendError, PolicyError};
 use crate::executor::{Executor, ExecutorBuilder, StepInput};
 use crate::golden::{GoldenReport, GoldenShape, compare_golden, golden_modes};
@@ -113,6 +113,12 @@ impl CompiledPolicy {
     pub fn from_artifact(artifact: Artifact, backend: Backend) -> Result<Arc<Self>, PolicyError> {
         backend.check_compiled()?;
         Self::with_builder(artifact, Arc::new(backend))
+    }
+
+    /// [`CompiledPolicy::load`] on the native cpu backend with `options` (e.g. `CpuPrecision::Bf16`: a typed
+    /// `MissingCpuFeature` where the CPU lacks the kernels).
+    pub fn load_cpu(bytes: &[u8], options: CpuOptions) -> Result<Arc<Self>, PolicyError> {
+        Self::with_builder(read_artifact(bytes)?, Arc::new(options))
     }
 
     /// [`CompiledPolicy::load`] under other [`Limits`] than the defaults (a stricter memory budget for a

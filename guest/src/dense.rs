@@ -233,13 +233,7 @@ impl PackedDense {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             Isa::Avx2Fma => unsafe { dense_avx2(x, p, b, y, m, k, n, act) },
-            Isa::Simd128 => {
-                #[cfg(target_arch = "x86_64")]
-                let fma = kernels::simd128_fma();
-                #[cfg(not(target_arch = "x86_64"))]
-                let fma = false;
-                dense_simd128(fma, x, p, b, y, m, k, n, act)
-            }
+            Isa::Simd128 => dense_simd128(kernels::simd128_fma(), x, p, b, y, m, k, n, act),
             Isa::Portable => {
                 dense_generic::<8, false, false>(Isa::Portable, x, p, b, y, m, k, n, act)
             }
@@ -570,11 +564,8 @@ fn dense_generic<const NR: usize, const F: bool, const WIDE: bool>(
 /// batch 1024 before tanh was made cheap enough (`kernels::tanh_lanes_avx512`) to run in the tile.
 pub(crate) fn act_in_store(isa: Isa, act: Act) -> bool {
     match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2Fma => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
-        // The 128-bit tile activates its outputs before they leave it (`v128::activate`).
-        Isa::Simd128 => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
         Isa::Portable => act == Act::Identity,
+        _ => matches!(act, Act::Identity | Act::Relu | Act::Tanh),
     }
 }
 
@@ -631,28 +622,20 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
             let out = acc.as_flattened_mut().as_flattened_mut();
             // SAFETY: the lengths asserted above; SSE2, NEON and SIMD128 are part of their targets, and `F` on
             // x86 means the caller saw FMA (`dense_sse_fma`).
+            #[cfg(policyport_v128)]
             unsafe {
                 #[cfg(target_arch = "x86_64")]
                 if F {
-                    v128::accumulate::<v128::Fma128, R, P>(x, k, panels, bias, out);
-                    v128::activate::<v128::Fma128>(out, act);
+                    v128::outputs::<v128::Fma128, R, P>(x, k, panels, bias, out, act)
                 } else {
-                    v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out);
-                    v128::activate::<v128::Plain>(out, act);
+                    v128::outputs::<v128::Plain, R, P>(x, k, panels, bias, out, act)
                 }
-                #[cfg(any(
-                    all(target_arch = "aarch64", target_feature = "neon"),
-                    all(target_arch = "wasm32", target_feature = "simd128")
-                ))]
-                {
-                    v128::accumulate::<v128::Plain, R, P>(x, k, panels, bias, out);
-                    v128::activate::<v128::Plain>(out, act);
-                }
-                #[cfg(not(any(
-                    target_arch = "x86_64",
-                    all(target_arch = "aarch64", target_feature = "neon"),
-                    all(target_arch = "wasm32", target_feature = "simd128")
-                )))]
+                #[cfg(not(target_arch = "x86_64"))]
+                v128::outputs::<v128::Plain, R, P>(x, k, panels, bias, out, act);
+            }
+            #[cfg(not(policyport_v128))]
+            {
+                let _ = out;
                 unreachable!("kernels::detect never picks Simd128 here");
             }
         }
@@ -780,6 +763,26 @@ pub(crate) mod v128 {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// The tile's outputs, `act` applied where [`super::act_in_store`]: [`accumulate`] then [`activate`].
+    ///
+    /// # Safety
+    /// As for [`accumulate`].
+    #[inline(always)]
+    pub(super) unsafe fn outputs<V: Lanes4, const R: usize, const P: usize>(
+        x: &[f32],
+        k: usize,
+        panels: &[f32],
+        bias: &[f32],
+        out: &mut [f32],
+        act: super::Act,
+    ) {
+        // SAFETY: the caller's contract; `out` is P·R·8 floats, a multiple of 4.
+        unsafe {
+            accumulate::<V, R, P>(x, k, panels, bias, out);
+            activate::<V>(out, act);
         }
     }
 
@@ -1723,7 +1726,10 @@ mod tests {
                 // Both x86 128-bit tiles, whichever one `simd128_fma` picks on this CPU: SSE2's multiply-add
                 // and (where the CPU has it) FMA3's.
                 #[cfg(target_arch = "x86_64")]
-                for fma in [false, kernels::simd128_fma()] {
+                for fma in [false, true]
+                    .into_iter()
+                    .filter(|f| !f || kernels::simd128_fma())
+                {
                     let d = PackedDense::new(Isa::Simd128, &w, n, k, Some(&b));
                     let mut y = vec![f32::NAN; m * n];
                     dense_simd128(fma, &x, &d.panels, &d.bias, &mut y, m, k, n, act);

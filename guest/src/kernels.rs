@@ -332,19 +332,12 @@ pub(crate) fn detect() -> Isa {
         // SSE2 is part of x86-64 itself.
         Isa::Simd128
     }
-    // NEON is part of aarch64 itself (the target's default features).
-    #[cfg(any(
-        all(target_arch = "aarch64", target_feature = "neon"),
-        all(target_arch = "wasm32", target_feature = "simd128")
-    ))]
+    // NEON is part of aarch64 itself (the target's default features), SIMD128 of the wasm builds.
+    #[cfg(all(policyport_v128, not(target_arch = "x86_64")))]
     {
         Isa::Simd128
     }
-    #[cfg(not(any(
-        target_arch = "x86_64",
-        all(target_arch = "aarch64", target_feature = "neon"),
-        all(target_arch = "wasm32", target_feature = "simd128")
-    )))]
+    #[cfg(not(policyport_v128))]
     {
         Isa::Portable
     }
@@ -356,11 +349,7 @@ pub(crate) fn detect() -> Isa {
 pub(crate) fn available() -> Vec<Isa> {
     #[allow(unused_mut)]
     let mut isas = vec![Isa::Portable];
-    #[cfg(any(
-        target_arch = "x86_64",
-        all(target_arch = "aarch64", target_feature = "neon"),
-        all(target_arch = "wasm32", target_feature = "simd128")
-    ))]
+    #[cfg(policyport_v128)]
     isas.push(Isa::Simd128);
     #[cfg(target_arch = "x86_64")]
     {
@@ -378,7 +367,6 @@ pub(crate) fn available() -> Vec<Isa> {
 pub(crate) fn name(isa: Isa) -> &'static str {
     match isa {
         Isa::Portable => "portable",
-        #[cfg(target_arch = "x86_64")]
         Isa::Simd128 if simd128_fma() => "sse+fma",
         #[cfg(target_arch = "x86_64")]
         Isa::Simd128 => "sse2",
@@ -396,10 +384,17 @@ pub(crate) fn name(isa: Isa) -> &'static str {
 /// Whether the x86 128-bit tile fuses its multiply-adds (FMA3: every x86 CPU with AVX2, and AMD's Piledriver
 /// family without it); without FMA it multiplies then adds (SSE2). Also what the sandbox's SIMD128 code gets
 /// from wasmtime on the same CPU (relaxed-SIMD madd is an FMA there), which makes `POLICYPORT_CPU_SIMD128` the
-/// same-width native baseline the plugin is compared with.
-#[cfg(target_arch = "x86_64")]
+/// same-width native baseline the plugin is compared with. False off x86 (NEON's `fmla` and relaxed-SIMD fuse
+/// in their own lane types).
 pub(crate) fn simd128_fma() -> bool {
-    is_x86_feature_detected!("fma")
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Compile a generic kernel once per instruction set and pick the version at run time.

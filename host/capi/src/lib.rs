@@ -251,16 +251,12 @@ pub unsafe extern "C" fn pp_policy_load(
         let loaded = match backend {
             PpBackend::Cpu => CompiledPolicy::load(bytes, Backend::Cpu),
             PpBackend::Flex => CompiledPolicy::load(bytes, Backend::Flex),
-            PpBackend::CpuBf16 => policyport::format::read_artifact(bytes)
-                .map_err(PolicyError::from)
-                .and_then(|art| {
-                    CompiledPolicy::with_builder(
-                        art,
-                        Arc::new(policyport::CpuOptions {
-                            precision: policyport::CpuPrecision::Bf16,
-                        }),
-                    )
-                }),
+            PpBackend::CpuBf16 => CompiledPolicy::load_cpu(
+                bytes,
+                policyport::CpuOptions {
+                    precision: policyport::CpuPrecision::Bf16,
+                },
+            ),
         };
         let policy = loaded.map_err(|e| (status_of(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {

@@ -598,10 +598,7 @@ fn run() -> Result<()> {
             let bytes = read(&artifact)?;
             let policy = match precision {
                 policyport::CpuPrecision::F32 => load_policy(&bytes, backend)?,
-                _ => CompiledPolicy::with_builder(
-                    policyport::format::read_artifact(&bytes)?,
-                    std::sync::Arc::new(policyport::CpuOptions { precision }),
-                )?,
+                _ => CompiledPolicy::load_cpu(&bytes, policyport::CpuOptions { precision })?,
             };
             let mut session = policy.session();
             session.set_threads(threads)?;

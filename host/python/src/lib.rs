@@ -522,10 +522,7 @@ impl PyPolicy {
                                 PyValueError::new_err(e.to_string())
                             })?;
                     py.detach(|| {
-                        CompiledPolicy::with_builder(
-                            policyport::format::read_artifact(&bytes)?,
-                            std::sync::Arc::new(policyport::CpuOptions { precision }),
-                        )
+                        CompiledPolicy::load_cpu(&bytes, policyport::CpuOptions { precision })
                     })
                     .map_err(policy_err)?
                 }
