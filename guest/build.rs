@@ -6,9 +6,14 @@
 //! `cfg(policyport_v128)` when the target has the 128-bit tile's vectors as part of itself (`dense::v128`):
 //! x86-64 (SSE2), aarch64 with NEON, wasm32 with SIMD128 — one name for what would otherwise be the same
 //! three-way `cfg(any(...))` at every place that picks or names that tile.
+//!
+//! `cfg(policyport_wasm_threads)` on wasm32 built with `+atomics` (shared memory: the browser bundle
+//! `web/pkg/cpu-threads`): std cannot spawn threads there, so the cpu backend's pool borrows Web Workers the page
+//! started and lent to it (`crate::web_workers`).
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(policyport_host_avx512bf16)");
     println!("cargo::rustc-check-cfg=cfg(policyport_v128)");
+    println!("cargo::rustc-check-cfg=cfg(policyport_wasm_threads)");
     println!("cargo::rerun-if-changed=build.rs");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
@@ -18,6 +23,9 @@ fn main() {
         || (arch == "wasm32" && has("simd128"))
     {
         println!("cargo::rustc-cfg=policyport_v128");
+    }
+    if arch == "wasm32" && has("atomics") {
+        println!("cargo::rustc-cfg=policyport_wasm_threads");
     }
     #[cfg(target_arch = "x86_64")]
     if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64")

@@ -58,11 +58,18 @@ function addRow(row) {
   $("table").tBodies[0].appendChild(tr);
 }
 
-async function ours(bundleName, backend, bytes, batch, obsLen, sync) {
+// Web Workers started per bundle (the threads bundle lends them to its policies; they live as long as the page).
+const workersStarted = {};
+
+async function ours(bundleName, backend, bytes, batch, obsLen, sync, threads = 1) {
   const pp = await import(`./pkg/${bundleName}/policyport_web.js`);
   await pp.default();
+  if (threads > 1) {
+    workersStarted[bundleName] ??= pp.startThreads(threads - 1);
+    await workersStarted[bundleName];
+  }
   const t0 = performance.now();
-  const policy = await pp.Policy.load(bytes, { backend });
+  const policy = await pp.Policy.load(bytes, { backend, threads });
   const setupMs = performance.now() - t0;
   const x = inputs(batch, obsLen);
   const f0 = performance.now();
@@ -116,6 +123,12 @@ async function main() {
     ["policyport cpu-wasm (await act)", (b) => ours("cpu", "cpu", bytes, b, obsLen, false)],
     ["onnxruntime-web wasm", (b) => peer("wasm", modelBytes, b, obsLen)],
   ];
+  // The threads bundle (wasm32 +atomics, shared memory): one thread (what the atomics build costs by itself) and
+  // two (the caller and one Web Worker; batches under 16 rows stay on the caller). Needs cross-origin isolation.
+  if (self.crossOriginIsolated) {
+    runs.push(["policyport cpu-wasm threads bundle, 1 thread (actSync)", (b) => ours("cpu-threads", "cpu", bytes, b, obsLen, true, 1)]);
+    runs.push(["policyport cpu-wasm threads bundle, 2 threads (actSync)", (b) => ours("cpu-threads", "cpu", bytes, b, obsLen, true, 2)]);
+  }
   // The full (WebGPU) bundle's cpu backend: its crates are built for size (profile web-gpu), the CPU bundle's for
   // speed; `auto` there often picks cpu.
   runs.push(["policyport cpu-wasm, full bundle (await act)", (b) => ours("webgpu", "cpu", bytes, b, obsLen, false)]);
@@ -136,6 +149,9 @@ async function main() {
     for (const [ours_, peer_] of [
       ["policyport cpu-wasm (actSync)", "onnxruntime-web wasm"],
       ["policyport cpu-wasm (await act)", "onnxruntime-web wasm"],
+      ["policyport cpu-wasm threads bundle, 2 threads (actSync)", "onnxruntime-web wasm"],
+      ["policyport cpu-wasm threads bundle, 2 threads (actSync)", "policyport cpu-wasm threads bundle, 1 thread (actSync)"],
+      ["policyport cpu-wasm threads bundle, 1 thread (actSync)", "policyport cpu-wasm (actSync)"],
       ["policyport webgpu", "onnxruntime-web webgpu"],
       ["policyport webgpu", "onnxruntime-web wasm"],
     ]) {

@@ -39,6 +39,7 @@ mod observations;
 mod pool;
 mod session;
 mod state;
+pub mod web_workers;
 #[cfg(feature = "wgpu")]
 mod wgpu_setup;
 

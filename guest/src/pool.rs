@@ -12,16 +12,21 @@
 //! failed, and the caller gets a typed error rather than a hang; the caller always waits for every posted part
 //! before returning or unwinding, so the borrowed job never outlives the call.
 
+use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::{JoinHandle, Thread};
+#[cfg(not(policyport_wasm_threads))]
+use std::thread::JoinHandle;
+use std::thread::Thread;
+#[cfg(not(policyport_wasm_threads))]
 use std::time::{Duration, Instant};
 
 use crate::error::BackendError;
 
 /// How long a worker (and a caller waiting for one) spins before it parks. Long enough to bridge the gap between
 /// back-to-back act() calls (session checks and sampling take a few µs), short enough that an idle session is idle.
+#[cfg(not(policyport_wasm_threads))]
 const SPIN: Duration = Duration::from_micros(60);
 
 /// A job as the workers see it: the caller's closure with its lifetime erased. Sound because the caller waits
@@ -29,28 +34,57 @@ const SPIN: Duration = Duration::from_micros(60);
 #[derive(Clone, Copy)]
 struct JobPtr(*const (dyn Fn(usize) + Sync + 'static));
 
-// SAFETY: the closure behind the pointer is `Sync`; it is only called while the caller keeps it alive.
-unsafe impl Send for JobPtr {}
+/// What a worker runs next: `f(part)`, then it wakes `caller`.
+#[derive(Clone)]
+struct Job {
+    f: JobPtr,
+    part: usize,
+    caller: Thread,
+}
 
+/// One worker's mailbox. No lock: the owner writes `job` only while the worker is idle (`done == posted`, every
+/// earlier job joined) and then publishes it with a Release store of `posted`; the worker reads it only after an
+/// Acquire load saw `posted` change, and stores `done` after its last read. (A lock would be simpler on native,
+/// but in a browser the caller is the page's main thread, which must never block: `Atomics.wait` traps there.)
 struct Slot {
-    /// Number of the last job posted to this worker (0: none yet).
+    /// Number of the last job posted to this worker (0: none yet). Only the owning pool writes it.
     posted: AtomicU64,
     /// Number of the last job this worker finished.
     done: AtomicU64,
-    /// The job and the thread to wake when it is done.
-    job: Mutex<Option<(JobPtr, Thread)>>,
+    job: UnsafeCell<Option<Job>>,
     panicked: AtomicBool,
+    /// Native: the pool is dropped, the thread returns. Browser: the Web Worker trapped (see
+    /// [`crate::web_workers::worker_trapped`]) and never runs a job again.
     exit: AtomicBool,
 }
 
-struct Worker {
+// SAFETY: `job` is handed over by the posted/done protocol above; everything else is atomic.
+unsafe impl Sync for Slot {}
+// SAFETY: as above (the raw closure pointer inside is only called while its owner keeps it alive).
+unsafe impl Send for Slot {}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            posted: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
+            panicked: AtomicBool::new(false),
+            exit: AtomicBool::new(false),
+        }
+    }
+}
+
+pub(crate) struct Worker {
     slot: Arc<Slot>,
-    thread: Option<JoinHandle<()>>,
+    /// The worker's thread, to wake it.
+    thread: Thread,
+    #[cfg(not(policyport_wasm_threads))]
+    join: Option<JoinHandle<()>>,
 }
 
 pub(crate) struct RowPool {
     workers: Vec<Worker>,
-    jobs: u64,
 }
 
 impl std::fmt::Debug for RowPool {
@@ -62,30 +96,43 @@ impl std::fmt::Debug for RowPool {
 impl RowPool {
     /// `workers` threads besides the caller's. A platform without threads (wasm32 in a browser or a wasm host)
     /// gives a typed error.
+    #[cfg(not(policyport_wasm_threads))]
     pub(crate) fn new(workers: usize) -> Result<RowPool, BackendError> {
         let mut pool = RowPool {
             workers: Vec::with_capacity(workers),
-            jobs: 0,
         };
         for w in 0..workers {
-            let slot = Arc::new(Slot {
-                posted: AtomicU64::new(0),
-                done: AtomicU64::new(0),
-                job: Mutex::new(None),
-                panicked: AtomicBool::new(false),
-                exit: AtomicBool::new(false),
-            });
+            let slot = Arc::new(Slot::new());
             let for_thread = slot.clone();
-            let thread = std::thread::Builder::new()
+            let join = std::thread::Builder::new()
                 .name(format!("policyport-cpu-{}", w + 1))
-                .spawn(move || worker_loop(&for_thread, w + 1))
+                .spawn(move || worker_loop(&for_thread))
                 .map_err(|e| BackendError::Threads(e.to_string()))?;
             pool.workers.push(Worker {
                 slot,
-                thread: Some(thread),
+                thread: join.thread().clone(),
+                join: Some(join),
             });
         }
         Ok(pool)
+    }
+
+    /// `workers` Web Workers besides the caller's thread, borrowed from those the page started and lent
+    /// ([`crate::web_workers`]); back to the idle list when the pool is dropped.
+    #[cfg(policyport_wasm_threads)]
+    pub(crate) fn new(workers: usize) -> Result<RowPool, BackendError> {
+        let mut idle = web::spin_lock(&web::IDLE);
+        if idle.len() < workers {
+            return Err(BackendError::Threads(format!(
+                "{workers} worker threads asked for, {} Web Workers idle: start them first (startThreads(n) of \
+                 the threads bundle, on a cross-origin isolated page); each session's threads are its own",
+                idle.len()
+            )));
+        }
+        let at = idle.len() - workers;
+        Ok(RowPool {
+            workers: idle.split_off(at),
+        })
     }
 
     /// Threads a job can use: the workers and the caller.
@@ -102,62 +149,84 @@ impl RowPool {
         job: &(dyn Fn(usize) + Sync),
     ) -> Result<(), BackendError> {
         let parts = parts.clamp(1, self.threads());
-        self.jobs += 1;
-        let number = self.jobs;
+        let workers = &self.workers[..parts - 1];
+        if workers.iter().any(|w| w.slot.exit.load(Ordering::Acquire)) {
+            return Err(dead_worker());
+        }
         // SAFETY: only the lifetime is erased; `Join` below waits for every posted part before `job`'s borrow
         // can end, on return and on unwind.
-        let ptr = JobPtr(unsafe {
+        let f = JobPtr(unsafe {
             std::mem::transmute::<
                 *const (dyn Fn(usize) + Sync + '_),
                 *const (dyn Fn(usize) + Sync + 'static),
             >(job)
         });
         let me = std::thread::current();
-        for worker in &self.workers[..parts - 1] {
-            *lock(&worker.slot.job) = Some((ptr, me.clone()));
-            worker.slot.posted.store(number, Ordering::Release);
-            if let Some(t) = &worker.thread {
-                t.thread().unpark();
-            }
+        for (i, worker) in workers.iter().enumerate() {
+            let slot = &worker.slot;
+            let number = slot.posted.load(Ordering::Relaxed) + 1;
+            // SAFETY: the worker is idle (every earlier job of this pool was joined; a borrowed Web Worker
+            // comes idle): it does not read `job` until the Release store below.
+            unsafe {
+                *slot.job.get() = Some(Job {
+                    f,
+                    part: i + 1,
+                    caller: me.clone(),
+                })
+            };
+            slot.posted.store(number, Ordering::Release);
+            worker.thread.unpark();
         }
-        let join = Join {
-            workers: &self.workers[..parts - 1],
-            number,
-        };
+        let join = Join { workers };
         job(0);
         drop(join);
-        for worker in &self.workers[..parts - 1] {
-            if worker.slot.panicked.swap(false, Ordering::AcqRel) {
-                return Err(BackendError::Threads(
-                    "a worker thread panicked running its rows (a bug in policyport: please report it)".into(),
-                ));
-            }
+        let mut failed = false;
+        for worker in workers {
+            failed |= worker.slot.panicked.swap(false, Ordering::AcqRel);
+        }
+        if failed {
+            return Err(BackendError::Threads(
+                "a worker thread panicked running its rows (a bug in policyport: please report it)"
+                    .into(),
+            ));
         }
         Ok(())
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The lock only guards a plain value set and read whole: a poisoned one holds a valid value.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn dead_worker() -> BackendError {
+    BackendError::Threads(
+        "a worker of this session trapped earlier and is gone (a bug in policyport: please report it); \
+         set_threads again to borrow others"
+            .into(),
+    )
 }
 
 /// Waits for the posted parts when dropped (also while unwinding from the caller's own part).
 struct Join<'a> {
     workers: &'a [Worker],
-    number: u64,
 }
 
 impl Drop for Join<'_> {
     fn drop(&mut self) {
         for w in self.workers {
-            wait_until(|| w.slot.done.load(Ordering::Acquire) >= self.number);
+            let number = w.slot.posted.load(Ordering::Relaxed);
+            wait_until(Waiter::Caller, || {
+                w.slot.done.load(Ordering::Acquire) >= number || w.slot.exit.load(Ordering::Acquire)
+            });
         }
     }
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Waiter {
+    Caller,
+    Worker,
+}
+
 /// Spin for [`SPIN`], then park until `ready` (unparks may be early or spurious: always re-checked).
-fn wait_until(ready: impl Fn() -> bool) {
+#[cfg(not(policyport_wasm_threads))]
+fn wait_until(_: Waiter, ready: impl Fn() -> bool) {
     let start = Instant::now();
     let mut spins = 0u32;
     while !ready() {
@@ -171,21 +240,42 @@ fn wait_until(ready: impl Fn() -> bool) {
     }
 }
 
-/// Worker `part`'s loop: it always runs `job(part)`.
-fn worker_loop(slot: &Slot, part: usize) {
+/// In a browser: the caller spins until `ready` (it is usually the page's main thread, where blocking —
+/// `Atomics.wait`, which `park` uses — traps; its wait is about as long as its own part of the rows). A worker
+/// spins a while (no clock in wasm32-unknown-unknown's std: a count, ~50-100 µs of atomic loads) and then parks.
+#[cfg(policyport_wasm_threads)]
+fn wait_until(who: Waiter, ready: impl Fn() -> bool) {
+    const SPINS: u32 = 1 << 15;
+    let mut spins = 0u32;
+    while !ready() {
+        if who == Waiter::Caller || spins < SPINS {
+            spins = spins.wrapping_add(1);
+            std::hint::spin_loop();
+        } else {
+            std::thread::park();
+        }
+    }
+}
+
+/// A worker's loop: it runs each posted job's part until its slot says exit.
+/// Entered once per slot, which starts with no job: `seen` starts at 0, not at `posted` (the owner may post
+/// before the worker thread gets here: it would skip that job and its caller would wait forever).
+fn worker_loop(slot: &Slot) {
     let mut seen = 0;
     loop {
-        wait_until(|| {
+        wait_until(Waiter::Worker, || {
             slot.exit.load(Ordering::Acquire) || slot.posted.load(Ordering::Acquire) != seen
         });
         if slot.exit.load(Ordering::Acquire) {
             return;
         }
         seen = slot.posted.load(Ordering::Acquire);
-        let job = lock(&slot.job).clone();
-        if let Some((JobPtr(f), caller)) = job {
+        // SAFETY: the owner wrote the job before its Release store of `posted`, seen above, and does not write
+        // it again before `done` reaches `seen`.
+        let job = unsafe { (*slot.job.get()).clone() };
+        if let Some(Job { f, part, caller }) = job {
             // SAFETY: the caller posted `f` for job `seen` and waits until `done` reaches it.
-            let ok = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(part) })).is_ok();
+            let ok = catch_unwind(AssertUnwindSafe(|| unsafe { (*f.0)(part) })).is_ok();
             if !ok {
                 slot.panicked.store(true, Ordering::Release);
             }
@@ -198,14 +288,99 @@ fn worker_loop(slot: &Slot, part: usize) {
 }
 
 impl Drop for RowPool {
+    #[cfg(not(policyport_wasm_threads))]
     fn drop(&mut self) {
         for worker in &mut self.workers {
             worker.slot.exit.store(true, Ordering::Release);
-            if let Some(t) = worker.thread.take() {
-                t.thread().unpark();
+            worker.thread.unpark();
+            if let Some(t) = worker.join.take() {
                 let _ = t.join();
             }
         }
+    }
+
+    /// The borrowed Web Workers go back to the idle list (all idle: every job was joined); a trapped one does not.
+    #[cfg(policyport_wasm_threads)]
+    fn drop(&mut self) {
+        let mut idle = web::spin_lock(&web::IDLE);
+        idle.extend(
+            self.workers
+                .drain(..)
+                .filter(|w| !w.slot.exit.load(Ordering::Acquire)),
+        );
+    }
+}
+
+/// Lending Web Workers to the cpu backend's pools (the browser bundle built with wasm threads). A page starts
+/// Web Workers that instantiate the same module on the same shared memory; each calls [`register_worker`], tells
+/// the page it is ready, then [`serve_worker`], which never returns: the worker waits (parked) until a session's
+/// [`Session::set_threads`](crate::Session::set_threads) borrows it, runs that session's rows, and goes back to
+/// the idle list when the session drops its threads.
+#[cfg(policyport_wasm_threads)]
+pub(crate) mod web {
+    use super::*;
+    use std::cell::RefCell;
+    use std::sync::{Mutex, MutexGuard, TryLockError};
+
+    /// The lent workers no pool holds.
+    pub(crate) static IDLE: Mutex<Vec<Worker>> = Mutex::new(Vec::new());
+
+    thread_local! {
+        /// This thread's slot once it registered (a Web Worker's thread).
+        static MINE: RefCell<Option<Arc<Slot>>> = const { RefCell::new(None) };
+    }
+
+    /// Lock without ever blocking: the page's main thread takes this lock too, and `Atomics.wait` traps there.
+    pub(crate) fn spin_lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        loop {
+            match m.try_lock() {
+                Ok(g) => return g,
+                // The list is only pushed to and split: a poisoned one is still a valid list.
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    pub(crate) fn register_worker() -> Result<(), BackendError> {
+        MINE.with(|mine| {
+            let mut mine = mine.borrow_mut();
+            if mine.is_some() {
+                return Err(BackendError::Threads(
+                    "this worker thread is already lent to policyport".into(),
+                ));
+            }
+            let slot = Arc::new(Slot::new());
+            *mine = Some(slot.clone());
+            spin_lock(&IDLE).push(Worker {
+                slot,
+                thread: std::thread::current(),
+            });
+            Ok(())
+        })
+    }
+
+    pub(crate) fn serve_worker() -> Result<std::convert::Infallible, BackendError> {
+        let slot = MINE.with(|m| m.borrow().clone()).ok_or_else(|| {
+            BackendError::Threads("serve_worker before register_worker on this thread".into())
+        })?;
+        worker_loop(&slot);
+        Err(dead_worker())
+    }
+
+    pub(crate) fn worker_trapped() {
+        if let Some(slot) = MINE.with(|m| m.borrow().clone()) {
+            slot.panicked.store(true, Ordering::Release);
+            slot.exit.store(true, Ordering::Release);
+            slot.done
+                .store(slot.posted.load(Ordering::Acquire), Ordering::Release);
+            // Not idle any more; a pool that holds it sees `exit` and stops waiting for it.
+            spin_lock(&IDLE).retain(|w| !Arc::ptr_eq(&w.slot, &slot));
+        }
+    }
+
+    pub(crate) fn idle_workers() -> usize {
+        spin_lock(&IDLE).len()
     }
 }
 
@@ -248,6 +423,21 @@ mod tests {
         })
         .unwrap();
         assert_eq!(n.load(Ordering::Relaxed), 2);
+    }
+
+    /// Caught in review of the Web Worker pool: a worker that took its starting job number from `posted` when
+    /// its thread came up skipped a job posted before that, and the caller waited forever.
+    #[test]
+    fn a_job_posted_before_the_worker_thread_starts_runs() {
+        for _ in 0..200 {
+            let mut pool = RowPool::new(1).unwrap();
+            let n = AtomicUsize::new(0);
+            pool.run(2, &|_| {
+                n.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+            assert_eq!(n.load(Ordering::Relaxed), 2);
+        }
     }
 
     #[test]

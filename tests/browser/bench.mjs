@@ -33,9 +33,9 @@ try {
   const r = await page.evaluate(() => window.bench);
   if (r.error) throw new Error(r.error);
   console.log(`browser: ${r.env.userAgent}\nWebGPU adapter: ${r.env.webgpuAdapter}; cross-origin isolated: ${r.env.crossOriginIsolated}`);
-  console.log(`${"runtime".padEnd(34)} ${"batch".padStart(6)} ${"us/call".padStart(11)} ${"first ms".padStart(9)} ${"setup ms".padStart(9)}`);
+  console.log(`${"runtime".padEnd(56)} ${"batch".padStart(6)} ${"us/call".padStart(11)} ${"first ms".padStart(9)} ${"setup ms".padStart(9)}`);
   for (const row of r.rows) {
-    console.log(`${row.runtime.padEnd(34)} ${String(row.batch).padStart(6)} ${(row.us?.toFixed(1) ?? "error").padStart(11)} ${(row.firstMs?.toFixed(2) ?? "").padStart(9)} ${(row.setupMs?.toFixed(0) ?? "").padStart(9)}${row.error ? "  " + row.error : ""}`);
+    console.log(`${row.runtime.padEnd(56)} ${String(row.batch).padStart(6)} ${(row.us?.toFixed(1) ?? "error").padStart(11)} ${(row.firstMs?.toFixed(2) ?? "").padStart(9)} ${(row.setupMs?.toFixed(0) ?? "").padStart(9)}${row.error ? "  " + row.error : ""}`);
   }
   console.log("ratios (peer / policyport; > 1: policyport faster):");
   for (const q of r.ratios) console.log(`  batch ${String(q.batch).padStart(5)}: ${q.peer} / ${q.ours} = ${q.ratio.toFixed(2)}x`);

@@ -152,6 +152,16 @@ ensure_wasm_target() {
   fi
 }
 
+# The standard library's source, for the browser bundle with wasm threads: std must be rebuilt with atomics
+# (`-Z build-std`; the rustup wasm32 std is built without them). ~3 MB from rustup.
+ensure_rust_src() {
+  if [ ! -d "$(rustc --print sysroot)/lib/rustlib/src/rust/library/std" ]; then
+    echo "== rustup component add rust-src (std rebuilt with atomics for the wasm threads bundle)"
+    rustup component add rust-src
+    PP_INSTALLED+=("rust-src component (rustup)")
+  fi
+}
+
 # aarch64 Linux under emulation, for the NEON kernels (the CI machine is x86-64): Rust's aarch64 standard library,
 # Debian's cross linker with its C library, and qemu-user to run the binaries (~15 s and ~150 MB from apt). Then
 # `aarch64_env` points cargo at them: `cargo test --target aarch64-unknown-linux-gnu` runs its tests under qemu.

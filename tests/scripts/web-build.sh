@@ -14,6 +14,26 @@ echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.tom
 cargo build --profile web -p policyport-web --target wasm32-unknown-unknown
 rm -rf web/pkg/cpu && "$WB" --target web --out-dir web/pkg/cpu "$WASM_DIR/web/policyport_web.wasm"
 
+echo "== CPU bundle with wasm threads (policyport-web built with +atomics, std rebuilt: -Z build-std)"
+# Shared memory needs std compiled with atomics, which rustup's wasm32 std is not: `-Z build-std` on the same
+# stable compiler as every other build (RUSTC_BOOTSTRAP=1 unlocks the -Z flags; a nightly would be a second
+# 300 MB toolchain and a different LLVM for the single- vs multi-threaded comparison). The link arguments make
+# the memory shared and imported (wasm-bindgen then emits the thread glue: initSync({module, memory})) and export
+# the TLS symbols its per-thread start needs; 4 GiB maximum, as the single-threaded bundle can grow to. RUSTFLAGS
+# replaces .cargo/config.toml's target flags, hence SIMD128 and relaxed SIMD again. Its own profile
+# (web-threads) keeps these artifacts apart from the plain bundle's.
+ensure_rust_src
+THREAD_LINK=""
+for a in --shared-memory --max-memory=4294967296 --import-memory --export=__wasm_init_tls --export=__tls_size \
+  --export=__tls_align --export=__tls_base; do
+  THREAD_LINK="$THREAD_LINK -C link-arg=$a"
+done
+RUSTC_BOOTSTRAP=1 \
+  RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals$THREAD_LINK" \
+  cargo build -Z build-std=std,panic_abort --profile web-threads -p policyport-web --target wasm32-unknown-unknown
+rm -rf web/pkg/cpu-threads
+"$WB" --target web --out-dir web/pkg/cpu-threads "$WASM_DIR/web-threads/policyport_web.wasm"
+
 if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
   echo "== full bundle (policyport-web --features webgpu)"
   # cubecl-runtime 0.12.0-pre.1 (burn 0.23.0-pre.1's) does not compile for wasm: tune/tuner.rs imports a helper
@@ -56,17 +76,20 @@ echo "== bundle sizes (what a page downloads: the .wasm and its JS glue)"
 python3 - <<'PY'
 import gzip, json, os
 out = {}
-for name in ("cpu", "webgpu"):
+for name in ("cpu", "cpu-threads", "webgpu"):
     d = f"web/pkg/{name}"
     if not os.path.isdir(d):
         continue
-    files = [f for f in ("policyport_web_bg.wasm", "policyport_web.js") if os.path.exists(f"{d}/{f}")]
+    # The .wasm, its JS glue and any JS snippets it imports (the threads bundle's worker script).
+    files = sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs
+                   if f.endswith((".wasm", ".js")))
     raw = sum(os.path.getsize(f"{d}/{f}") for f in files)
     gz = sum(len(gzip.compress(open(f"{d}/{f}", "rb").read(), 9)) for f in files)
     out[name] = {"raw_bytes": raw, "gzip_bytes": gz}
     print(f"{name:7s} bundle: {raw / 1e6:7.2f} MB raw, {gz / 1e3:8.1f} KB gzipped")
 json.dump(out, open("web/pkg/sizes.json", "w"), indent=1)
 limit = 500_000
-if out["cpu"]["gzip_bytes"] > limit:
-    raise SystemExit(f"CPU bundle {out['cpu']['gzip_bytes']} B gzipped exceeds the {limit} B goal")
+for name in ("cpu", "cpu-threads"):
+    if out[name]["gzip_bytes"] > limit:
+        raise SystemExit(f"{name} bundle {out[name]['gzip_bytes']} B gzipped exceeds the {limit} B goal")
 PY

@@ -45,6 +45,9 @@ export interface LoadOptions {
   batch?: number;
   /** Most envs the recurrent state may hold (recurrent policies only; state grows on demand; default 65536). */
   numEnvs?: number;
+  /** Threads of the cpu backend's act() (default 1). The threads bundle (pkg/cpu-threads) borrows `threads - 1`
+   *  Web Workers started by `startThreads()`; other bundles refuse more than 1 (PolicyportBackendError). */
+  threads?: number;
 }
 
 export interface ActOptions {
@@ -91,8 +94,10 @@ export interface PolicyInfo {
   loadMs: number;
   /** The first act() after load (µs), null before it. */
   firstActUs: number | null;
-  bundle: "cpu" | "webgpu";
+  bundle: "cpu" | "cpu-threads" | "webgpu";
   simd128: boolean;
+  /** Threads act() runs on (see LoadOptions.threads). */
+  threads: number;
 }
 
 export interface GoldenResult {
@@ -149,15 +154,84 @@ fn now_us() -> f64 {
     performance_now() * 1000.0
 }
 
-/// Which bundle this is: "webgpu" (full) or "cpu".
+/// Which bundle this is: "webgpu" (full), "cpu", or "cpu-threads" (the CPU bundle with wasm threads).
 #[wasm_bindgen]
 pub fn bundle() -> String {
     if cfg!(feature = "webgpu") {
         "webgpu"
+    } else if policyport::web_workers::COMPILED {
+        "cpu-threads"
     } else {
         "cpu"
     }
     .into()
+}
+
+/// True when this bundle can run act() on several threads (built with wasm threads: `startThreads`).
+#[wasm_bindgen(js_name = wasmThreads)]
+pub fn wasm_threads() -> bool {
+    policyport::web_workers::COMPILED
+}
+
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(module = "/src/threads.js")]
+extern "C" {
+    #[wasm_bindgen(js_name = spawnWorkers, catch)]
+    fn spawn_workers(module: JsValue, memory: JsValue, n: u32) -> Result<Promise, JsValue>;
+}
+
+/// Start `n` Web Workers on this module's shared memory and lend them to the cpu backend (threads bundle only;
+/// the page must be cross-origin isolated). Resolves to the number of idle workers once every new one is ready.
+/// A policy loaded with `{ threads: t }` (or `setThreads(t)`) then borrows `t - 1` of them for itself. Start
+/// them once: workers live as long as the page.
+#[wasm_bindgen(js_name = startThreads)]
+pub async fn start_threads(n: u32) -> Result<u32, JsValue> {
+    if n as usize > policyport::MAX_THREADS {
+        return Err(arg_error(format!(
+            "{n} workers asked for; at most {}",
+            policyport::MAX_THREADS
+        )));
+    }
+    #[cfg(target_feature = "atomics")]
+    {
+        let started = spawn_workers(wasm_bindgen::module(), wasm_bindgen::memory(), n)?;
+        wasm_bindgen_futures::JsFuture::from(started).await?;
+        Ok(policyport::web_workers::idle_workers() as u32)
+    }
+    #[cfg(not(target_feature = "atomics"))]
+    {
+        Err(error(
+            "PolicyportNotCompiledError",
+            format!(
+                "the {} bundle has no wasm threads: load pkg/cpu-threads (built with +atomics) for startThreads",
+                bundle()
+            ),
+        ))
+    }
+}
+
+/// Internal (the threads bundle's workers, guest/web/src/threads.js): lend this worker's thread.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = workerRegister)]
+pub fn worker_register() -> Result<(), JsValue> {
+    policyport::web_workers::register_worker().map_err(|e| policy_error(&e.into()))
+}
+
+/// Internal: serve jobs on this worker's thread; does not return unless misused.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = workerServe)]
+pub fn worker_serve() -> Result<(), JsValue> {
+    match policyport::web_workers::serve_worker() {
+        Ok(never) => match never {},
+        Err(e) => Err(policy_error(&e.into())),
+    }
+}
+
+/// Internal: this worker's `workerServe` trapped; mark it gone so nothing waits for it.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = workerTrapped)]
+pub fn worker_trapped() {
+    policyport::web_workers::worker_trapped();
 }
 
 /// True when the CPU kernels were compiled for wasm SIMD128.
@@ -460,8 +534,14 @@ impl Policy {
         } else {
             "cpu"
         };
+        let threads = uint_field(&options, "threads", policyport::MAX_THREADS as u64)?.unwrap_or(1);
         let mut session = policy.session();
         session.set_max_envs(max_envs);
+        if threads > 1 {
+            session
+                .set_threads(threads as usize)
+                .map_err(|e| policy_error(&e))?;
+        }
         Ok(Policy {
             inner: Rc::new(RefCell::new(Inner {
                 obs_len: info.obs_len.max(1),
@@ -535,6 +615,18 @@ impl Policy {
         i.result()
     }
 
+    /// Run act() on `threads` threads (1: the calling thread only). The threads bundle borrows `threads - 1` Web
+    /// Workers started by `startThreads()` and returns them when set back to 1 or freed; other bundles refuse
+    /// more than 1.
+    #[wasm_bindgen(js_name = setThreads)]
+    pub fn set_threads(&self, threads: u32) -> Result<(), JsValue> {
+        let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        guard
+            .session
+            .set_threads(threads.max(1) as usize)
+            .map_err(|e| policy_error(&e))
+    }
+
     /// Zero the recurrent state of these envs (episode boundaries); a no-op for feed-forward policies.
     pub fn reset(&self, env_ids: Uint32Array) -> Result<(), JsValue> {
         let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
@@ -583,6 +675,14 @@ impl Policy {
         )?;
         set("bundle", bundle().into())?;
         set("simd128", simd128().into())?;
+        drop(guard);
+        let threads = self
+            .inner
+            .try_borrow_mut()
+            .map_err(|_| busy())?
+            .session
+            .threads();
+        set("threads", (threads as u32).into())?;
         Ok(o.into())
     }
 

@@ -1,0 +1,70 @@
+//! Web Workers lent to the cpu backend's intra-op threads, for the browser bundle built with wasm threads
+//! (`+atomics`, shared memory: `web/pkg/cpu-threads`). std cannot spawn threads on wasm32-unknown-unknown, so
+//! the page does: it starts Web Workers that instantiate the same module on the same memory, and each lends its
+//! thread here — [`register_worker`], then (after telling the page it is ready) [`serve_worker`], which does not
+//! return. [`Session::set_threads`](crate::Session::set_threads)`(n)` then borrows `n - 1` idle workers for that
+//! session (a typed error when fewer are idle) and gives them back when the session drops its threads.
+//!
+//! The same functions exist in every build (the API does not change with the build): without wasm threads they
+//! answer [`BackendError::Threads`] and [`idle_workers`] is 0. The browser glue (`startThreads` in
+//! guest/web) is the only intended caller.
+
+use crate::error::BackendError;
+
+/// True when this build borrows Web Workers for its threads (wasm32 with shared memory).
+pub const COMPILED: bool = cfg!(policyport_wasm_threads);
+
+#[cfg(not(policyport_wasm_threads))]
+fn not_compiled() -> BackendError {
+    BackendError::Threads(
+        "this build has no wasm threads (the browser bundle built with +atomics and shared memory lends Web \
+         Workers; native builds start their own threads)"
+            .into(),
+    )
+}
+
+/// Lend the calling thread (a Web Worker on this module's shared memory) to the cpu backend; call
+/// [`serve_worker`] on the same thread next. Once per thread.
+pub fn register_worker() -> Result<(), BackendError> {
+    #[cfg(policyport_wasm_threads)]
+    {
+        crate::pool::web::register_worker()
+    }
+    #[cfg(not(policyport_wasm_threads))]
+    {
+        Err(not_compiled())
+    }
+}
+
+/// Run the jobs of whichever session borrows this thread, forever (parked while idle). Returns only with an
+/// error: not registered, or no wasm threads in this build.
+pub fn serve_worker() -> Result<std::convert::Infallible, BackendError> {
+    #[cfg(policyport_wasm_threads)]
+    {
+        crate::pool::web::serve_worker()
+    }
+    #[cfg(not(policyport_wasm_threads))]
+    {
+        Err(not_compiled())
+    }
+}
+
+/// The worker's [`serve_worker`] trapped (a panic aborts in wasm, which the page sees as an exception in that
+/// worker): called by the page on that worker's thread, it marks the worker gone, so the session waiting for its
+/// rows gets a typed error instead of waiting forever, and no session borrows it again.
+pub fn worker_trapped() {
+    #[cfg(policyport_wasm_threads)]
+    crate::pool::web::worker_trapped();
+}
+
+/// Lent workers no session holds now.
+pub fn idle_workers() -> usize {
+    #[cfg(policyport_wasm_threads)]
+    {
+        crate::pool::web::idle_workers()
+    }
+    #[cfg(not(policyport_wasm_threads))]
+    {
+        0
+    }
+}
