@@ -11,6 +11,10 @@
 //    observations with the same seeds and must produce the same actions (discrete: all equal; continuous:
 //    within 1e-4) on cpu and webgpu; on cpu the page's own envs (the same Rust code in wasm) must retrace the
 //    native CartPole trajectory bit for bit.
+// 2b. Wasm threads (the cpu-threads bundle: +atomics, shared memory, Web Workers lent by startThreads): every
+//    fixture's actions, values and distribution parameters on 2 threads equal 1 thread's bit for bit (batches 64
+//    and 203, three steps: recurrent state too); the native CartPole / Pendulum traces again on 2 threads; how
+//    workers are borrowed and given back; the other bundles' typed errors for threads.
 // 3. Typed errors through the JS API (bad artifact, bad observations, webgpu in the CPU bundle, a second act()
 //    while one is in flight).
 // 3b. Recurrent state through the JS API (tests/expected/elman.policy, committed and checked by the Rust suite with
@@ -173,7 +177,7 @@ try {
   check(`every WGSL variant compiles in Chrome (${wgsl.count} variants)`, wgsl.count > 20 && wgsl.errors.length === 0, wgsl.errors.slice(0, 3).join(" | "));
 
   // 1. golden vectors
-  const setups = [["cpu", "cpu"], ["webgpu", "cpu"], ["webgpu", "webgpu"]];
+  const setups = [["cpu", "cpu"], ["cpu-threads", "cpu"], ["webgpu", "cpu"], ["webgpu", "webgpu"]];
   results.load = [];
   for (const [bundle, backend] of setups) {
     for (const name of fixtures) {
@@ -252,6 +256,90 @@ try {
     }
   }
 
+  // 2b. wasm threads
+  const threadsCheck = await page.evaluate(async ({ fixtureBytes }) => {
+    const tb = await window.demo.loadBundle("cpu-threads");
+    const out = { bundle: tb.bundle(), wasmThreads: tb.wasmThreads(), idle: await tb.startThreads(1), fixtures: [] };
+    for (const [name, b64] of Object.entries(fixtureBytes)) {
+      const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+      const run = async (threads) => {
+        const p = await tb.Policy.load(bytes, { backend: "cpu", threads });
+        const info = p.info();
+        const got = [];
+        for (const batch of [64, 203]) {
+          for (let step = 0; step < 3; step++) {
+            // 0/1 patterns: valid for every observation space of the suite (Box, Discrete / one-hot indices,
+            // MultiBinary, uint8 pixels) and different from row to row.
+            const x = new Float32Array(batch * info.obsLen);
+            let h = 2166136261 ^ (batch * 31 + step);
+            for (let i = 0; i < x.length; i++) { h = Math.imul(h ^ i, 16777619) >>> 0; x[i] = (h >>> 7) & 1; }
+            const r = p.actSync(x, { seed: 5, step });
+            got.push(Array.from(r.actions), r.value ? Array.from(r.value) : null, Array.from(r.distParams));
+          }
+        }
+        const usedThreads = p.info().threads;
+        p.free();
+        return { got, usedThreads };
+      };
+      let one, two, error = null;
+      try { one = await run(1); two = await run(2); } catch (e) { error = `${e.name}: ${e.message}`; }
+      const same = !error && JSON.stringify(one.got) === JSON.stringify(two.got);
+      out.fixtures.push({ name, same, error, threads: two?.usedThreads });
+    }
+    // Borrowing: one worker started, so one two-thread policy at a time; freeing it gives the worker back.
+    const bytes = new Uint8Array(await (await fetch("./policies/cartpole.policy")).arrayBuffer());
+    const name = async (f) => { try { await f(); return "no error"; } catch (e) { return `${e.name}: ${e.message}`; } };
+    const a = await tb.Policy.load(bytes, { backend: "cpu", threads: 2 });
+    const b = await tb.Policy.load(bytes, { backend: "cpu" });
+    out.secondBorrow = await name(() => b.setThreads(2));
+    out.moreThanIdle = await name(() => tb.Policy.load(bytes, { backend: "cpu", threads: 3 }));
+    out.overMax = await name(() => tb.Policy.load(bytes, { backend: "cpu", threads: 257 }));
+    out.startOverMax = await name(() => tb.startThreads(257));
+    a.free();
+    out.afterFree = await name(() => b.setThreads(2));
+    out.bThreads = b.info().threads;
+    b.setThreads(1);
+    out.idleAfter = tb.idleWorkers();
+    b.free();
+    const cpu = await window.demo.loadBundle("cpu");
+    out.cpuBundleStart = await name(() => cpu.startThreads(1));
+    out.cpuBundleThreads = await name(() => cpu.Policy.load(bytes, { backend: "cpu", threads: 2 }));
+    out.cpuWasmThreads = cpu.wasmThreads();
+    return out;
+  }, { fixtureBytes });
+  results.threads = threadsCheck;
+  check("cpu-threads bundle: built with wasm threads, 1 Web Worker started", threadsCheck.bundle === "cpu-threads" && threadsCheck.wasmThreads && threadsCheck.idle === 1, JSON.stringify([threadsCheck.bundle, threadsCheck.wasmThreads, threadsCheck.idle]));
+  for (const f of threadsCheck.fixtures) {
+    check(`threads: ${f.name} on 2 threads = 1 thread, bit for bit (batches 64, 203; 3 steps)`, f.same && f.threads === 2, f.error ?? `threads ${f.threads}`);
+  }
+  check("threads: a second session cannot borrow the borrowed worker (PolicyportBackendError)", threadsCheck.secondBorrow.startsWith("PolicyportBackendError"), threadsCheck.secondBorrow);
+  check("threads: more threads than idle workers -> PolicyportBackendError", threadsCheck.moreThanIdle.startsWith("PolicyportBackendError"), threadsCheck.moreThanIdle);
+  check("threads: over 256 (MAX_THREADS) -> PolicyportArgumentError (load and startThreads)", threadsCheck.overMax.startsWith("PolicyportArgumentError") && threadsCheck.startOverMax.startsWith("PolicyportArgumentError"), `${threadsCheck.overMax} | ${threadsCheck.startOverMax}`);
+  check("threads: freeing a policy gives its worker back", threadsCheck.afterFree === "no error" && threadsCheck.bThreads === 2 && threadsCheck.idleAfter === 1, `${threadsCheck.afterFree}; threads ${threadsCheck.bThreads}; idle after setThreads(1): ${threadsCheck.idleAfter}`);
+  check("threads in the CPU bundle: startThreads -> PolicyportNotCompiledError, { threads: 2 } -> PolicyportBackendError", !threadsCheck.cpuWasmThreads && threadsCheck.cpuBundleStart.startsWith("PolicyportNotCompiledError") && threadsCheck.cpuBundleThreads.startsWith("PolicyportBackendError"), `${threadsCheck.cpuBundleStart} | ${threadsCheck.cpuBundleThreads}`);
+  for (const envName of ["cartpole", "pendulum"]) {
+    const trace = traces[envName];
+    const r = await page.evaluate(async ({ trace }) => {
+      const tb = await window.demo.loadBundle("cpu-threads");
+      const bytes = new Uint8Array(await (await fetch(`./policies/${trace.env}.policy`)).arrayBuffer());
+      const p = await tb.Policy.load(bytes, { backend: "cpu", threads: 2 });
+      let mismatches = 0, maxErr = 0;
+      for (let t = 0; t < trace.steps; t++) {
+        const res = p.actSync(Float32Array.from(trace.obs[t]), { seed: trace.policy_seed, step: t });
+        const want = trace.actions[t];
+        for (let i = 0; i < want.length; i++) {
+          if (trace.discrete) mismatches += res.actions[i] !== want[i];
+          else maxErr = Math.max(maxErr, Math.abs(res.actions[i] - want[i]));
+        }
+      }
+      const threads = p.info().threads;
+      p.free();
+      return { mismatches, maxErr, threads };
+    }, { trace });
+    check(`native trace ${envName} x ${trace.envs} x ${trace.steps} steps on 2 wasm threads`, r.threads === 2 && r.mismatches === 0 && r.maxErr <= 1e-4,
+      `action mismatches ${r.mismatches}, max action err ${r.maxErr.toExponential(2)}`);
+  }
+
   // 3. typed errors, never a panic
   const errs = await page.evaluate(async () => {
     const out = {};
@@ -300,7 +388,7 @@ try {
   const hostileResults = await page.evaluate(async (files) => {
     const out = [];
     const good = new Uint8Array(await (await fetch("./policies/cartpole.policy")).arrayBuffer());
-    for (const bundleName of ["cpu", "webgpu"]) {
+    for (const bundleName of ["cpu", "cpu-threads", "webgpu"]) {
       const b = await window.demo.loadBundle(bundleName);
       const keep = await b.Policy.load(good, { backend: "cpu" });
       for (const [file, b64] of files) {

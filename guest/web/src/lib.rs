@@ -210,6 +210,12 @@ pub async fn start_threads(n: u32) -> Result<u32, JsValue> {
     }
 }
 
+/// Web Workers started by `startThreads` that no policy holds now (0 in bundles without wasm threads).
+#[wasm_bindgen(js_name = idleWorkers)]
+pub fn idle_workers() -> u32 {
+    policyport::web_workers::idle_workers() as u32
+}
+
 /// Internal (the threads bundle's workers, guest/web/src/threads.js): lend this worker's thread.
 #[cfg(target_feature = "atomics")]
 #[wasm_bindgen(js_name = workerRegister)]
