@@ -429,15 +429,22 @@ mod tests {
     /// its thread came up skipped a job posted before that, and the caller waited forever.
     #[test]
     fn a_job_posted_before_the_worker_thread_starts_runs() {
-        for _ in 0..200 {
-            let mut pool = RowPool::new(1).unwrap();
-            let n = AtomicUsize::new(0);
-            pool.run(2, &|_| {
-                n.fetch_add(1, Ordering::Relaxed);
-            })
-            .unwrap();
-            assert_eq!(n.load(Ordering::Relaxed), 2);
-        }
+        // On another thread, so that the bug fails this test instead of hanging the suite.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                let mut pool = RowPool::new(1).unwrap();
+                let n = AtomicUsize::new(0);
+                pool.run(2, &|_| {
+                    n.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+                assert_eq!(n.load(Ordering::Relaxed), 2);
+            }
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("a job posted to a new worker never ran: its caller would wait forever");
     }
 
     #[test]
