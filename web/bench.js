@@ -7,6 +7,11 @@ const params = new URLSearchParams(location.search);
 const BATCHES = (params.get("batches") || "1,64,1024").split(",").map(Number);
 const SECONDS = Number(params.get("seconds") || 1);
 const MODEL = params.get("model") || "mlp64";
+// onnxruntime-web's wasm threads (its `numThreads` is global to the page: tests/browser/bench.mjs loads the page a
+// second time with ?ortThreads=2&peerOnly=1 to time it next to policyport's threads bundle).
+const ORT_THREADS = Number(params.get("ortThreads") || 1);
+const PEER_ONLY = params.get("peerOnly") === "1";
+const ORT_WASM = ORT_THREADS > 1 ? `onnxruntime-web wasm, ${ORT_THREADS} threads` : "onnxruntime-web wasm";
 const bench = (window.bench = { done: false, error: null, rows: [], ratios: [], env: {} });
 const $ = (id) => document.getElementById(id);
 
@@ -103,7 +108,7 @@ async function peer(ep, modelBytes, batch, obsLen) {
 
 async function main() {
   ort.env.wasm.wasmPaths = new URL("./node_modules/onnxruntime-web/dist/", location.href).href;
-  ort.env.wasm.numThreads = 1; // policyport's CPU path is one thread: compare like with like
+  ort.env.wasm.numThreads = ORT_THREADS; // 1 by default: policyport's CPU path is one thread unless asked
   const bytes = new Uint8Array(await (await fetch(`./policies/${MODEL}.policy`)).arrayBuffer());
   const modelBytes = new Uint8Array(await (await fetch(`./models/${MODEL}.onnx`)).arrayBuffer());
   const cpu = await import("./pkg/cpu/policyport_web.js");
@@ -121,18 +126,19 @@ async function main() {
   const runs = [
     ["policyport cpu-wasm (actSync)", (b) => ours("cpu", "cpu", bytes, b, obsLen, true)],
     ["policyport cpu-wasm (await act)", (b) => ours("cpu", "cpu", bytes, b, obsLen, false)],
-    ["onnxruntime-web wasm", (b) => peer("wasm", modelBytes, b, obsLen)],
+    [ORT_WASM, (b) => peer("wasm", modelBytes, b, obsLen)],
   ];
+  if (PEER_ONLY) runs.splice(0, 2);
   // The threads bundle (wasm32 +atomics, shared memory): one thread (what the atomics build costs by itself) and
   // two (the caller and one Web Worker; batches under 16 rows stay on the caller). Needs cross-origin isolation.
-  if (self.crossOriginIsolated) {
+  if (self.crossOriginIsolated && !PEER_ONLY) {
     runs.push(["policyport cpu-wasm threads bundle, 1 thread (actSync)", (b) => ours("cpu-threads", "cpu", bytes, b, obsLen, true, 1)]);
     runs.push(["policyport cpu-wasm threads bundle, 2 threads (actSync)", (b) => ours("cpu-threads", "cpu", bytes, b, obsLen, true, 2)]);
   }
   // The full (WebGPU) bundle's cpu backend: its crates are built for size (profile web-gpu), the CPU bundle's for
   // speed; `auto` there often picks cpu.
-  runs.push(["policyport cpu-wasm, full bundle (await act)", (b) => ours("webgpu", "cpu", bytes, b, obsLen, false)]);
-  if (adapter) {
+  if (!PEER_ONLY) runs.push(["policyport cpu-wasm, full bundle (await act)", (b) => ours("webgpu", "cpu", bytes, b, obsLen, false)]);
+  if (adapter && !PEER_ONLY) {
     runs.push(["policyport webgpu", (b) => ours("webgpu", "webgpu", bytes, b, obsLen, false)]);
     runs.push(["onnxruntime-web webgpu", (b) => peer("webgpu", modelBytes, b, obsLen)]);
   }

@@ -32,6 +32,24 @@ try {
   await page.waitForFunction(() => window.bench.done, null, { timeout: 1800000, polling: 1000 });
   const r = await page.evaluate(() => window.bench);
   if (r.error) throw new Error(r.error);
+  await page.screenshot({ path: path.join(outDir, "bench.png"), fullPage: true });
+  // onnxruntime-web on 2 wasm threads next to policyport's threads bundle: ort's thread count is fixed per page,
+  // so a second page load times it alone (same browser, right after).
+  const ours2 = "policyport cpu-wasm threads bundle, 2 threads (actSync)";
+  if (r.rows.some((row) => row.runtime === ours2 && row.us)) {
+    const p2 = await browser.newPage();
+    p2.on("console", (m) => { if (m.type() === "error") console.error("page:", m.text()); });
+    await p2.goto(`${base}/bench.html?batches=${batches}&seconds=${seconds}&ortThreads=2&peerOnly=1`);
+    await p2.waitForFunction(() => window.bench.done, null, { timeout: 1800000, polling: 1000 });
+    const r2 = await p2.evaluate(() => window.bench);
+    if (r2.error) throw new Error(r2.error);
+    r.rows.push(...r2.rows);
+    for (const batch of batches.split(",").map(Number)) {
+      const a = r.rows.find((row) => row.runtime === ours2 && row.batch === batch)?.us;
+      const b = r2.rows.find((row) => row.batch === batch)?.us;
+      if (a && b) r.ratios.push({ batch, ours: ours2, peer: r2.rows[0].runtime, ratio: b / a });
+    }
+  }
   console.log(`browser: ${r.env.userAgent}\nWebGPU adapter: ${r.env.webgpuAdapter}; cross-origin isolated: ${r.env.crossOriginIsolated}`);
   console.log(`${"runtime".padEnd(56)} ${"batch".padStart(6)} ${"us/call".padStart(11)} ${"first ms".padStart(9)} ${"setup ms".padStart(9)}`);
   for (const row of r.rows) {
@@ -40,7 +58,6 @@ try {
   console.log("ratios (peer / policyport; > 1: policyport faster):");
   for (const q of r.ratios) console.log(`  batch ${String(q.batch).padStart(5)}: ${q.peer} / ${q.ours} = ${q.ratio.toFixed(2)}x`);
   fs.writeFileSync(path.join(outDir, "browser-bench.json"), JSON.stringify(r, null, 1));
-  await page.screenshot({ path: path.join(outDir, "bench.png"), fullPage: true });
 } catch (e) {
   console.error(e);
   code = 1;
