@@ -194,8 +194,18 @@ pub async fn start_threads(n: u32) -> Result<u32, JsValue> {
     }
     #[cfg(target_feature = "atomics")]
     {
-        let started = spawn_workers(wasm_bindgen::module(), wasm_bindgen::memory(), n)?;
-        wasm_bindgen_futures::JsFuture::from(started).await?;
+        // The page not cross-origin isolated, a worker that failed to load the module: a typed error.
+        let failed = |e: JsValue| {
+            let message = e
+                .dyn_ref::<js_sys::Error>()
+                .map_or_else(|| format!("{e:?}"), |e| String::from(e.message()));
+            error("PolicyportBackendError", message)
+        };
+        let started =
+            spawn_workers(wasm_bindgen::module(), wasm_bindgen::memory(), n).map_err(failed)?;
+        wasm_bindgen_futures::JsFuture::from(started)
+            .await
+            .map_err(failed)?;
         Ok(policyport::web_workers::idle_workers() as u32)
     }
     #[cfg(not(target_feature = "atomics"))]
@@ -220,6 +230,20 @@ pub fn idle_workers() -> u32 {
 #[cfg(target_feature = "atomics")]
 #[wasm_bindgen(js_name = workerRegister)]
 pub fn worker_register() -> Result<(), JsValue> {
+    // The page's main thread cannot serve (it may not block, and it is the caller): lent, it would take a
+    // session's rows and never run them — that session would spin forever. A worker has `importScripts` and
+    // no `document`.
+    let global = js_sys::global();
+    let has = |name: &str| {
+        Reflect::get(&global, &name.into()).is_ok_and(|v| !v.is_undefined() && !v.is_null())
+    };
+    if has("document") || !has("importScripts") {
+        return Err(error(
+            "PolicyportBackendError",
+            "workerRegister runs in a Web Worker only (startThreads starts them); the page's own thread \
+             cannot serve a pool",
+        ));
+    }
     policyport::web_workers::register_worker().map_err(|e| policy_error(&e.into()))
 }
 
