@@ -2,7 +2,7 @@
 //! (`+atomics`, shared memory: `web/pkg/cpu-threads`). std cannot spawn threads on wasm32-unknown-unknown, so
 //! the page does: it starts Web Workers that instantiate the same module on the same memory, and each lends its
 //! thread here — [`register_worker`], then (after telling the page it is ready) [`serve_worker`], which does not
-//! return. [`Session::set_threads`](crate::Session::set_threads)`(n)` then borrows `n - 1` idle workers for that
+//! return. (The browser glue makes the two one call, `workerServe`, so no thread sits on the idle list unserved.) [`Session::set_threads`](crate::Session::set_threads)`(n)` then borrows `n - 1` idle workers for that
 //! session (a typed error when fewer are idle) and gives them back when the session drops its threads.
 //!
 //! The same functions exist in every build (the API does not change with the build): without wasm threads they

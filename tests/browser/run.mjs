@@ -297,8 +297,10 @@ try {
     out.startOverMax = await name(() => tb.startThreads(257));
     // The internal worker entry points, called on the page's own thread (a hostile or confused caller): typed
     // errors, and no session can borrow the page's thread (it would never run its rows).
-    out.registerOnPage = await name(() => tb.workerRegister());
-    out.serveOnPage = await name(() => tb.workerServe());
+    let calledBack = false;
+    out.serveOnPage = await name(() => tb.workerServe(() => { calledBack = true; }));
+    out.serveOnPageCalledBack = calledBack;
+    out.registerExported = typeof tb.workerRegister;
     a.free();
     out.afterFree = await name(() => b.setThreads(2));
     out.bThreads = b.info().threads;
@@ -318,7 +320,7 @@ try {
   }
   check("threads: a second session cannot borrow the borrowed worker (PolicyportBackendError)", threadsCheck.secondBorrow.startsWith("PolicyportBackendError"), threadsCheck.secondBorrow);
   check("threads: more threads than idle workers -> PolicyportBackendError", threadsCheck.moreThanIdle.startsWith("PolicyportBackendError"), threadsCheck.moreThanIdle);
-  check("threads: workerRegister / workerServe on the page's thread -> PolicyportBackendError", threadsCheck.registerOnPage.startsWith("PolicyportBackendError") && threadsCheck.serveOnPage.startsWith("PolicyportBackendError"), `${threadsCheck.registerOnPage} | ${threadsCheck.serveOnPage}`);
+  check("threads: workerServe on the page's thread -> PolicyportBackendError, nothing lent", threadsCheck.serveOnPage.startsWith("PolicyportBackendError") && !threadsCheck.serveOnPageCalledBack && threadsCheck.registerExported === "undefined", `${threadsCheck.serveOnPage}; called back: ${threadsCheck.serveOnPageCalledBack}; workerRegister: ${threadsCheck.registerExported}`);
   check("threads: over 256 (MAX_THREADS) -> PolicyportArgumentError (load and startThreads)", threadsCheck.overMax.startsWith("PolicyportArgumentError") && threadsCheck.startOverMax.startsWith("PolicyportArgumentError"), `${threadsCheck.overMax} | ${threadsCheck.startOverMax}`);
   check("threads: freeing a policy gives its worker back", threadsCheck.afterFree === "no error" && threadsCheck.bThreads === 2 && threadsCheck.idleAfter === 1, `${threadsCheck.afterFree}; threads ${threadsCheck.bThreads}; idle after setThreads(1): ${threadsCheck.idleAfter}`);
   check("threads in the CPU bundle: startThreads -> PolicyportNotCompiledError, { threads: 2 } -> PolicyportBackendError", !threadsCheck.cpuWasmThreads && threadsCheck.cpuBundleStart.startsWith("PolicyportNotCompiledError") && threadsCheck.cpuBundleThreads.startsWith("PolicyportBackendError"), `${threadsCheck.cpuBundleStart} | ${threadsCheck.cpuBundleThreads}`);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the two browser bundles of guest/web into web/pkg/{cpu,webgpu} (wasm-bindgen, --target web) and print
 # their sizes. CPU-only: the native kernels on wasm SIMD128 (goal <= 500 KB gzipped, enforced). Full: + burn-wgpu
-# on WebGPU. Installs wasm-bindgen-cli at exactly the crate's version (cached under ~/.cache/policyport/tools)
+# on WebGPU (goal <= 3 MB gzipped, enforced when this run built it). Installs wasm-bindgen-cli at exactly the crate's version (cached under ~/.cache/policyport/tools)
 # when it is missing.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
@@ -82,7 +82,7 @@ fi
 
 echo
 echo "== bundle sizes (what a page downloads: the .wasm and its JS glue)"
-python3 - <<'PY'
+POLICYPORT_WEBGPU_BUILT=$([ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ] && echo 1 || echo 0) python3 - <<'PY'
 import gzip, json, os
 out = {}
 for name in ("cpu", "cpu-threads", "webgpu"):
@@ -97,8 +97,13 @@ for name in ("cpu", "cpu-threads", "webgpu"):
     out[name] = {"raw_bytes": raw, "gzip_bytes": gz}
     print(f"{name:7s} bundle: {raw / 1e6:7.2f} MB raw, {gz / 1e3:8.1f} KB gzipped")
 json.dump(out, open("web/pkg/sizes.json", "w"), indent=1)
-limit = 500_000
-for name in ("cpu", "cpu-threads"):
+# Issue 16's goals: the CPU bundles <= 500 KB, the WebGPU bundle <= 3 MB gzipped. The WebGPU one only when this
+# run built it (a CPU-only run may find an older build in web/pkg/webgpu); its margin was ~11 KB in 2026-12, so
+# growth of the guest crate under the `wgpu` feature fails here, not silently.
+limits = {"cpu": 500_000, "cpu-threads": 500_000}
+if os.environ.get("POLICYPORT_WEBGPU_BUILT") == "1":
+    limits["webgpu"] = 3_000_000
+for name, limit in limits.items():
     if out[name]["gzip_bytes"] > limit:
         raise SystemExit(f"{name} bundle {out[name]['gzip_bytes']} B gzipped exceeds the {limit} B goal")
 PY

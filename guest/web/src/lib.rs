@@ -226,13 +226,14 @@ pub fn idle_workers() -> u32 {
     policyport::web_workers::idle_workers() as u32
 }
 
-/// Internal (the threads bundle's workers, guest/web/src/threads.js): lend this worker's thread.
+/// Internal (the threads bundle's workers, guest/web/src/threads.js): lend this worker's thread to the cpu
+/// backend, call `ready()` (the worker tells the page), then serve jobs forever. One call, so a thread is never on
+/// the idle list without serving it (a session that borrowed it would wait for its rows forever).
 #[cfg(target_feature = "atomics")]
-#[wasm_bindgen(js_name = workerRegister)]
-pub fn worker_register() -> Result<(), JsValue> {
+#[wasm_bindgen(js_name = workerServe)]
+pub fn worker_serve(ready: &js_sys::Function) -> Result<(), JsValue> {
     // The page's main thread cannot serve (it may not block, and it is the caller): lent, it would take a
-    // session's rows and never run them — that session would spin forever. A worker has `importScripts` and
-    // no `document`.
+    // session's rows and never run them. A worker has `importScripts` and no `document`.
     let global = js_sys::global();
     let has = |name: &str| {
         Reflect::get(&global, &name.into()).is_ok_and(|v| !v.is_undefined() && !v.is_null())
@@ -240,17 +241,16 @@ pub fn worker_register() -> Result<(), JsValue> {
     if has("document") || !has("importScripts") {
         return Err(error(
             "PolicyportBackendError",
-            "workerRegister runs in a Web Worker only (startThreads starts them); the page's own thread \
+            "workerServe runs in a Web Worker only (startThreads starts them); the page's own thread \
              cannot serve a pool",
         ));
     }
-    policyport::web_workers::register_worker().map_err(|e| policy_error(&e.into()))
-}
-
-/// Internal: serve jobs on this worker's thread; does not return unless misused.
-#[cfg(target_feature = "atomics")]
-#[wasm_bindgen(js_name = workerServe)]
-pub fn worker_serve() -> Result<(), JsValue> {
+    policyport::web_workers::register_worker().map_err(|e| policy_error(&e.into()))?;
+    if let Err(e) = ready.call0(&JsValue::UNDEFINED) {
+        // Nobody knows this worker is there: take it off the idle list again.
+        policyport::web_workers::worker_trapped();
+        return Err(e);
+    }
     match policyport::web_workers::serve_worker() {
         Ok(never) => match never {},
         Err(e) => Err(policy_error(&e.into())),

@@ -3,9 +3,9 @@
 //
 // This file is two things: on the page, `spawnWorkers` (called by startThreads() through the wasm-bindgen glue,
 // which imports this file as a snippet); in a worker, the worker's own module script (spawnWorkers starts each
-// worker on this very file). A worker instantiates the page's compiled module on the page's shared memory, lends
-// its thread (workerRegister), says it is ready, and then serves jobs forever (workerServe blocks, parked while
-// idle: a worker may block, the page's main thread may not).
+// worker on this very file). A worker instantiates the page's compiled module on the page's shared memory and
+// calls workerServe, which lends its thread, has it say it is ready, and serves jobs forever (it blocks, parked
+// while idle: a worker may block, the page's main thread may not).
 
 const IN_WORKER = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
 
@@ -44,19 +44,20 @@ export function spawnWorkers(module, memory, n) {
 
 if (IN_WORKER) {
   self.onmessage = async ({ data }) => {
-    let pp;
+    let pp, ready = false;
     try {
       pp = await import(data.glue);
       await pp.default({ module_or_path: data.module, memory: data.memory });
-      pp.workerRegister();
+      // Lends this thread, calls back once it is on the idle list, then serves (blocks) until the page closes.
+      pp.workerServe(() => {
+        ready = true;
+        self.postMessage({ ready: true });
+      });
     } catch (e) {
-      self.postMessage({ error: String(e?.message || e) });
-      return;
-    }
-    self.postMessage({ ready: true });
-    try {
-      pp.workerServe();
-    } catch (e) {
+      if (!ready) {
+        self.postMessage({ error: String(e?.message || e) });
+        return;
+      }
       try {
         pp.workerTrapped();
       } catch {
