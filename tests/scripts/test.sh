@@ -95,7 +95,7 @@ cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknow
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
 
-step "browser bundles (guest/web: CPU-only, CPU with wasm threads, full with WebGPU; sizes printed, CPU goals enforced)"
+step "browser bundles (guest/web: CPU-only, CPU with wasm threads, full with WebGPU; sizes printed, size goals enforced: CPU <= 500 KB, WebGPU <= 3 MB gzipped)"
 bash tests/scripts/web-build.sh
 
 step "cargo test: unit tests + the conformance suite on every compiled backend"
