@@ -14,6 +14,17 @@
 //! of up to 12 rows × 32 columns then keeps 24 accumulators in registers and broadcasts one input pair per row and
 //! step. The bias and activation are applied as in the f32 kernel.
 //!
+//! Two ways to compute the same products ([`DotBy`]): `vdpbf16ps` itself, or — on Intel CPUs — two f32 FMAs per
+//! pair on the bf16 values widened to f32, in the order `vdpbf16ps` adds them (the odd element of the pair first,
+//! then the even: Intel SDM, VDPBF16PS). Why: on an Intel Xeon with AVX512-BF16 and AMX (2026-12-03, a C
+//! microbenchmark written up in CONTRIBUTING) `vdpbf16ps zmm` issued at 1.66 G/s against 6.6 G/s for
+//! `vfmadd231ps zmm` — 106 against 211 GFLOP/s, half of f32's rate — so the dot kernel ran the benchmark MLP 40 %
+//! *slower* than f32 at batch 64 and 1024 (118.7 / 1986 µs against 84.6 / 1431). Products of two bf16 values are
+//! exact in f32, so the two FMAs give `vdpbf16ps`'s bits (tested on a CPU that has both; the only difference is
+//! that a partial sum below 2^-126 is kept, where `vdpbf16ps` flushes it to zero). Denormal bf16 weights are
+//! flushed at packing, as `vdpbf16ps` treats them as zero; the inputs are rounded by the same instruction either
+//! way (`vcvtneps2bf16`, which flushes them).
+//!
 //! Layers of at most 16 outputs (the heads: logits, value) stay f32: they are a sliver of the work, and the
 //! sampled actions and the value are where rounding would show most.
 
@@ -40,6 +51,39 @@ pub(crate) fn available() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// How the bf16 products are computed (module docs): the result is the same bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DotBy {
+    /// `vdpbf16ps`: AMD Zen 4 / 5 run it at twice f32's FMA rate.
+    Vdpbf16ps,
+    /// Two `vfmadd231ps` per pair on bf16 values widened to f32: Intel CPUs, where `vdpbf16ps` runs at half
+    /// f32's rate.
+    Fma,
+}
+
+/// This CPU's [`DotBy`]: FMA on Intel, `vdpbf16ps` elsewhere (AMD). By vendor, not by a timing at load, so one
+/// machine always takes the same path.
+pub(crate) fn dot_by() -> DotBy {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static BY: std::sync::OnceLock<DotBy> = std::sync::OnceLock::new();
+        *BY.get_or_init(|| {
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+            #[allow(unused_unsafe)]
+            let id = unsafe { std::arch::x86_64::__cpuid(0) };
+            // "GenuineIntel" in ebx, edx, ecx.
+            let intel = id.ebx == u32::from_le_bytes(*b"Genu")
+                && id.edx == u32::from_le_bytes(*b"ineI")
+                && id.ecx == u32::from_le_bytes(*b"ntel");
+            if intel { DotBy::Fma } else { DotBy::Vdpbf16ps }
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        DotBy::Vdpbf16ps
     }
 }
 
@@ -82,9 +126,12 @@ impl Bf16Panels {
                     if col >= n {
                         continue;
                     }
-                    let lo = bf16_bits(w[col * k + 2 * j]) as u32;
+                    // Denormals flushed to a zero of their sign: `vdpbf16ps` reads them so, and the FMA path
+                    // ([`DotBy::Fma`]) then gets the same products.
+                    let daz = |b: u16| if b & 0x7f80 == 0 { b & 0x8000 } else { b };
+                    let lo = daz(bf16_bits(w[col * k + 2 * j])) as u32;
                     let hi = if 2 * j + 1 < k {
-                        bf16_bits(w[col * k + 2 * j + 1]) as u32
+                        daz(bf16_bits(w[col * k + 2 * j + 1])) as u32
                     } else {
                         0
                     };
@@ -98,7 +145,8 @@ impl Bf16Panels {
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// The input rows rounded to bf16 pairs, per thread (the intra-op pool's workers each run their own rows).
+    /// The input rows rounded to bf16 pairs (or, for [`DotBy::Fma`], to bf16 values widened back to f32 bits),
+    /// per thread (the intra-op pool's workers each run their own rows).
     static INPUT_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -108,6 +156,22 @@ thread_local! {
 /// When [`available`] is false (the caller packs bf16 panels only then), or the slices are shorter than m, k, n
 /// say.
 pub(crate) fn run(
+    panels: &Bf16Panels,
+    bias: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    act: Act,
+) {
+    run_by(dot_by(), panels, bias, x, y, m, k, n, act)
+}
+
+/// [`run`] computing the products as `by` says (the tests run both on one CPU).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_by(
+    by: DotBy,
     panels: &Bf16Panels,
     bias: &[f32],
     x: &[f32],
@@ -127,14 +191,25 @@ pub(crate) fn run(
     {
         INPUT_PAIRS.with_borrow_mut(|xp| {
             let k2 = panels.k2;
-            if xp.len() < m * k2 {
-                xp.resize(m * k2, 0);
+            // A row is k2 pairs, or 2·k2 widened values.
+            let row = if by == DotBy::Fma { 2 * k2 } else { k2 };
+            if xp.len() < m * row {
+                xp.resize(m * row, 0);
             }
-            // SAFETY (both calls): `available` saw AVX512-F and AVX512-BF16 on this CPU; the lengths were asserted
-            // above and `xp` was sized here.
+            let xp = &mut xp[..m * row];
+            // SAFETY (every call): `available` saw AVX512-F and AVX512-BF16 on this CPU; the lengths were
+            // asserted above and `xp` was sized here.
             unsafe {
-                x86::round_rows(&x[..m * k], k, &mut xp[..m * k2]);
-                x86::dense(&xp[..m * k2], panels, bias, y, m, k2, n, act);
+                match by {
+                    DotBy::Vdpbf16ps => {
+                        x86::round_rows(&x[..m * k], k, xp);
+                        x86::dense::<false>(xp, panels, bias, y, m, k2, n, act);
+                    }
+                    DotBy::Fma => {
+                        x86::widen_rows(&x[..m * k], k, xp);
+                        x86::dense::<true>(xp, panels, bias, y, m, k2, n, act);
+                    }
+                }
             }
         });
         if !crate::dense::act_in_store(Isa::Avx512, act) {
@@ -193,23 +268,48 @@ pub(crate) fn run_rows(
                 len: seg.len / 2,
                 stride: seg.stride / 2,
             };
-            // SAFETY: `available` saw AVX512-F and AVX512-BF16; `xp` holds x rounded, every row's runs (in
-            // pairs: offsets and lengths halved, all even before) were checked to lie inside it above.
+            let by = dot_by();
+            // SAFETY: `available` saw AVX512-F and AVX512-BF16; `xp` holds x rounded (pairs, or for FMA the
+            // widened values, two per pair), every row's runs (in pairs: offsets and lengths halved, all even
+            // before) were checked to lie inside it above.
             unsafe {
-                if !x.is_empty() {
-                    x86::round_rows(x, x.len(), &mut xp[..pairs]);
+                match by {
+                    DotBy::Vdpbf16ps => {
+                        if !x.is_empty() {
+                            x86::round_rows(x, x.len(), &mut xp[..pairs]);
+                        }
+                        x86::dense_rows::<false>(
+                            &xp[..pairs],
+                            rows.halved(),
+                            half,
+                            panels,
+                            bias,
+                            y,
+                            m,
+                            n,
+                            act,
+                        );
+                    }
+                    DotBy::Fma => {
+                        if xp.len() < 2 * pairs {
+                            xp.resize(2 * pairs, 0);
+                        }
+                        if !x.is_empty() {
+                            x86::widen_rows(x, x.len(), &mut xp[..2 * pairs]);
+                        }
+                        x86::dense_rows::<true>(
+                            &xp[..2 * pairs],
+                            rows.halved(),
+                            half,
+                            panels,
+                            bias,
+                            y,
+                            m,
+                            n,
+                            act,
+                        );
+                    }
                 }
-                x86::dense_rows(
-                    &xp[..pairs],
-                    rows.halved(),
-                    half,
-                    panels,
-                    bias,
-                    y,
-                    m,
-                    n,
-                    act,
-                );
             }
         });
         if !crate::dense::act_in_store(Isa::Avx512, act) {
@@ -224,14 +324,14 @@ mod x86 {
 
     use super::{Act, Bf16Panels, MR, NR, ROW_BLOCK};
 
-    /// `dense` over rows read in place ([`super::run_rows`]): `x` is the whole input in pairs, row r's runs start
-    /// at `row_start(r)` (in pairs).
+    /// `dense` over rows read in place ([`super::run_rows`]): `x` is the whole input in pairs (`FMA`: widened,
+    /// two values per pair), row r's runs start at `row_start(r)` (in pairs).
     ///
     /// # Safety
     /// AVX512-F and AVX512-BF16; every row's runs inside `x`; `y` m rows of n; `bias` whole panels.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn dense_rows(
+    pub(super) unsafe fn dense_rows<const FMA: bool>(
         x: &[u32],
         row_map: crate::dense::RowMap,
         seg: crate::dense::Segments,
@@ -262,9 +362,10 @@ mod x86 {
                             ($($r:literal)*) => {
                                 match rows {
                                     $($r => {
-                                        let ptrs: [*const u32; $r] =
-                                            std::array::from_fn(|i| base.add(starts[r - r0 + i]));
-                                        rows_tile::<$r>(&ptrs, seg, wp, b, ys, n, p * NR, act)
+                                        let ptrs: [*const u32; $r] = std::array::from_fn(|i| {
+                                            base.add(starts[r - r0 + i] * if FMA { 2 } else { 1 })
+                                        });
+                                        rows_tile::<$r, FMA>(&ptrs, seg, wp, b, ys, n, p * NR, act)
                                     })*
                                     _ => unreachable!("1 to {MR} rows"),
                                 }
@@ -286,7 +387,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_tile<const R: usize>(
+    unsafe fn rows_tile<const R: usize, const FMA: bool>(
         rows: &[*const u32; R],
         seg: crate::dense::Segments,
         w: &[u32],
@@ -300,20 +401,13 @@ mod x86 {
             let b = |h: usize| _mm512_loadu_ps(bias.as_ptr().add(h * 16));
             let mut acc: [[[__m512; 2]; R]; 1] = [[[b(0), b(1)]; R]];
             let mut wj = w.as_ptr();
+            let width = if FMA { 2 } else { 1 };
             for s in 0..seg.count {
                 let off = s * seg.stride;
                 for kk in 0..seg.len {
-                    let xv: [__m512bh; R] = std::array::from_fn(|i| {
-                        std::mem::transmute(_mm512_set1_epi32(*rows[i].add(off + kk) as i32))
-                    });
-                    let w0: __m512bh =
-                        std::mem::transmute(_mm512_loadu_si512(wj as *const __m512i));
-                    let w1: __m512bh =
-                        std::mem::transmute(_mm512_loadu_si512(wj.add(16) as *const __m512i));
-                    for i in 0..R {
-                        acc[0][i][0] = _mm512_dpbf16_ps(acc[0][i][0], xv[i], w0);
-                        acc[0][i][1] = _mm512_dpbf16_ps(acc[0][i][1], xv[i], w1);
-                    }
+                    let at: [*const u32; R] =
+                        std::array::from_fn(|i| rows[i].add((off + kk) * width));
+                    pair_step::<R, FMA>(&mut acc[0], &at, wj);
                     wj = wj.add(NR);
                 }
             }
@@ -356,14 +450,47 @@ mod x86 {
         }
     }
 
-    /// The row blocks and tiles of the f32 kernel ([`crate::dense`]) over bf16 pairs; `act` applied in the
+    /// Each row of `x` (`k` floats) rounded to bf16 as `round_rows` does (`vcvtneps2bf16`: to nearest even,
+    /// denormals flushed) and widened back to f32, as bits, into `2·ceil(k/2)` values of `out` (a zero last one
+    /// when k is odd): the inputs of the FMA path ([`super::DotBy::Fma`]).
+    ///
+    /// # Safety
+    /// AVX512-F and AVX512-BF16; `out.len() == rows · 2·ceil(k/2)` with `x.len() == rows · k`.
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+    pub(super) unsafe fn widen_rows(x: &[f32], k: usize, out: &mut [u32]) {
+        let kp = 2 * k.div_ceil(2);
+        debug_assert!(k > 0 && out.len() / kp == x.len() / k);
+        for (row, dst) in x.chunks_exact(k).zip(out.chunks_exact_mut(kp)) {
+            // SAFETY: every load and store is inside `row` / `dst` (the last, partial group masked).
+            unsafe {
+                let (src, d) = (row.as_ptr(), dst.as_mut_ptr());
+                let mut i = 0;
+                while i < k {
+                    let left = (k - i).min(16);
+                    let mask = ((1u32 << left) - 1) as __mmask16;
+                    let v = _mm512_maskz_loadu_ps(mask, src.add(i));
+                    let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+                    let wide = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+                    _mm512_mask_storeu_epi32(d.add(i) as *mut i32, mask, wide);
+                    i += left;
+                }
+                if k % 2 == 1 {
+                    *d.add(k) = 0;
+                }
+            }
+        }
+    }
+
+    /// The row blocks and tiles of the f32 kernel ([`crate::dense`]) over bf16 pairs (`FMA`: `x` widened, two
+    /// values per pair); `act` applied in the
     /// tiles' store where [`crate::dense::act_in_store`] (the caller's pass applies the others).
     ///
     /// # Safety
-    /// AVX512-F and AVX512-BF16; `x` holds m rows of k2 pairs, `y` m rows of n, `bias` whole panels.
+    /// AVX512-F and AVX512-BF16; `x` holds m rows of k2 pairs (`FMA`: 2·k2 values), `y` m rows of n, `bias`
+    /// whole panels.
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dense(
+    pub(super) unsafe fn dense<const FMA: bool>(
         x: &[u32],
         panels: &Bf16Panels,
         bias: &[f32],
@@ -375,6 +502,8 @@ mod x86 {
     ) {
         let np = n.div_ceil(NR);
         let w = &panels.pairs[..];
+        // A row of `x`: k2 pairs, or their 2·k2 widened values.
+        let xrow = if FMA { 2 * k2 } else { k2 };
         let mut r0 = 0;
         while r0 < m {
             let block = if m - r0 > 2 * MR {
@@ -392,7 +521,7 @@ mod x86 {
                 let mut r = r0;
                 while r < r0 + block {
                     let rows = (r0 + block - r).min(MR);
-                    let xs = &x[r * k2..(r + rows) * k2];
+                    let xs = &x[r * xrow..(r + rows) * xrow];
                     let ys = &mut y[r * n..];
                     // SAFETY: the slices hold what `tile` reads and writes (rows of k2, panels of k2·NR, rows of
                     // n with the columns past n masked off).
@@ -400,8 +529,8 @@ mod x86 {
                         macro_rules! rows {
                             ($($r:literal)*) => {
                                 match (rows, group) {
-                                    (1, 4) => tile::<1, 4>(xs, k2, wp, b, ys, n, c0, act),
-                                    $(($r, _) => tile::<$r, 1>(xs, k2, wp, b, ys, n, c0, act),)*
+                                    (1, 4) => tile::<1, 4, FMA>(xs, k2, wp, b, ys, n, c0, act),
+                                    $(($r, _) => tile::<$r, 1, FMA>(xs, k2, wp, b, ys, n, c0, act),)*
                                     _ => unreachable!("1 to {MR} rows"),
                                 }
                             };
@@ -419,12 +548,12 @@ mod x86 {
     /// `y[i·n + c0 + j·32 + c] = bias_j[c] + Σ pairs` for R rows and P panels; columns past n masked off.
     ///
     /// # Safety
-    /// AVX512-F and AVX512-BF16; `x` holds R rows of k2, `w` P panels of k2·32, `bias` P·32, `y` (R − 1)·n +
-    /// min(n, c0 + P·32).
+    /// AVX512-F and AVX512-BF16; `x` holds R rows of k2 (`FMA`: 2·k2), `w` P panels of k2·32, `bias` P·32, `y`
+    /// (R − 1)·n + min(n, c0 + P·32).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize, const P: usize>(
+    unsafe fn tile<const R: usize, const P: usize, const FMA: bool>(
         x: &[u32],
         k2: usize,
         w: &[u32],
@@ -434,28 +563,62 @@ mod x86 {
         c0: usize,
         act: Act,
     ) {
-        debug_assert!(x.len() >= R * k2 && w.len() >= P * k2 * NR && bias.len() >= P * NR);
+        let width = if FMA { 2 } else { 1 };
+        debug_assert!(x.len() >= R * k2 * width && w.len() >= P * k2 * NR && bias.len() >= P * NR);
         unsafe {
             let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * NR + h * 16));
             let mut acc: [[[__m512; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
             let (xp, wp) = (x.as_ptr(), w.as_ptr());
             for kk in 0..k2 {
-                let xv: [__m512bh; R] = std::array::from_fn(|i| {
-                    std::mem::transmute(_mm512_set1_epi32(*xp.add(i * k2 + kk) as i32))
-                });
+                let at: [*const u32; R] = std::array::from_fn(|i| xp.add((i * k2 + kk) * width));
                 for (j, aj) in acc.iter_mut().enumerate() {
-                    let wj = wp.add((j * k2 + kk) * NR);
-                    let w0: __m512bh =
-                        std::mem::transmute(_mm512_loadu_si512(wj as *const __m512i));
-                    let w1: __m512bh =
-                        std::mem::transmute(_mm512_loadu_si512(wj.add(16) as *const __m512i));
-                    for i in 0..R {
-                        aj[i][0] = _mm512_dpbf16_ps(aj[i][0], xv[i], w0);
-                        aj[i][1] = _mm512_dpbf16_ps(aj[i][1], xv[i], w1);
-                    }
+                    pair_step::<R, FMA>(aj, &at, wp.add((j * k2 + kk) * NR));
                 }
             }
             crate::dense::x86::store_avx512(&acc, y, n, c0, act);
+        }
+    }
+
+    /// One pair step of R rows on one 32-wide panel: `at[i]` points at row i's pair (`FMA`: at its two widened
+    /// values, even then odd), `wj` at the panel's 32 weight pairs. `vdpbf16ps`, or its two FMAs: the odd
+    /// element's product first, then the even one's, each rounded once as `vdpbf16ps` does (the products of bf16
+    /// values are exact in f32).
+    ///
+    /// # Safety
+    /// AVX512-F and AVX512-BF16 (inlined into the tiles, which enable them); `at[i]` readable for 1 (`FMA`: 2)
+    /// values, `wj` for 32.
+    #[inline(always)]
+    unsafe fn pair_step<const R: usize, const FMA: bool>(
+        acc: &mut [[__m512; 2]; R],
+        at: &[*const u32; R],
+        wj: *const u32,
+    ) {
+        unsafe {
+            let w0 = _mm512_loadu_si512(wj as *const __m512i);
+            let w1 = _mm512_loadu_si512(wj.add(16) as *const __m512i);
+            if FMA {
+                let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+                // A pair lane holds the even element in its low half, the odd one in its high half.
+                let odd = [w0, w1].map(|w| _mm512_castsi512_ps(_mm512_and_si512(w, high)));
+                let even = [w0, w1].map(|w| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w)));
+                // Row by row (two broadcasts live at a time: 24 accumulators, 4 weight vectors, 2 inputs).
+                for i in 0..R {
+                    let xo = _mm512_set1_ps(f32::from_bits(*at[i].add(1)));
+                    let xe = _mm512_set1_ps(f32::from_bits(*at[i]));
+                    acc[i][0] = _mm512_fmadd_ps(xo, odd[0], acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(xo, odd[1], acc[i][1]);
+                    acc[i][0] = _mm512_fmadd_ps(xe, even[0], acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(xe, even[1], acc[i][1]);
+                }
+            } else {
+                let (w0, w1): (__m512bh, __m512bh) =
+                    (std::mem::transmute(w0), std::mem::transmute(w1));
+                for i in 0..R {
+                    let xv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*at[i] as i32));
+                    acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, w0);
+                    acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, w1);
+                }
+            }
         }
     }
 }
@@ -474,6 +637,51 @@ mod tests {
         assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
         // The largest finite f32 rounds to infinity in bf16, as the hardware does.
         assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
+    }
+
+    /// The FMA path (Intel's, [`DotBy::Fma`]) gives `vdpbf16ps`'s bits: the same products, added in the same
+    /// order with the same rounding. Caught nothing yet; it pins the claim the module docs make (if a CPU
+    /// summed a pair before rounding, this fails there, and batch results would differ by vendor).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(
+        not(policyport_host_avx512bf16),
+        ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"
+    )]
+    fn bf16_fma_path_gives_vdpbf16ps_bits() {
+        assert!(
+            available(),
+            "build.rs saw AVX512-BF16 but the runtime does not use it"
+        );
+        for (m, k, n) in [
+            (1usize, 64usize, 256usize),
+            (1, 7, 130),
+            (13, 64, 65),
+            (203, 48, 70),
+            (30, 3136, 40),
+        ] {
+            let (mut x, w) = crate::dense::test_operands(m, k, n);
+            // Magnitudes across the exponent range (the rounding differs only where sums cancel and grow).
+            for (i, v) in x.iter_mut().enumerate() {
+                *v *= [1.0, 1e-3, 37.0, -5e2][i % 4];
+            }
+            let b: Vec<f32> = (0..n.div_ceil(NR) * NR)
+                .map(|i| i as f32 / 7.0 - 3.0)
+                .collect();
+            let panels = Bf16Panels::new(&w, n, k);
+            for act in [Act::Identity, Act::Tanh] {
+                let (mut native, mut fma) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                run_by(DotBy::Vdpbf16ps, &panels, &b, &x, &mut native, m, k, n, act);
+                run_by(DotBy::Fma, &panels, &b, &x, &mut fma, m, k, n, act);
+                for (i, (a, f)) in native.iter().zip(&fma).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        f.to_bits(),
+                        "{act:?} m{m} k{k} n{n} at {i}: {a} vs {f}"
+                    );
+                }
+            }
+        }
     }
 
     /// The kernel computes exactly the bf16-rounded products summed in f32: against f64 sums of the rounded
@@ -507,23 +715,26 @@ mod tests {
                 .collect();
             let panels = Bf16Panels::new(&w, n, k);
             for act in [Act::Identity, Act::Tanh] {
-                let mut y = vec![f32::NAN; m * n];
-                run(&panels, &b, &x, &mut y, m, k, n, act);
-                for r in 0..m {
-                    for j in 0..n {
-                        let s = (0..k)
-                            .map(|i| {
-                                round_bf16(x[r * k + i]) as f64 * round_bf16(w[j * k + i]) as f64
-                            })
-                            .sum::<f64>()
-                            + b[j] as f64;
-                        let want = if act == Act::Tanh { s.tanh() } else { s };
-                        let got = y[r * n + j] as f64;
-                        let tol = 2e-6 * (1.0 + s.abs()) * (k as f64).sqrt();
-                        assert!(
-                            (got - want).abs() < tol,
-                            "{act:?} m{m} k{k} n{n} [{r},{j}]: {got} vs {want}"
-                        );
+                for by in [DotBy::Vdpbf16ps, DotBy::Fma] {
+                    let mut y = vec![f32::NAN; m * n];
+                    run_by(by, &panels, &b, &x, &mut y, m, k, n, act);
+                    for r in 0..m {
+                        for j in 0..n {
+                            let s = (0..k)
+                                .map(|i| {
+                                    round_bf16(x[r * k + i]) as f64
+                                        * round_bf16(w[j * k + i]) as f64
+                                })
+                                .sum::<f64>()
+                                + b[j] as f64;
+                            let want = if act == Act::Tanh { s.tanh() } else { s };
+                            let got = y[r * n + j] as f64;
+                            let tol = 2e-6 * (1.0 + s.abs()) * (k as f64).sqrt();
+                            assert!(
+                                (got - want).abs() < tol,
+                                "{by:?} {act:?} m{m} k{k} n{n} [{r},{j}]: {got} vs {want}"
+                            );
+                        }
                     }
                 }
             }
