@@ -150,27 +150,14 @@ thread_local! {
     static INPUT_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `y[m, n] = act(x[m, k] Wᵀ + b)` with bf16 products (see the module docs). `bias` is padded to whole panels.
+/// `y[m, n] = act(x[m, k] Wᵀ + b)` with bf16 products (see the module docs). `bias` is padded to whole panels;
+/// `by` says how the products are computed ([`dot_by`] for this CPU; the tests run both on one CPU).
 ///
 /// # Panics
 /// When [`available`] is false (the caller packs bf16 panels only then), or the slices are shorter than m, k, n
 /// say.
-pub(crate) fn run(
-    panels: &Bf16Panels,
-    bias: &[f32],
-    x: &[f32],
-    y: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    act: Act,
-) {
-    run_by(dot_by(), panels, bias, x, y, m, k, n, act)
-}
-
-/// [`run`] computing the products as `by` says (the tests run both on one CPU).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_by(
+pub(crate) fn run(
     by: DotBy,
     panels: &Bf16Panels,
     bias: &[f32],
@@ -639,53 +626,12 @@ mod tests {
         assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
     }
 
-    /// The FMA path (Intel's, [`DotBy::Fma`]) gives `vdpbf16ps`'s bits: the same products, added in the same
-    /// order with the same rounding. Caught nothing yet; it pins the claim the module docs make (if a CPU
-    /// summed a pair before rounding, this fails there, and batch results would differ by vendor).
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    #[cfg_attr(
-        not(policyport_host_avx512bf16),
-        ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"
-    )]
-    fn bf16_fma_path_gives_vdpbf16ps_bits() {
-        assert!(
-            available(),
-            "build.rs saw AVX512-BF16 but the runtime does not use it"
-        );
-        for (m, k, n) in [
-            (1usize, 64usize, 256usize),
-            (1, 7, 130),
-            (13, 64, 65),
-            (203, 48, 70),
-            (30, 3136, 40),
-        ] {
-            let (mut x, w) = crate::dense::test_operands(m, k, n);
-            // Magnitudes across the exponent range (the rounding differs only where sums cancel and grow).
-            for (i, v) in x.iter_mut().enumerate() {
-                *v *= [1.0, 1e-3, 37.0, -5e2][i % 4];
-            }
-            let b: Vec<f32> = (0..n.div_ceil(NR) * NR)
-                .map(|i| i as f32 / 7.0 - 3.0)
-                .collect();
-            let panels = Bf16Panels::new(&w, n, k);
-            for act in [Act::Identity, Act::Tanh] {
-                let (mut native, mut fma) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-                run_by(DotBy::Vdpbf16ps, &panels, &b, &x, &mut native, m, k, n, act);
-                run_by(DotBy::Fma, &panels, &b, &x, &mut fma, m, k, n, act);
-                for (i, (a, f)) in native.iter().zip(&fma).enumerate() {
-                    assert_eq!(
-                        a.to_bits(),
-                        f.to_bits(),
-                        "{act:?} m{m} k{k} n{n} at {i}: {a} vs {f}"
-                    );
-                }
-            }
-        }
-    }
-
     /// The kernel computes exactly the bf16-rounded products summed in f32: against f64 sums of the rounded
-    /// inputs and weights it is within f32 accumulation error, on every shape the blocking has a case for.
+    /// inputs and weights it is within f32 accumulation error, on every shape the blocking has a case for. And
+    /// the FMA path (Intel's, [`DotBy::Fma`]) gives `vdpbf16ps`'s bits, also on inputs scaled across the
+    /// exponent range: the same products, added in the same order with the same rounding (adding the even
+    /// element first fails it: 100.16565 vs 100.165634; were a CPU to sum a pair before rounding, this fails
+    /// there, and results would differ by vendor).
     #[test]
     #[cfg(target_arch = "x86_64")]
     #[cfg_attr(
@@ -714,10 +660,28 @@ mod tests {
                 .map(|i| i as f32 / 10.0 - 1.0)
                 .collect();
             let panels = Bf16Panels::new(&w, n, k);
+            let scaled: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * [1.0, 1e-3, 37.0, -5e2][i % 4])
+                .collect();
+            for xs in [&x, &scaled] {
+                for act in [Act::Identity, Act::Tanh] {
+                    let run_with = |by| {
+                        let mut y = vec![f32::NAN; m * n];
+                        run(by, &panels, &b, xs, &mut y, m, k, n, act);
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                    };
+                    assert!(
+                        run_with(DotBy::Vdpbf16ps) == run_with(DotBy::Fma),
+                        "{act:?} m{m} k{k} n{n}: the FMA path's bits differ from vdpbf16ps's"
+                    );
+                }
+            }
             for act in [Act::Identity, Act::Tanh] {
                 for by in [DotBy::Vdpbf16ps, DotBy::Fma] {
                     let mut y = vec![f32::NAN; m * n];
-                    run_by(by, &panels, &b, &x, &mut y, m, k, n, act);
+                    run(by, &panels, &b, &x, &mut y, m, k, n, act);
                     for r in 0..m {
                         for j in 0..n {
                             let s = (0..k)
