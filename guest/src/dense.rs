@@ -213,17 +213,7 @@ impl PackedDense {
     pub(crate) fn run_own(&self, x: &[f32], y: &mut [f32], m: usize, act: Act) {
         assert!(x.len() >= m * self.k && y.len() >= m * self.n);
         if let Some(bf16) = &self.bf16 {
-            crate::dense_bf16::run(
-                crate::dense_bf16::dot_by(),
-                bf16,
-                &self.bias,
-                x,
-                y,
-                m,
-                self.k,
-                self.n,
-                act,
-            );
+            crate::dense_bf16::run(bf16, &self.bias, x, y, m, self.k, self.n, act);
             return;
         }
         let (k, n, p, b) = (self.k, self.n, &self.panels[..], &self.bias[..]);

@@ -107,6 +107,8 @@ pub(crate) fn round_bf16(v: f32) -> f32 {
 /// A dense layer's weights packed for the bf16 kernel.
 #[derive(Debug, Clone)]
 pub(crate) struct Bf16Panels {
+    /// How the products are computed: [`dot_by`] for this CPU, chosen once when packed (the tests set both).
+    pub(crate) by: DotBy,
     /// `ceil(k / 2)`.
     k2: usize,
     /// `[panel][k2][NR]` pairs.
@@ -139,7 +141,11 @@ impl Bf16Panels {
                 }
             }
         }
-        Bf16Panels { k2, pairs }
+        Bf16Panels {
+            by: dot_by(),
+            k2,
+            pairs,
+        }
     }
 }
 
@@ -150,15 +156,14 @@ thread_local! {
     static INPUT_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `y[m, n] = act(x[m, k] Wᵀ + b)` with bf16 products (see the module docs). `bias` is padded to whole panels;
-/// `by` says how the products are computed ([`dot_by`] for this CPU; the tests run both on one CPU).
+/// `y[m, n] = act(x[m, k] Wᵀ + b)` with bf16 products (see the module docs; `panels.by` says how). `bias` is
+/// padded to whole panels.
 ///
 /// # Panics
 /// When [`available`] is false (the caller packs bf16 panels only then), or the slices are shorter than m, k, n
 /// say.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
-    by: DotBy,
     panels: &Bf16Panels,
     bias: &[f32],
     x: &[f32],
@@ -177,7 +182,7 @@ pub(crate) fn run(
     #[cfg(target_arch = "x86_64")]
     {
         INPUT_PAIRS.with_borrow_mut(|xp| {
-            let k2 = panels.k2;
+            let (k2, by) = (panels.k2, panels.by);
             // A row is k2 pairs, or 2·k2 widened values.
             let row = if by == DotBy::Fma { 2 * k2 } else { k2 };
             if xp.len() < m * row {
@@ -255,12 +260,11 @@ pub(crate) fn run_rows(
                 len: seg.len / 2,
                 stride: seg.stride / 2,
             };
-            let by = dot_by();
             // SAFETY: `available` saw AVX512-F and AVX512-BF16; `xp` holds x rounded (pairs, or for FMA the
             // widened values, two per pair), every row's runs (in pairs: offsets and lengths halved, all even
             // before) were checked to lie inside it above.
             unsafe {
-                match by {
+                match panels.by {
                     DotBy::Vdpbf16ps => {
                         if !x.is_empty() {
                             x86::round_rows(x, x.len(), &mut xp[..pairs]);
@@ -659,7 +663,7 @@ mod tests {
             let b: Vec<f32> = (0..n.div_ceil(NR) * NR)
                 .map(|i| i as f32 / 10.0 - 1.0)
                 .collect();
-            let panels = Bf16Panels::new(&w, n, k);
+            let mut panels = Bf16Panels::new(&w, n, k);
             let scaled: Vec<f32> = x
                 .iter()
                 .enumerate()
@@ -667,9 +671,10 @@ mod tests {
                 .collect();
             for xs in [&x, &scaled] {
                 for act in [Act::Identity, Act::Tanh] {
-                    let run_with = |by| {
+                    let mut run_with = |by| {
+                        panels.by = by;
                         let mut y = vec![f32::NAN; m * n];
-                        run(by, &panels, &b, xs, &mut y, m, k, n, act);
+                        run(&panels, &b, xs, &mut y, m, k, n, act);
                         y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
                     };
                     assert!(
@@ -681,7 +686,8 @@ mod tests {
             for act in [Act::Identity, Act::Tanh] {
                 for by in [DotBy::Vdpbf16ps, DotBy::Fma] {
                     let mut y = vec![f32::NAN; m * n];
-                    run(by, &panels, &b, &x, &mut y, m, k, n, act);
+                    panels.by = by;
+                    run(&panels, &b, &x, &mut y, m, k, n, act);
                     for r in 0..m {
                         for j in 0..n {
                             let s = (0..k)

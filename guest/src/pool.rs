@@ -312,8 +312,8 @@ impl Drop for RowPool {
 }
 
 /// Lending Web Workers to the cpu backend's pools (the browser bundle built with wasm threads). A page starts
-/// Web Workers that instantiate the same module on the same shared memory; each calls [`register_worker`], tells
-/// the page it is ready, then [`serve_worker`], which never returns: the worker waits (parked) until a session's
+/// Web Workers that instantiate the same module on the same shared memory; each calls [`serve_worker`], which
+/// puts it on the idle list, has it tell the page it is ready, and never returns: the worker waits (parked) until a session's
 /// [`Session::set_threads`](crate::Session::set_threads) borrows it, runs that session's rows, and goes back to
 /// the idle list when the session drops its threads.
 #[cfg(policyport_wasm_threads)]
@@ -342,8 +342,12 @@ pub(crate) mod web {
         }
     }
 
-    pub(crate) fn register_worker() -> Result<(), BackendError> {
-        MINE.with(|mine| {
+    /// One call, so that no thread is ever on the idle list without serving it (a session that borrowed it would
+    /// wait for its rows forever).
+    pub(crate) fn serve_worker(
+        ready: impl FnOnce() -> bool,
+    ) -> Result<std::convert::Infallible, BackendError> {
+        let slot = MINE.with(|mine| {
             let mut mine = mine.borrow_mut();
             if mine.is_some() {
                 return Err(BackendError::Threads(
@@ -353,17 +357,19 @@ pub(crate) mod web {
             let slot = Arc::new(Slot::new());
             *mine = Some(slot.clone());
             spin_lock(&IDLE).push(Worker {
-                slot,
+                slot: slot.clone(),
                 thread: std::thread::current(),
             });
-            Ok(())
-        })
-    }
-
-    pub(crate) fn serve_worker() -> Result<std::convert::Infallible, BackendError> {
-        let slot = MINE.with(|m| m.borrow().clone()).ok_or_else(|| {
-            BackendError::Threads("serve_worker before register_worker on this thread".into())
+            Ok(slot)
         })?;
+        if !ready() {
+            // Nobody was told this worker is there: off the idle list again (nothing borrowed it yet, or the
+            // pool that did sees `exit`).
+            worker_trapped();
+            return Err(BackendError::Threads(
+                "the page could not be told this worker is ready".into(),
+            ));
+        }
         worker_loop(&slot);
         Err(dead_worker())
     }

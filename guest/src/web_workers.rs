@@ -1,9 +1,9 @@
 //! Web Workers lent to the cpu backend's intra-op threads, for the browser bundle built with wasm threads
 //! (`+atomics`, shared memory: `web/pkg/cpu-threads`). std cannot spawn threads on wasm32-unknown-unknown, so
 //! the page does: it starts Web Workers that instantiate the same module on the same memory, and each lends its
-//! thread here — [`register_worker`], then (after telling the page it is ready) [`serve_worker`], which does not
-//! return. (The browser glue makes the two one call, `workerServe`, so no thread sits on the idle list unserved.) [`Session::set_threads`](crate::Session::set_threads)`(n)` then borrows `n - 1` idle workers for that
-//! session (a typed error when fewer are idle) and gives them back when the session drops its threads.
+//! thread here with [`serve_worker`], which does not return.
+//! [`Session::set_threads`](crate::Session::set_threads)`(n)` then borrows `n - 1` idle workers for that session
+//! (a typed error when fewer are idle) and gives them back when the session drops its threads.
 //!
 //! The same functions exist in every build (the API does not change with the build): without wasm threads they
 //! answer [`BackendError::Threads`] and [`idle_workers`] is 0. The browser glue (`startThreads` in
@@ -23,28 +23,21 @@ fn not_compiled() -> BackendError {
     )
 }
 
-/// Lend the calling thread (a Web Worker on this module's shared memory) to the cpu backend; call
-/// [`serve_worker`] on the same thread next. Once per thread.
-pub fn register_worker() -> Result<(), BackendError> {
+/// Lend the calling thread (a Web Worker on this module's shared memory) to the cpu backend: it goes on the idle
+/// list, `ready()` runs (the worker tells the page; `false`: it could not, and the thread is taken off the list
+/// again), then it runs the jobs of whichever session borrows it, forever (parked while idle). One call, so no
+/// thread is ever on the idle list without serving it. Returns only with an error: lent already, `ready` failed,
+/// or no wasm threads in this build.
+pub fn serve_worker(
+    ready: impl FnOnce() -> bool,
+) -> Result<std::convert::Infallible, BackendError> {
     #[cfg(policyport_wasm_threads)]
     {
-        crate::pool::web::register_worker()
+        crate::pool::web::serve_worker(ready)
     }
     #[cfg(not(policyport_wasm_threads))]
     {
-        Err(not_compiled())
-    }
-}
-
-/// Run the jobs of whichever session borrows this thread, forever (parked while idle). Returns only with an
-/// error: not registered, or no wasm threads in this build.
-pub fn serve_worker() -> Result<std::convert::Infallible, BackendError> {
-    #[cfg(policyport_wasm_threads)]
-    {
-        crate::pool::web::serve_worker()
-    }
-    #[cfg(not(policyport_wasm_threads))]
-    {
+        let _ = ready;
         Err(not_compiled())
     }
 }

@@ -245,15 +245,17 @@ pub fn worker_serve(ready: &js_sys::Function) -> Result<(), JsValue> {
              cannot serve a pool",
         ));
     }
-    policyport::web_workers::register_worker().map_err(|e| policy_error(&e.into()))?;
-    if let Err(e) = ready.call0(&JsValue::UNDEFINED) {
-        // Nobody knows this worker is there: take it off the idle list again.
-        policyport::web_workers::worker_trapped();
-        return Err(e);
-    }
-    match policyport::web_workers::serve_worker() {
+    let mut ready_error = None;
+    let served = policyport::web_workers::serve_worker(|| {
+        ready
+            .call0(&JsValue::UNDEFINED)
+            .map_err(|e| ready_error = Some(e))
+            .is_ok()
+    });
+    match served {
         Ok(never) => match never {},
-        Err(e) => Err(policy_error(&e.into())),
+        // The callback's own exception when it threw, else the typed error.
+        Err(e) => Err(ready_error.unwrap_or_else(|| policy_error(&e.into()))),
     }
 }
 
