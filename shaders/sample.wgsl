@@ -4,11 +4,14 @@
 // writes the packed output row [actions | finished parameters | value] that act() reads back in one copy.
 //
 // Bindings: 0 head [rows, hw] f32, 1 envs [rows] u32, 2 out [rows, k + p + v] f32,
-//   3 params u32: rows, hw, k, p, v, kind (0 categorical / multi-categorical, 1 Gaussian), mode (0 deterministic,
-//     1 sample), seed_lo, seed_hi, step_lo, step_hi, reserved, flags (1 squashed, 2 clip, 4 log-std is a
-//     parameter, 8 log-std range, 16 squashed with a linear deterministic action: the mean rescaled without
-//     tanh and clamped, SPEC.md's `clipped_mean`), n_seg, then n_seg segment sizes;
-//   4 fparams f32: range_lo, range_hi, low[k], high[k], log_std_param[k] (already clamped).
+//   3 params u32: rows, hw, k, p, v, kind (0 categorical / multi-categorical, 1 Gaussian, 2 deterministic actor,
+//     3 Q values), mode (0 deterministic, 1 sample), seed_lo, seed_hi, step_lo, step_hi, epsilon (f32 bits; Q
+//     values), flags (1 squashed, 2 clip, 4 log-std is a parameter, 8 log-std range, 16 squashed with a linear
+//     deterministic action: the mean rescaled without tanh and clamped, SPEC.md's `clipped_mean`; 32 the
+//     deterministic actor's output is rescaled from [-1, 1], 64 it has exploration noise), n_seg, then n_seg
+//     segment sizes;
+//   4 fparams f32: range_lo, range_hi, low[k], high[k], log_std_param[k] (already clamped), noise_mean[k],
+//     noise_sigma[k].
 
 @group(0) @binding(0) var<storage, read_write> head: array<f32>;
 @group(0) @binding(1) var<storage, read_write> envs: array<u32>;
@@ -181,6 +184,48 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         for (var j = 0u; j < p; j = j + 1u) {
             out[o0 + k + j] = head[h0 + j];
+        }
+    } else if (kind == 3u) {
+        // Q values: greedy, or with probability epsilon a uniform action, floor(w * n / 2^32) exactly.
+        let n = params[14];
+        var pick = 0u;
+        for (var i = 1u; i < n; i = i + 1u) {
+            if (head[h0 + i] > head[h0 + pick]) {
+                pick = i;
+            }
+        }
+        if (sample && u01(word(0u, env)) < bitcast<f32>(params[11])) {
+            pick = mulhi(word(1u, env), n);
+        }
+        out[o0] = f32(pick);
+        for (var j = 0u; j < p; j = j + 1u) {
+            out[o0 + k + j] = head[h0 + j];
+        }
+    } else if (kind == 2u) {
+        // A deterministic actor: its output, plus recorded exploration noise when sampled, mapped to the bounds.
+        let rescale = (flags & 32u) != 0u;
+        let noisy = sample && (flags & 64u) != 0u;
+        for (var d = 0u; d < k; d = d + 1u) {
+            let x = head[h0 + d];
+            out[o0 + k + d] = x;
+            var a = x;
+            if (noisy) {
+                let u1 = u01_open_closed(word(2u * d, env));
+                let u2 = u01(word(2u * d + 1u, env));
+                let z = sqrt(-2.0 * pp_ln(u1)) * pp_cos_turns(u2);
+                a = a + (fparams[2u + 3u * k + d] + fparams[2u + 4u * k + d] * z);
+                if (rescale) {
+                    a = clamp(a, -1.0, 1.0);
+                }
+            }
+            let lo = fparams[2u + d];
+            let hi = fparams[2u + k + d];
+            if (rescale) {
+                a = lo + 0.5 * (a + 1.0) * (hi - lo);
+            } else {
+                a = clamp(a, lo, hi);
+            }
+            out[o0 + d] = a;
         }
     } else {
         let squashed = (flags & 1u) != 0u;

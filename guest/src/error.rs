@@ -37,6 +37,9 @@ pub enum PolicyError {
     },
     #[error("env ids: {0}")]
     EnvIds(#[from] EnvIdError),
+    /// The request's action mask or epsilon does not fit the policy's head.
+    #[error("{0}")]
+    HeadControl(#[from] HeadControlError),
     #[error("recurrent state: {0}")]
     State(#[from] StateError),
     /// The backend failed (no adapter, device lost, readback error). The policy stays usable when the cause is
@@ -52,6 +55,46 @@ pub enum PolicyError {
         backend: Backend,
         feature: &'static str,
     },
+}
+
+/// A request's controls of the action head (its action mask, its epsilon) that the policy cannot take.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum HeadControlError {
+    #[error("action mask given for a policy with continuous actions (masks are for discrete heads)")]
+    MaskOnContinuous,
+    #[error("action mask has {found} flags; {batch} rows need {per_row} each (one per logit or Q value)")]
+    MaskLength {
+        found: usize,
+        batch: usize,
+        per_row: usize,
+    },
+    #[error("action mask of row {row} allows no action in component {segment}")]
+    NoAllowedAction { row: usize, segment: usize },
+    #[error("epsilon {epsilon} is not a probability in [0, 1]")]
+    Epsilon { epsilon: f32 },
+    #[error("epsilon given for a policy without Q values (epsilon-greedy is a DQN-family head)")]
+    EpsilonWithoutQValues,
+}
+
+impl From<policyport_format::MaskError> for HeadControlError {
+    fn from(e: policyport_format::MaskError) -> Self {
+        use policyport_format::MaskError as M;
+        match e {
+            M::NotDiscrete => HeadControlError::MaskOnContinuous,
+            M::Length {
+                found,
+                batch,
+                per_row,
+            } => HeadControlError::MaskLength {
+                found,
+                batch,
+                per_row,
+            },
+            M::NoAllowedAction { row, segment } => {
+                HeadControlError::NoAllowedAction { row, segment }
+            }
+        }
+    }
 }
 
 /// The env ids of one request are unusable.
@@ -154,6 +197,18 @@ pub enum ObservationError {
     },
     #[error("discrete observation {value} at env {env} is not an integer in 0..{n}")]
     Discrete { env: usize, value: f32, n: usize },
+    /// The caller's array carries a shape (a `.npy` header, a NumPy array, the JS API's `shape`) that is not
+    /// `[batch, *the policy's observation shape]`: the same count of numbers in another layout (channels-last
+    /// frames for a channels-first policy, say) would be read wrong, so it is refused.
+    #[error(
+        "observations of shape {found:?}; this policy takes [batch, {}] ({layout})",
+        expected.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    Shape {
+        found: Vec<usize>,
+        expected: Vec<usize>,
+        layout: &'static str,
+    },
     #[error("this policy takes {expected} observations, got {found}")]
     DType {
         expected: &'static str,

@@ -93,9 +93,10 @@ pub fn compare_golden<E>(
 fn dist_column(d: &Distribution, name: &str, k: usize, p: usize) -> Option<(usize, usize)> {
     let values = d.param_values();
     match d {
-        Distribution::Categorical { .. } | Distribution::MultiCategorical { .. } => {
-            (values[0] == name).then_some((0, p))
-        }
+        Distribution::Categorical { .. }
+        | Distribution::MultiCategorical { .. }
+        | Distribution::QValues { .. }
+        | Distribution::Deterministic { .. } => (values[0] == name).then_some((0, p)),
         _ => values.iter().position(|v| *v == name).map(|i| (i * k, k)),
     }
 }

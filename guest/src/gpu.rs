@@ -326,9 +326,20 @@ pub(crate) struct SampleKernel {
     p: u32,
     v: u32,
     kind: u32,
+    /// Q values: the exploration rate's f32 bits (params word 11).
+    epsilon: u32,
     flags: u32,
     segments: Vec<u32>,
     pub(crate) fparams: CubeTensor,
+}
+
+/// Which branch of shaders/sample.wgsl a head takes (its `kind` word).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SampleFamily {
+    Categorical = 0,
+    Gaussian = 1,
+    Deterministic = 2,
+    QValues = 3,
 }
 
 pub(crate) struct SampleSpec {
@@ -336,7 +347,13 @@ pub(crate) struct SampleSpec {
     pub k: usize,
     pub p: usize,
     pub has_value: bool,
-    pub gaussian: bool,
+    pub family: SampleFamily,
+    /// Deterministic actors: the output is rescaled from [-1, 1] to the bounds (else clipped to them).
+    pub rescale: bool,
+    /// Deterministic actors: the recorded exploration noise `(mean, sigma)` per element.
+    pub noise: Option<(Vec<f32>, Vec<f32>)>,
+    /// Q values: the artifact's exploration rate.
+    pub epsilon: f32,
     pub squashed: bool,
     pub clip: bool,
     /// Squashed only: the deterministic action is the mean rescaled without tanh and clipped (format 1.3).
@@ -358,6 +375,12 @@ impl SampleKernel {
         f.extend(s.high.iter().map(fin));
         f.extend(s.log_std_param.clone().unwrap_or_else(|| vec![0.0; s.k]));
         f.resize(f.len().max(2 + 3 * s.k), 0.0);
+        let (nm, ns) = s
+            .noise
+            .clone()
+            .unwrap_or_else(|| (vec![0.0; s.k], vec![0.0; s.k]));
+        f.extend(nm);
+        f.extend(ns);
         let fparams = cube(Tensor::<2>::from_data(
             burn::tensor::TensorData::new(f.clone(), [1, f.len()]),
             device,
@@ -366,14 +389,17 @@ impl SampleKernel {
             | ((s.clip as u32) << 1)
             | ((s.log_std_param.is_some() as u32) << 2)
             | ((s.log_std_range.is_some() as u32) << 3)
-            | ((s.linear_deterministic as u32) << 4);
+            | ((s.linear_deterministic as u32) << 4)
+            | ((s.rescale as u32) << 5)
+            | ((s.noise.is_some() as u32) << 6);
         SampleKernel {
             kernel: Kernel::new(policyport_shaders::SAMPLE.to_string(), (64, 1, 1)),
             hw: s.hw as u32,
             k: s.k as u32,
             p: s.p as u32,
             v: s.has_value as u32,
-            kind: s.gaussian as u32,
+            kind: s.family as u32,
+            epsilon: s.epsilon.to_bits(),
             flags,
             segments: s.segments.iter().map(|n| *n as u32).collect(),
             fparams,
@@ -406,11 +432,10 @@ impl SampleKernel {
             (seed >> 32) as u32,
             step as u32,
             (step >> 32) as u32,
-            0,
+            self.epsilon,
             self.flags,
             self.segments.len() as u32,
         ];
-        params[11] = 0;
         params.extend(&self.segments);
         let params = client.create_from_slice(&u32_bytes(&params));
         self.kernel.launch(
@@ -790,7 +815,10 @@ mod tests {
                 k: 2,
                 p: 8,
                 has_value: true,
-                gaussian: false,
+                family: SampleFamily::Categorical,
+                rescale: false,
+                noise: None,
+                epsilon: 0.0,
                 squashed: false,
                 clip: false,
                 linear_deterministic: false,
@@ -856,7 +884,10 @@ mod tests {
                     k: kdim,
                     p: 2 * kdim,
                     has_value: true,
-                    gaussian: true,
+                    family: SampleFamily::Gaussian,
+                    rescale: false,
+                    noise: None,
+                    epsilon: 0.0,
                     squashed,
                     clip: !squashed,
                     linear_deterministic: linear,

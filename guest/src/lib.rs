@@ -45,13 +45,17 @@ mod wgpu_setup;
 
 pub use backend::{Backend, CpuOptions, CpuPrecision, UnknownBackend, UnknownPrecision};
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
-pub use error::{BackendError, EnvIdError, ObservationError, PolicyError, StateError};
+pub use error::{
+    BackendError, EnvIdError, HeadControlError, ObservationError, PolicyError, StateError,
+};
 pub use executor::{
     ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
 };
 pub use golden::{GoldenReport, GoldenShape, compare_golden, golden_modes, rel_err};
 pub use lower::act_of as activation_of;
-pub use observations::{Observations, check_observations, one_hot_width};
+pub use observations::{
+    Observations, batch_of_shape, check_observations, env_shape, one_hot_width,
+};
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
 pub use policyport_shaders::Activation;

@@ -113,6 +113,44 @@ impl Preprocessor {
 /// The checks every executor applies to raw observations before preprocessing (on any device): length,
 /// element type, finiteness, and for one-hot inputs an integer in range. Executors that preprocess on a device
 /// (the libtorch host) call this on the host first, so bad input is a typed error everywhere.
+/// The shape of one env's observation as a caller's array holds it after the batch axis: the Box's shape, `[]`
+/// for a Discrete observation (one integer; `[1]` is accepted too), the flat `[raw_len]` of a Dict's parts.
+pub fn env_shape(space: &ObservationSpace) -> Vec<usize> {
+    match space {
+        ObservationSpace::Box { shape, .. } => shape.clone(),
+        ObservationSpace::Discrete { .. } => vec![],
+        ObservationSpace::Dict { .. } => vec![space.raw_len()],
+    }
+}
+
+/// The batch of observations whose container carries a shape (a `.npy` header, a NumPy array, the JS API's
+/// optional shape), checked in full: `[batch, *env_shape]` or the error names both shapes. Only the count of
+/// numbers was checked before, so channels-last frames given to a policy that takes channels-first ones (the
+/// same count) were acted on silently (regression test `observations_of_another_shape_are_refused`).
+pub fn batch_of_shape(space: &ObservationSpace, shape: &[usize]) -> Result<usize, ObservationError> {
+    let expected = env_shape(space);
+    let fits = match (shape.split_first(), space) {
+        (Some((_, rest)), ObservationSpace::Discrete { .. }) => rest.is_empty() || rest == [1],
+        (Some((_, rest)), _) => rest == expected.as_slice(),
+        (None, _) => false,
+    };
+    if !fits {
+        return Err(ObservationError::Shape {
+            found: shape.to_vec(),
+            expected,
+            layout: match space {
+                ObservationSpace::Box { shape, .. } if shape.len() == 3 => {
+                    "frames as [channels, height, width] unless the importer says otherwise (policyport inspect)"
+                }
+                ObservationSpace::Discrete { .. } => "one integer per env",
+                ObservationSpace::Dict { .. } => "each env's parts flattened and concatenated",
+                _ => "row-major",
+            },
+        });
+    }
+    Ok(shape[0])
+}
+
 pub fn check_observations(
     space: &ObservationSpace,
     one_hot: &Option<usize>,

@@ -9,9 +9,10 @@
 use std::sync::Arc;
 
 use policyport_format::sampling::ActMode;
+use policyport_format::{HeadKind, RowControls};
 
 use crate::compiled::CompiledPolicy;
-use crate::error::{EnvIdError, ObservationError, PolicyError, StateError};
+use crate::error::{EnvIdError, HeadControlError, ObservationError, PolicyError, StateError};
 use crate::executor::{ExecScratch, Pending, StepInput};
 use crate::observations::{Observations, check_observations};
 use crate::state::HostState;
@@ -100,6 +101,13 @@ pub struct Request<'a> {
     /// Per row: the env starts a new episode at this step, so its recurrent state is zeroed before the step
     /// (callers need not call [`Session::reset`]). Ignored by feed-forward policies (but its length is checked).
     pub episode_starts: Option<&'a [bool]>,
+    /// Per row, one flag per logit (per Q value; multi-discrete components concatenated, `batch x
+    /// dist_params_len`): `false` forbids the action. Applied before argmax, sampling and log-probabilities,
+    /// as sb3-contrib's `MaskableCategorical` does; forbidden entries of `dist_params` read
+    /// [`policyport_format::MASKED_LOGIT`]. Every component of every row must allow one action at least.
+    pub action_mask: Option<&'a [bool]>,
+    /// A Q-value head's exploration rate for this request (sampled mode), instead of the artifact's.
+    pub epsilon: Option<f32>,
 }
 
 impl<'a> Request<'a> {
@@ -111,6 +119,28 @@ impl<'a> Request<'a> {
             mode,
             envs: EnvIds::Range(0),
             episode_starts: None,
+            action_mask: None,
+            epsilon: None,
+        }
+    }
+
+    pub fn action_mask(mut self, mask: &'a [bool]) -> Self {
+        self.action_mask = Some(mask);
+        self
+    }
+
+    pub fn epsilon(mut self, epsilon: f32) -> Self {
+        self.epsilon = Some(epsilon);
+        self
+    }
+
+    /// The per-row controls of row `row` (its slice of the mask).
+    fn controls_of(&self, row: usize, per_row: usize) -> RowControls<'a> {
+        RowControls {
+            mask: self
+                .action_mask
+                .map(|m| &m[row * per_row..(row + 1) * per_row]),
+            epsilon: self.epsilon,
         }
     }
 
@@ -261,7 +291,7 @@ impl Session {
         let result = self
             .launch(&p, &mut rows)
             .and_then(|pending| pending.wait(&mut rows));
-        self.complete(result, rows, &p)
+        self.complete(result, rows, &p, req)
     }
 
     /// [`Session::act`] for callers that cannot block (the browser): identical results; on a device the one
@@ -273,7 +303,7 @@ impl Session {
             Ok(pending) => pending.wait_async(&mut rows).await,
             Err(e) => Err(e),
         };
-        self.complete(result, rows, &p)
+        self.complete(result, rows, &p, req)
     }
 
     /// How many envs the state must hold to take `envs` (the largest id + 1), checked against the session's env
@@ -439,6 +469,19 @@ impl Session {
             }
             .into());
         }
+        let head = self.policy.head();
+        if let Some(mask) = req.action_mask {
+            head.check_mask(mask, batch)
+                .map_err(|e| PolicyError::from(HeadControlError::from(e)))?;
+        }
+        if let Some(epsilon) = req.epsilon {
+            if !matches!(head.kind, HeadKind::QValues { .. }) {
+                return Err(HeadControlError::EpsilonWithoutQValues.into());
+            }
+            if !(0.0..=1.0).contains(&epsilon) {
+                return Err(HeadControlError::Epsilon { epsilon }.into());
+            }
+        }
         let policy = &self.policy;
         let placement = policy.executor().placement();
         if placement.preprocess {
@@ -527,6 +570,7 @@ impl Session {
         result: Result<(), PolicyError>,
         rows: Vec<f32>,
         p: &Prepared,
+        req: &Request<'_>,
     ) -> Result<&ActOutputs, PolicyError> {
         if let Err(e) = result {
             self.rows = rows;
@@ -545,14 +589,14 @@ impl Session {
                 value,
             });
         }
-        self.finish(&rows, p);
+        self.finish(&rows, p, req);
         self.rows = rows;
         Ok(&self.out)
     }
 
     /// The host side after execution: unpack the rows into the outputs (sampling on the host unless the
     /// executor sampled) and scatter next states into the host rows (unless the executor keeps them).
-    fn finish(&mut self, rows: &[f32], p: &Prepared) {
+    fn finish(&mut self, rows: &[f32], p: &Prepared, req: &Request<'_>) {
         let policy = &self.policy;
         let exec = policy.executor();
         let placement = exec.placement();
@@ -567,6 +611,10 @@ impl Session {
         out.dist_params.resize(batch * np, 0.0);
         out.value.resize(if has_value { batch } else { 0 }, 0.0);
         let discrete = head.is_discrete();
+        let mask_len = head.mask_len();
+        // A mask or an epsilon override: the device's draw (if any) is replaced by the host's, from the same
+        // read-back parameters and with the same code on every backend (bit-identical actions).
+        let host_draws = !placement.sampling || head.controls_need_host(&req.controls_of(0, 0));
         if discrete {
             out.discrete.resize(batch * k, 0);
             out.continuous.clear();
@@ -577,9 +625,24 @@ impl Session {
         for row in 0..batch {
             let src = &rows[row * width..(row + 1) * width];
             let params = &mut out.dist_params[row * np..(row + 1) * np];
+            let controls = req.controls_of(row, mask_len);
             if placement.sampling {
                 // [actions | finished params | value]: actions were drawn on the device.
-                if discrete {
+                params.copy_from_slice(&src[k..k + np]);
+                if has_value {
+                    out.value[row] = src[k + np];
+                }
+                if host_draws {
+                    if let Some(m) = controls.mask {
+                        head.mask_params(params, m);
+                    }
+                    let (d, c) = if discrete {
+                        (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+                    } else {
+                        (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+                    };
+                    head.act_row_with(params, p.mode, self.ids[row], &controls, d, c);
+                } else if discrete {
                     for (d, a) in out.discrete[row * k..(row + 1) * k]
                         .iter_mut()
                         .zip(&src[..k])
@@ -589,13 +652,12 @@ impl Session {
                 } else {
                     out.continuous[row * k..(row + 1) * k].copy_from_slice(&src[..k]);
                 }
-                params.copy_from_slice(&src[k..k + np]);
-                if has_value {
-                    out.value[row] = src[k + np];
-                }
             } else {
                 params[..raw].copy_from_slice(&src[..raw]);
                 head.finish_params(params);
+                if let Some(m) = controls.mask {
+                    head.mask_params(params, m);
+                }
                 if has_value {
                     out.value[row] = src[raw];
                 }
@@ -604,7 +666,7 @@ impl Session {
                 } else {
                     (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
                 };
-                head.act_row(params, p.mode, self.ids[row], d, c);
+                head.act_row_with(params, p.mode, self.ids[row], &controls, d, c);
             }
         }
         if self.state.is_recurrent() && !placement.state {

@@ -7,7 +7,7 @@ use policyport_format::{Artifact, HeadKind, Preprocess, ValidatedPlan};
 use policyport_shaders::PreStep;
 
 use crate::exec::{GpuParts, Program};
-use crate::gpu::{PreprocessKernel, SampleKernel, SampleSpec};
+use crate::gpu::{PreprocessKernel, SampleFamily, SampleKernel, SampleSpec};
 
 pub(crate) fn program(
     art: &Artifact,
@@ -50,17 +50,32 @@ pub(crate) fn program(
     let head = &plan.head;
     let k = head.action_len;
     let (low, high) = head.bounds_for_device();
-    let gaussian = !head.is_discrete();
+    let family = match &head.kind {
+        HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => SampleFamily::Categorical,
+        HeadKind::Gaussian { .. } => SampleFamily::Gaussian,
+        HeadKind::Deterministic { .. } => SampleFamily::Deterministic,
+        HeadKind::QValues { .. } => SampleFamily::QValues,
+    };
+    let (rescale, noise) = match &head.kind {
+        HeadKind::Deterministic { rescale, noise } => (*rescale, noise.clone()),
+        _ => (false, None),
+    };
     let spec = SampleSpec {
         hw: head.raw_params_len + head.has_value() as usize,
         k,
-        p: if gaussian {
+        p: if family == SampleFamily::Gaussian {
             head.dist_params_len
         } else {
             head.raw_params_len
         },
         has_value: head.has_value(),
-        gaussian,
+        family,
+        rescale,
+        noise,
+        epsilon: match head.kind {
+            HeadKind::QValues { epsilon, .. } => epsilon,
+            _ => 0.0,
+        },
         squashed: matches!(head.kind, HeadKind::Gaussian { squashed: true, .. }),
         clip: matches!(head.kind, HeadKind::Gaussian { clip: true, .. }),
         linear_deterministic: matches!(

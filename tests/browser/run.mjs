@@ -7,6 +7,7 @@
 //    Rust suite's `fixture_names()`, and every file a trainer wrote: tests/fixtures/{sb3,rllib,cleanrl}/*),
 //    compiled by the CLI with its float64 cases (PyTorch's, or the trainer's module's), passes on cpu (CPU
 //    bundle), cpu (full bundle) and webgpu.
+// 1b. Action masks (MaskablePPO's masked cases, the trainer's) and full observation shapes through the JS API.
 // 2. Native traces: `policyport trace` steps 256 CartPoles / 64 Pendulums natively; the page acts on the same
 //    observations with the same seeds and must produce the same actions (discrete: all equal; continuous:
 //    within 1e-4) on cpu and webgpu; on cpu the page's own envs (the same Rust code in wasm) must retrace the
@@ -211,6 +212,39 @@ try {
         `${r.reports.length} case${firstOnly ? " (the first)" : "s"}, max rel err ${worst.toExponential(2)}, first act ${(r.firstActUs / 1000).toFixed(2)} ms, load ${r.loadMs.toFixed(0)} ms, check took ${((Date.now() - started) / 1000).toFixed(1)} s` +
         (bad.length ? `; failed: ${JSON.stringify(bad)}` : ""));
       results.load.push({ bundle, backend, name, loadMs: r.loadMs, firstActUs: r.firstActUs, dispatchesPerAct: r.dispatches, simd128: r.simd });
+    }
+  }
+
+  // 1b. action masks and observation shapes through the JS API (format 1.4): sb3-contrib MaskablePPO's masked
+  //     cases (tests/fixtures/sb3/maskable_ppo_*/masks.json, written by the trainer's script) give the masked
+  //     Philox draws and argmax on cpu and webgpu; a component allowing nothing and a mismatched `shape` are
+  //     typed errors.
+  for (const name of ["sb3/maskable_ppo_discrete", "sb3/maskable_ppo_multidiscrete"]) {
+    const masks = JSON.parse(fs.readFileSync(path.join(FIXTURES, name, "masks.json")));
+    for (const [bundle, backend] of [["cpu", "cpu"], ["webgpu", "webgpu"]]) {
+      const r = await page.evaluate(async ({ bundle, backend, b64, masks }) => {
+        const pp = await window.demo.loadBundle(bundle);
+        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const p = await pp.Policy.load(bytes, { backend });
+        const bad = [];
+        for (const c of masks.cases) {
+          const mask = new Uint8Array(c.mask);
+          const obs = Float32Array.from(c.obs);
+          const det = await p.act(obs, { mode: "deterministic", actionMask: mask });
+          const smp = await p.act(obs, { seed: c.seed, step: c.step, actionMask: mask });
+          if (Array.from(det.actions).join() !== c.deterministic_actions.join()) bad.push(`${c.name} deterministic`);
+          if (Array.from(smp.actions).join() !== c.sampled_actions.join()) bad.push(`${c.name} sampled`);
+        }
+        const errors = [];
+        const none = new Uint8Array(masks.cases[0].mask.length);
+        try { await p.act(Float32Array.from(masks.cases[0].obs), { actionMask: none }); } catch (e) { errors.push(e.name); }
+        try { await p.act(new Float32Array(4), { shape: [2, 2] }); } catch (e) { errors.push(e.name); }
+        p.free();
+        return { bad, errors };
+      }, { bundle, backend, b64: fixtureBytes[name], masks });
+      check(`action masks ${name} on ${backend} (${bundle} bundle)`,
+        r.bad.length === 0 && r.errors.join() === "PolicyportArgumentError,PolicyportObservationError",
+        `${masks.cases.length} masked cases; mismatches: ${r.bad.join(", ") || "none"}; errors: ${r.errors.join(", ")}`);
     }
   }
 

@@ -474,3 +474,84 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// ABI version 5's `pp_policy_act_masked`: the same masked actions as the Rust session, forbidden logits at
+/// -FLT_MAX, a mask with a component allowing nothing refused with `PP_STATUS_BAD_CALL` and the caller's buffers
+/// untouched, an epsilon override on a Q-value policy, and the sandboxed route refusing masks by name.
+#[test]
+fn c_abi_act_masked_applies_masks_like_the_session() {
+    let dir = policyport_conformance::fixtures_dir().join("sb3/maskable_ppo_multidiscrete");
+    let zip = std::fs::read(dir.join("model.zip")).unwrap();
+    let bytes = policyport_import::compile_sb3(
+        &zip,
+        None,
+        "maskable",
+        None,
+        policyport_import::Storage::F32,
+    )
+    .unwrap();
+    let compiled = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let head = compiled.head().clone();
+    let (per_row, k) = (head.mask_len(), head.action_len);
+    let batch = 6;
+    let obs: Vec<f32> = (0..batch).map(|r| (r % 7) as f32).collect();
+    let mask_bytes: Vec<u8> = (0..batch * per_row)
+        .map(|i| ((i * 7 + 3) % 3 != 0) as u8)
+        .collect();
+    let flags: Vec<bool> = mask_bytes.iter().map(|b| *b != 0).collect();
+    let want = compiled
+        .session()
+        .act(
+            &Request::new(
+                Observations::F32(&obs),
+                batch,
+                ActMode::Sample { seed: 3, step: 4 },
+            )
+            .action_mask(&flags),
+        )
+        .unwrap()
+        .clone();
+    let mut p: *mut PpPolicy = std::ptr::null_mut();
+    unsafe {
+        assert_eq!(
+            pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p),
+            PpStatus::Ok
+        );
+        let mut a = vec![0i64; batch * k];
+        let mut dist = vec![0f32; batch * per_row];
+        let act = |p, mask: *const u8, a: &mut [i64], dist: &mut [f32], eps: f32| {
+            pp_policy_act_masked(
+                p,
+                obs.as_ptr(),
+                batch,
+                0,
+                1,
+                3,
+                4,
+                a.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                dist.as_mut_ptr(),
+                std::ptr::null(),
+                mask,
+                eps,
+            )
+        };
+        assert_eq!(act(p, mask_bytes.as_ptr(), &mut a, &mut dist, f32::NAN), PpStatus::Ok);
+        assert_eq!(a, want.discrete);
+        assert_eq!(dist, want.dist_params);
+        assert!(dist.iter().zip(&flags).all(|(d, f)| *f || *d == -f32::MAX));
+        // Row 2's first component allows nothing: refused, nothing written.
+        let mut bad = mask_bytes.clone();
+        for b in &mut bad[2 * per_row..2 * per_row + head.segments[0]] {
+            *b = 0;
+        }
+        let (mut a2, mut d2) = (vec![-7i64; batch * k], vec![-7f32; batch * per_row]);
+        assert_eq!(act(p, bad.as_ptr(), &mut a2, &mut d2, f32::NAN), PpStatus::BadCall);
+        assert!(last_error().contains("row 2"), "{}", last_error());
+        assert!(a2.iter().all(|v| *v == -7) && d2.iter().all(|v| *v == -7.0));
+        // An epsilon on a policy without Q values is a bad call too.
+        assert_eq!(act(p, std::ptr::null(), &mut a2, &mut d2, 0.5), PpStatus::BadCall);
+        pp_policy_free(p);
+    }
+}

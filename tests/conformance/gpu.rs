@@ -279,6 +279,7 @@ fn a_wide_head_is_refused_on_wgpu_not_answered_wrong() {
             value: None,
             recurrent: None,
             golden: vec![],
+            action_masks: false,
         };
         write_artifact(&m, &t, &|_| StorageDType::F32).unwrap()
     };

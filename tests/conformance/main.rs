@@ -10,6 +10,8 @@
 //! - `recurrent`: per-env recurrent state on every backend.
 //! - `cleanrl`: CleanRL state dicts with `--layout` and spaces reproduce the agent everywhere; wrong layouts.
 //! - `sb3`: Stable-Baselines3 archives written by SB3 compile alone and reproduce SB3 everywhere; hostile archives.
+//! - `masks`: action masks (sb3-contrib MaskablePPO) and epsilon overrides on every backend: sb3-contrib's
+//!   actions and log-probabilities, 10^5 draws with no forbidden action, typed refusals that change nothing.
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
 //! - `cpu_bf16`: the cpu backend's opt-in bf16 kernels: bf16 tolerance on every fixture, threads, typed refusal.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
@@ -27,6 +29,7 @@ mod episodes;
 mod fixtures;
 mod frozen;
 mod gpu;
+mod masks;
 mod onnx_backend;
 mod parity;
 mod recurrent;

@@ -100,6 +100,7 @@ pub(crate) fn elman() -> (Vec<u8>, BTreeMap<String, Tensor>) {
             }],
         }),
         golden: vec![],
+        action_masks: false,
     };
     (
         write_artifact(&manifest, &t, &|_| StorageDType::F32).unwrap(),

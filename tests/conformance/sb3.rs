@@ -1,4 +1,5 @@
-//! Stable-Baselines3 archives (`model.save()`, written by SB3 itself in tests/fixtures/generate_sb3.py) compile
+//! Stable-Baselines3 archives (`model.save()`, written by SB3 itself in tests/fixtures/generate_sb3.py: PPO, A2C-style
+//! actor-critics, SAC, DQN, TD3, DDPG and sb3-contrib's RecurrentPPO, QR-DQN, TQC, MaskablePPO) compile
 //! with nothing but the archive and reproduce SB3 on every backend: the distribution parameters and value within
 //! 1e-5 of SB3's modules run in float64, Philox samples equal to the Python sampler's, and the deterministic
 //! actions SB3's own `predict(obs, deterministic=True)` returned.
@@ -35,6 +36,14 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend() {
         "recurrent_ppo_pendulum_shared_2layers",
         "recurrent_ppo_cnn_frames",
         "ppo_multi_input_dict",
+        "dqn_cartpole",
+        "qrdqn_cartpole",
+        "dqn_cnn_frames",
+        "td3_pendulum",
+        "ddpg_mountaincar",
+        "tqc_pendulum",
+        "maskable_ppo_discrete",
+        "maskable_ppo_multidiscrete",
     ] {
         assert!(
             names.iter().any(|n| n == want),

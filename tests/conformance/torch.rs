@@ -146,10 +146,33 @@ fn every_fixture_matches_pytorch_on_tch_cpu() {
 /// Same seeds → same actions as the guest's cpu backend, over many seeds, steps and env offsets, for host-side
 /// and device-side (Philox as libtorch ops) sampling and the static-bucket path.
 fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)]) {
-    for name in fixture_names() {
-        let f = load_fixture(&name);
-        let bytes = compile_fixture(&f);
-        let case = f.io.cases.iter().max_by_key(|c| c.batch).unwrap();
+    // Every ONNX fixture, and the SB3 archives whose heads only SB3 has (format 1.4: Q values, deterministic
+    // actors with exploration noise), so the device sampler's every branch is held to the guest's.
+    let mut items: Vec<(String, Vec<u8>, policyport_import::FixtureIo)> = fixture_names()
+        .into_iter()
+        .map(|name| {
+            let f = load_fixture(&name);
+            (name, compile_fixture(&f), f.io)
+        })
+        .collect();
+    for name in ["dqn_cartpole", "dqn_cnn_frames", "td3_pendulum", "ddpg_mountaincar"] {
+        let dir = policyport_conformance::fixtures_dir().join("sb3").join(name);
+        let zip = std::fs::read(dir.join("model.zip")).unwrap();
+        let io: policyport_import::FixtureIo =
+            serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
+        let bytes = policyport_import::compile_sb3(
+            &zip,
+            None,
+            name,
+            Some(&io),
+            policyport_import::Storage::F32,
+        )
+        .unwrap();
+        items.push((name.to_string(), bytes, io));
+    }
+    for (name, bytes, io) in &items {
+        let bytes = bytes.clone();
+        let case = io.cases.iter().max_by_key(|c| c.batch).unwrap();
         for &(launch, sampling) in launches {
             // A fresh guest session per configuration, like the fresh libtorch policy (recurrent state).
             let mut guest = CompiledPolicy::load(&bytes, Backend::Cpu)

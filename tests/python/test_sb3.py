@@ -1,5 +1,6 @@
 """policyport.sb3.Predictor against Stable-Baselines3's own predict() on the committed SB3 fixtures (PPO, SAC,
-VecNormalize, CNN frames, Dict observations, MultiDiscrete, RecurrentPPO with its state threaded)."""
+VecNormalize, CNN frames, Dict observations, MultiDiscrete, RecurrentPPO with its state threaded, DQN, QR-DQN, TD3,
+DDPG, TQC, and MaskablePPO with its action masks)."""
 
 import pathlib
 
@@ -14,11 +15,13 @@ SB3 = ROOT / "tests" / "fixtures" / "sb3"
 
 
 def _load(name):
-    from sb3_contrib import RecurrentPPO
-    from stable_baselines3 import PPO, SAC
+    from sb3_contrib import QRDQN, TQC, MaskablePPO, RecurrentPPO
+    from stable_baselines3 import DDPG, DQN, PPO, SAC, TD3
 
     path = SB3 / name / "model.zip"
-    cls = RecurrentPPO if name.startswith("recurrent") else SAC if name.startswith("sac") else PPO
+    prefixes = [("recurrent", RecurrentPPO), ("sac", SAC), ("dqn", DQN), ("qrdqn", QRDQN), ("td3", TD3),
+                ("ddpg", DDPG), ("tqc", TQC), ("maskable", MaskablePPO)]
+    cls = next((c for p, c in prefixes if name.startswith(p)), PPO)
     return cls.load(path, device="cpu")
 
 
@@ -30,7 +33,8 @@ def _obs(space, n, seed):
     return np.stack(xs)
 
 
-FEEDFORWARD = ["ppo_cartpole", "sac_pendulum", "ppo_cnn_frames", "ppo_multi_input_dict", "ppo_grid_multidiscrete"]
+FEEDFORWARD = ["ppo_cartpole", "sac_pendulum", "ppo_cnn_frames", "ppo_multi_input_dict", "ppo_grid_multidiscrete",
+               "dqn_cartpole", "qrdqn_cartpole", "dqn_cnn_frames", "td3_pendulum", "ddpg_mountaincar", "tqc_pendulum"]
 
 
 @pytest.mark.parametrize("name", FEEDFORWARD)
@@ -103,3 +107,56 @@ def test_evaluate_policy_runs_the_predictor():
     mean_pp, _ = evaluate_policy(ps.Predictor(model), env, n_eval_episodes=3, deterministic=True)
     mean_sb3, _ = evaluate_policy(model, env, n_eval_episodes=3, deterministic=True)
     assert mean_pp > 0 and abs(mean_pp - mean_sb3) <= 0.25 * max(mean_sb3, 1.0) + 5, (mean_pp, mean_sb3)
+
+
+@pytest.mark.parametrize("name", ["maskable_ppo_discrete", "maskable_ppo_multidiscrete"])
+def test_maskable_predict_takes_action_masks_like_sb3_contrib(name):
+    import json
+
+    model = _load(name)
+    pred = ps.Predictor(model)
+    for case in json.loads((SB3 / name / "masks.json").read_text())["cases"]:
+        obs = np.asarray(case["obs"], np.float32).reshape(case["batch"]).astype(np.int64)
+        mask = np.asarray(case["mask"], bool).reshape(case["batch"], -1)
+        want, _ = model.predict(obs, action_masks=mask, deterministic=True)
+        got, _ = pred.predict(obs, action_masks=mask, deterministic=True)
+        np.testing.assert_array_equal(got, want)
+        # Sampled: never a forbidden action, and the draws of the native API with the same mask.
+        got, _ = pred.predict(obs, action_masks=mask, deterministic=False)
+        nvec = np.atleast_1d(getattr(model.action_space, "nvec", model.action_space.n))
+        offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+        chosen = np.asarray(got).reshape(case["batch"], -1)
+        assert all(mask[r, offsets[j] + chosen[r, j]] for r in range(case["batch"]) for j in range(len(nvec)))
+        out = pred.policy.act(obs.reshape(-1, 1).astype(np.float32), seed=case["seed"], step=case["step"],
+                              action_mask=mask)
+        np.testing.assert_array_equal(out.actions.reshape(-1), case["sampled_actions"])
+        # sb3-contrib's MaskableCategorical log-probabilities of those actions.
+        np.testing.assert_allclose(out.log_prob, case["log_prob"], rtol=1e-5, atol=1e-5)
+
+
+def test_action_mask_and_epsilon_errors_are_typed_and_change_nothing():
+    import policyport
+
+    pred = ps.Predictor(_load("maskable_ppo_multidiscrete"))
+    p = pred.policy
+    obs = np.zeros((2, 1), np.float32)
+    n = p.info.dist_params_len
+    before = p.act(obs, seed=1, step=2, action_mask=np.ones((2, n), bool))
+    for bad in (np.ones((2, n - 1), bool), np.ones((n, 2), bool), np.ones((2, n), np.float32),
+                np.zeros((2, n), bool)):
+        with pytest.raises(policyport.ActionMaskError):
+            p.act(obs, seed=1, step=2, action_mask=bad)
+    with pytest.raises(policyport.ActionMaskError):
+        p.act(obs, epsilon=0.5)
+    again = p.act(obs, seed=1, step=2, action_mask=np.ones((2, n), bool))
+    np.testing.assert_array_equal(before.actions, again.actions)
+    dqn = ps.Predictor(_load("dqn_cartpole")).policy
+    x = np.zeros((3, 4), np.float32)
+    greedy = dqn.act(x, deterministic=True).actions
+    np.testing.assert_array_equal(dqn.act(x, seed=4, step=1, epsilon=0.0).actions, greedy)
+    for eps in (-0.5, 2.0, float("nan")):
+        with pytest.raises(policyport.ActionMaskError):
+            dqn.act(x, seed=4, epsilon=eps)
+    td3 = ps.Predictor(_load("td3_pendulum")).policy
+    with pytest.raises(policyport.ActionMaskError):
+        td3.act(np.zeros((1, 3), np.float32), action_mask=np.ones((1, 1), bool))

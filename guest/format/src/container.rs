@@ -29,7 +29,7 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// observations, 1.3 a squashed Gaussian's `deterministic: clipped_mean` (RLlib's SAC). The writer stamps
 /// the lowest minor a file needs ([`Manifest::required_minor`]), so a policy that uses only 1.0 ops still loads in
 /// a 1.0 runtime already shipped in a game.
-pub const FORMAT_MINOR: u16 = 3;
+pub const FORMAT_MINOR: u16 = 4;
 const HEADER_LEN: usize = 96;
 const ALIGN: usize = 64;
 
@@ -180,8 +180,15 @@ pub fn read_artifact(bytes: &[u8]) -> Result<Artifact, FormatError> {
     }
     if manifest.distribution.since_minor() > minor {
         return Err(FormatError::OpNewerThanFile {
-            op: "a squashed Gaussian's 'deterministic': 'clipped_mean'".into(),
+            op: manifest.distribution.feature_name().into(),
             since: (FORMAT_MAJOR, manifest.distribution.since_minor()),
+            file: (major, minor),
+        });
+    }
+    if manifest.action_masks && minor < 4 {
+        return Err(FormatError::OpNewerThanFile {
+            op: "'action_masks'".into(),
+            since: (FORMAT_MAJOR, 4),
             file: (major, minor),
         });
     }

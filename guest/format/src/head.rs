@@ -10,9 +10,48 @@
 use std::collections::BTreeMap;
 
 use crate::container::Artifact;
-use crate::manifest::{ActionSpace, Distribution, LogStd, SquashedDeterministic};
+use crate::manifest::{ActionNoise, ActionSpace, Distribution, LogStd, SquashedDeterministic};
 use crate::philox::{Stream, u01};
-use crate::sampling::{ActMode, argmax, categorical, clamp_range, standard_normal};
+use crate::sampling::{
+    ActMode, argmax_masked, categorical_masked, clamp_range, standard_normal, uniform_index,
+};
+
+/// What a masked entry of `dist_params` reads (sb3-contrib's `MaskableCategorical` puts a huge negative logit
+/// there; the dtype's minimum is the largest such number that is still finite, so exp(it − max) is exactly 0).
+pub const MASKED_LOGIT: f32 = f32::MIN;
+
+/// Per-row controls a request adds to the head, beside the [`ActMode`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RowControls<'a> {
+    /// One flag per logit (per Q value) of the row, segments concatenated as in `dist_params`; `false` forbids
+    /// the action. Checked beforehand ([`HeadPlan::check_mask`]): every segment allows at least one action.
+    pub mask: Option<&'a [bool]>,
+    /// A Q-value head's exploration rate for this request instead of the artifact's.
+    pub epsilon: Option<f32>,
+}
+
+impl RowControls<'_> {
+    /// Nothing beyond the mode: the artifact's own head.
+    pub const NONE: RowControls<'static> = RowControls {
+        mask: None,
+        epsilon: None,
+    };
+}
+
+/// Why an action mask was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MaskError {
+    /// The head is continuous: there is nothing to mask.
+    NotDiscrete,
+    /// `found` flags for `batch` rows of `per_row`.
+    Length {
+        found: usize,
+        batch: usize,
+        per_row: usize,
+    },
+    /// Row `row`'s component `segment` allows no action.
+    NoAllowedAction { row: usize, segment: usize },
+}
 
 /// The family of the action distribution.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +68,14 @@ pub enum HeadKind {
         squashed: bool,
         clip: bool,
         linear_deterministic: bool,
+    },
+    /// (1.4) Q values, one per action: greedy when deterministic, epsilon-greedy when sampled.
+    QValues { n: usize, epsilon: f32 },
+    /// (1.4) A deterministic actor's action: rescaled from [-1, 1] to the bounds, or clipped to them; sampled
+    /// actions add `noise` (`(mean, sigma)` per element) first, or equal the deterministic ones without it.
+    Deterministic {
+        rescale: bool,
+        noise: Option<(Vec<f32>, Vec<f32>)>,
     },
 }
 
@@ -127,6 +174,24 @@ impl HeadPlan {
                 Some(log_std),
                 *log_std_range,
             ),
+            Distribution::QValues { epsilon, .. } => (
+                HeadKind::QValues {
+                    n: segments.first().copied().unwrap_or(0),
+                    epsilon: *epsilon,
+                },
+                None,
+                None,
+            ),
+            Distribution::Deterministic { rescale, noise, .. } => (
+                HeadKind::Deterministic {
+                    rescale: *rescale,
+                    noise: noise.as_ref().map(|ActionNoise::Normal { mean, sigma }| {
+                        (mean.clone(), sigma.clone())
+                    }),
+                },
+                None,
+                None,
+            ),
         };
         let log_std = log_std.map(|l| match l {
             LogStd::Parameter { tensor } => LogStdSource::Parameter(
@@ -152,6 +217,8 @@ impl HeadPlan {
             HeadKind::Categorical { n } => *n,
             HeadKind::MultiCategorical { nvec } => nvec.iter().sum(),
             HeadKind::Gaussian { .. } => 2 * action_len,
+            HeadKind::QValues { n, .. } => *n,
+            HeadKind::Deterministic { .. } => action_len,
         };
         HeadPlan {
             kind,
@@ -182,7 +249,53 @@ impl HeadPlan {
 
     /// Discrete or multi-discrete actions (integers); otherwise continuous.
     pub fn is_discrete(&self) -> bool {
-        !matches!(self.kind, HeadKind::Gaussian { .. })
+        !matches!(
+            self.kind,
+            HeadKind::Gaussian { .. } | HeadKind::Deterministic { .. }
+        )
+    }
+
+    /// Flags per row an action mask has (the logits or Q values of every component); 0 for continuous heads.
+    pub fn mask_len(&self) -> usize {
+        if self.is_discrete() {
+            self.segments.iter().sum()
+        } else {
+            0
+        }
+    }
+
+    /// The request check of an action mask for `batch` rows (`batch x mask_len` flags): the head is discrete,
+    /// the length fits, and every component of every row allows at least one action (a row with none has no
+    /// answer: sb3-contrib would sample from an all-masked distribution, uniformly among forbidden actions).
+    pub fn check_mask(&self, mask: &[bool], batch: usize) -> Result<(), MaskError> {
+        let per_row = self.mask_len();
+        if per_row == 0 {
+            return Err(MaskError::NotDiscrete);
+        }
+        if batch.checked_mul(per_row) != Some(mask.len()) {
+            return Err(MaskError::Length {
+                found: mask.len(),
+                batch,
+                per_row,
+            });
+        }
+        for (row, flags) in mask.chunks_exact(per_row).enumerate() {
+            let mut off = 0;
+            for (segment, n) in self.segments.iter().enumerate() {
+                if !flags[off..off + n].iter().any(|f| *f) {
+                    return Err(MaskError::NoAllowedAction { row, segment });
+                }
+                off += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this request's controls change what a device sampler would draw (a mask, an epsilon override):
+    /// then the session draws on the host from the read-back parameters instead, with this same code, so
+    /// every backend gives the same actions bit for bit.
+    pub fn controls_need_host(&self, c: &RowControls<'_>) -> bool {
+        c.mask.is_some() || (c.epsilon.is_some() && matches!(self.kind, HeadKind::QValues { .. }))
     }
 
     /// `(low, high)` with one entry per action element, for device samplers that bind both buffers whatever the
@@ -231,24 +344,57 @@ impl HeadPlan {
         }
     }
 
+    /// Write [`MASKED_LOGIT`] over the forbidden entries of one row of (finished) discrete parameters: what the
+    /// masked distribution sees, and what `dist_params` reports.
+    pub fn mask_params(&self, row: &mut [f32], mask: &[bool]) {
+        for (p, allowed) in row.iter_mut().zip(mask) {
+            if !allowed {
+                *p = MASKED_LOGIT;
+            }
+        }
+    }
+
     /// The log-density (log-probability for discrete heads) of one row's actions under its (finished)
     /// parameters, as trainers report it with a sampled action (RLlib's `action_logp`, SB3's `log_prob`):
     /// the sum over action elements. `None` where the returned action is not the distribution's draw itself:
     /// a clipped Gaussian (the clip moved it), a squashed one (rescaled through tanh; trainers compute it from
     /// the pre-squash draw), and a discrete action out of range.
+    ///
+    /// `params` of a masked row must be the masked ones ([`HeadPlan::mask_params`]): a forbidden action then
+    /// has log-probability `-inf` relative terms cancel as sb3-contrib's (its masked logits are a huge negative
+    /// number, so every allowed action's log-probability is the log-softmax over the allowed ones). A Q-value
+    /// head's is epsilon-greedy's: `ln(epsilon / allowed + (1 − epsilon) · [a is greedy])`.
     pub fn log_prob(&self, params: &[f32], discrete: &[i64], continuous: &[f32]) -> Option<f32> {
+        self.log_prob_with(params, discrete, continuous, &RowControls::NONE)
+    }
+
+    /// [`HeadPlan::log_prob`] under a request's controls (the mask of the row, an epsilon override).
+    pub fn log_prob_with(
+        &self,
+        params: &[f32],
+        discrete: &[i64],
+        continuous: &[f32],
+        controls: &RowControls<'_>,
+    ) -> Option<f32> {
         match &self.kind {
             HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => {
                 let mut off = 0;
                 let mut total = 0.0f64;
                 for (k, n) in self.segments.iter().enumerate() {
                     let logits = &params[off..off + n];
+                    let allowed = |i: usize| controls.mask.is_none_or(|m| m[off + i]);
                     let a = usize::try_from(*discrete.get(k)?).ok().filter(|a| a < n)?;
-                    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                    if !allowed(a) {
+                        return Some(f32::NEG_INFINITY);
+                    }
+                    let max = (0..*n)
+                        .filter(|i| allowed(*i))
+                        .map(|i| logits[i])
+                        .fold(f32::NEG_INFINITY, f32::max) as f64;
                     let lse = max
-                        + logits
-                            .iter()
-                            .map(|l| (*l as f64 - max).exp())
+                        + (0..*n)
+                            .filter(|i| allowed(*i))
+                            .map(|i| (logits[i] as f64 - max).exp())
                             .sum::<f64>()
                             .ln();
                     total += logits[a] as f64 - lse;
@@ -256,6 +402,19 @@ impl HeadPlan {
                 }
                 Some(total as f32)
             }
+            HeadKind::QValues { n, epsilon } => {
+                let a = usize::try_from(*discrete.first()?).ok().filter(|a| a < n)?;
+                let mask = controls.mask;
+                if mask.is_some_and(|m| !m[a]) {
+                    return Some(f32::NEG_INFINITY);
+                }
+                let eps = controls.epsilon.unwrap_or(*epsilon) as f64;
+                let allowed = mask.map_or(*n, |m| m[..*n].iter().filter(|f| **f).count());
+                let greedy = argmax_masked(&params[..*n], mask.map(|m| &m[..*n]));
+                let p = eps / allowed as f64 + if a == greedy { 1.0 - eps } else { 0.0 };
+                Some(p.ln() as f32)
+            }
+            HeadKind::Deterministic { .. } => None,
             HeadKind::Gaussian {
                 squashed: false,
                 clip: false,
@@ -285,6 +444,21 @@ impl HeadPlan {
         discrete: &mut [i64],
         continuous: &mut [f32],
     ) {
+        self.act_row_with(params, mode, env, &RowControls::NONE, discrete, continuous)
+    }
+
+    /// [`HeadPlan::act_row`] under a request's controls: `controls.mask` is this row's mask (checked by
+    /// [`HeadPlan::check_mask`]; the masked entries of `params` need not be overwritten first), applied before
+    /// argmax and sampling; `controls.epsilon` overrides a Q-value head's exploration rate.
+    pub fn act_row_with(
+        &self,
+        params: &[f32],
+        mode: ActMode,
+        env: u32,
+        controls: &RowControls<'_>,
+        discrete: &mut [i64],
+        continuous: &mut [f32],
+    ) {
         let mut stream = match mode {
             ActMode::Sample { seed, step } => Some(Stream::new(seed, env, step)),
             ActMode::Deterministic => None,
@@ -294,11 +468,37 @@ impl HeadPlan {
                 let mut off = 0;
                 for (k, n) in self.segments.iter().enumerate() {
                     let logits = &params[off..off + n];
+                    let mask = controls.mask.map(|m| &m[off..off + n]);
                     discrete[k] = match &mut stream {
-                        Some(s) => categorical(logits, u01(s.word(k as u32))),
-                        None => argmax(logits),
+                        Some(s) => categorical_masked(logits, mask, u01(s.word(k as u32))),
+                        None => argmax_masked(logits, mask),
                     } as i64;
                     off += n;
+                }
+            }
+            HeadKind::QValues { n, epsilon } => {
+                let q = &params[..*n];
+                let mask = controls.mask.map(|m| &m[..*n]);
+                let eps = controls.epsilon.unwrap_or(*epsilon);
+                let explore = stream.as_mut().and_then(|s| {
+                    (u01(s.word(0)) < eps).then(|| uniform_index(s.word(1), mask, *n))
+                });
+                discrete[0] = explore.unwrap_or_else(|| argmax_masked(q, mask)) as i64;
+            }
+            HeadKind::Deterministic { rescale, noise } => {
+                for d in 0..self.action_len {
+                    let mut a = params[d];
+                    if let (Some(s), Some((mean, sigma))) = (&mut stream, noise) {
+                        a += mean[d] + sigma[d] * standard_normal(s, d as u32);
+                        if *rescale {
+                            a = a.clamp(-1.0, 1.0);
+                        }
+                    }
+                    continuous[d] = if *rescale {
+                        self.low[d] + 0.5 * (a + 1.0) * (self.high[d] - self.low[d])
+                    } else {
+                        a.clamp(self.low[d], self.high[d])
+                    };
                 }
             }
             HeadKind::Gaussian {

@@ -35,6 +35,11 @@ pub struct Manifest {
     /// Inputs with expected outputs, checked by `policyport verify` and the conformance suite.
     #[serde(default)]
     pub golden: Vec<GoldenCase>,
+    /// (1.4) The policy was trained with action masks (sb3-contrib `MaskablePPO`, RLlib's action-masking
+    /// module): callers are expected to pass one (`Request::action_mask`); acting without one is unmasked, as
+    /// the trainer's own `predict` without `action_masks` is. Discrete and multi-discrete spaces only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub action_masks: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +69,7 @@ impl Manifest {
             .map_or(0, |(_, m)| m)
             .max(self.observation.since_minor())
             .max(self.distribution.since_minor())
+            .max(if self.action_masks { 4 } else { 0 })
     }
 }
 
@@ -386,6 +392,31 @@ pub enum Distribution {
         #[serde(default, skip_serializing_if = "SquashedDeterministic::is_tanh")]
         deterministic: SquashedDeterministic,
     },
+    /// (1.4) Q-learning (DQN and its relatives): `q` holds one action value per discrete action (feature shape
+    /// `[n]`). Deterministic: the first index of the largest value. Sampled: epsilon-greedy, a uniformly random
+    /// action with probability `epsilon` (the trainer's exploration rate at save time; callers may override it
+    /// per request), else the greedy one (SPEC.md §4).
+    QValues { q: String, epsilon: f32 },
+    /// (1.4) A deterministic actor (TD3, DDPG): `action` holds the action itself (feature shape = the Box's).
+    /// `rescale`: the actor ends in tanh and its `[-1, 1]` output is mapped to the (finite) bounds as
+    /// `low + (a + 1) · (high − low) / 2` (SB3's `unscale_action`); otherwise it is clipped to the bounds.
+    /// Sampled actions add the trainer's recorded exploration `noise` in the actor's own space (clipped to
+    /// `[-1, 1]` when rescaled) before the mapping; without noise a sampled action is the deterministic one.
+    Deterministic {
+        action: String,
+        rescale: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        noise: Option<ActionNoise>,
+    },
+}
+
+/// Exploration noise of a deterministic actor, as the trainer recorded it (SB3's `NormalActionNoise`): one
+/// independent normal draw per action element (SPEC.md §4's Gaussian words `2d`, `2d + 1`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ActionNoise {
+    /// `mean[d] + sigma[d] · z_d`, one mean and sigma per action element.
+    Normal { mean: Vec<f32>, sigma: Vec<f32> },
 }
 
 /// The deterministic action of a squashed Gaussian. Trainers disagree here, so the format says which one the
@@ -417,6 +448,7 @@ impl Distribution {
                 deterministic: SquashedDeterministic::ClippedMean,
                 ..
             } => 3,
+            Distribution::QValues { .. } | Distribution::Deterministic { .. } => 4,
             _ => 0,
         }
     }
@@ -432,6 +464,17 @@ impl Distribution {
                 LogStd::Value { value } => vec![mean, value],
                 LogStd::Parameter { .. } => vec![mean],
             },
+            Distribution::QValues { q, .. } => vec![q],
+            Distribution::Deterministic { action, .. } => vec![action],
+        }
+    }
+
+    /// What a reader needing `since_minor()` calls it, for [`crate::FormatError::OpNewerThanFile`].
+    pub fn feature_name(&self) -> &'static str {
+        match self {
+            Distribution::QValues { .. } => "distribution kind 'q_values'",
+            Distribution::Deterministic { .. } => "distribution kind 'deterministic'",
+            _ => "a squashed Gaussian's 'deterministic': 'clipped_mean'",
         }
     }
 }

@@ -62,6 +62,68 @@ pub fn argmax(logits: &[f32]) -> usize {
     best
 }
 
+/// [`categorical`] restricted to the actions `mask` allows (all of them for `None`): a forbidden logit counts
+/// as exp(−huge) = 0, exactly as sb3-contrib's masked logits do, so the draw equals [`categorical`] over the
+/// logits with every forbidden one set to [`crate::head::MASKED_LOGIT`]; the fall-back when rounding leaves no
+/// index is the last *allowed* one (the plain sampler's `n − 1` could be forbidden). `mask` has one allowed
+/// action at least (the request check).
+#[inline]
+pub fn categorical_masked(logits: &[f32], mask: Option<&[bool]>, u: f32) -> usize {
+    let Some(mask) = mask else {
+        return categorical(logits, u);
+    };
+    let max = logits
+        .iter()
+        .zip(mask)
+        .filter(|(_, m)| **m)
+        .map(|(l, _)| *l)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let e = |i: usize| if mask[i] { (logits[i] - max).exp() } else { 0.0 };
+    let total: f32 = (0..logits.len()).map(e).sum();
+    let t = u * total;
+    let mut acc = 0.0f32;
+    for i in 0..logits.len() {
+        acc += e(i);
+        if acc > t && mask[i] {
+            return i;
+        }
+    }
+    mask.iter().rposition(|m| *m).unwrap_or(logits.len() - 1)
+}
+
+/// [`argmax`] among the allowed actions: the first allowed index of the largest allowed value.
+#[inline]
+pub fn argmax_masked(values: &[f32], mask: Option<&[bool]>) -> usize {
+    let Some(mask) = mask else {
+        return argmax(values);
+    };
+    let mut best: Option<usize> = None;
+    for (i, v) in values.iter().enumerate() {
+        if mask[i] && best.is_none_or(|b| *v > values[b]) {
+            best = Some(i);
+        }
+    }
+    best.unwrap_or(0)
+}
+
+/// A uniformly random action from one Philox word (SPEC.md §4, epsilon-greedy): `floor(w · c / 2³²)` with `c`
+/// the number of allowed actions (`n` without a mask), exact in integers (no rounding of a float product), and
+/// the result is the index of the allowed action with that rank.
+#[inline]
+pub fn uniform_index(w: u32, mask: Option<&[bool]>, n: usize) -> usize {
+    let count = mask.map_or(n, |m| m.iter().filter(|f| **f).count());
+    let rank = ((w as u64 * count as u64) >> 32) as usize;
+    match mask {
+        None => rank,
+        Some(m) => m
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| **f)
+            .nth(rank)
+            .map_or(0, |(i, _)| i),
+    }
+}
+
 /// Standard normal for action element d: Box–Muller (cosine branch) on words 2d and 2d+1.
 #[inline]
 pub fn standard_normal(stream: &mut Stream, d: u32) -> f32 {

@@ -878,6 +878,70 @@ impl Checker<'_> {
                 }
                 dist_params_len = 2 * action_len; // mean, then log-std (after clamping), per row
             }
+            (Distribution::QValues { q, epsilon }, ActionSpace::Discrete { n }) => {
+                let s = value_shape(q, dist_user)?;
+                if s != vec![*n] {
+                    return Err(FormatError::shape(
+                        dist_user,
+                        format!("q values '{q}' are {s:?}, action space needs [{n}]"),
+                    ));
+                }
+                if !(0.0..=1.0).contains(epsilon) {
+                    return Err(FormatError::invalid(
+                        "distribution.epsilon",
+                        format!("{epsilon} is not a probability in [0, 1]"),
+                    ));
+                }
+                dist_params_len = *n;
+            }
+            (
+                Distribution::Deterministic {
+                    action,
+                    rescale,
+                    noise,
+                },
+                ActionSpace::Box { shape, low, high },
+            ) => {
+                let s = value_shape(action, dist_user)?;
+                if numel(&s) != numel(shape) {
+                    return Err(FormatError::shape(
+                        dist_user,
+                        format!("action '{action}' is {s:?}, action space is {shape:?}"),
+                    ));
+                }
+                if *rescale
+                    && low
+                        .iter()
+                        .chain(high)
+                        .any(|b| b.is_none_or(|v| !v.is_finite()))
+                {
+                    return Err(FormatError::invalid(
+                        "action bounds",
+                        "a rescaled deterministic actor needs finite bounds",
+                    ));
+                }
+                if let Some(crate::manifest::ActionNoise::Normal { mean, sigma }) = noise {
+                    if mean.len() != action_len || sigma.len() != action_len {
+                        return Err(FormatError::invalid(
+                            "distribution.noise",
+                            format!(
+                                "{} means and {} sigmas for {action_len} action elements",
+                                mean.len(),
+                                sigma.len()
+                            ),
+                        ));
+                    }
+                    if mean.iter().any(|v| !v.is_finite())
+                        || sigma.iter().any(|v| !(v.is_finite() && *v >= 0.0))
+                    {
+                        return Err(FormatError::invalid(
+                            "distribution.noise",
+                            "means must be finite and sigmas finite and >= 0",
+                        ));
+                    }
+                }
+                dist_params_len = action_len; // the actor's own output, per row
+            }
             (d, a) => {
                 return Err(FormatError::invalid(
                     "distribution",
@@ -890,6 +954,12 @@ impl Checker<'_> {
             }
         }
 
+        if m.action_masks && matches!(m.action, ActionSpace::Box { .. }) {
+            return Err(FormatError::invalid(
+                "action_masks",
+                "action masks need a discrete or multi-discrete action space",
+            ));
+        }
         if let Some(v) = &m.value {
             let s = value_shape(v, "the value estimate")?;
             if numel(&s) != 1 {
@@ -997,6 +1067,8 @@ fn variant_name(d: &Distribution) -> &'static str {
         Distribution::MultiCategorical { .. } => "multi_categorical",
         Distribution::DiagGaussian { .. } => "diag_gaussian",
         Distribution::SquashedGaussian { .. } => "squashed_gaussian",
+        Distribution::QValues { .. } => "q_values",
+        Distribution::Deterministic { .. } => "deterministic",
     }
 }
 

@@ -101,7 +101,9 @@ fn code_of(e: &PolicyError) -> i32 {
     match e {
         PolicyError::Artifact(_) => ERR_ARTIFACT,
         PolicyError::Observation(_) => ERR_OBSERVATION,
-        PolicyError::Batch { .. } | PolicyError::EnvIds(_) => ERR_CALL,
+        PolicyError::Batch { .. } | PolicyError::EnvIds(_) | PolicyError::HeadControl(_) => {
+            ERR_CALL
+        }
         // A wrong episode-start length is a malformed call; every other state error is about the state.
         PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => ERR_CALL,
         PolicyError::State(_) => ERR_STATE,

@@ -61,6 +61,15 @@ export interface ActOptions {
   envIds?: Uint32Array;
   /** Per row, non-zero when the env starts a new episode: its recurrent state is zeroed before this step. */
   episodeStarts?: Uint8Array;
+  /** Discrete policies: `batch x distParamsLen` flags, one per logit or Q value, non-zero allowing the action
+   *  (forbidden actions are never chosen; their distParams read -3.4028235e38). A component of a row allowing
+   *  nothing is a PolicyportArgumentError. */
+  actionMask?: Uint8Array;
+  /** A Q-value policy's exploration rate for this call (sampled mode) instead of the artifact's. */
+  epsilon?: number;
+  /** The observations' full shape, `[batch, ...observation shape]`: checked against the policy's (a
+   *  PolicyportObservationError names both), so frames in another layout are not read silently. */
+  shape?: number[];
 }
 
 export interface ActResult {
@@ -70,7 +79,7 @@ export interface ActResult {
   actions: Int32Array | Float32Array;
   /** Value estimate per row, or null without a critic. */
   value: Float32Array | null;
-  /** Distribution parameters per row (logits, or mean then log-std). */
+  /** Distribution parameters per row (logits, or mean then log-std; Q values; a deterministic actor's output). */
   distParams: Float32Array;
 }
 
@@ -289,7 +298,9 @@ fn policy_error(e: &PolicyError) -> JsValue {
     let kind = match e {
         PolicyError::Artifact(_) => "PolicyportArtifactError",
         PolicyError::Observation(_) => "PolicyportObservationError",
-        PolicyError::Batch { .. } | PolicyError::EnvIds(_) => "PolicyportArgumentError",
+        PolicyError::Batch { .. } | PolicyError::EnvIds(_) | PolicyError::HeadControl(_) => {
+            "PolicyportArgumentError"
+        }
         PolicyError::State(_) => "PolicyportStateError",
         PolicyError::Backend(_) => "PolicyportBackendError",
         PolicyError::NotCompiled { .. } => "PolicyportNotCompiledError",
@@ -370,6 +381,8 @@ struct ActArgs {
     env_start: u32,
     env_ids: Option<Vec<u32>>,
     episode_starts: Option<Vec<bool>>,
+    action_mask: Option<Vec<bool>>,
+    epsilon: Option<f32>,
 }
 
 impl ActArgs {
@@ -388,6 +401,8 @@ impl ActArgs {
             mode: self.mode,
             envs,
             episode_starts: self.episode_starts.as_deref(),
+            action_mask: self.action_mask.as_deref(),
+            epsilon: self.epsilon,
         }
     }
 }
@@ -438,7 +453,29 @@ impl Inner {
                 ),
             ));
         }
-        let batch = len / self.obs_len;
+        let mut batch = len / self.obs_len;
+        // The caller's shape, when given ([batch, ...obs shape]), is checked in full: the same count of numbers
+        // in another layout (channels-last frames for a channels-first policy) would be read wrong.
+        if let Some(v) = field(options, "shape")? {
+            let dims = js_sys::Array::from(&v)
+                .iter()
+                .map(|d| {
+                    d.as_f64()
+                        .filter(|d| d.fract() == 0.0 && *d >= 0.0 && *d <= u32::MAX as f64)
+                        .map(|d| d as usize)
+                        .ok_or_else(|| arg_error("shape must be an array of whole numbers"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let space = &self.session.policy().manifest().observation;
+            batch = policyport::batch_of_shape(space, &dims)
+                .map_err(|e| policy_error(&PolicyError::from(e)))?;
+            if batch * self.obs_len != len {
+                return Err(error(
+                    "PolicyportObservationError",
+                    format!("shape {dims:?} does not hold the {len} numbers given"),
+                ));
+            }
+        }
         let sample = || -> Result<ActMode, JsValue> {
             Ok(ActMode::Sample {
                 seed: uint_field(options, "seed", u64::MAX)?.unwrap_or(0),
@@ -477,6 +514,24 @@ impl Inner {
                     .collect(),
             ),
         };
+        let action_mask = match field(options, "actionMask")? {
+            None => None,
+            Some(v) => Some(
+                v.dyn_ref::<Uint8Array>()
+                    .ok_or_else(|| arg_error("actionMask must be a Uint8Array (non-zero allows)"))?
+                    .to_vec()
+                    .into_iter()
+                    .map(|b| b != 0)
+                    .collect(),
+            ),
+        };
+        let epsilon = match field(options, "epsilon")? {
+            None => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .ok_or_else(|| arg_error("epsilon must be a number"))? as f32,
+            ),
+        };
         Ok(ActArgs {
             obs,
             batch,
@@ -484,6 +539,8 @@ impl Inner {
             env_start,
             env_ids,
             episode_starts,
+            action_mask,
+            epsilon,
         })
     }
 

@@ -23,8 +23,9 @@ use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 pub const HEADER: &str = env!("POLICYPORT_HEADER");
 
 /// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`; version 3 `pp_policy_set_threads`;
-/// version 4 `PP_BACKEND_CPU_BF16`, and `pp_policy_load` takes the backend as a `uint32_t` code (the same values).
-pub const PP_ABI_VERSION: u32 = 4;
+/// version 4 `PP_BACKEND_CPU_BF16`, and `pp_policy_load` takes the backend as a `uint32_t` code (the same values);
+/// version 5 `pp_policy_act_masked` (action masks and an epsilon override, format 1.4).
+pub const PP_ABI_VERSION: u32 = 5;
 
 /// Result of every call.
 #[repr(C)]
@@ -105,6 +106,8 @@ pub struct PpPolicy {
     inner: Inner,
     /// `pp_policy_act`'s episode-start bytes as flags (reused across calls).
     starts: Vec<bool>,
+    /// `pp_policy_act_masked`'s mask bytes as flags (reused across calls).
+    mask: Vec<bool>,
 }
 
 thread_local! {
@@ -122,6 +125,7 @@ fn status_of(e: &PolicyError) -> PpStatus {
         PolicyError::Observation(_) => PpStatus::BadObservation,
         PolicyError::Batch { .. }
         | PolicyError::EnvIds(_)
+        | PolicyError::HeadControl(_)
         | PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => PpStatus::BadCall,
         PolicyError::State(_) => PpStatus::State,
         PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => PpStatus::Backend,
@@ -261,6 +265,7 @@ pub unsafe extern "C" fn pp_policy_load(
         let policy = loaded.map_err(|e| (status_of(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
             starts: vec![],
+            mask: vec![],
             inner: Inner::Native {
                 info: policy.info(),
                 session: policy.session(),
@@ -350,6 +355,7 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
             WasmPolicy::load(&rt, bytes, limits).map_err(|e| (wasm_status(&e), e.to_string()))?;
         let p = Box::new(PpPolicy {
             starts: vec![],
+            mask: vec![],
             inner: Inner::Wasm {
                 policy,
                 out: ActOutputs::default(),
@@ -419,6 +425,54 @@ pub unsafe extern "C" fn pp_policy_act(
     dist_params: *mut f32,
     episode_starts: *const u8,
 ) -> PpStatus {
+    // SAFETY: the caller's contract is `pp_policy_act_masked`'s with no mask.
+    unsafe {
+        pp_policy_act_masked(
+            policy,
+            obs,
+            batch,
+            env_offset,
+            sample,
+            seed,
+            step,
+            discrete_actions,
+            continuous_actions,
+            value,
+            dist_params,
+            episode_starts,
+            std::ptr::null(),
+            f32::NAN,
+        )
+    }
+}
+
+/// [`pp_policy_act`] with the head controls of format 1.4 (ABI version 5). `action_mask` (null for none):
+/// `batch × dist_params_len` bytes of a discrete policy, one per logit or Q value (multi-discrete components
+/// concatenated), non-zero allowing the action — forbidden actions are never chosen, and their `dist_params`
+/// read -FLT_MAX; every component of every row must allow one action (else `PP_STATUS_BAD_CALL`, and nothing
+/// changes). `epsilon`: a Q-value policy's exploration rate for this call, or NaN for the artifact's. The
+/// sandboxed route (`pp_policy_load_wasm`) refuses a mask or an epsilon with `PP_STATUS_BAD_CALL` for now.
+///
+/// # Safety
+/// As [`pp_policy_act`]; a non-null `action_mask` covers `batch × dist_params_len` bytes.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn pp_policy_act_masked(
+    policy: *mut PpPolicy,
+    obs: *const f32,
+    batch: usize,
+    env_offset: u32,
+    sample: i32,
+    seed: u64,
+    step: u64,
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+    dist_params: *mut f32,
+    episode_starts: *const u8,
+    action_mask: *const u8,
+    epsilon: f32,
+) -> PpStatus {
     guard(|| {
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
         if obs.is_null() {
@@ -446,6 +500,24 @@ pub unsafe extern "C" fn pp_policy_act(
             );
         }
         let starts = (!episode_starts.is_null()).then_some(&p.starts[..]);
+        let mask_len = match &p.inner {
+            Inner::Native { session, .. } => session.policy().head().mask_len(),
+            Inner::Wasm { policy, .. } => policy.info().dist_params_len,
+        };
+        if !action_mask.is_null() {
+            let n = batch
+                .checked_mul(mask_len)
+                .ok_or((PpStatus::BadCall, "batch too large".into()))?;
+            p.mask.clear();
+            // SAFETY: the caller's contract: a non-null mask covers batch × dist_params_len bytes.
+            p.mask.extend(
+                unsafe { std::slice::from_raw_parts(action_mask, n) }
+                    .iter()
+                    .map(|f| *f != 0),
+            );
+        }
+        let mask = (!action_mask.is_null()).then_some(&p.mask[..]);
+        let epsilon = (!epsilon.is_nan()).then_some(epsilon);
         let mode = if sample != 0 {
             ActMode::Sample { seed, step }
         } else {
@@ -460,6 +532,8 @@ pub unsafe extern "C" fn pp_policy_act(
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
                 let req = Request {
                     episode_starts: starts,
+                    action_mask: mask,
+                    epsilon,
                     ..Request::new(o, batch, mode).envs(envs)
                 };
                 session
@@ -473,6 +547,8 @@ pub unsafe extern "C" fn pp_policy_act(
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
                 let req = Request {
                     episode_starts: starts,
+                    action_mask: mask,
+                    epsilon,
                     ..Request::new(o, batch, mode).envs(envs)
                 };
                 policy

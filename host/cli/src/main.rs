@@ -95,6 +95,7 @@ enum Cmd {
     /// Act on observations from a .npy or .json file ([batch, obs...]); prints JSON.
     Run {
         artifact: PathBuf,
+        /// `[batch, *observation shape]` (a .npy's shape is checked in full), or JSON rows.
         #[arg(long)]
         obs: PathBuf,
         #[arg(long, default_value = "cpu")]
@@ -106,6 +107,38 @@ enum Cmd {
         step: u64,
         #[arg(long, default_value_t = 0)]
         env_offset: u32,
+        /// Action masks, `[batch, n]` flags (n = one per logit / Q value; .npy of bool or numbers, or JSON rows
+        /// of 0/1 or true/false): forbidden actions are never chosen.
+        #[arg(long)]
+        mask: Option<PathBuf>,
+        /// A Q-value policy's exploration rate for this call (sampled mode) instead of the artifact's.
+        #[arg(long)]
+        epsilon: Option<f32>,
+    },
+    /// Step a policy (recurrent or not) over a rollout of observations `[T, batch, *observation shape]` (.npy),
+    /// with per-step episode starts and masks, carrying the recurrent state between steps; prints one JSON line
+    /// per step (actions, value, distribution parameters, and with --state the state after the step).
+    Rollout {
+        artifact: PathBuf,
+        /// `[T, batch, *observation shape]` observations (.npy).
+        #[arg(long)]
+        obs: PathBuf,
+        /// `[T, batch]` episode starts (.npy of bool or 0/1): a row's state is zeroed before its step.
+        #[arg(long)]
+        starts: Option<PathBuf>,
+        /// `[T, batch, n]` action masks (.npy of bool or 0/1).
+        #[arg(long)]
+        mask: Option<PathBuf>,
+        #[arg(long, default_value = "cpu")]
+        backend: Backend,
+        /// Sample with this seed (step t draws with step number t); default: deterministic actions.
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, default_value_t = 0)]
+        env_offset: u32,
+        /// Print every state tensor of the batch's envs after each step.
+        #[arg(long)]
+        state: bool,
     },
     /// Check the artifact's golden vectors on a backend.
     Verify {
@@ -459,12 +492,18 @@ fn run() -> Result<()> {
             seed,
             step,
             env_offset,
+            mask,
+            epsilon,
         } => {
             let policy = load_policy(&read(&artifact)?, backend)?;
             let mut session = policy.session();
             let raw = read(&obs)?;
             let (shape, data) = if obs.extension().is_some_and(|e| e == "npy") {
-                npy::read_npy(&raw)?
+                let (shape, data) = npy::read_npy(&raw)?;
+                // The header's shape, in full: the same count of numbers in another layout is refused.
+                let batch = policyport::batch_of_shape(&policy.manifest().observation, &shape)
+                    .map_err(policyport::PolicyError::from)?;
+                (vec![batch], data)
             } else {
                 let v: Vec<Vec<f32>> =
                     serde_json::from_slice(&raw).context("obs JSON must be [[..], [..]]")?;
@@ -484,10 +523,18 @@ fn run() -> Result<()> {
                 seed,
                 step,
             });
-            let out = session.act(
-                &Request::new(Observations::F32(&data), batch, mode)
-                    .envs(EnvIds::Range(env_offset)),
-            )?;
+            let flags = mask
+                .map(|m| read_mask(&m, batch, policy.head().mask_len()))
+                .transpose()?;
+            let mut req =
+                Request::new(Observations::F32(&data), batch, mode).envs(EnvIds::Range(env_offset));
+            if let Some(f) = &flags {
+                req = req.action_mask(f);
+            }
+            if let Some(e) = epsilon {
+                req = req.epsilon(e);
+            }
+            let out = session.act(&req)?;
             let actions = if out.discrete.is_empty() {
                 serde_json::json!(out.continuous)
             } else {
@@ -498,6 +545,24 @@ fn run() -> Result<()> {
                 serde_json::json!({"batch": batch, "actions": actions, "value": out.value, "dist_params": out.dist_params})
             );
         }
+        Cmd::Rollout {
+            artifact,
+            obs,
+            starts,
+            mask,
+            backend,
+            seed,
+            env_offset,
+            state,
+        } => rollout(
+            &load_policy(&read(&artifact)?, backend)?,
+            &obs,
+            starts.as_deref(),
+            mask.as_deref(),
+            seed,
+            env_offset,
+            state,
+        )?,
         Cmd::Verify { artifact, backend } => {
             let policy = load_policy(&read(&artifact)?, backend)?;
             let reports = policy.verify()?;
@@ -1069,6 +1134,99 @@ fn serve_web(bind: &str, port: u16, root: &Path) -> Result<()> {
 
 /// Load on any backend: the built-in ones through the runtime, `torch` through the libtorch crate (its default
 /// options: CPU, f32, eager; `bench-torch` has the others). A backend this build lacks is a typed error.
+/// Action masks from a .npy (`[batch, n]`, bool or numbers: non-zero allows) or JSON rows (0/1 or booleans),
+/// as `batch x n` flags; the shape is checked here, what the flags allow by the runtime.
+fn read_mask(path: &Path, batch: usize, per_row: usize) -> Result<Vec<bool>> {
+    let raw = read(path)?;
+    if path.extension().is_some_and(|e| e == "npy") {
+        let (shape, data) = npy::read_npy(&raw)?;
+        if shape != [batch, per_row] {
+            bail!("mask of shape {shape:?}; this call needs [{batch}, {per_row}] (batch, one flag per action)");
+        }
+        return Ok(data.iter().map(|v| *v != 0.0).collect());
+    }
+    let rows: Vec<Vec<serde_json::Value>> =
+        serde_json::from_slice(&raw).context("mask JSON must be [[..], [..]] of 0/1 or booleans")?;
+    if rows.len() != batch || rows.iter().any(|r| r.len() != per_row) {
+        bail!("mask JSON must have {batch} rows of {per_row} flags");
+    }
+    rows.iter()
+        .flatten()
+        .map(|v| match v {
+            serde_json::Value::Bool(b) => Ok(*b),
+            serde_json::Value::Number(n) if n.as_f64() == Some(0.0) => Ok(false),
+            serde_json::Value::Number(n) if n.as_f64() == Some(1.0) => Ok(true),
+            other => bail!("mask flag {other} is not 0, 1, true or false"),
+        })
+        .collect()
+}
+
+/// `policyport rollout`: one session stepped over `[T, batch, ...]` observations (see [`Cmd::Rollout`]).
+fn rollout(
+    policy: &std::sync::Arc<CompiledPolicy>,
+    obs: &Path,
+    starts: Option<&Path>,
+    mask: Option<&Path>,
+    seed: Option<u64>,
+    env_offset: u32,
+    print_state: bool,
+) -> Result<()> {
+    let (shape, data) = npy::read_npy(&read(obs)?)?;
+    let Some((&t_len, step_shape)) = shape.split_first() else {
+        bail!("rollout observations need a [T, batch, ...] shape, got {shape:?}");
+    };
+    let batch = policyport::batch_of_shape(&policy.manifest().observation, step_shape)
+        .map_err(policyport::PolicyError::from)?;
+    let per_step = data.len() / t_len.max(1);
+    let flags = |path: Option<&Path>, width: usize, what: &str| -> Result<Option<Vec<bool>>> {
+        let Some(p) = path else { return Ok(None) };
+        let (s, d) = npy::read_npy(&read(p)?)?;
+        let want: Vec<usize> = [t_len, batch].into_iter().chain((width > 0).then_some(width)).collect();
+        if s != want {
+            bail!("{what} of shape {s:?}; this rollout needs {want:?}");
+        }
+        Ok(Some(d.iter().map(|v| *v != 0.0).collect()))
+    };
+    let starts = flags(starts, 0, "episode starts")?;
+    let per_row = policy.head().mask_len();
+    let masks = flags(mask, per_row.max(1), "masks")?;
+    let mut session = policy.session();
+    let ids: Vec<u32> = (0..batch as u32).map(|r| env_offset + r).collect();
+    for t in 0..t_len {
+        let mode = seed.map_or(ActMode::Deterministic, |seed| ActMode::Sample {
+            seed,
+            step: t as u64,
+        });
+        let mut req = Request::new(
+            Observations::F32(&data[t * per_step..(t + 1) * per_step]),
+            batch,
+            mode,
+        )
+        .envs(EnvIds::Range(env_offset));
+        if let Some(s) = &starts {
+            req = req.episode_starts(&s[t * batch..(t + 1) * batch]);
+        }
+        if let Some(m) = &masks {
+            req = req.action_mask(&m[t * batch * per_row..(t + 1) * batch * per_row]);
+        }
+        let out = session
+            .act(&req)
+            .with_context(|| format!("rollout step {t}"))?;
+        let actions = if out.discrete.is_empty() {
+            serde_json::json!(out.continuous)
+        } else {
+            serde_json::json!(out.discrete)
+        };
+        let mut line = serde_json::json!({"step": t, "batch": batch, "actions": actions,
+            "value": out.value, "dist_params": out.dist_params});
+        if print_state && session.num_envs() > 0 {
+            line["state"] = serde_json::json!(session.states_of(&ids)?);
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
 fn load_policy(bytes: &[u8], backend: Backend) -> Result<std::sync::Arc<CompiledPolicy>> {
     Ok(match backend {
         Backend::Torch => policyport_torch::load(bytes, &Default::default())?,

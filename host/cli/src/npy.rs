@@ -67,9 +67,19 @@ pub fn read_npy(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>), NpyError> {
             .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
             .collect(),
         "|u1" => data.iter().map(|b| *b as f32).collect(),
+        // Masks and episode starts (`np.bool_`, or integer flags).
+        "|b1" => data.iter().map(|b| (*b != 0) as u8 as f32).collect(),
+        "<i8" => data
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        "<i4" => data
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
         d => {
             return Err(NpyError(format!(
-                "dtype {d} (use float32, float64 or uint8)"
+                "dtype {d} (use float32, float64, uint8, bool, int32 or int64)"
             )));
         }
     };

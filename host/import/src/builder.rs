@@ -36,6 +36,11 @@ impl<'a> GraphBuilder<'a> {
         self.sd.contains_key(key)
     }
 
+    /// Every key of the state dict.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &'a str> + use<'a> {
+        self.sd.keys().map(String::as_str)
+    }
+
     /// The state dict's tensor `key`, recorded as a weight of the artifact.
     pub(crate) fn take(&mut self, key: &str) -> Result<Tensor, ImportError> {
         let t = self
@@ -658,6 +663,7 @@ mod tests {
             value: None,
             recurrent: Some(RecurrentSpec { states: r.states }),
             golden: vec![],
+            action_masks: false,
         }
     }
 

@@ -267,6 +267,7 @@ pub fn import_cleanrl(
         value,
         recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
+        action_masks: false,
     };
     Ok(Imported {
         manifest,

@@ -27,7 +27,8 @@ pub struct FixtureCase {
     pub expected: BTreeMap<String, Vec<f64>>,
 }
 
-/// Map fixture cases (keys `logits`, `mean`, `log_std`, `value`, `sampled_actions`, `deterministic_actions`)
+/// Map fixture cases (keys `logits`, `q_values`, `actor` (a deterministic actor's output before rescaling),
+/// `mean`, `log_std`, `value`, `sampled_actions`, `deterministic_actions`)
 /// onto the manifest's value names.
 pub fn golden_from_fixture(
     manifest: &Manifest,
@@ -43,6 +44,18 @@ pub fn golden_from_fixture(
                 values.insert(
                     logits.clone(),
                     take("logits").ok_or_else(|| missing("logits"))?,
+                );
+            }
+            Distribution::QValues { q, .. } => {
+                values.insert(
+                    q.clone(),
+                    take("q_values").ok_or_else(|| missing("q_values"))?,
+                );
+            }
+            Distribution::Deterministic { action, .. } => {
+                values.insert(
+                    action.clone(),
+                    take("actor").ok_or_else(|| missing("actor"))?,
                 );
             }
             Distribution::DiagGaussian { mean, log_std, .. }

@@ -93,6 +93,34 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
         "distribution {}",
         serde_json::to_string(&m.distribution).unwrap_or_default()
     );
+    match &m.distribution {
+        policyport_format::Distribution::QValues { epsilon, .. } => {
+            let _ = writeln!(
+                s,
+                "acting      greedy when deterministic; sampled: epsilon-greedy at {epsilon} (per-request \
+                 override: epsilon)"
+            );
+        }
+        policyport_format::Distribution::Deterministic { noise, .. } => {
+            let _ = writeln!(
+                s,
+                "acting      a deterministic actor; sampled: {}",
+                if noise.is_some() {
+                    "the recorded exploration noise added"
+                } else {
+                    "no exploration noise recorded, the deterministic action"
+                }
+            );
+        }
+        _ => {}
+    }
+    if m.action_masks {
+        let _ = writeln!(
+            s,
+            "masks       trained with action masks: pass one per call (one flag per logit); without one, \
+             acting is unmasked"
+        );
+    }
     if let Some(v) = &m.value {
         let _ = writeln!(s, "value       '{v}'");
     }

@@ -1487,6 +1487,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         value,
         recurrent: (!states.is_empty()).then_some(policyport_format::RecurrentSpec { states }),
         golden: vec![],
+        action_masks: false,
     };
     let _ = imp.spec;
     Ok(Imported { manifest, tensors })

@@ -1306,6 +1306,7 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         value,
         recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
+        action_masks: false,
     };
     let mut tensors = g.tensors;
     tensors.extend(norm);
@@ -1556,6 +1557,7 @@ fn sac_policy(p: SacParts<'_>, files: &RllibFiles, source: &str) -> Result<Impor
         value: None,
         recurrent: None,
         golden: vec![],
+        action_masks: false,
     };
     let mut tensors = g.tensors;
     tensors.extend(p.norm);

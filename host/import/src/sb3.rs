@@ -10,8 +10,12 @@
 //! Discrete, MultiDiscrete and Box actions; `MultiInputPolicy` (a Dict of Box parts through `CombinedExtractor`:
 //! NatureCNN for images, Flatten for the rest; format 1.2's dict observation); sb3-contrib `RecurrentPPO` (`MlpLstmPolicy`, `CnnLstmPolicy`: any
 //! number of LSTM layers, the critic with its own LSTM, a Linear, or the actor's), its LSTM states per env in the
-//! artifact; SAC `SACPolicy` / `CnnPolicy`. Anything else (DQN, TD3, MultiBinary, Dict parts that are not
-//! boxes, gSDE) is a typed error naming it.
+//! artifact; SAC `SACPolicy` / `CnnPolicy` and sb3-contrib TQC (the same actor); DQN and sb3-contrib QR-DQN
+//! (format 1.4's Q values: greedy, epsilon-greedy at the saved `exploration_rate`; QR-DQN's mean over quantiles
+//! folded into its last layer); TD3 / DDPG (format 1.4's deterministic actor, its tanh output rescaled to the
+//! bounds, sampled with the recorded `NormalActionNoise`); sb3-contrib MaskablePPO (the artifact records that
+//! masks are expected). Anything else (MultiBinary, Dict parts that are not boxes, gSDE) is a typed error naming
+//! it.
 
 use policyport_format::container::Tensor;
 use policyport_format::{
@@ -564,6 +568,7 @@ pub fn import_sb3(
         }
     };
     let mut g = GraphBuilder::new(&sd, "SB3 archive");
+    let mut notes = format!("stable-baselines3 {version}");
     let mut modules = vec![];
     let mut states = vec![];
     let (distribution, value) = if sd.contains_key("actor.mu.weight") {
@@ -728,25 +733,113 @@ pub fn import_sb3(
         }
         modules.push(g.module("vf", ModuleRole::ValueHead, vec![vf_f], vec![value.clone()]));
         (dist, Some(value))
-    } else if sd.keys().any(|k| k.starts_with("q_net.")) {
-        return Err(unsupported(
-            "a DQN Q-network (its actions are argmax / epsilon-greedy, not a distribution)",
-            "not supported yet",
+    } else if g.has("q_net.q_net.0.weight") || g.has("quantile_net.quantile_net.0.weight") {
+        // DQN (`q_net`: features -> q_net MLP, one Q value per action) and sb3-contrib QR-DQN (`quantile_net`:
+        // n_quantiles x n_actions outputs, predict takes their mean over quantiles). The target networks
+        // (`q_net_target`, `quantile_net_target`) are training-only.
+        let quantile = !g.has("q_net.q_net.0.weight");
+        let net = if quantile { "quantile_net" } else { "q_net" };
+        let &ActionSpace::Discrete { n } = &action else {
+            return Err(unsupported(
+                format!("a {} over {action:?}", if quantile { "QR-DQN" } else { "DQN" }),
+                "Q-learning policies need a Discrete action space",
+            ));
+        };
+        let act = activation(&kwargs, Op::Relu)?;
+        let (f, d) = features(
+            &mut g,
+            &format!("{net}.features_extractor"),
+            &observation,
+            &obs_shape,
+        )?;
+        if g.pending() {
+            modules.push(g.module(
+                "features",
+                ModuleRole::Encoder,
+                vec![OBS_VALUE.into()],
+                vec![f.clone()],
+            ));
+        }
+        let prefix = format!("{net}.{net}");
+        let (hidden, d, last) = hidden_layers(&mut g, &prefix, &f, d, &act)?;
+        let q = if quantile {
+            quantile_mean_layer(&mut g, &last, &hidden, d, n)?
+        } else {
+            let (q, out) = g.linear(&last, &hidden, d)?;
+            if out != n {
+                return Err(bad(format!("{last} has {out} outputs for {n} actions")));
+            }
+            q
+        };
+        modules.push(g.module(
+            "q",
+            ModuleRole::PolicyHead,
+            vec![f.clone()],
+            vec![q.clone()],
         ));
-    } else if sd.keys().any(|k| k.starts_with("actor.mu.")) {
-        return Err(unsupported(
-            "a TD3 / DDPG deterministic actor",
-            "not supported yet",
+        (
+            Distribution::QValues {
+                q,
+                epsilon: exploration_rate(&data)?,
+            },
+            None,
+        )
+    } else if g.has("actor.mu.0.weight") {
+        // TD3 / DDPG (`TD3Policy`): actor = features -> mu MLP ending in tanh (squash_output); predict maps its
+        // [-1, 1] output to the bounds (`unscale_action`); the critics and the target networks are training-only.
+        let act = activation(&kwargs, Op::Relu)?;
+        let bounded = matches!(&action, ActionSpace::Box { low, high, .. }
+            if low.iter().chain(high).all(Option::is_some));
+        if !bounded {
+            return Err(unsupported(
+                "TD3 / DDPG without finite Box bounds",
+                "bound the action space (SB3 rescales the actor's tanh output to it)",
+            ));
+        }
+        let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
+        if g.pending() {
+            modules.push(g.module(
+                "features",
+                ModuleRole::Encoder,
+                vec![OBS_VALUE.into()],
+                vec![f.clone()],
+            ));
+        }
+        let (hidden, d, last) = hidden_layers(&mut g, "actor.mu", &f, d, &act)?;
+        let (mu, k) = g.linear(&last, &hidden, d)?;
+        if k != action.action_len() {
+            return Err(bad(format!(
+                "{last} has {k} outputs for {} actions",
+                action.action_len()
+            )));
+        }
+        let squashed = g.node(Op::Tanh, &mu, "actor.mu.tanh");
+        modules.push(g.module(
+            "actor",
+            ModuleRole::PolicyHead,
+            vec![f.clone()],
+            vec![squashed.clone()],
         ));
+        let (noise, said) = action_noise(&data, k)?;
+        notes.push_str(&said);
+        (
+            Distribution::Deterministic {
+                action: squashed,
+                rescale: true,
+                noise,
+            },
+            None,
+        )
     } else {
         return Err(unsupported(
-            "an SB3 policy whose state dict has neither action_net nor actor.mu",
-            "PPO, A2C and SAC policies are supported",
+            "an SB3 policy whose state dict has none of action_net, actor.mu, q_net or quantile_net",
+            "PPO, A2C, SAC, TD3, DDPG, DQN (and sb3-contrib's RecurrentPPO, MaskablePPO, TQC, QR-DQN) are \
+             supported",
         ));
     };
     let manifest = Manifest {
         name: file_stem(source, ".zip").to_string(),
-        producer: producer("sb3", source, format!("stable-baselines3 {version}")),
+        producer: producer("sb3", source, notes),
         observation,
         action,
         preprocess,
@@ -755,10 +848,168 @@ pub fn import_sb3(
         value,
         recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
+        // sb3-contrib MaskablePPO (`MaskableActorCriticPolicy` and its Cnn / MultiInput kin): trained with masks.
+        action_masks: policy_module(&data).contains("maskable"),
     };
     let mut tensors = g.tensors;
     tensors.extend(norm_tensors);
     Ok(Imported { manifest, tensors })
+}
+
+/// The module SB3 recorded for the policy class (`policy_class.__module__`), e.g.
+/// `sb3_contrib.common.maskable.policies`; empty when absent.
+fn policy_module(data: &Value) -> String {
+    data.get("policy_class")
+        .and_then(|c| c.get("__module__"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// An `nn.Sequential` of Linear layers at even indices (`prefix.0`, `prefix.2`, ...) with `act` between them:
+/// every layer but the last, applied to `x`; returns (value, width, the last layer's key). Indices must be
+/// contiguous (a gap would silently drop a layer).
+fn hidden_layers(
+    g: &mut GraphBuilder,
+    prefix: &str,
+    x: &str,
+    dim: usize,
+    act: &Op,
+) -> Result<(String, usize, String), ImportError> {
+    let (mut x, mut dim, mut i) = (x.to_string(), dim, 0usize);
+    if !g.has(&format!("{prefix}.0.weight")) {
+        return Err(bad(format!("no '{prefix}.0.weight'")));
+    }
+    while g.has(&format!("{prefix}.{}.weight", i + 2)) {
+        let (y, d) = g.linear(&format!("{prefix}.{i}"), &x, dim)?;
+        x = g.node(act.clone(), &y, &format!("{prefix}.{}", i + 1));
+        dim = d;
+        i += 2;
+    }
+    let stray = format!("{prefix}.");
+    let last_index = g
+        .keys()
+        .filter_map(|k| k.strip_prefix(&stray))
+        .filter_map(|k| k.split('.').next()?.parse::<usize>().ok())
+        .max()
+        .unwrap_or(0);
+    if last_index != i {
+        return Err(bad(format!(
+            "'{prefix}' has a layer at index {last_index} after a gap (its layers end at {i})"
+        )));
+    }
+    Ok((x, dim, format!("{prefix}.{i}")))
+}
+
+/// QR-DQN's last layer (`n_quantiles x n` outputs, viewed as `[n_quantiles, n]`) folded into one that gives
+/// the mean over quantiles directly: `mean_j (W_j x + b_j) = (mean_j W_j) x + mean_j b_j`, computed in f64 and
+/// rounded once (the trainer's `quantiles.mean(dim=1)` up to float32 rounding).
+fn quantile_mean_layer(
+    g: &mut GraphBuilder,
+    key: &str,
+    x: &str,
+    dim: usize,
+    n: usize,
+) -> Result<String, ImportError> {
+    let w = g.peek(&format!("{key}.weight"))?.clone();
+    if w.shape.len() != 2 || w.shape[1] != dim || w.shape[0] == 0 || w.shape[0] % n != 0 {
+        return Err(bad(format!(
+            "'{key}.weight' is {:?}: QR-DQN needs [n_quantiles x {n}, {dim}]",
+            w.shape
+        )));
+    }
+    let nq = w.shape[0] / n;
+    let mean_rows = |data: &[f32], width: usize| -> Vec<f32> {
+        let mut out = vec![0.0f64; n * width];
+        for j in 0..nq {
+            for a in 0..n {
+                let row = &data[(j * n + a) * width..(j * n + a + 1) * width];
+                for (o, v) in out[a * width..(a + 1) * width].iter_mut().zip(row) {
+                    *o += *v as f64;
+                }
+            }
+        }
+        out.iter().map(|v| (v / nq as f64) as f32).collect()
+    };
+    let weight = g.derived(
+        &format!("{key}.weight.quantile_mean"),
+        Tensor::new(vec![n, dim], mean_rows(&w.data, dim)),
+    );
+    let bias_key = format!("{key}.bias");
+    let bias = if g.has(&bias_key) {
+        let b = g.peek(&bias_key)?.clone();
+        if b.data.len() != w.shape[0] {
+            return Err(bad(format!("'{bias_key}' has {} values", b.data.len())));
+        }
+        Some(g.derived(
+            &format!("{key}.bias.quantile_mean"),
+            Tensor::new(vec![n], mean_rows(&b.data, 1)),
+        ))
+    } else {
+        None
+    };
+    Ok(g.node(Op::Dense { weight, bias }, x, "quantile_mean"))
+}
+
+/// A DQN's exploration rate at save time (what its `predict(deterministic=False)` uses).
+fn exploration_rate(data: &Value) -> Result<f32, ImportError> {
+    let eps = ["exploration_rate", "exploration_final_eps"]
+        .iter()
+        .find_map(|k| data.get(*k).and_then(Value::as_f64))
+        .ok_or_else(|| bad("a DQN without exploration_rate"))?;
+    if !(0.0..=1.0).contains(&eps) {
+        return Err(bad(format!("exploration_rate {eps} is not a probability")));
+    }
+    Ok(eps as f32)
+}
+
+/// TD3 / DDPG exploration noise as recorded in `data` (`action_noise`): SB3's `NormalActionNoise` becomes the
+/// artifact's sampled mode; no noise, or noise the format cannot hold (Ornstein-Uhlenbeck is a per-env process
+/// with state), leaves sampled actions equal to the deterministic ones, and the producer notes say so.
+fn action_noise(
+    data: &Value,
+    k: usize,
+) -> Result<(Option<policyport_format::ActionNoise>, String), ImportError> {
+    let Some(noise) = data.get("action_noise").filter(|v| !v.is_null()) else {
+        return Ok((
+            None,
+            "; no action noise recorded: sampled actions are the deterministic ones".into(),
+        ));
+    };
+    let ty = noise.get(":type:").and_then(Value::as_str).unwrap_or("");
+    if !ty.contains("NormalActionNoise") || ty.contains("Vectorized") {
+        return Ok((
+            None,
+            format!(
+                "; action noise {ty} is not stored (only NormalActionNoise is): sampled actions are the \
+                 deterministic ones"
+            ),
+        ));
+    }
+    let read = |key: &str| -> Result<Vec<f32>, ImportError> {
+        let s = noise
+            .get(key)
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("NormalActionNoise without {key}")))?;
+        let mut v = parse_np_floats(s)?;
+        if v.len() == 1 && k > 1 {
+            v = vec![v[0]; k];
+        }
+        if v.len() != k || v.iter().any(|x| !x.is_finite()) {
+            return Err(bad(format!(
+                "NormalActionNoise {key} '{s}' does not fit {k} actions"
+            )));
+        }
+        Ok(v)
+    };
+    let (mean, sigma) = (read("_mu")?, read("_sigma")?);
+    if sigma.iter().any(|s| *s < 0.0) {
+        return Err(bad("NormalActionNoise with a negative sigma"));
+    }
+    Ok((
+        Some(policyport_format::ActionNoise::Normal { mean, sigma }),
+        "; sampled actions add the recorded NormalActionNoise".into(),
+    ))
 }
 
 fn action_n(a: &ActionSpace) -> Option<usize> {

@@ -65,6 +65,13 @@ create_exception!(
 );
 create_exception!(
     policyport,
+    ActionMaskError,
+    PolicyportError,
+    "An action mask (or epsilon) that does not fit the policy: wrong length, a row with no allowed action, a \
+     mask for continuous actions."
+);
+create_exception!(
+    policyport,
     StateError,
     PolicyportError,
     "A recurrent-state operation was refused."
@@ -115,6 +122,7 @@ fn policy_err(e: PolicyError) -> PyErr {
         PolicyError::Memory { .. } => MemoryLimitError::new_err(msg),
         PolicyError::NonFiniteOutput { .. } => NonFiniteOutputError::new_err(msg),
         PolicyError::EnvIds(_) => EnvIdError::new_err(msg),
+        PolicyError::HeadControl(_) => ActionMaskError::new_err(msg),
         PolicyError::State(_) => StateError::new_err(msg),
         PolicyError::NotCompiled { .. } => NotCompiledError::new_err(msg),
         PolicyError::Backend(_) => BackendError::new_err(msg),
@@ -362,6 +370,40 @@ impl PyPolicy {
         self.session.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// An action mask as `[batch, mask_len]` booleans, its full shape checked before anything is copied or
+    /// acted on (a bool array is used without a copy; other dtypes are refused: a float mask is ambiguous).
+    fn mask_view<'py>(
+        &self,
+        mask: &Bound<'py, PyAny>,
+        batch: usize,
+    ) -> PyResult<numpy::PyReadonlyArrayDyn<'py, bool>> {
+        let per_row = self.compiled.head().mask_len();
+        if per_row == 0 {
+            return Err(ActionMaskError::new_err(
+                "action_mask given for a policy with continuous actions (masks are for discrete heads)",
+            ));
+        }
+        let py = mask.py();
+        let np = py.import(intern!(py, "numpy"))?;
+        let arr = np.getattr(intern!(py, "asarray"))?.call1((mask,))?;
+        let dtype = arr.getattr(intern!(py, "dtype"))?.str()?.to_string();
+        if dtype != "bool" {
+            return Err(ActionMaskError::new_err(format!(
+                "action_mask must be a bool array; got dtype {dtype}"
+            )));
+        }
+        let shape: Vec<usize> = arr.getattr(intern!(py, "shape"))?.extract()?;
+        if shape != [batch, per_row] {
+            return Err(ActionMaskError::new_err(format!(
+                "action_mask of shape {shape:?}; this call needs [{batch}, {per_row}] (batch, one flag per \
+                 action)"
+            )));
+        }
+        Ok(contiguous(&arr, "bool_")?
+            .cast_into::<PyArrayDyn<bool>>()?
+            .readonly())
+    }
+
     fn obs_view<'py>(&self, obs: &Bound<'py, PyAny>) -> PyResult<(ObsView<'py>, usize)> {
         let per_env = self.compiled.manifest().observation.raw_len();
         let u8_policy =
@@ -390,17 +432,16 @@ impl PyPolicy {
             ObsView::F32(a) => (a.shape().to_vec(), a.len()),
             ObsView::U8(a) => (a.shape().to_vec(), a.len()),
         };
-        let batch = shape.first().copied().unwrap_or(0);
-        let row: usize = shape.iter().skip(1).product();
-        // [batch, ...]; a scalar observation (Discrete, or a Box of shape ()) also as a flat [batch].
-        let scalar_rows = shape.len() == 1 && per_env == 1;
-        if !scalar_rows && (shape.len() < 2 || row != per_env) {
-            return Err(ObservationError::new_err(format!(
-                "observations of shape {shape:?}: expected [batch, ...] with {per_env} numbers per env \
-                 (this policy's observation: {:?}); {len} numbers given",
-                self.compiled.manifest().observation
-            )));
-        }
+        // The array's full shape: [batch, *the policy's observation shape] (a Discrete observation as [batch] or
+        // [batch, 1]; a Dict's parts flattened and concatenated). The same count of numbers in another layout
+        // (channels-last frames for a channels-first policy) was accepted before and read wrong.
+        let space = &self.compiled.manifest().observation;
+        let batch = policyport::batch_of_shape(space, &shape).map_err(|e| {
+            ObservationError::new_err(format!(
+                "{e}; {len} numbers given ({per_env} per env; this policy's observation: {})",
+                serde_json::to_string(space).unwrap_or_default()
+            ))
+        })?;
         Ok((view, batch))
     }
 
@@ -614,7 +655,10 @@ impl PyPolicy {
     /// recurrent policies, whose state is read and advanced. `episode_starts`: rows whose state is zeroed first.
     /// `state`: caller-owned recurrent state, one `[batch, numel]` array per state (see `info.states`), written
     /// to those envs before the step; the next state comes back in `result.state` (also with `return_state`).
-    #[pyo3(signature = (obs, *, deterministic = false, seed = 0, step = 0, env_ids = None, episode_starts = None, state = None, return_state = false))]
+    /// `action_mask`: `[batch, n]` booleans (n = `info.dist_params_len`: one per action, multi-discrete
+    /// components concatenated), `False` forbidding the action (sb3-contrib's `action_masks`); `epsilon`: a
+    /// Q-value policy's exploration rate for this call instead of the artifact's.
+    #[pyo3(signature = (obs, *, deterministic = false, seed = 0, step = 0, env_ids = None, episode_starts = None, state = None, return_state = false, action_mask = None, epsilon = None))]
     #[allow(clippy::too_many_arguments)]
     fn act(
         &self,
@@ -627,8 +671,14 @@ impl PyPolicy {
         episode_starts: Option<&Bound<'_, PyAny>>,
         state: Option<&Bound<'_, PyAny>>,
         return_state: bool,
+        action_mask: Option<&Bound<'_, PyAny>>,
+        epsilon: Option<f32>,
     ) -> PyResult<PyActResult> {
         let (view, batch) = self.obs_view(obs)?;
+        let mask_arr = action_mask
+            .map(|m| self.mask_view(m, batch))
+            .transpose()?;
+        let mask: Option<&[bool]> = mask_arr.as_ref().map(|a| a.as_slice()).transpose()?;
         let ids: Option<Vec<u32>> = env_ids.map(|e| env_id_list(e, batch)).transpose()?;
         let starts_arr = episode_starts
             .map(|s| {
@@ -680,14 +730,24 @@ impl PyPolicy {
             if let Some(st) = starts {
                 req = req.episode_starts(st);
             }
+            if let Some(m) = mask {
+                req = req.action_mask(m);
+            }
+            if let Some(e) = epsilon {
+                req = req.epsilon(e);
+            }
             let out = s.act(&req)?;
-            let (k, np) = (head.action_len, head.dist_params_len);
+            let (k, np, ml) = (head.action_len, head.dist_params_len, head.mask_len());
             let logp = (0..batch)
                 .map(|r| {
-                    head.log_prob(
+                    head.log_prob_with(
                         &out.dist_params[r * np..(r + 1) * np],
                         out.discrete.get(r * k..(r + 1) * k).unwrap_or(&[]),
                         out.continuous.get(r * k..(r + 1) * k).unwrap_or(&[]),
+                        &policyport::format::RowControls {
+                            mask: mask.map(|m| &m[r * ml..(r + 1) * ml]),
+                            epsilon,
+                        },
                     )
                 })
                 .collect::<Option<Vec<f32>>>();
@@ -1003,6 +1063,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
             py.get_type::<NonFiniteOutputError>(),
         ),
         ("EnvIdError", py.get_type::<EnvIdError>()),
+        ("ActionMaskError", py.get_type::<ActionMaskError>()),
         ("StateError", py.get_type::<StateError>()),
         ("BackendError", py.get_type::<BackendError>()),
         ("NotCompiledError", py.get_type::<NotCompiledError>()),

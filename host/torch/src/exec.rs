@@ -624,6 +624,13 @@ enum HeadKind {
         clip: bool,
         linear_deterministic: bool,
     },
+    /// Greedy, or epsilon-greedy when sampled (SPEC.md §4): `n` actions.
+    QValues { n: i64, epsilon: f64 },
+    /// A deterministic actor: `noise` holds the recorded exploration noise's `(mean, sigma)` as `[1, k]`.
+    Deterministic {
+        rescale: bool,
+        noise: Option<(Tensor, Tensor)>,
+    },
 }
 
 impl Head {
@@ -647,6 +654,23 @@ impl Head {
                 clip,
                 linear_deterministic,
             },
+            Dist::QValues { n, epsilon } => HeadKind::QValues {
+                n: n as i64,
+                epsilon: epsilon as f64,
+            },
+            Dist::Deterministic {
+                rescale,
+                ref noise,
+            } => HeadKind::Deterministic {
+                rescale,
+                noise: match noise {
+                    Some((m, sg)) => Some((
+                        upload(m, &[1, k as i64], Kind::Float, device)?,
+                        upload(sg, &[1, k as i64], Kind::Float, device)?,
+                    )),
+                    None => None,
+                },
+            },
         };
         let log_std_param = match head.log_std_parameter() {
             Some(d) => Some(upload(d, &[1, k as i64], Kind::Float, device)?),
@@ -656,7 +680,8 @@ impl Head {
         let (low, high) = head.bounds_for_device();
         let words = match &dist {
             HeadKind::Categorical(nvec) => nvec.len(),
-            HeadKind::Gaussian { .. } => 2 * k,
+            HeadKind::Gaussian { .. } | HeadKind::Deterministic { .. } => 2 * k,
+            HeadKind::QValues { .. } => 2,
         };
         Ok(Head {
             dist,
@@ -692,7 +717,9 @@ impl Head {
                 .f_to_kind(Kind::Float)
         };
         match &self.dist {
-            HeadKind::Categorical(_) => v(0),
+            HeadKind::Categorical(_) | HeadKind::QValues { .. } | HeadKind::Deterministic { .. } => {
+                v(0)
+            }
             HeadKind::Gaussian { .. } => {
                 let mean = v(0)?;
                 let log_std = match &self.log_std_param {
@@ -740,6 +767,51 @@ impl Head {
                         });
                     }
                     Tensor::f_cat(&cols, 1)?.f_to_kind(Kind::Float)
+                }
+                HeadKind::QValues { n, epsilon } => {
+                    let greedy = params.f_argmax(1, true)?;
+                    let pick = match &words {
+                        None => greedy,
+                        Some(w) => {
+                            // u01(w0) < epsilon: floor(w1 · n / 2^32), exact in int64.
+                            let explore = u01(&w.f_narrow(1, 0, 1)?)
+                                .map_err(tch_err)?
+                                .f_lt(*epsilon as f32 as f64)?;
+                            let uniform = w
+                                .f_narrow(1, 1, 1)?
+                                .f_mul_scalar(*n)?
+                                .f_bitwise_right_shift_tensor_scalar(32)?;
+                            uniform.f_where_self(&explore, &greedy)?
+                        }
+                    };
+                    pick.f_to_kind(Kind::Float)
+                }
+                HeadKind::Deterministic { rescale, noise } => {
+                    let mut a = params.f_narrow(1, 0, self.k)?;
+                    if let (Some(w), Some((nm, ns))) = (&words, noise) {
+                        let b = w.size()[0];
+                        let pairs = w.f_reshape([b, self.k, 2])?;
+                        let u1 = u01_open_closed(&pairs.f_select(2, 0)?).map_err(tch_err)?;
+                        let u2 = u01(&pairs.f_select(2, 1)?).map_err(tch_err)?;
+                        let z = u1.f_log()?.f_mul_scalar(-2.0)?.f_sqrt()?.f_mul(
+                            &u2.f_mul_scalar(std::f32::consts::TAU as f64)?.f_cos()?,
+                        )?;
+                        a = a.f_add(&nm.f_add(&ns.f_mul(&z)?)?)?;
+                        if *rescale {
+                            a = a.f_clamp(-1.0, 1.0)?;
+                        }
+                    }
+                    if *rescale {
+                        let span = self.high.f_sub(&self.low)?;
+                        a = a
+                            .f_add_scalar(1.0)?
+                            .f_mul_scalar(0.5)?
+                            .f_mul(&span)?
+                            .f_add(&self.low)?;
+                    } else {
+                        a = a.f_maximum(&self.low)?.f_minimum(&self.high)?;
+                    }
+                    Ok(a)
                 }
                 HeadKind::Gaussian {
                     squashed,

@@ -545,6 +545,15 @@ impl WasmPolicy {
     /// same code.
     pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
         let (obs, batch, mode, envs) = (req.obs, req.batch, req.mode, req.envs);
+        // The plugin ABI (v3) carries no head controls; ignoring them would answer forbidden actions. A Session
+        // on `load`'s CompiledPolicy applies them on the host, from the plugin's read-back parameters.
+        if req.action_mask.is_some() || req.epsilon.is_some() {
+            return Err(WasmError::Call(
+                "action masks and epsilon overrides are applied by a Session: use policyport_wasmtime::load \
+                 and CompiledPolicy::session (WasmPolicy::act takes neither)"
+                    .into(),
+            ));
+        }
         let n = match obs {
             Observations::F32(x) => x.len(),
             Observations::U8(x) => x.len(),

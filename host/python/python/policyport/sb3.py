@@ -12,7 +12,8 @@
 ``model.predict``: one observation or a batch of them (SB3's own test, ``is_vectorized_observation``), channel-last
 images transposed as SB3 does, a VecNormalize's statistics applied (pass the ``VecNormalize`` or its saved file), the
 same action dtype and shape, clipping and squashing as the model's, and for RecurrentPPO the LSTM state
-``(h, c)`` as ``[n_layers, n_envs, hidden]`` arrays with ``episode_start`` zeroing it. Sampled actions
+``(h, c)`` as ``[n_layers, n_envs, hidden]`` arrays with ``episode_start`` zeroing it; for MaskablePPO the
+``action_masks`` keyword of its ``predict`` (masked before argmax and sampling, as sb3-contrib does). Sampled actions
 (``deterministic=False``) come from the same distribution through policyport's seeded streams (``seed``; each call
 is one step).
 """
@@ -76,6 +77,7 @@ class Predictor:
         state: Optional[tuple[np.ndarray, ...]] = None,
         episode_start: Optional[np.ndarray] = None,
         deterministic: bool = False,
+        action_masks: Optional[np.ndarray] = None,
     ) -> tuple[np.ndarray, Optional[tuple[np.ndarray, ...]]]:
         from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose
         from stable_baselines3.common.utils import is_vectorized_observation
@@ -111,6 +113,10 @@ class Predictor:
             kwargs["state"] = full
             if episode_start is not None:
                 kwargs["episode_starts"] = np.asarray(episode_start, bool).reshape(n)
+        if action_masks is not None:
+            # sb3-contrib's MaskablePPO.predict(..., action_masks=): one row of flags per observation (a single
+            # observation's mask may come flat).
+            kwargs["action_mask"] = np.asarray(action_masks, bool).reshape(n, -1)
         out = self.policy.act(obs, deterministic=deterministic, seed=self._seed, step=step, **kwargs)
 
         actions = out.actions
