@@ -54,7 +54,8 @@ pub use executor::{
 pub use golden::{GoldenReport, GoldenShape, compare_golden, golden_modes, rel_err};
 pub use lower::act_of as activation_of;
 pub use observations::{
-    Observations, batch_of_shape, check_observations, env_shape, one_hot_width,
+    ObsLayout, Observations, batch_of_shape, channels_last_to_first, check_observations, env_shape,
+    layout_of_shape, one_hot_width,
 };
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;

@@ -123,6 +123,54 @@ pub fn env_shape(space: &ObservationSpace) -> Vec<usize> {
     }
 }
 
+/// How a caller's array is laid out relative to the policy's observation (see [`layout_of_shape`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObsLayout {
+    /// `[batch, *the policy's shape]`: used as it is.
+    AsIs,
+    /// `[batch, H, W, C]` frames for a policy that takes `[C, H, W]` ones: transposed on the way in
+    /// ([`channels_last_to_first`]), as SB3's `predict` does (`maybe_transpose`).
+    ChannelsLast { c: usize, h: usize, w: usize },
+}
+
+/// [`batch_of_shape`], also accepting channels-last frames for a policy whose observation is a channels-first
+/// uint8 image `[C, H, W]` (C its smallest axis: SB3's rule for channels-first image spaces, which is what an SB3
+/// `CnnPolicy` stores after wrapping a channels-last env in `VecTransposeImage`). What an Atari / gymnasium env
+/// returns, `[H, W, C]`, then works where SB3's `predict` takes it. An exact match always wins (square frames with
+/// as many channels as rows are read as given).
+pub fn layout_of_shape(
+    space: &ObservationSpace,
+    shape: &[usize],
+) -> Result<(usize, ObsLayout), ObservationError> {
+    let exact = batch_of_shape(space, shape);
+    if let (Err(_), ObservationSpace::Box { shape: s, dtype: ObsDType::U8 }) = (&exact, space)
+        && let [c, h, w] = s[..]
+        && c <= h.min(w)
+        && shape.len() == 4
+        && shape[1..] == [h, w, c]
+    {
+        return Ok((shape[0], ObsLayout::ChannelsLast { c, h, w }));
+    }
+    exact.map(|b| (b, ObsLayout::AsIs))
+}
+
+/// `batch` frames `[H, W, C]` (row-major) as `[C, H, W]`.
+pub fn channels_last_to_first<T: Copy>(src: &[T], batch: usize, c: usize, h: usize, w: usize) -> Vec<T> {
+    let frame = c * h * w;
+    let mut out = Vec::with_capacity(src.len());
+    for b in 0..batch {
+        let f = &src[b * frame..(b + 1) * frame];
+        for ch in 0..c {
+            for y in 0..h {
+                for x in 0..w {
+                    out.push(f[(y * w + x) * c + ch]);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The batch of observations whose container carries a shape (a `.npy` header, a NumPy array, the JS API's
 /// optional shape), checked in full: `[batch, *env_shape]` or the error names both shapes. Only the count of
 /// numbers was checked before, so channels-last frames given to a policy that takes channels-first ones (the
@@ -262,5 +310,56 @@ mod tests {
         y[200] = f32::NAN;
         y[70] = f32::INFINITY;
         assert_eq!(first_non_finite(&y), Some(70));
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    /// Regression test for what issue 34 caught: an SB3 CnnPolicy's channels-first artifact fed the env's
+    /// channels-last frames (the same count of numbers) answered wrong actions silently.
+    #[test]
+    fn observations_of_another_shape_are_refused() {
+        let img = ObservationSpace::Box {
+            shape: vec![4, 84, 84],
+            dtype: ObsDType::U8,
+        };
+        assert_eq!(batch_of_shape(&img, &[2, 4, 84, 84]), Ok(2));
+        let e = batch_of_shape(&img, &[2, 84, 84, 4]).unwrap_err();
+        assert!(e.to_string().contains("[2, 84, 84, 4]") && e.to_string().contains("84, 84"), "{e}");
+        assert!(batch_of_shape(&img, &[2, 4 * 84 * 84]).is_err());
+        let vec4 = ObservationSpace::Box {
+            shape: vec![4],
+            dtype: ObsDType::F32,
+        };
+        assert_eq!(batch_of_shape(&vec4, &[3, 4]), Ok(3));
+        assert!(batch_of_shape(&vec4, &[4]).is_err());
+        assert!(batch_of_shape(&vec4, &[3, 2, 2]).is_err());
+        let disc = ObservationSpace::Discrete { n: 5 };
+        assert_eq!(batch_of_shape(&disc, &[6]), Ok(6));
+        assert_eq!(batch_of_shape(&disc, &[6, 1]), Ok(6));
+        assert!(batch_of_shape(&disc, &[6, 2]).is_err());
+        assert!(batch_of_shape(&disc, &[]).is_err());
+        // Channels-last frames are accepted for a channels-first uint8 image, transposed.
+        assert_eq!(
+            layout_of_shape(&img, &[2, 84, 84, 4]),
+            Ok((2, ObsLayout::ChannelsLast { c: 4, h: 84, w: 84 }))
+        );
+        assert_eq!(layout_of_shape(&img, &[2, 4, 84, 84]), Ok((2, ObsLayout::AsIs)));
+        assert!(layout_of_shape(&vec4, &[3, 2, 2]).is_err());
+    }
+
+    #[test]
+    fn channels_last_frames_transpose_to_channels_first() {
+        // 1 frame, H=2, W=3, C=2: value = 100 y + 10 x + c.
+        let hwc: Vec<u32> = (0..2)
+            .flat_map(|y| (0..3).flat_map(move |x| (0..2).map(move |c| 100 * y + 10 * x + c)))
+            .collect();
+        let chw = channels_last_to_first(&hwc, 1, 2, 2, 3);
+        let want: Vec<u32> = (0..2)
+            .flat_map(|c| (0..2).flat_map(move |y| (0..3).map(move |x| 100 * y + 10 * x + c)))
+            .collect();
+        assert_eq!(chw, want);
     }
 }

@@ -500,9 +500,18 @@ fn run() -> Result<()> {
             let raw = read(&obs)?;
             let (shape, data) = if obs.extension().is_some_and(|e| e == "npy") {
                 let (shape, data) = npy::read_npy(&raw)?;
-                // The header's shape, in full: the same count of numbers in another layout is refused.
-                let batch = policyport::batch_of_shape(&policy.manifest().observation, &shape)
-                    .map_err(policyport::PolicyError::from)?;
+                // The header's shape, in full: the same count of numbers in another layout is refused, but
+                // for a channels-first image policy (SB3's CnnPolicy) the env's channels-last frames are
+                // transposed, as SB3's predict does.
+                let (batch, layout) =
+                    policyport::layout_of_shape(&policy.manifest().observation, &shape)
+                        .map_err(policyport::PolicyError::from)?;
+                let data = match layout {
+                    policyport::ObsLayout::AsIs => data,
+                    policyport::ObsLayout::ChannelsLast { c, h, w } => {
+                        policyport::channels_last_to_first(&data, batch, c, h, w)
+                    }
+                };
                 (vec![batch], data)
             } else {
                 let v: Vec<Vec<f32>> =
@@ -1175,8 +1184,14 @@ fn rollout(
     let Some((&t_len, step_shape)) = shape.split_first() else {
         bail!("rollout observations need a [T, batch, ...] shape, got {shape:?}");
     };
-    let batch = policyport::batch_of_shape(&policy.manifest().observation, step_shape)
+    let (batch, layout) = policyport::layout_of_shape(&policy.manifest().observation, step_shape)
         .map_err(policyport::PolicyError::from)?;
+    let data = match layout {
+        policyport::ObsLayout::AsIs => data,
+        policyport::ObsLayout::ChannelsLast { c, h, w } => {
+            policyport::channels_last_to_first(&data, t_len * batch, c, h, w)
+        }
+    };
     let per_step = data.len() / t_len.max(1);
     let flags = |path: Option<&Path>, width: usize, what: &str| -> Result<Option<Vec<bool>>> {
         let Some(p) = path else { return Ok(None) };

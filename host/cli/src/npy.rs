@@ -147,12 +147,23 @@ mod tests {
             read_npy(&npy("|u1", "(1, 2)", &[7, 255])).unwrap(),
             (vec![1, 2], vec![7.0, 255.0])
         );
+        // Masks and episode starts: NumPy bools and integer flags.
+        assert_eq!(
+            read_npy(&npy("|b1", "(1, 3)", &[1, 0, 1])).unwrap(),
+            (vec![1, 3], vec![1.0, 0.0, 1.0])
+        );
+        let i64s: Vec<u8> = [3i64, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            read_npy(&npy("<i8", "(2,)", &i64s)).unwrap(),
+            (vec![2], vec![3.0, -1.0])
+        );
     }
 
     #[test]
     fn refuses_what_it_cannot_read() {
         assert!(read_npy(b"not npy").is_err());
-        assert!(read_npy(&npy("<i8", "(1,)", &[0; 8])).is_err());
+        assert!(read_npy(&npy(">f4", "(1,)", &[0; 4])).is_err());
+        assert!(read_npy(&npy("<i2", "(1,)", &[0; 2])).is_err());
         assert!(read_npy(&npy("<f4", "(2, 3)", &[0; 8])).is_err());
         let mut fortran = npy("<f4", "(1,)", &[0; 4]);
         let at = fortran.windows(5).position(|w| w == b"False").unwrap();

@@ -114,6 +114,19 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
         }
         _ => {}
     }
+    if let policyport_format::ObservationSpace::Box {
+        shape,
+        dtype: policyport_format::ObsDType::U8,
+    } = &m.observation
+        && let [c, h, w] = shape[..]
+        && c <= h.min(w)
+    {
+        let _ = writeln!(
+            s,
+            "layout      frames as [C, H, W] = [{c}, {h}, {w}] (channels first); the CLI (.npy) and Python also \
+             take the env's channels-last [{h}, {w}, {c}] and transpose them, as SB3's predict does"
+        );
+    }
     if m.action_masks {
         let _ = writeln!(
             s,

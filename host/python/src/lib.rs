@@ -361,6 +361,9 @@ struct PyPolicy {
 enum ObsView<'py> {
     F32(numpy::PyReadonlyArrayDyn<'py, f32>),
     U8(numpy::PyReadonlyArrayDyn<'py, u8>),
+    /// Channels-last frames transposed for a channels-first image policy (a copy, as SB3's predict makes).
+    OwnedF32(Vec<f32>),
+    OwnedU8(Vec<u8>),
 }
 
 impl PyPolicy {
@@ -431,17 +434,32 @@ impl PyPolicy {
         let (shape, len) = match &view {
             ObsView::F32(a) => (a.shape().to_vec(), a.len()),
             ObsView::U8(a) => (a.shape().to_vec(), a.len()),
+            // (Owned views are made below, from these two.)
+            ObsView::OwnedF32(v) => (vec![v.len()], v.len()),
+            ObsView::OwnedU8(v) => (vec![v.len()], v.len()),
         };
         // The array's full shape: [batch, *the policy's observation shape] (a Discrete observation as [batch] or
         // [batch, 1]; a Dict's parts flattened and concatenated). The same count of numbers in another layout
         // (channels-last frames for a channels-first policy) was accepted before and read wrong.
+        // Channels-last frames for a channels-first image policy (SB3's CnnPolicy) are transposed, as SB3's
+        // predict does.
         let space = &self.compiled.manifest().observation;
-        let batch = policyport::batch_of_shape(space, &shape).map_err(|e| {
+        let (batch, layout) = policyport::layout_of_shape(space, &shape).map_err(|e| {
             ObservationError::new_err(format!(
                 "{e}; {len} numbers given ({per_env} per env; this policy's observation: {})",
                 serde_json::to_string(space).unwrap_or_default()
             ))
         })?;
+        let view = match (layout, view) {
+            (policyport::ObsLayout::AsIs, v) => v,
+            (policyport::ObsLayout::ChannelsLast { c, h, w }, ObsView::F32(a)) => ObsView::OwnedF32(
+                policyport::channels_last_to_first(a.as_slice()?, batch, c, h, w),
+            ),
+            (policyport::ObsLayout::ChannelsLast { c, h, w }, ObsView::U8(a)) => ObsView::OwnedU8(
+                policyport::channels_last_to_first(a.as_slice()?, batch, c, h, w),
+            ),
+            (_, v) => v,
+        };
         Ok((view, batch))
     }
 
@@ -706,6 +724,8 @@ impl PyPolicy {
         let obs_in = match &view {
             ObsView::F32(a) => Observations::F32(a.as_slice()?),
             ObsView::U8(a) => Observations::U8(a.as_slice()?),
+            ObsView::OwnedF32(v) => Observations::F32(v),
+            ObsView::OwnedU8(v) => Observations::U8(v),
         };
         let head = self.compiled.head();
         let acted = py.detach(|| -> Result<Acted, PolicyError> {
