@@ -632,42 +632,35 @@ impl Session {
                 if has_value {
                     out.value[row] = src[k + np];
                 }
-                if host_draws {
-                    if let Some(m) = controls.mask {
-                        head.mask_params(params, m);
-                    }
-                    let (d, c) = if discrete {
-                        (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+                if !host_draws {
+                    if discrete {
+                        for (d, a) in out.discrete[row * k..(row + 1) * k]
+                            .iter_mut()
+                            .zip(&src[..k])
+                        {
+                            *d = *a as i64;
+                        }
                     } else {
-                        (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
-                    };
-                    head.act_row_with(params, p.mode, self.ids[row], &controls, d, c);
-                } else if discrete {
-                    for (d, a) in out.discrete[row * k..(row + 1) * k]
-                        .iter_mut()
-                        .zip(&src[..k])
-                    {
-                        *d = *a as i64;
+                        out.continuous[row * k..(row + 1) * k].copy_from_slice(&src[..k]);
                     }
-                } else {
-                    out.continuous[row * k..(row + 1) * k].copy_from_slice(&src[..k]);
+                    continue;
                 }
             } else {
                 params[..raw].copy_from_slice(&src[..raw]);
                 head.finish_params(params);
-                if let Some(m) = controls.mask {
-                    head.mask_params(params, m);
-                }
                 if has_value {
                     out.value[row] = src[raw];
                 }
-                let (d, c) = if discrete {
-                    (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
-                } else {
-                    (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
-                };
-                head.act_row_with(params, p.mode, self.ids[row], &controls, d, c);
             }
+            if let Some(m) = controls.mask {
+                head.mask_params(params, m);
+            }
+            let (d, c) = if discrete {
+                (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+            } else {
+                (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+            };
+            head.act_row_with(params, p.mode, self.ids[row], &controls, d, c);
         }
         if self.state.is_recurrent() && !placement.state {
             let mut off = raw + has_value as usize;

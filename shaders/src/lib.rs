@@ -18,12 +18,13 @@
 //! Every variant is parsed and validated with naga in this crate's tests (no GPU needed); the guest's wgpu tests
 //! run each kernel on a real device against the references in [`reference`].
 
-pub const DENSE_SMALL: &str = include_str!("../dense_small.wgsl");
-pub const DENSE_TILED: &str = include_str!("../dense_tiled.wgsl");
-pub const SAMPLE: &str = include_str!("../sample.wgsl");
-pub const PREPROCESS: &str = include_str!("../preprocess.wgsl");
-pub const STATE: &str = include_str!("../state.wgsl");
-pub const CONV2D: &str = include_str!("../conv2d.wgsl");
+// The kernels without their comments and indentation (build.rs): what ships, and what naga validates here.
+pub const DENSE_SMALL: &str = include_str!(concat!(env!("OUT_DIR"), "/dense_small.wgsl"));
+pub const DENSE_TILED: &str = include_str!(concat!(env!("OUT_DIR"), "/dense_tiled.wgsl"));
+pub const SAMPLE: &str = include_str!(concat!(env!("OUT_DIR"), "/sample.wgsl"));
+pub const PREPROCESS: &str = include_str!(concat!(env!("OUT_DIR"), "/preprocess.wgsl"));
+pub const STATE: &str = include_str!(concat!(env!("OUT_DIR"), "/state.wgsl"));
+pub const CONV2D: &str = include_str!(concat!(env!("OUT_DIR"), "/conv2d.wgsl"));
 
 /// Activations a dense kernel can fuse (the guest's elementwise ops).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -160,3 +160,20 @@ def test_action_mask_and_epsilon_errors_are_typed_and_change_nothing():
     td3 = ps.Predictor(_load("td3_pendulum")).policy
     with pytest.raises(policyport.ActionMaskError):
         td3.act(np.zeros((1, 3), np.float32), action_mask=np.ones((1, 1), bool))
+
+
+def test_observations_are_checked_by_full_shape_and_channels_last_frames_are_transposed():
+    """An SB3 CnnPolicy's artifact takes SB3's channels-first frames; the env's own channels-last frames are
+    transposed as SB3's predict does, and an array of the right count in any other shape is refused by name."""
+    import policyport
+
+    model = _load("ppo_cnn_frames")
+    p = ps.Predictor(model).policy
+    c, h, w = model.observation_space.shape
+    chw = _obs(model.observation_space, 3, 0)
+    hwc = np.ascontiguousarray(chw.transpose(0, 2, 3, 1))
+    a = p.act(chw, deterministic=True).actions
+    np.testing.assert_array_equal(p.act(hwc, deterministic=True).actions, a)
+    for bad in (chw.reshape(3, -1), chw.reshape(3, h, c, w), chw.reshape(3 * c, h, w)):
+        with pytest.raises(policyport.ObservationError, match="shape"):
+            p.act(bad, deterministic=True)

@@ -214,6 +214,47 @@ cli_run() {
   grep -q '"batch":2' "$out/run.json"
 }
 check "CLI run on a JSON batch" cli_run
+# Issue 34: the Q-learning, deterministic-actor and MaskablePPO archives alone; run --mask / --epsilon; a .npy whose
+# shape is not the policy's is a typed error naming both shapes (channels-last frames for SB3's channels-first CNN
+# are transposed, as SB3's predict does); rollout steps a recurrent policy over [T, batch, ...] with episode starts.
+cli_algorithms() {
+  local n
+  for n in dqn_cartpole qrdqn_cartpole td3_pendulum ddpg_mountaincar tqc_pendulum maskable_ppo_multidiscrete; do
+    "$PP_BIN" compile "tests/fixtures/sb3/$n/model.zip" -o "$out/sb3_$n.policy"
+    "$PP_BIN" verify "$out/sb3_$n.policy"
+  done
+  "$PP_BIN" inspect "$out/sb3_dqn_cartpole.policy" | grep -q 'epsilon-greedy at 0.4'
+  "$PP_BIN" inspect "$out/sb3_td3_pendulum.policy" | grep -q 'recorded exploration noise'
+  "$PP_BIN" inspect "$out/sb3_maskable_ppo_multidiscrete.policy" | grep -q '^masks '
+}
+check "CLI compile of DQN, QR-DQN, TD3, DDPG, TQC and MaskablePPO archives (inspect says how each acts)" cli_algorithms
+cli_masks_shapes() {
+  local rc=0
+  "$PP_VENV/bin/python" - "$out" <<'PY'
+import sys, numpy as np
+out = sys.argv[1]
+np.save(f"{out}/grid_obs.npy", np.arange(6, dtype=np.float32) % 7)
+mask = np.ones((6, 9), bool)
+mask[:, 0:2] = False  # component 0 (3 choices): only action 2 allowed
+np.save(f"{out}/grid_mask.npy", mask)
+np.save(f"{out}/cartpole_2x2.npy", np.zeros((3, 2, 2), np.float32))
+np.save(f"{out}/frames_hwc.npy", np.random.default_rng(0).integers(0, 255, (2, 84, 84, 4)).astype(np.uint8))
+np.save(f"{out}/rollout_obs.npy", np.random.default_rng(1).normal(size=(4, 3, 4)).astype(np.float32))
+np.save(f"{out}/rollout_starts.npy", np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 0]], bool))
+PY
+  "$PP_BIN" run "$out/sb3_maskable_ppo_multidiscrete.policy" --obs "$out/grid_obs.npy" --mask "$out/grid_mask.npy"     --seed 3 > "$out/masked.json"
+  "$PP_VENV/bin/python" -c "import json,sys; a=json.load(open(sys.argv[1]))['actions']; assert all(x == 2 for x in a[0::3]), a" "$out/masked.json"
+  "$PP_BIN" run "$out/sb3_dqn_cartpole.policy" --obs "$out/obs.json" --seed 1 --epsilon 1.0 | grep -q '"batch":2'
+  "$PP_BIN" run "$out/sb3_cartpole.policy" --obs "$out/cartpole_2x2.npy" 2> "$out/err.txt" || rc=$?
+  grep -q 'shape \[3, 2, 2\]' "$out/err.txt" && grep -q 'batch, 4' "$out/err.txt" && [ "$rc" = 1 ] ||
+    { echo "a .npy of shape [3, 2, 2] for [batch, 4]: want a typed error naming both, exit 1; got $rc"; cat "$out/err.txt"; return 1; }
+  "$PP_BIN" compile tests/fixtures/sb3/ppo_cnn_frames/model.zip -o "$out/sb3_cnn.policy"
+  "$PP_BIN" inspect "$out/sb3_cnn.policy" | grep -q '^layout .*channels-last \[84, 84, 4\]'
+  "$PP_BIN" run "$out/sb3_cnn.policy" --obs "$out/frames_hwc.npy" | grep -q '"batch":2'
+  "$PP_BIN" rollout "$out/sb3_lstm.policy" --obs "$out/rollout_obs.npy" --starts "$out/rollout_starts.npy" --state     > "$out/rollout.jsonl"
+  [ "$(grep -c '"state"' "$out/rollout.jsonl")" = 4 ]
+}
+check "CLI run --mask / --epsilon, .npy shapes checked in full (channels-last frames transposed), rollout with episode starts" cli_masks_shapes
 cli_truncated() {
   local rc=0
   head -c 1000 "$out/cartpole.policy" > "$out/truncated.policy"

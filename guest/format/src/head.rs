@@ -185,7 +185,7 @@ impl HeadPlan {
             Distribution::Deterministic { rescale, noise, .. } => (
                 HeadKind::Deterministic {
                     rescale: *rescale,
-                    noise: noise.as_ref().map(|ActionNoise::Normal { mean, sigma }| {
+                    noise: noise.as_ref().map(|ActionNoise { mean, sigma }| {
                         (mean.clone(), sigma.clone())
                     }),
                 },
@@ -449,7 +449,9 @@ impl HeadPlan {
 
     /// [`HeadPlan::act_row`] under a request's controls: `controls.mask` is this row's mask (checked by
     /// [`HeadPlan::check_mask`]; the masked entries of `params` need not be overwritten first), applied before
-    /// argmax and sampling; `controls.epsilon` overrides a Q-value head's exploration rate.
+    /// argmax and sampling; `controls.epsilon` overrides a Q-value head's exploration rate. Never inlined: one
+    /// call per row costs nothing beside the draw, and its copies cost the browser bundle (3 MB goal).
+    #[inline(never)]
     pub fn act_row_with(
         &self,
         params: &[f32],

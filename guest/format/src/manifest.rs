@@ -411,12 +411,14 @@ pub enum Distribution {
 }
 
 /// Exploration noise of a deterministic actor, as the trainer recorded it (SB3's `NormalActionNoise`): one
-/// independent normal draw per action element (SPEC.md §4's Gaussian words `2d`, `2d + 1`).
+/// independent normal draw per action element (SPEC.md §4's Gaussian words `2d`, `2d + 1`), `mean[d] + sigma[d] ·
+/// z_d`. (A plain struct, not a tagged enum: serde's internally tagged enums cost the browser bundle kilobytes; a
+/// second kind of noise would be a new optional field, a minor version.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ActionNoise {
-    /// `mean[d] + sigma[d] · z_d`, one mean and sigma per action element.
-    Normal { mean: Vec<f32>, sigma: Vec<f32> },
+#[serde(deny_unknown_fields)]
+pub struct ActionNoise {
+    pub mean: Vec<f32>,
+    pub sigma: Vec<f32>,
 }
 
 /// The deterministic action of a squashed Gaussian. Trainers disagree here, so the format says which one the

@@ -866,10 +866,7 @@ impl Checker<'_> {
                     }
                 }
                 if matches!(m.distribution, Distribution::SquashedGaussian { .. })
-                    && low
-                        .iter()
-                        .chain(high)
-                        .any(|b| b.is_none_or(|v| !v.is_finite()))
+                    && !finite_bounds(low, high)
                 {
                     return Err(FormatError::invalid(
                         "action bounds",
@@ -909,18 +906,13 @@ impl Checker<'_> {
                         format!("action '{action}' is {s:?}, action space is {shape:?}"),
                     ));
                 }
-                if *rescale
-                    && low
-                        .iter()
-                        .chain(high)
-                        .any(|b| b.is_none_or(|v| !v.is_finite()))
-                {
+                if *rescale && !finite_bounds(low, high) {
                     return Err(FormatError::invalid(
                         "action bounds",
                         "a rescaled deterministic actor needs finite bounds",
                     ));
                 }
-                if let Some(crate::manifest::ActionNoise::Normal { mean, sigma }) = noise {
+                if let Some(crate::manifest::ActionNoise { mean, sigma }) = noise {
                     if mean.len() != action_len || sigma.len() != action_len {
                         return Err(FormatError::invalid(
                             "distribution.noise",
@@ -1059,6 +1051,13 @@ impl Checker<'_> {
             dist_params_len,
         })
     }
+}
+
+/// Every bound of a Box present and finite (what mapping actions into the bounds needs).
+fn finite_bounds(low: &[Option<f32>], high: &[Option<f32>]) -> bool {
+    low.iter()
+        .chain(high)
+        .all(|b| b.is_some_and(|v| v.is_finite()))
 }
 
 fn variant_name(d: &Distribution) -> &'static str {

@@ -621,26 +621,12 @@ pub fn import_sb3(
             || !sd.keys().any(|k| k.starts_with("pi_features_extractor."));
         let (pi_f, vf_f, d) = if shared {
             let (f, d) = features(&mut g, "features_extractor", &observation, &obs_shape)?;
-            if g.pending() {
-                modules.push(g.module(
-                    "features",
-                    ModuleRole::Encoder,
-                    vec![OBS_VALUE.into()],
-                    vec![f.clone()],
-                ));
-            }
+            push_encoder(&mut g, &mut modules, vec![f.clone()]);
             (f.clone(), f, d)
         } else {
             let (pf, d) = features(&mut g, "pi_features_extractor", &observation, &obs_shape)?;
             let (vf, _) = features(&mut g, "vf_features_extractor", &observation, &obs_shape)?;
-            if g.pending() {
-                modules.push(g.module(
-                    "features",
-                    ModuleRole::Encoder,
-                    vec![OBS_VALUE.into()],
-                    vec![pf.clone(), vf.clone()],
-                ));
-            }
+            push_encoder(&mut g, &mut modules, vec![pf.clone(), vf.clone()]);
             (pf, vf, d)
         };
         if sd
@@ -752,14 +738,7 @@ pub fn import_sb3(
             &observation,
             &obs_shape,
         )?;
-        if g.pending() {
-            modules.push(g.module(
-                "features",
-                ModuleRole::Encoder,
-                vec![OBS_VALUE.into()],
-                vec![f.clone()],
-            ));
-        }
+        push_encoder(&mut g, &mut modules, vec![f.clone()]);
         let prefix = format!("{net}.{net}");
         let (hidden, d, last) = hidden_layers(&mut g, &prefix, &f, d, &act)?;
         let q = if quantile {
@@ -797,14 +776,7 @@ pub fn import_sb3(
             ));
         }
         let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
-        if g.pending() {
-            modules.push(g.module(
-                "features",
-                ModuleRole::Encoder,
-                vec![OBS_VALUE.into()],
-                vec![f.clone()],
-            ));
-        }
+        push_encoder(&mut g, &mut modules, vec![f.clone()]);
         let (hidden, d, last) = hidden_layers(&mut g, "actor.mu", &f, d, &act)?;
         let (mu, k) = g.linear(&last, &hidden, d)?;
         if k != action.action_len() {
@@ -854,6 +826,19 @@ pub fn import_sb3(
     let mut tensors = g.tensors;
     tensors.extend(norm_tensors);
     Ok(Imported { manifest, tensors })
+}
+
+/// The features extractor's nodes (if it built any: Flatten of a vector builds none) as the `features` encoder
+/// module, reading `obs` and giving `outputs`.
+fn push_encoder(g: &mut GraphBuilder, modules: &mut Vec<policyport_format::Module>, outputs: Vec<String>) {
+    if g.pending() {
+        modules.push(g.module(
+            "features",
+            ModuleRole::Encoder,
+            vec![OBS_VALUE.into()],
+            outputs,
+        ));
+    }
 }
 
 /// The module SB3 recorded for the policy class (`policy_class.__module__`), e.g.
@@ -1007,7 +992,7 @@ fn action_noise(
         return Err(bad("NormalActionNoise with a negative sigma"));
     }
     Ok((
-        Some(policyport_format::ActionNoise::Normal { mean, sigma }),
+        Some(policyport_format::ActionNoise { mean, sigma }),
         "; sampled actions add the recorded NormalActionNoise".into(),
     ))
 }
