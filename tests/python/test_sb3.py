@@ -123,7 +123,8 @@ def test_maskable_predict_takes_action_masks_like_sb3_contrib(name):
         np.testing.assert_array_equal(got, want)
         # Sampled: never a forbidden action, and the draws of the native API with the same mask.
         got, _ = pred.predict(obs, action_masks=mask, deterministic=False)
-        nvec = np.atleast_1d(getattr(model.action_space, "nvec", model.action_space.n))
+        space = model.action_space
+        nvec = np.atleast_1d(space.nvec if isinstance(space, gym.spaces.MultiDiscrete) else space.n)
         offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
         chosen = np.asarray(got).reshape(case["batch"], -1)
         assert all(mask[r, offsets[j] + chosen[r, j]] for r in range(case["batch"]) for j in range(len(nvec)))
