@@ -477,7 +477,7 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
 
 /// ABI version 5's `pp_policy_act_masked`: the same masked actions as the Rust session, forbidden logits at
 /// -FLT_MAX, a mask with a component allowing nothing refused with `PP_STATUS_BAD_CALL` and the caller's buffers
-/// untouched, an epsilon override on a Q-value policy, and the sandboxed route refusing masks by name.
+/// untouched, an epsilon on a policy without Q values refused; the sandboxed route gives the same bits.
 #[test]
 fn c_abi_act_masked_applies_masks_like_the_session() {
     let dir = policyport_conformance::fixtures_dir().join("sb3/maskable_ppo_multidiscrete");
@@ -553,5 +553,26 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
         // An epsilon on a policy without Q values is a bad call too.
         assert_eq!(act(p, std::ptr::null(), &mut a2, &mut d2, 0.5), PpStatus::BadCall);
         pp_policy_free(p);
+        // The sandboxed route (plugin ABI 6's pp_act_masked): the same masked draws, the same refusals.
+        let plugin = target_profile_dir()
+            .parent()
+            .unwrap()
+            .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+        let plugin = std::ffi::CString::new(plugin.to_str().unwrap()).unwrap();
+        let mut w: *mut PpPolicy = std::ptr::null_mut();
+        assert_eq!(
+            pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), plugin.as_ptr(), 0, 60_000, &mut w),
+            PpStatus::Ok,
+            "{}",
+            last_error()
+        );
+        let (mut a3, mut d3) = (vec![0i64; batch * k], vec![0f32; batch * per_row]);
+        assert_eq!(act(w, mask_bytes.as_ptr(), &mut a3, &mut d3, f32::NAN), PpStatus::Ok, "{}", last_error());
+        assert_eq!(a3, want.discrete, "sandboxed masked actions");
+        assert_eq!(d3, want.dist_params, "sandboxed masked logits");
+        let (mut a4, mut d4) = (vec![-7i64; batch * k], vec![-7f32; batch * per_row]);
+        assert_eq!(act(w, bad.as_ptr(), &mut a4, &mut d4, f32::NAN), PpStatus::BadCall);
+        assert!(a4.iter().all(|v| *v == -7) && d4.iter().all(|v| *v == -7.0));
+        pp_policy_free(w);
     }
 }

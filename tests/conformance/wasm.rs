@@ -125,6 +125,7 @@ fn hostile(abi_version: u32, load_body: &str) -> String {
           (func (export "pp_load") (param i32 i32) (result i32) {load_body})
           (func (export "pp_info") (param i32 i32) (result i32) i32.const 0)
           (func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) i32.const 0)
+          (func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) i32.const 0)
           (func (export "pp_reset") (param i32 i32 i32) (result i32) i32.const 0)
           (func (export "pp_state") (param i32 i32 i32 i32) (result i32) i32.const 0)
           (func (export "pp_last_error") (param i32 i32) (result i32) i32.const 0))"#
@@ -768,4 +769,51 @@ fn a_host_lent_layer_stops_at_the_calls_deadline() {
         ..limits
     };
     WasmPolicy::load(&rt, b"x", limits).unwrap();
+}
+
+/// Plugin ABI 6's `pp_act_masked` called as any wasm host would: a mask pointer past the memory's end, a mask
+/// whose row allows nothing and an epsilon on a policy without Q values are bad calls (-3, nothing trapped), and a
+/// mask allowing only action 1 makes every draw action 1.
+#[test]
+fn pp_act_masked_checks_its_mask_like_every_other_range() {
+    let engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&engine, plugin_wasm()).unwrap();
+    let f = load_fixture("cartpole");
+    let bytes = compile_fixture(&f);
+    let call = ErrorCode::Call.code();
+    let mut p = RawPlugin::new(&module);
+    let art = p.alloc(&bytes);
+    let load = p.func::<(u32, u32), i32>(policyport_abi::export::LOAD);
+    let h = load.call(&mut p.store, (art, bytes.len() as u32)).unwrap();
+    assert!(h >= 0, "load: {h}");
+    let obs: Vec<u8> = f.io.cases[0].obs[..4]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let (obs, actions, dist) = (p.alloc(&obs), p.alloc(&[0; 4]), p.alloc(&[0; 8]));
+    let only_second = p.alloc(&[0, 1]);
+    let nothing = p.alloc(&[0, 0]);
+    let end = p.end();
+    let act = p.func::<policyport_abi::ActMaskedParams, i32>(policyport_abi::export::ACT_MASKED);
+    let run = |p: &mut RawPlugin, mask: u32, eps: f32, step: u64| {
+        act.call(
+            &mut p.store,
+            (h, obs, 0, 1, 0, 0, 1, 3, step, actions, 0, dist, 0, mask, eps),
+        )
+        .unwrap()
+    };
+    for bad in [end - 1, end + 64, u32::MAX - 1] {
+        assert_eq!(run(&mut p, bad, f32::NAN, 0), call, "mask at {bad:#x} of {end:#x}");
+    }
+    assert_eq!(run(&mut p, nothing, f32::NAN, 0), call);
+    assert_eq!(run(&mut p, 0, 0.5, 0), call, "epsilon without Q values");
+    for step in 0..50 {
+        assert_eq!(run(&mut p, only_second, f32::NAN, step), 0);
+        let mut a = [0u8; 4];
+        p.memory.read(&p.store, actions as usize, &mut a).unwrap();
+        assert_eq!(i32::from_le_bytes(a), 1, "step {step}");
+        let mut d = [0u8; 4];
+        p.memory.read(&p.store, dist as usize, &mut d).unwrap();
+        assert_eq!(f32::from_le_bytes(d), f32::MIN, "the masked logit");
+    }
 }

@@ -1,4 +1,4 @@
-//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 5) as code: one definition of the version, the export
+//! The policyport plugin ABI (`guest/plugin/ABI.md`, version 6) as code: one definition of the version, the export
 //! names, the error codes, the `pp_info` words and the `pp_act` argument encodings, shared by the plugin (inside the
 //! sandbox), the wasmtime host and the C ABI. Before this crate each side kept its own copy (the plugin's `ERR_*`
 //! constants were unused by the host, which matched literal `-1`..`-4`, and decoded `pp_info` by index).
@@ -9,8 +9,9 @@
 /// `episode_starts` (the one state model: a per-row flag that zeroes the env's state before the step); version 3
 /// added `pp_state` (reading the recurrent state back, so the plugin is a runtime `Executor` like any other);
 /// version 4 the codes [`ErrorCode::TooLarge`] and [`ErrorCode::NonFinite`]; version 5 the two imports of
-/// [`host`] (the host-lent dense kernel: a host that lends nothing declines every offer).
-pub const ABI_VERSION: u32 = 5;
+/// [`host`] (the host-lent dense kernel: a host that lends nothing declines every offer); version 6 the export
+/// `pp_act_masked` (format 1.4's action masks and epsilon override, [`ActMaskedParams`]).
+pub const ABI_VERSION: u32 = 6;
 
 /// Export names (and the one exported memory).
 pub mod export {
@@ -21,6 +22,7 @@ pub mod export {
     pub const LOAD: &str = "pp_load";
     pub const INFO: &str = "pp_info";
     pub const ACT: &str = "pp_act";
+    pub const ACT_MASKED: &str = "pp_act_masked";
     pub const RESET: &str = "pp_reset";
     pub const STATE: &str = "pp_state";
     pub const LAST_ERROR: &str = "pp_last_error";
@@ -134,6 +136,27 @@ pub type ActParams = (
     u32,
     u32,
     u32,
+);
+
+/// `pp_act_masked(.. pp_act's 13 ..., action_mask, epsilon) -> i32`: [`ActParams`] then `action_mask` (`u32`:
+/// `batch × dist params` bytes, non-zero allowing the action, or 0 for none) and `epsilon` (`f32`: a Q-value
+/// policy's exploration rate for this call, NaN for the artifact's).
+pub type ActMaskedParams = (
+    i32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u64,
+    u64,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    f32,
 );
 
 /// The negative result codes of the exports (`0` is ok, `≥ 0` from `pp_load` is a handle).
@@ -351,6 +374,7 @@ mod tests {
             export::LOAD,
             export::INFO,
             export::ACT,
+            export::ACT_MASKED,
             export::RESET,
             export::STATE,
             export::LAST_ERROR,

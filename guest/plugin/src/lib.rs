@@ -85,6 +85,8 @@ struct Slot {
     info: policyport::PolicyInfo,
     /// `pp_act`'s episode-start bytes as flags (reused across calls).
     starts: Vec<bool>,
+    /// `pp_act_masked`'s mask bytes as flags (reused across calls).
+    mask: Vec<bool>,
 }
 
 thread_local! {
@@ -228,6 +230,7 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
                 info: policy.info(),
                 session: policy.session(),
                 starts: vec![],
+                mask: vec![],
             });
             match slots.iter().position(|s| s.is_none()) {
                 Some(i) => {
@@ -292,6 +295,52 @@ pub unsafe extern "C" fn pp_act(
     dist: *mut f32,
     episode_starts: *const u8,
 ) -> i32 {
+    // SAFETY: pp_act_masked's contract without a mask.
+    unsafe {
+        pp_act_masked(
+            handle,
+            obs,
+            obs_dtype,
+            batch,
+            env_ids,
+            env_offset,
+            mode,
+            seed,
+            step,
+            actions,
+            value,
+            dist,
+            episode_starts,
+            core::ptr::null(),
+            f32::NAN,
+        )
+    }
+}
+
+/// `pp_act` with an action mask (`batch × dist params` bytes, or null) and an epsilon override (NaN for none):
+/// ABI version 6 (ABI.md).
+///
+/// # Safety
+/// As `pp_act`; a non-null `action_mask` is checked against the memory like every other range.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn pp_act_masked(
+    handle: i32,
+    obs: *const u8,
+    obs_dtype: u32,
+    batch: u32,
+    env_ids: *const u32,
+    env_offset: u32,
+    mode: u32,
+    seed: u64,
+    step: u64,
+    actions: *mut u8,
+    value: *mut f32,
+    dist: *mut f32,
+    episode_starts: *const u8,
+    action_mask: *const u8,
+    epsilon: f32,
+) -> i32 {
     with_slot(handle, |slot| {
         let info = &slot.info;
         let b = batch as usize;
@@ -355,6 +404,16 @@ pub unsafe extern "C" fn pp_act(
             slot.starts.clear();
             slot.starts.extend(flags.iter().map(|f| *f != 0));
             req = req.episode_starts(&slot.starts);
+        }
+        if !action_mask.is_null() {
+            let flags =
+                unsafe { slice(action_mask, dist_n) }.ok_or_else(|| bad("action mask"))?;
+            slot.mask.clear();
+            slot.mask.extend(flags.iter().map(|f| *f != 0));
+            req = req.action_mask(&slot.mask);
+        }
+        if !epsilon.is_nan() {
+            req = req.epsilon(epsilon);
         }
         let out = slot.session.act(&req).map_err(|e| fail(code_of(&e), e))?;
         let n = action_n;

@@ -450,8 +450,8 @@ pub unsafe extern "C" fn pp_policy_act(
 /// `batch × dist_params_len` bytes of a discrete policy, one per logit or Q value (multi-discrete components
 /// concatenated), non-zero allowing the action — forbidden actions are never chosen, and their `dist_params`
 /// read -FLT_MAX; every component of every row must allow one action (else `PP_STATUS_BAD_CALL`, and nothing
-/// changes). `epsilon`: a Q-value policy's exploration rate for this call, or NaN for the artifact's. The
-/// sandboxed route (`pp_policy_load_wasm`) refuses a mask or an epsilon with `PP_STATUS_BAD_CALL` for now.
+/// changes). `epsilon`: a Q-value policy's exploration rate for this call, or NaN for the artifact's. Both routes
+/// take them (the sandbox through the plugin ABI's `pp_act_masked`, version 6).
 ///
 /// # Safety
 /// As [`pp_policy_act`]; a non-null `action_mask` covers `batch × dist_params_len` bytes.

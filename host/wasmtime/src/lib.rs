@@ -274,6 +274,7 @@ struct Exports {
     load: TypedFunc<(u32, u32), i32>,
     info: TypedFunc<(i32, u32), i32>,
     act: TypedFunc<policyport_abi::ActParams, i32>,
+    act_masked: TypedFunc<policyport_abi::ActMaskedParams, i32>,
     reset: TypedFunc<(i32, u32, u32), i32>,
     state: TypedFunc<(i32, u32, u32, u32), i32>,
     last_error: TypedFunc<(u32, u32), u32>,
@@ -289,6 +290,14 @@ pub struct WasmInfo {
     pub discrete: bool,
     pub recurrent_states: usize,
     pub u8_obs: bool,
+}
+
+/// A request's head controls as `pp_act_masked` takes them (format 1.4).
+#[cfg(feature = "wasmtime")]
+#[derive(Debug, Clone, Copy, Default)]
+struct HeadControls<'a> {
+    mask: Option<&'a [bool]>,
+    epsilon: Option<f32>,
 }
 
 /// One sandboxed instance with one loaded policy.
@@ -362,6 +371,7 @@ impl WasmPolicy {
             load: func!(export::LOAD),
             info: func!(export::INFO),
             act: func!(export::ACT),
+            act_masked: func!(export::ACT_MASKED),
             reset: func!(export::RESET),
             state: func!(export::STATE),
             last_error: func!(export::LAST_ERROR),
@@ -469,7 +479,9 @@ impl WasmPolicy {
     /// Layout of the batch buffer for `cap` rows: obs | env ids | actions | value | dist (each 16-aligned).
     /// Offsets of the regions of one guest buffer for `cap` rows: observations, env ids, actions, values,
     /// distribution parameters, episode-start flags, and the end.
-    fn layout(&self, cap: usize) -> [usize; 7] {
+    /// Offsets in the shared buffer: obs, env ids, actions, value, dist, episode starts, action mask (one byte
+    /// per dist param: only discrete policies take masks), and the end.
+    fn layout(&self, cap: usize) -> [usize; 8] {
         let a = |x: usize| x.div_ceil(16) * 16;
         let i = &self.info;
         let obs = a(cap * i.obs_len.max(8) * 4);
@@ -478,14 +490,21 @@ impl WasmPolicy {
         let val = a(cap * 4);
         let dist = a(cap * i.dist_params_len.max(1) * 4);
         let starts = a(cap);
+        let mask = if i.discrete {
+            a(cap * i.dist_params_len)
+        } else {
+            0
+        };
+        let before_starts = obs + ids + act + val + dist;
         [
             0,
             obs,
             obs + ids,
             obs + ids + act,
             obs + ids + act + val,
-            obs + ids + act + val + dist,
-            obs + ids + act + val + dist + starts,
+            before_starts,
+            before_starts + starts,
+            before_starts + starts + mask,
         ]
     }
 
@@ -494,7 +513,7 @@ impl WasmPolicy {
             return Ok(());
         }
         let cap = batch.max(self.capacity * 2).max(1);
-        let total = u32::try_from(self.layout(cap)[6].max(64))
+        let total = u32::try_from(self.layout(cap)[7].max(64))
             .map_err(|_| WasmError::Call(format!("batch {batch} too large")))?;
         if let Some((p, l)) = self.buf.take() {
             self.call("pp_free", |s, x| x.free.call(s, (p, l)))?;
@@ -545,15 +564,6 @@ impl WasmPolicy {
     /// same code.
     pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), WasmError> {
         let (obs, batch, mode, envs) = (req.obs, req.batch, req.mode, req.envs);
-        // The plugin ABI (v3) carries no head controls; ignoring them would answer forbidden actions. A Session
-        // on `load`'s CompiledPolicy applies them on the host, from the plugin's read-back parameters.
-        if req.action_mask.is_some() || req.epsilon.is_some() {
-            return Err(WasmError::Call(
-                "action masks and epsilon overrides are applied by a Session: use policyport_wasmtime::load \
-                 and CompiledPolicy::session (WasmPolicy::act takes neither)"
-                    .into(),
-            ));
-        }
         let n = match obs {
             Observations::F32(x) => x.len(),
             Observations::U8(x) => x.len(),
@@ -584,7 +594,11 @@ impl WasmPolicy {
                 ObsDType::U8
             }
         };
-        self.run(batch, dtype, mode, envs, req.episode_starts, out)
+        let controls = HeadControls {
+            mask: req.action_mask,
+            epsilon: req.epsilon,
+        };
+        self.run(batch, dtype, mode, envs, req.episode_starts, controls, out)
     }
 
     /// act() on observations already written through [`obs_buffer`](Self::obs_buffer).
@@ -596,9 +610,18 @@ impl WasmPolicy {
         out: &mut ActOutputs,
     ) -> Result<(), WasmError> {
         self.ensure_capacity(batch.max(1))?;
-        self.run(batch, ObsDType::F32, mode, envs, None, out)
+        self.run(
+            batch,
+            ObsDType::F32,
+            mode,
+            envs,
+            None,
+            HeadControls::default(),
+            out,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
         batch: usize,
@@ -606,11 +629,38 @@ impl WasmPolicy {
         mode: ActMode,
         envs: EnvIds<'_>,
         episode_starts: Option<&[bool]>,
+        controls: HeadControls<'_>,
         out: &mut ActOutputs,
     ) -> Result<(), WasmError> {
         let (ptr, _) = self.buf.unwrap();
         let l = self.layout(self.capacity);
         let at = |i: usize| ptr + l[i] as u32;
+        let mask_ptr = match controls.mask {
+            None => 0u32,
+            Some(flags) => {
+                // The reserved region holds batch x dist params bytes of a discrete policy; anything else is
+                // refused here, before it is written (the guest checks the same again).
+                let want = batch * self.info.dist_params_len;
+                if !self.info.discrete || flags.len() != want {
+                    return Err(WasmError::Call(format!(
+                        "{} action-mask flags for a batch of {batch}; this policy takes {} ({})",
+                        flags.len(),
+                        if self.info.discrete { want } else { 0 },
+                        if self.info.discrete {
+                            "one per logit"
+                        } else {
+                            "continuous actions: no mask"
+                        }
+                    )));
+                }
+                let start = at(6) as usize;
+                let mem = self.memory.data_mut(&mut self.store);
+                for (dst, f) in mem[start..start + want].iter_mut().zip(flags) {
+                    *dst = *f as u8;
+                }
+                at(6)
+            }
+        };
         let starts_ptr = match episode_starts {
             None => 0u32,
             Some(flags) => {
@@ -667,8 +717,31 @@ impl WasmPolicy {
             at(4),
             starts_ptr,
         );
-        let rc = self.call("pp_act", |s, x| x.act.call(s, args))?;
-        self.check("pp_act", rc)?;
+        if controls.mask.is_some() || controls.epsilon.is_some() {
+            let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12) = args;
+            let masked: policyport_abi::ActMaskedParams = (
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
+                a6,
+                a7,
+                a8,
+                a9,
+                a10,
+                a11,
+                a12,
+                mask_ptr,
+                controls.epsilon.unwrap_or(f32::NAN),
+            );
+            let rc = self.call("pp_act_masked", |s, x| x.act_masked.call(s, masked))?;
+            self.check("pp_act_masked", rc)?;
+        } else {
+            let rc = self.call("pp_act", |s, x| x.act.call(s, args))?;
+            self.check("pp_act", rc)?;
+        }
         // Read the outputs straight from linear memory.
         let i = self.info;
         let mem = self.memory.data(&self.store);
