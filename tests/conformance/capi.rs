@@ -569,7 +569,15 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
         let (mut a3, mut d3) = (vec![0i64; batch * k], vec![0f32; batch * per_row]);
         assert_eq!(act(w, mask_bytes.as_ptr(), &mut a3, &mut d3, f32::NAN), PpStatus::Ok, "{}", last_error());
         assert_eq!(a3, want.discrete, "sandboxed masked actions");
-        assert_eq!(d3, want.dist_params, "sandboxed masked logits");
+        // Forbidden logits exactly at f32's minimum; allowed ones as the native kernels' (the sandbox's SIMD128
+        // kernels sum in another order than the native family under test: equal to rounding, not bit for bit).
+        for (i, (s, n)) in d3.iter().zip(&want.dist_params).enumerate() {
+            if flags[i] {
+                assert!((s - n).abs() <= 1e-5 * n.abs().max(1.0), "logit {i}: {s} vs {n}");
+            } else {
+                assert_eq!(*s, -f32::MAX, "masked logit {i}");
+            }
+        }
         let (mut a4, mut d4) = (vec![-7i64; batch * k], vec![-7f32; batch * per_row]);
         assert_eq!(act(w, bad.as_ptr(), &mut a4, &mut d4, f32::NAN), PpStatus::BadCall);
         assert!(a4.iter().all(|v| *v == -7) && d4.iter().all(|v| *v == -7.0));
