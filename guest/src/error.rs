@@ -1,6 +1,7 @@
 //! The runtime's typed errors: enums all the way down, so callers (the plugin's error codes, the C ABI's
 //! statuses, the browser's error names) match on kinds, never on message text.
 
+pub use policyport_format::HeadControlError;
 use policyport_format::FormatError;
 use thiserror::Error;
 
@@ -55,46 +56,6 @@ pub enum PolicyError {
         backend: Backend,
         feature: &'static str,
     },
-}
-
-/// A request's controls of the action head (its action mask, its epsilon) that the policy cannot take.
-#[derive(Debug, Error, Clone, PartialEq)]
-pub enum HeadControlError {
-    #[error("action mask given for a policy with continuous actions (masks are for discrete heads)")]
-    MaskOnContinuous,
-    #[error("action mask has {found} flags; {batch} rows need {per_row} each (one per logit or Q value)")]
-    MaskLength {
-        found: usize,
-        batch: usize,
-        per_row: usize,
-    },
-    #[error("action mask of row {row} allows no action in component {segment}")]
-    NoAllowedAction { row: usize, segment: usize },
-    #[error("epsilon {epsilon} is not a probability in [0, 1]")]
-    Epsilon { epsilon: f32 },
-    #[error("epsilon given for a policy without Q values (epsilon-greedy is a DQN-family head)")]
-    EpsilonWithoutQValues,
-}
-
-impl From<policyport_format::MaskError> for HeadControlError {
-    fn from(e: policyport_format::MaskError) -> Self {
-        use policyport_format::MaskError as M;
-        match e {
-            M::NotDiscrete => HeadControlError::MaskOnContinuous,
-            M::Length {
-                found,
-                batch,
-                per_row,
-            } => HeadControlError::MaskLength {
-                found,
-                batch,
-                per_row,
-            },
-            M::NoAllowedAction { row, segment } => {
-                HeadControlError::NoAllowedAction { row, segment }
-            }
-        }
-    }
 }
 
 /// The env ids of one request are unusable.

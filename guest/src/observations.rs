@@ -133,6 +133,16 @@ pub enum ObsLayout {
     ChannelsLast { c: usize, h: usize, w: usize },
 }
 
+impl ObsLayout {
+    /// `rows` observations in this layout, as the policy takes them (moved through unchanged when `AsIs`).
+    pub fn into_policy_layout<T: Copy>(self, data: Vec<T>, rows: usize) -> Vec<T> {
+        match self {
+            ObsLayout::AsIs => data,
+            ObsLayout::ChannelsLast { c, h, w } => channels_last_to_first(&data, rows, c, h, w),
+        }
+    }
+}
+
 /// [`batch_of_shape`], also accepting channels-last frames for a policy whose observation is a channels-first
 /// uint8 image `[C, H, W]` (C its smallest axis: SB3's rule for channels-first image spaces, which is what an SB3
 /// `CnnPolicy` stores after wrapping a channels-last env in `VecTransposeImage`). What an Atari / gymnasium env

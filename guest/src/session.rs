@@ -9,10 +9,10 @@
 use std::sync::Arc;
 
 use policyport_format::sampling::ActMode;
-use policyport_format::{HeadKind, RowControls};
+use policyport_format::RowControls;
 
 use crate::compiled::CompiledPolicy;
-use crate::error::{EnvIdError, HeadControlError, ObservationError, PolicyError, StateError};
+use crate::error::{EnvIdError, ObservationError, PolicyError, StateError};
 use crate::executor::{ExecScratch, Pending, StepInput};
 use crate::observations::{Observations, check_observations};
 use crate::state::HostState;
@@ -469,19 +469,9 @@ impl Session {
             }
             .into());
         }
-        let head = self.policy.head();
-        if let Some(mask) = req.action_mask {
-            head.check_mask(mask, batch)
-                .map_err(|e| PolicyError::from(HeadControlError::from(e)))?;
-        }
-        if let Some(epsilon) = req.epsilon {
-            if !matches!(head.kind, HeadKind::QValues { .. }) {
-                return Err(HeadControlError::EpsilonWithoutQValues.into());
-            }
-            if !(0.0..=1.0).contains(&epsilon) {
-                return Err(HeadControlError::Epsilon { epsilon }.into());
-            }
-        }
+        self.policy
+            .head()
+            .check_controls(req.action_mask, req.epsilon, batch)?;
         let policy = &self.policy;
         let placement = policy.executor().placement();
         if placement.preprocess {
@@ -612,9 +602,9 @@ impl Session {
         out.value.resize(if has_value { batch } else { 0 }, 0.0);
         let discrete = head.is_discrete();
         let mask_len = head.mask_len();
-        // A mask or an epsilon override: the device's draw (if any) is replaced by the host's, from the same
-        // read-back parameters and with the same code on every backend (bit-identical actions).
-        let host_draws = !placement.sampling || head.controls_need_host(&req.controls_of(0, 0));
+        // A mask or an epsilon override (accepted for Q-value heads only): the device's draw, if any, is replaced
+        // by the host's, from the same read-back parameters and with the same code on every backend.
+        let host_draws = !placement.sampling || req.action_mask.is_some() || req.epsilon.is_some();
         if discrete {
             out.discrete.resize(batch * k, 0);
             out.continuous.clear();

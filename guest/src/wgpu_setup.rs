@@ -57,7 +57,10 @@ pub(crate) fn program(
         HeadKind::QValues { .. } => SampleFamily::QValues,
     };
     let (rescale, noise) = match &head.kind {
-        HeadKind::Deterministic { rescale, noise } => (*rescale, noise.clone()),
+        HeadKind::Deterministic { rescale, noise } => (
+            *rescale,
+            noise.as_ref().map(|n| (n.mean.clone(), n.sigma.clone())),
+        ),
         _ => (false, None),
     };
     let spec = SampleSpec {

@@ -174,11 +174,13 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
 #[test]
 fn the_deadline_outlives_the_runtime_handle() {
     // The epoch ticker that enforces deadlines belonged to the WasmRuntime: with the caller's handle dropped
-    // while a policy lived (the CLI's `bench --plugin` did this), a looping pp_act hung the host forever.
+    // while a policy lived (the CLI's `bench --plugin` did this), a looping pp_act hung the host forever. (The
+    // host steps through pp_act_masked since ABI 6: that is the export that loops here.)
     let looping = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
-        r#"(func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) i32.const 0)"#,
-        r#"(func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) (loop br 0) i32.const 0)"#,
+        r#"(func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) i32.const 0)"#,
+        r#"(func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) (loop br 0) i32.const 0)"#,
     );
+    assert!(looping.contains("(loop br 0) i32.const 0)"), "the looping act export was swapped in");
     let rt = WasmRuntime::new(looping.as_bytes()).unwrap();
     let limits = WasmLimits {
         deadline: Duration::from_millis(50),

@@ -24,7 +24,7 @@ pub const MASKED_LOGIT: f32 = f32::MIN;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RowControls<'a> {
     /// One flag per logit (per Q value) of the row, segments concatenated as in `dist_params`; `false` forbids
-    /// the action. Checked beforehand ([`HeadPlan::check_mask`]): every segment allows at least one action.
+    /// the action. Checked beforehand ([`HeadPlan::check_controls`]): every segment allows at least one action.
     pub mask: Option<&'a [bool]>,
     /// A Q-value head's exploration rate for this request instead of the artifact's.
     pub epsilon: Option<f32>,
@@ -38,19 +38,24 @@ impl RowControls<'_> {
     };
 }
 
-/// Why an action mask was refused.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MaskError {
-    /// The head is continuous: there is nothing to mask.
-    NotDiscrete,
-    /// `found` flags for `batch` rows of `per_row`.
-    Length {
+/// A request's controls of the action head (its action mask, its epsilon) that the policy cannot take: the
+/// request check of [`HeadPlan::check_controls`], and the runtime's `PolicyError::HeadControl`.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum HeadControlError {
+    #[error("action mask given for a policy with continuous actions (masks are for discrete heads)")]
+    MaskOnContinuous,
+    #[error("action mask has {found} flags; {batch} rows need {per_row} each (one per logit or Q value)")]
+    MaskLength {
         found: usize,
         batch: usize,
         per_row: usize,
     },
-    /// Row `row`'s component `segment` allows no action.
+    #[error("action mask of row {row} allows no action in component {segment}")]
     NoAllowedAction { row: usize, segment: usize },
+    #[error("epsilon {epsilon} is not a probability in [0, 1]")]
+    Epsilon { epsilon: f32 },
+    #[error("epsilon given for a policy without Q values (epsilon-greedy is a DQN-family head)")]
+    EpsilonWithoutQValues,
 }
 
 /// The family of the action distribution.
@@ -75,7 +80,7 @@ pub enum HeadKind {
     /// actions add `noise` (`(mean, sigma)` per element) first, or equal the deterministic ones without it.
     Deterministic {
         rescale: bool,
-        noise: Option<(Vec<f32>, Vec<f32>)>,
+        noise: Option<ActionNoise>,
     },
 }
 
@@ -185,9 +190,7 @@ impl HeadPlan {
             Distribution::Deterministic { rescale, noise, .. } => (
                 HeadKind::Deterministic {
                     rescale: *rescale,
-                    noise: noise.as_ref().map(|ActionNoise { mean, sigma }| {
-                        (mean.clone(), sigma.clone())
-                    }),
+                    noise: noise.clone(),
                 },
                 None,
                 None,
@@ -264,38 +267,47 @@ impl HeadPlan {
         }
     }
 
-    /// The request check of an action mask for `batch` rows (`batch x mask_len` flags): the head is discrete,
-    /// the length fits, and every component of every row allows at least one action (a row with none has no
-    /// answer: sb3-contrib would sample from an all-masked distribution, uniformly among forbidden actions).
-    pub fn check_mask(&self, mask: &[bool], batch: usize) -> Result<(), MaskError> {
-        let per_row = self.mask_len();
-        if per_row == 0 {
-            return Err(MaskError::NotDiscrete);
-        }
-        if batch.checked_mul(per_row) != Some(mask.len()) {
-            return Err(MaskError::Length {
-                found: mask.len(),
-                batch,
-                per_row,
-            });
-        }
-        for (row, flags) in mask.chunks_exact(per_row).enumerate() {
-            let mut off = 0;
-            for (segment, n) in self.segments.iter().enumerate() {
-                if !flags[off..off + n].iter().any(|f| *f) {
-                    return Err(MaskError::NoAllowedAction { row, segment });
+    /// The request check of a request's head controls for `batch` rows. A mask (`batch x mask_len` flags):
+    /// the head is discrete, the length fits, and every component of every row allows at least one action (a
+    /// row with none has no answer: sb3-contrib would sample from an all-masked distribution, uniformly among
+    /// forbidden actions). An epsilon: the head has Q values and it is a probability (NaN is not).
+    pub fn check_controls(
+        &self,
+        mask: Option<&[bool]>,
+        epsilon: Option<f32>,
+        batch: usize,
+    ) -> Result<(), HeadControlError> {
+        if let Some(mask) = mask {
+            let per_row = self.mask_len();
+            if per_row == 0 {
+                return Err(HeadControlError::MaskOnContinuous);
+            }
+            if batch.checked_mul(per_row) != Some(mask.len()) {
+                return Err(HeadControlError::MaskLength {
+                    found: mask.len(),
+                    batch,
+                    per_row,
+                });
+            }
+            for (row, flags) in mask.chunks_exact(per_row).enumerate() {
+                let mut off = 0;
+                for (segment, n) in self.segments.iter().enumerate() {
+                    if !flags[off..off + n].iter().any(|f| *f) {
+                        return Err(HeadControlError::NoAllowedAction { row, segment });
+                    }
+                    off += n;
                 }
-                off += n;
+            }
+        }
+        if let Some(epsilon) = epsilon {
+            if !matches!(self.kind, HeadKind::QValues { .. }) {
+                return Err(HeadControlError::EpsilonWithoutQValues);
+            }
+            if !(0.0..=1.0).contains(&epsilon) {
+                return Err(HeadControlError::Epsilon { epsilon });
             }
         }
         Ok(())
-    }
-
-    /// Whether this request's controls change what a device sampler would draw (a mask, an epsilon override):
-    /// then the session draws on the host from the read-back parameters instead, with this same code, so
-    /// every backend gives the same actions bit for bit.
-    pub fn controls_need_host(&self, c: &RowControls<'_>) -> bool {
-        c.mask.is_some() || (c.epsilon.is_some() && matches!(self.kind, HeadKind::QValues { .. }))
     }
 
     /// `(low, high)` with one entry per action element, for device samplers that bind both buffers whatever the
@@ -448,7 +460,7 @@ impl HeadPlan {
     }
 
     /// [`HeadPlan::act_row`] under a request's controls: `controls.mask` is this row's mask (checked by
-    /// [`HeadPlan::check_mask`]; the masked entries of `params` need not be overwritten first), applied before
+    /// [`HeadPlan::check_controls`]; the masked entries of `params` need not be overwritten first), applied before
     /// argmax and sampling; `controls.epsilon` overrides a Q-value head's exploration rate. Never inlined: one
     /// call per row costs nothing beside the draw, and its copies cost the browser bundle (3 MB goal).
     #[inline(never)]
@@ -490,8 +502,8 @@ impl HeadPlan {
             HeadKind::Deterministic { rescale, noise } => {
                 for d in 0..self.action_len {
                     let mut a = params[d];
-                    if let (Some(s), Some((mean, sigma))) = (&mut stream, noise) {
-                        a += mean[d] + sigma[d] * standard_normal(s, d as u32);
+                    if let (Some(s), Some(n)) = (&mut stream, noise) {
+                        a += n.mean[d] + n.sigma[d] * standard_normal(s, d as u32);
                         if *rescale {
                             a = a.clamp(-1.0, 1.0);
                         }

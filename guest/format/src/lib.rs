@@ -14,7 +14,7 @@ pub mod validate;
 
 pub use container::{Artifact, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, read_artifact, write_artifact};
 pub use error::FormatError;
-pub use head::{HeadKind, HeadPlan, LogStdSource, MASKED_LOGIT, MaskError, RowControls};
+pub use head::{HeadControlError, HeadKind, HeadPlan, LogStdSource, MASKED_LOGIT, RowControls};
 pub use manifest::*;
 pub use validate::{
     DEFAULT_MAX_MEMORY_BYTES, Limits, MAX_GOLDEN_TOLERANCE, MemoryEstimate, ValidatedPlan, validate,

@@ -83,8 +83,9 @@ pub fn categorical_masked(logits: &[f32], mask: Option<&[bool]>, u: f32) -> usiz
     let t = u * total;
     let mut acc = 0.0f32;
     for i in 0..logits.len() {
+        // (A forbidden entry adds 0, so the sum first passes t at an allowed one.)
         acc += e(i);
-        if acc > t && mask[i] {
+        if acc > t {
             return i;
         }
     }

@@ -294,6 +294,21 @@ fn error(kind: &str, message: impl std::fmt::Display) -> JsValue {
     e.into()
 }
 
+/// An optional `Uint8Array` option as per-row flags (non-zero = true): `episodeStarts`, `actionMask`.
+fn flags_field(options: &JsValue, name: &'static str) -> Result<Option<Vec<bool>>, JsValue> {
+    match field(options, name)? {
+        None => Ok(None),
+        Some(v) => Ok(Some(
+            v.dyn_ref::<Uint8Array>()
+                .ok_or_else(|| arg_error(format!("{name} must be a Uint8Array (non-zero = true)")))?
+                .to_vec()
+                .into_iter()
+                .map(|b| b != 0)
+                .collect(),
+        )),
+    }
+}
+
 fn policy_error(e: &PolicyError) -> JsValue {
     let kind = match e {
         PolicyError::Artifact(_) => "PolicyportArtifactError",
@@ -503,28 +518,8 @@ impl Inner {
                     .to_vec(),
             ),
         };
-        let episode_starts = match field(options, "episodeStarts")? {
-            None => None,
-            Some(v) => Some(
-                v.dyn_ref::<Uint8Array>()
-                    .ok_or_else(|| arg_error("episodeStarts must be a Uint8Array"))?
-                    .to_vec()
-                    .into_iter()
-                    .map(|b| b != 0)
-                    .collect(),
-            ),
-        };
-        let action_mask = match field(options, "actionMask")? {
-            None => None,
-            Some(v) => Some(
-                v.dyn_ref::<Uint8Array>()
-                    .ok_or_else(|| arg_error("actionMask must be a Uint8Array (non-zero allows)"))?
-                    .to_vec()
-                    .into_iter()
-                    .map(|b| b != 0)
-                    .collect(),
-            ),
-        };
+        let episode_starts = flags_field(options, "episodeStarts")?;
+        let action_mask = flags_field(options, "actionMask")?;
         let epsilon = match field(options, "epsilon")? {
             None => None,
             Some(v) => Some(

@@ -506,13 +506,7 @@ fn run() -> Result<()> {
                 let (batch, layout) =
                     policyport::layout_of_shape(&policy.manifest().observation, &shape)
                         .map_err(policyport::PolicyError::from)?;
-                let data = match layout {
-                    policyport::ObsLayout::AsIs => data,
-                    policyport::ObsLayout::ChannelsLast { c, h, w } => {
-                        policyport::channels_last_to_first(&data, batch, c, h, w)
-                    }
-                };
-                (vec![batch], data)
+                (vec![batch], layout.into_policy_layout(data, batch))
             } else {
                 let v: Vec<Vec<f32>> =
                     serde_json::from_slice(&raw).context("obs JSON must be [[..], [..]]")?;
@@ -1186,12 +1180,7 @@ fn rollout(
     };
     let (batch, layout) = policyport::layout_of_shape(&policy.manifest().observation, step_shape)
         .map_err(policyport::PolicyError::from)?;
-    let data = match layout {
-        policyport::ObsLayout::AsIs => data,
-        policyport::ObsLayout::ChannelsLast { c, h, w } => {
-            policyport::channels_last_to_first(&data, t_len * batch, c, h, w)
-        }
-    };
+    let data = layout.into_policy_layout(data, t_len * batch);
     let per_step = data.len() / t_len.max(1);
     let flags = |path: Option<&Path>, width: usize, what: &str| -> Result<Option<Vec<bool>>> {
         let Some(p) = path else { return Ok(None) };

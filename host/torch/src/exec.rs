@@ -664,9 +664,9 @@ impl Head {
             } => HeadKind::Deterministic {
                 rescale,
                 noise: match noise {
-                    Some((m, sg)) => Some((
-                        upload(m, &[1, k as i64], Kind::Float, device)?,
-                        upload(sg, &[1, k as i64], Kind::Float, device)?,
+                    Some(n) => Some((
+                        upload(&n.mean, &[1, k as i64], Kind::Float, device)?,
+                        upload(&n.sigma, &[1, k as i64], Kind::Float, device)?,
                     )),
                     None => None,
                 },

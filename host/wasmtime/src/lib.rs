@@ -273,7 +273,6 @@ struct Exports {
     free: TypedFunc<(u32, u32), ()>,
     load: TypedFunc<(u32, u32), i32>,
     info: TypedFunc<(i32, u32), i32>,
-    act: TypedFunc<policyport_abi::ActParams, i32>,
     act_masked: TypedFunc<policyport_abi::ActMaskedParams, i32>,
     reset: TypedFunc<(i32, u32, u32), i32>,
     state: TypedFunc<(i32, u32, u32, u32), i32>,
@@ -370,7 +369,6 @@ impl WasmPolicy {
             free: func!(export::FREE),
             load: func!(export::LOAD),
             info: func!(export::INFO),
-            act: func!(export::ACT),
             act_masked: func!(export::ACT_MASKED),
             reset: func!(export::RESET),
             state: func!(export::STATE),
@@ -702,7 +700,8 @@ impl WasmPolicy {
             ActMode::Sample { seed, step } => (policyport_abi::Mode::Sample, seed, step),
         };
         let h = self.handle;
-        let args: policyport_abi::ActParams = (
+        // Always pp_act_masked (ABI 6): with no mask (0) and no epsilon (NaN) it is pp_act.
+        let args: policyport_abi::ActMaskedParams = (
             h,
             at(0),
             dtype as u32,
@@ -716,32 +715,11 @@ impl WasmPolicy {
             at(3),
             at(4),
             starts_ptr,
+            mask_ptr,
+            controls.epsilon.unwrap_or(f32::NAN),
         );
-        if controls.mask.is_some() || controls.epsilon.is_some() {
-            let (a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12) = args;
-            let masked: policyport_abi::ActMaskedParams = (
-                a0,
-                a1,
-                a2,
-                a3,
-                a4,
-                a5,
-                a6,
-                a7,
-                a8,
-                a9,
-                a10,
-                a11,
-                a12,
-                mask_ptr,
-                controls.epsilon.unwrap_or(f32::NAN),
-            );
-            let rc = self.call("pp_act_masked", |s, x| x.act_masked.call(s, masked))?;
-            self.check("pp_act_masked", rc)?;
-        } else {
-            let rc = self.call("pp_act", |s, x| x.act.call(s, args))?;
-            self.check("pp_act", rc)?;
-        }
+        let rc = self.call("pp_act_masked", |s, x| x.act_masked.call(s, args))?;
+        self.check("pp_act_masked", rc)?;
         // Read the outputs straight from linear memory.
         let i = self.info;
         let mem = self.memory.data(&self.store);
