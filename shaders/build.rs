@@ -18,7 +18,10 @@ fn main() {
         let src_path = format!("{name}.wgsl");
         println!("cargo:rerun-if-changed={src_path}");
         let src = std::fs::read_to_string(&src_path).expect("a committed WGSL kernel");
-        assert!(!src.contains("/*"), "{src_path}: block comments are not stripped");
+        assert!(
+            !src.contains("/*"),
+            "{src_path}: block comments are not stripped"
+        );
         let code: Vec<&str> = src
             .lines()
             .map(|l| l.split_once("//").map_or(l, |(code, _)| code).trim())

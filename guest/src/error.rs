@@ -1,8 +1,8 @@
 //! The runtime's typed errors: enums all the way down, so callers (the plugin's error codes, the C ABI's
 //! statuses, the browser's error names) match on kinds, never on message text.
 
-pub use policyport_format::HeadControlError;
 use policyport_format::FormatError;
+pub use policyport_format::HeadControlError;
 use thiserror::Error;
 
 use crate::backend::Backend;

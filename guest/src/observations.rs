@@ -153,7 +153,13 @@ pub fn layout_of_shape(
     shape: &[usize],
 ) -> Result<(usize, ObsLayout), ObservationError> {
     let exact = batch_of_shape(space, shape);
-    if let (Err(_), ObservationSpace::Box { shape: s, dtype: ObsDType::U8 }) = (&exact, space)
+    if let (
+        Err(_),
+        ObservationSpace::Box {
+            shape: s,
+            dtype: ObsDType::U8,
+        },
+    ) = (&exact, space)
         && let [c, h, w] = s[..]
         && c <= h.min(w)
         && shape.len() == 4
@@ -165,7 +171,13 @@ pub fn layout_of_shape(
 }
 
 /// `batch` frames `[H, W, C]` (row-major) as `[C, H, W]`.
-pub fn channels_last_to_first<T: Copy>(src: &[T], batch: usize, c: usize, h: usize, w: usize) -> Vec<T> {
+pub fn channels_last_to_first<T: Copy>(
+    src: &[T],
+    batch: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+) -> Vec<T> {
     let frame = c * h * w;
     let mut out = Vec::with_capacity(src.len());
     for b in 0..batch {
@@ -185,7 +197,10 @@ pub fn channels_last_to_first<T: Copy>(src: &[T], batch: usize, c: usize, h: usi
 /// optional shape), checked in full: `[batch, *env_shape]` or the error names both shapes. Only the count of
 /// numbers was checked before, so channels-last frames given to a policy that takes channels-first ones (the
 /// same count) were acted on silently (regression test `observations_of_another_shape_are_refused`).
-pub fn batch_of_shape(space: &ObservationSpace, shape: &[usize]) -> Result<usize, ObservationError> {
+pub fn batch_of_shape(
+    space: &ObservationSpace,
+    shape: &[usize],
+) -> Result<usize, ObservationError> {
     let expected = env_shape(space);
     let fits = match (shape.split_first(), space) {
         (Some((_, rest)), ObservationSpace::Discrete { .. }) => rest.is_empty() || rest == [1],
@@ -337,7 +352,10 @@ mod layout_tests {
         };
         assert_eq!(batch_of_shape(&img, &[2, 4, 84, 84]), Ok(2));
         let e = batch_of_shape(&img, &[2, 84, 84, 4]).unwrap_err();
-        assert!(e.to_string().contains("[2, 84, 84, 4]") && e.to_string().contains("84, 84"), "{e}");
+        assert!(
+            e.to_string().contains("[2, 84, 84, 4]") && e.to_string().contains("84, 84"),
+            "{e}"
+        );
         assert!(batch_of_shape(&img, &[2, 4 * 84 * 84]).is_err());
         let vec4 = ObservationSpace::Box {
             shape: vec![4],
@@ -356,7 +374,10 @@ mod layout_tests {
             layout_of_shape(&img, &[2, 84, 84, 4]),
             Ok((2, ObsLayout::ChannelsLast { c: 4, h: 84, w: 84 }))
         );
-        assert_eq!(layout_of_shape(&img, &[2, 4, 84, 84]), Ok((2, ObsLayout::AsIs)));
+        assert_eq!(
+            layout_of_shape(&img, &[2, 4, 84, 84]),
+            Ok((2, ObsLayout::AsIs))
+        );
         assert!(layout_of_shape(&vec4, &[3, 2, 2]).is_err());
     }
 

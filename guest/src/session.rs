@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use policyport_format::sampling::ActMode;
 use policyport_format::RowControls;
+use policyport_format::sampling::ActMode;
 
 use crate::compiled::CompiledPolicy;
 use crate::error::{EnvIdError, ObservationError, PolicyError, StateError};

@@ -51,7 +51,9 @@ pub(crate) fn program(
     let k = head.action_len;
     let (low, high) = head.bounds_for_device();
     let family = match &head.kind {
-        HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => SampleFamily::Categorical,
+        HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => {
+            SampleFamily::Categorical
+        }
         HeadKind::Gaussian { .. } => SampleFamily::Gaussian,
         HeadKind::Deterministic { .. } => SampleFamily::Deterministic,
         HeadKind::QValues { .. } => SampleFamily::QValues,

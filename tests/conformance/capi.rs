@@ -537,7 +537,10 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
                 eps,
             )
         };
-        assert_eq!(act(p, mask_bytes.as_ptr(), &mut a, &mut dist, f32::NAN), PpStatus::Ok);
+        assert_eq!(
+            act(p, mask_bytes.as_ptr(), &mut a, &mut dist, f32::NAN),
+            PpStatus::Ok
+        );
         assert_eq!(a, want.discrete);
         assert_eq!(dist, want.dist_params);
         assert!(dist.iter().zip(&flags).all(|(d, f)| *f || *d == -f32::MAX));
@@ -547,11 +550,17 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
             *b = 0;
         }
         let (mut a2, mut d2) = (vec![-7i64; batch * k], vec![-7f32; batch * per_row]);
-        assert_eq!(act(p, bad.as_ptr(), &mut a2, &mut d2, f32::NAN), PpStatus::BadCall);
+        assert_eq!(
+            act(p, bad.as_ptr(), &mut a2, &mut d2, f32::NAN),
+            PpStatus::BadCall
+        );
         assert!(last_error().contains("row 2"), "{}", last_error());
         assert!(a2.iter().all(|v| *v == -7) && d2.iter().all(|v| *v == -7.0));
         // An epsilon on a policy without Q values is a bad call too.
-        assert_eq!(act(p, std::ptr::null(), &mut a2, &mut d2, 0.5), PpStatus::BadCall);
+        assert_eq!(
+            act(p, std::ptr::null(), &mut a2, &mut d2, 0.5),
+            PpStatus::BadCall
+        );
         pp_policy_free(p);
         // The sandboxed route (plugin ABI 6's pp_act_masked): the same masked draws, the same refusals.
         let plugin = target_profile_dir()
@@ -561,25 +570,43 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
         let plugin = std::ffi::CString::new(plugin.to_str().unwrap()).unwrap();
         let mut w: *mut PpPolicy = std::ptr::null_mut();
         assert_eq!(
-            pp_policy_load_wasm(bytes.as_ptr(), bytes.len(), plugin.as_ptr(), 0, 60_000, &mut w),
+            pp_policy_load_wasm(
+                bytes.as_ptr(),
+                bytes.len(),
+                plugin.as_ptr(),
+                0,
+                60_000,
+                &mut w
+            ),
             PpStatus::Ok,
             "{}",
             last_error()
         );
         let (mut a3, mut d3) = (vec![0i64; batch * k], vec![0f32; batch * per_row]);
-        assert_eq!(act(w, mask_bytes.as_ptr(), &mut a3, &mut d3, f32::NAN), PpStatus::Ok, "{}", last_error());
+        assert_eq!(
+            act(w, mask_bytes.as_ptr(), &mut a3, &mut d3, f32::NAN),
+            PpStatus::Ok,
+            "{}",
+            last_error()
+        );
         assert_eq!(a3, want.discrete, "sandboxed masked actions");
         // Forbidden logits exactly at f32's minimum; allowed ones as the native kernels' (the sandbox's SIMD128
         // kernels sum in another order than the native family under test: equal to rounding, not bit for bit).
         for (i, (s, n)) in d3.iter().zip(&want.dist_params).enumerate() {
             if flags[i] {
-                assert!((s - n).abs() <= 1e-5 * n.abs().max(1.0), "logit {i}: {s} vs {n}");
+                assert!(
+                    (s - n).abs() <= 1e-5 * n.abs().max(1.0),
+                    "logit {i}: {s} vs {n}"
+                );
             } else {
                 assert_eq!(*s, -f32::MAX, "masked logit {i}");
             }
         }
         let (mut a4, mut d4) = (vec![-7i64; batch * k], vec![-7f32; batch * per_row]);
-        assert_eq!(act(w, bad.as_ptr(), &mut a4, &mut d4, f32::NAN), PpStatus::BadCall);
+        assert_eq!(
+            act(w, bad.as_ptr(), &mut a4, &mut d4, f32::NAN),
+            PpStatus::BadCall
+        );
         assert!(a4.iter().all(|v| *v == -7) && d4.iter().all(|v| *v == -7.0));
         pp_policy_free(w);
     }

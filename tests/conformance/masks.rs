@@ -4,15 +4,19 @@
 //!   `masks.json` from the same script) compile, record that masks are expected, and under random masks give the
 //!   Philox-sampled and deterministic actions of SPEC.md §4, the actions of sb3-contrib's own
 //!   `predict(action_masks=..., deterministic=True)`, and the log-probabilities of its `MaskableCategorical`;
+//!   RLlib's example `ActionMaskingTorchRLModule` (tests/fixtures/rllib/ppo_action_masking) likewise, against
+//!   RLlib's `forward_inference` under the masks and its `TorchCategorical` over the masked logits;
 //! - over 10^5 seeded draws per backend no forbidden action is ever chosen (categorical, multi-categorical and
 //!   epsilon-greedy heads), and every backend draws the same actions bit for bit;
 //! - a mask that does not fit (length, a component with nothing allowed, a continuous head) and an epsilon that
 //!   does not (out of [0, 1], a head without Q values) are typed errors that change nothing.
 
 use policyport::format::{MASKED_LOGIT, RowControls};
-use policyport::{ActMode, ActOutputs, EnvIds, HeadControlError, Observations, PolicyError, Request};
+use policyport::{
+    ActMode, ActOutputs, EnvIds, HeadControlError, Observations, PolicyError, Request,
+};
 use policyport_conformance::{backends, fixtures_dir};
-use policyport_import::{FixtureIo, Storage, compile_sb3};
+use policyport_import::{FixtureIo, Storage, compile_rllib, compile_sb3};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -46,6 +50,16 @@ fn sb3(name: &str) -> Vec<u8> {
     compile_sb3(&zip, None, name, Some(&io), Storage::F32).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// RLlib's example action-masking module: its Dict's `observations` are the artifact's observation, its
+/// `action_mask` the request's mask.
+fn rllib(name: &str) -> Vec<u8> {
+    let dir = fixtures_dir().join("rllib").join(name);
+    let io: FixtureIo =
+        serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
+    compile_rllib(&dir.join("checkpoint"), name, Some(&io), Storage::F32)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// A deterministic stream of masks for the 10^5-draw checks (xorshift; no dependency on the runtime's Philox).
 struct Bits(u64);
 impl Bits {
@@ -74,15 +88,26 @@ impl Bits {
 
 #[test]
 fn maskable_ppo_reproduces_sb3_contrib_under_masks_on_every_backend() {
-    for name in ["maskable_ppo_discrete", "maskable_ppo_multidiscrete"] {
-        let bytes = sb3(name);
+    for (source, name) in [
+        ("sb3", "maskable_ppo_discrete"),
+        ("sb3", "maskable_ppo_multidiscrete"),
+        ("rllib", "ppo_action_masking"),
+    ] {
+        let bytes = if source == "sb3" {
+            sb3(name)
+        } else {
+            rllib(name)
+        };
         let file: MaskFile = serde_json::from_slice(
-            &std::fs::read(fixtures_dir().join("sb3").join(name).join("masks.json")).unwrap(),
+            &std::fs::read(fixtures_dir().join(source).join(name).join("masks.json")).unwrap(),
         )
         .unwrap();
         for backend in backends() {
             let p = policyport_conformance::load(&bytes, backend).unwrap();
-            assert!(p.manifest().action_masks, "{name}: MaskablePPO records masks");
+            assert!(
+                p.manifest().action_masks,
+                "{name}: the artifact records masks"
+            );
             let head = p.head().clone();
             assert_eq!(head.segments, file.nvec, "{name}");
             let per_row = head.mask_len();
@@ -95,7 +120,10 @@ fn maskable_ppo_reproduces_sb3_contrib_under_masks_on_every_backend() {
                     .act(&Request::new(obs, c.batch, ActMode::Deterministic).action_mask(&mask))
                     .unwrap()
                     .clone();
-                assert_eq!(det.discrete, c.deterministic_actions, "{what}: deterministic");
+                assert_eq!(
+                    det.discrete, c.deterministic_actions,
+                    "{what}: deterministic"
+                );
                 policyport_conformance::assert_trainer_actions(&det, &c.trainer_actions, &what);
                 let mode = ActMode::Sample {
                     seed: c.seed,
@@ -120,7 +148,10 @@ fn maskable_ppo_reproduces_sb3_contrib_under_masks_on_every_backend() {
                 }
                 let vscale = c.value.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
                 for (g, w) in out.value.iter().zip(&c.value) {
-                    assert!((*g as f64 - w).abs() / vscale <= file.tolerance, "{what}: value");
+                    assert!(
+                        (*g as f64 - w).abs() / vscale <= file.tolerance,
+                        "{what}: value"
+                    );
                 }
                 // sb3-contrib's MaskableCategorical log-probabilities of the sampled actions.
                 let k = head.action_len;
@@ -172,7 +203,12 @@ fn maskable_ppo_reproduces_sb3_contrib_under_masks_on_every_backend() {
                         .collect::<Vec<_>>()
                 })
                 .collect();
-            assert_eq!(plain.discrete, unmasked, "{name} on {}: unmasked", backend.name());
+            assert_eq!(
+                plain.discrete,
+                unmasked,
+                "{name} on {}: unmasked",
+                backend.name()
+            );
         }
     }
 }
@@ -181,7 +217,11 @@ fn maskable_ppo_reproduces_sb3_contrib_under_masks_on_every_backend() {
 #[test]
 fn no_masked_action_is_ever_chosen_in_100000_draws_on_every_backend() {
     let batch = 1000;
-    for name in ["maskable_ppo_discrete", "maskable_ppo_multidiscrete", "dqn_cartpole"] {
+    for name in [
+        "maskable_ppo_discrete",
+        "maskable_ppo_multidiscrete",
+        "dqn_cartpole",
+    ] {
         let bytes = sb3(name);
         let dir = fixtures_dir().join("sb3").join(name);
         let io: FixtureIo =
@@ -308,7 +348,10 @@ fn head_controls_that_do_not_fit_are_typed_errors_that_change_nothing() {
             .session()
             .act(&Request::new(Observations::F32(&obs), 1, mode).action_mask(&[true]))
             .unwrap_err();
-        assert_eq!(e, PolicyError::HeadControl(HeadControlError::MaskOnContinuous));
+        assert_eq!(
+            e,
+            PolicyError::HeadControl(HeadControlError::MaskOnContinuous)
+        );
         // Epsilon outside [0, 1] (NaN included).
         let p = policyport_conformance::load(&dqn, backend).unwrap();
         let obs = vec![0.1f32; p.manifest().observation.raw_len()];
@@ -318,7 +361,10 @@ fn head_controls_that_do_not_fit_are_typed_errors_that_change_nothing() {
                 .act(&Request::new(Observations::F32(&obs), 1, mode).epsilon(eps))
                 .unwrap_err();
             assert!(
-                matches!(e, PolicyError::HeadControl(HeadControlError::Epsilon { .. })),
+                matches!(
+                    e,
+                    PolicyError::HeadControl(HeadControlError::Epsilon { .. })
+                ),
                 "{eps}: {e}"
             );
         }

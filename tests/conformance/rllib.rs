@@ -2,7 +2,8 @@
 //! compile with nothing but the directory and reproduce the RLModule on every backend: distribution parameters
 //! and value within 1e-5 of the module run in float64 (after the MeanStdFilter's statistics, where saved), Philox
 //! samples equal to the Python sampler's, and the actions RLlib's own env runner sends the env with
-//! explore=False (`to_deterministic()`, then `unsquash_action`).
+//! explore=False (`to_deterministic()`, then `unsquash_action`; DQN: `forward_inference`'s greedy actions). PPO,
+//! APPO, IMPALA, SAC, DQN (dueling, plain, distributional on frames) and the example action-masking module.
 
 use std::path::PathBuf;
 
@@ -10,7 +11,7 @@ use policyport::{ActMode, Observations, Request};
 use policyport_conformance::{backends, fixtures_dir};
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 14] = [
     "ppo_cartpole",
     "ppo_pendulum_meanstd",
     "ppo_pendulum_clip_actions",
@@ -19,6 +20,12 @@ const FIXTURES: [&str; 8] = [
     "ppo_pendulum_shared_layernorm",
     "sac_push",
     "ppo_dict_flatten",
+    "dqn_cartpole",
+    "dqn_cartpole_plain",
+    "dqn_frames_distributional",
+    "appo_cartpole",
+    "impala_pendulum",
+    "ppo_action_masking",
 ];
 
 fn dir(name: &str) -> PathBuf {

@@ -155,8 +155,15 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
             (name, compile_fixture(&f), f.io)
         })
         .collect();
-    for name in ["dqn_cartpole", "dqn_cnn_frames", "td3_pendulum", "ddpg_mountaincar"] {
-        let dir = policyport_conformance::fixtures_dir().join("sb3").join(name);
+    for name in [
+        "dqn_cartpole",
+        "dqn_cnn_frames",
+        "td3_pendulum",
+        "ddpg_mountaincar",
+    ] {
+        let dir = policyport_conformance::fixtures_dir()
+            .join("sb3")
+            .join(name);
         let zip = std::fs::read(dir.join("model.zip")).unwrap();
         let io: policyport_import::FixtureIo =
             serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();

@@ -180,7 +180,10 @@ fn the_deadline_outlives_the_runtime_handle() {
         r#"(func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) i32.const 0)"#,
         r#"(func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) (loop br 0) i32.const 0)"#,
     );
-    assert!(looping.contains("(loop br 0) i32.const 0)"), "the looping act export was swapped in");
+    assert!(
+        looping.contains("(loop br 0) i32.const 0)"),
+        "the looping act export was swapped in"
+    );
     let rt = WasmRuntime::new(looping.as_bytes()).unwrap();
     let limits = WasmLimits {
         deadline: Duration::from_millis(50),
@@ -800,12 +803,18 @@ fn pp_act_masked_checks_its_mask_like_every_other_range() {
     let run = |p: &mut RawPlugin, mask: u32, eps: f32, step: u64| {
         act.call(
             &mut p.store,
-            (h, obs, 0, 1, 0, 0, 1, 3, step, actions, 0, dist, 0, mask, eps),
+            (
+                h, obs, 0, 1, 0, 0, 1, 3, step, actions, 0, dist, 0, mask, eps,
+            ),
         )
         .unwrap()
     };
     for bad in [end - 1, end + 64, u32::MAX - 1] {
-        assert_eq!(run(&mut p, bad, f32::NAN, 0), call, "mask at {bad:#x} of {end:#x}");
+        assert_eq!(
+            run(&mut p, bad, f32::NAN, 0),
+            call,
+            "mask at {bad:#x} of {end:#x}"
+        );
     }
     assert_eq!(run(&mut p, nothing, f32::NAN, 0), call);
     assert_eq!(run(&mut p, 0, 0.5, 0), call, "epsilon without Q values");

@@ -42,9 +42,13 @@ impl RowControls<'_> {
 /// request check of [`HeadPlan::check_controls`], and the runtime's `PolicyError::HeadControl`.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum HeadControlError {
-    #[error("action mask given for a policy with continuous actions (masks are for discrete heads)")]
+    #[error(
+        "action mask given for a policy with continuous actions (masks are for discrete heads)"
+    )]
     MaskOnContinuous,
-    #[error("action mask has {found} flags; {batch} rows need {per_row} each (one per logit or Q value)")]
+    #[error(
+        "action mask has {found} flags; {batch} rows need {per_row} each (one per logit or Q value)"
+    )]
     MaskLength {
         found: usize,
         batch: usize,

@@ -78,7 +78,13 @@ pub fn categorical_masked(logits: &[f32], mask: Option<&[bool]>, u: f32) -> usiz
         .filter(|(_, m)| **m)
         .map(|(l, _)| *l)
         .fold(f32::NEG_INFINITY, f32::max);
-    let e = |i: usize| if mask[i] { (logits[i] - max).exp() } else { 0.0 };
+    let e = |i: usize| {
+        if mask[i] {
+            (logits[i] - max).exp()
+        } else {
+            0.0
+        }
+    };
     let total: f32 = (0..logits.len()).map(e).sum();
     let t = u * total;
     let mut acc = 0.0f32;

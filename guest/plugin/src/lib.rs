@@ -406,8 +406,7 @@ pub unsafe extern "C" fn pp_act_masked(
             req = req.episode_starts(&slot.starts);
         }
         if !action_mask.is_null() {
-            let flags =
-                unsafe { slice(action_mask, dist_n) }.ok_or_else(|| bad("action mask"))?;
+            let flags = unsafe { slice(action_mask, dist_n) }.ok_or_else(|| bad("action mask"))?;
             slot.mask.clear();
             slot.mask.extend(flags.iter().map(|f| *f != 0));
             req = req.action_mask(&slot.mask);

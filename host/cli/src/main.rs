@@ -1144,12 +1144,14 @@ fn read_mask(path: &Path, batch: usize, per_row: usize) -> Result<Vec<bool>> {
     if path.extension().is_some_and(|e| e == "npy") {
         let (shape, data) = npy::read_npy(&raw)?;
         if shape != [batch, per_row] {
-            bail!("mask of shape {shape:?}; this call needs [{batch}, {per_row}] (batch, one flag per action)");
+            bail!(
+                "mask of shape {shape:?}; this call needs [{batch}, {per_row}] (batch, one flag per action)"
+            );
         }
         return Ok(data.iter().map(|v| *v != 0.0).collect());
     }
-    let rows: Vec<Vec<serde_json::Value>> =
-        serde_json::from_slice(&raw).context("mask JSON must be [[..], [..]] of 0/1 or booleans")?;
+    let rows: Vec<Vec<serde_json::Value>> = serde_json::from_slice(&raw)
+        .context("mask JSON must be [[..], [..]] of 0/1 or booleans")?;
     if rows.len() != batch || rows.iter().any(|r| r.len() != per_row) {
         bail!("mask JSON must have {batch} rows of {per_row} flags");
     }
@@ -1185,7 +1187,10 @@ fn rollout(
     let flags = |path: Option<&Path>, width: usize, what: &str| -> Result<Option<Vec<bool>>> {
         let Some(p) = path else { return Ok(None) };
         let (s, d) = npy::read_npy(&read(p)?)?;
-        let want: Vec<usize> = [t_len, batch].into_iter().chain((width > 0).then_some(width)).collect();
+        let want: Vec<usize> = [t_len, batch]
+            .into_iter()
+            .chain((width > 0).then_some(width))
+            .collect();
         if s != want {
             bail!("{what} of shape {s:?}; this rollout needs {want:?}");
         }

@@ -418,6 +418,84 @@ impl<'a> GraphBuilder<'a> {
         Ok((y, w.shape[0]))
     }
 
+    /// Compose a constant linear map `m` (`rows` × k, row-major, f64) onto the output of the dense node that
+    /// defines `value` (k outputs): its weight `W` and bias `b` become `m·W` and `m·b`, computed in f64 and
+    /// rounded once (RLlib's dueling head: the advantage stream centred, `A − mean(A)`, and the value stream
+    /// broadcast to every action, each folded into its last layer instead of run as ops). The node keeps its
+    /// name; the folded weights are derived tensors `{value}.{tag}.weight` / `.bias`, and the layer's own weights
+    /// leave the artifact. Returns the new output width (`rows`).
+    pub(crate) fn compose_into_dense(
+        &mut self,
+        value: &str,
+        m: &[f64],
+        rows: usize,
+        tag: &str,
+    ) -> Result<usize, ImportError> {
+        let i = self
+            .nodes
+            .iter()
+            .rposition(|n| n.output == value)
+            .ok_or_else(|| self.bad(format!("no pending node defines '{value}'")))?;
+        let Op::Dense { weight, bias } = self.nodes[i].op.clone() else {
+            return Err(self.bad(format!("'{value}' is not a dense layer's output")));
+        };
+        let w = self
+            .tensors
+            .get(&weight)
+            .cloned()
+            .ok_or_else(|| self.bad(format!("'{weight}' is not a recorded weight")))?;
+        let (k, d) = (w.shape[0], w.shape[1]);
+        if rows == 0 || m.len() != rows * k {
+            return Err(self.bad(format!(
+                "a {} x {k} map onto '{value}' ({k} outputs) has {} entries",
+                rows,
+                m.len()
+            )));
+        }
+        let b = match &bias {
+            Some(b) => Some(
+                self.tensors
+                    .get(b)
+                    .cloned()
+                    .ok_or_else(|| self.bad(format!("'{b}' is not a recorded weight")))?,
+            ),
+            None => None,
+        };
+        let mut w2 = vec![0f32; rows * d];
+        let mut b2 = vec![0f32; rows];
+        for r in 0..rows {
+            let coef = &m[r * k..(r + 1) * k];
+            for (c, out) in w2[r * d..(r + 1) * d].iter_mut().enumerate() {
+                *out = coef
+                    .iter()
+                    .enumerate()
+                    .map(|(j, a)| a * w.data[j * d + c] as f64)
+                    .sum::<f64>() as f32;
+            }
+            if let Some(b) = &b {
+                b2[r] = coef
+                    .iter()
+                    .zip(&b.data)
+                    .map(|(a, v)| a * *v as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        // The layer's own weights are used by this node alone (`linear` recorded them for it).
+        self.tensors.remove(&weight);
+        if let Some(b) = &bias {
+            self.tensors.remove(b);
+        }
+        let weight = self.derived(
+            &format!("{value}.{tag}.weight"),
+            Tensor::new(vec![rows, d], w2),
+        );
+        let bias = b
+            .is_some()
+            .then(|| self.derived(&format!("{value}.{tag}.bias"), Tensor::new(vec![rows], b2)));
+        self.nodes[i].op = Op::Dense { weight, bias };
+        Ok(rows)
+    }
+
     /// Linear layers `prefix.0`, `prefix.2`, ... (an `nn.Sequential` with activations at odd indices), with `act`
     /// after every layer (`act_after_last`, SB3's `create_mlp` hidden stack) or between them (CleanRL's heads).
     pub(crate) fn sequential(

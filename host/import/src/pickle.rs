@@ -105,6 +105,19 @@ pub const ALLOWED: &[(&str, &str)] = &[
         "DefaultSACTorchRLModule",
     ),
     ("ray.rllib.algorithms.sac.sac_catalog", "SACCatalog"),
+    (
+        "ray.rllib.algorithms.appo.torch.default_appo_torch_rl_module",
+        "DefaultAPPOTorchRLModule",
+    ),
+    (
+        "ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module",
+        "DefaultDQNTorchRLModule",
+    ),
+    ("ray.rllib.algorithms.dqn.dqn_catalog", "DQNCatalog"),
+    (
+        "ray.rllib.examples.rl_modules.classes.action_masking_rlm",
+        "ActionMaskingTorchRLModule",
+    ),
     ("ray.rllib.core.rl_module.multi_rl_module", "MultiRLModule"),
     ("ray.rllib.core.rl_module.rl_module", "RLModuleSpec"),
     (

@@ -190,7 +190,7 @@ fn parse(bytes: &[u8], what: &str) -> Result<Pickle, ImportError> {
     pickle::parse(bytes).map_err(|e| match e {
         PickleError::ForbiddenGlobal { module, name } => unsupported(
             format!("{what} {module}.{name}"),
-            "RLlib's default PPO and SAC RLModules and their default connectors (plus MeanStdFilter and FlattenObservations) are read",
+            "RLlib's default PPO, APPO / IMPALA, SAC and DQN RLModules, its example ActionMaskingTorchRLModule and their default connectors (plus MeanStdFilter and FlattenObservations) are read",
         ),
         other => other.into(),
     })
@@ -412,6 +412,19 @@ struct ModelConfig {
     /// The policy head gives only the mean; the log-std is the state-independent `pi.log_std`.
     free_log_std: bool,
     log_std_clip: f32,
+    /// DQN's keys (DQNConfig copies its `dueling`, `num_atoms`, `v_min`, `v_max` and `epsilon` into the
+    /// module's model_config).
+    dqn: DqnConfig,
+}
+
+/// What a DQN module's model_config says about its head and exploration.
+#[derive(Debug, Clone, Default)]
+struct DqnConfig {
+    dueling: bool,
+    num_atoms: Option<serde_json::Value>,
+    v_min: Option<f64>,
+    v_max: Option<f64>,
+    epsilon: Option<serde_json::Value>,
 }
 
 fn activation(v: Option<&serde_json::Value>, default: &str) -> Result<Option<Op>, ImportError> {
@@ -466,6 +479,16 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
         "twin_q",
         "fusionnet_hiddens",
         "fusionnet_activation",
+        // DQN: its head (dueling, distributional atoms on [v_min, v_max]) and exploration (epsilon: a constant
+        // or a schedule); double_q only changes the learner's target, std_init only noisy layers (which the new
+        // API stack's DQN module does not build: their weights would be refused as unknown layers).
+        "dueling",
+        "double_q",
+        "num_atoms",
+        "v_min",
+        "v_max",
+        "epsilon",
+        "std_init",
     ];
     for k in m.keys() {
         let harmless = k.ends_with("_initializer")
@@ -474,7 +497,7 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
         if !READ.contains(&k.as_str()) && !harmless {
             return Err(unsupported(
                 format!("model_config key '{k}'"),
-                "RLlib's DefaultModelConfig keys for PPO and SAC",
+                "RLlib's DefaultModelConfig keys for PPO, APPO / IMPALA, SAC and DQN",
             ));
         }
     }
@@ -498,6 +521,13 @@ fn model_config(cfg: &serde_json::Value) -> Result<ModelConfig, ImportError> {
             .get("log_std_clip_param")
             .and_then(serde_json::Value::as_f64)
             .unwrap_or(20.0) as f32,
+        dqn: DqnConfig {
+            dueling: flag("dueling"),
+            num_atoms: m.get("num_atoms").cloned(),
+            v_min: m.get("v_min").and_then(serde_json::Value::as_f64),
+            v_max: m.get("v_max").and_then(serde_json::Value::as_f64),
+            epsilon: m.get("epsilon").cloned(),
+        },
     })
 }
 
@@ -945,6 +975,74 @@ pub fn import_rllib_module(
     import_with(&files, source, Route::ModuleOnly)
 }
 
+/// The RLModule classes read, by what their weights and forwards are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModuleKind {
+    /// `DefaultPPOTorchRLModule` (PPO and IMPALA) and `DefaultAPPOTorchRLModule` (the same networks plus the
+    /// `_old_encoder` / `_old_pi` target copies APPO's learner keeps: training-only, never read).
+    Ppo,
+    /// RLlib's example `ActionMaskingTorchRLModule` (`ray.rllib.examples.rl_modules.classes.action_masking_rlm`):
+    /// PPO's networks on the Dict's `observations`, logits masked by the Dict's `action_mask`
+    /// (`logits + clamp(log(mask), FLOAT_MIN)`): the artifact takes the mask as the request's action mask.
+    ActionMasking,
+    Sac,
+    /// `DefaultDQNTorchRLModule` ([`dqn_policy`]).
+    Dqn,
+}
+
+impl ModuleKind {
+    /// The kind of a class named `module.Name` (the pickle allow-list already limits which classes appear).
+    fn of(class: &str) -> Option<Self> {
+        Some(match class.rsplit('.').next()? {
+            "DefaultPPOTorchRLModule" | "DefaultAPPOTorchRLModule" => ModuleKind::Ppo,
+            "ActionMaskingTorchRLModule" => ModuleKind::ActionMasking,
+            "DefaultSACTorchRLModule" => ModuleKind::Sac,
+            "DefaultDQNTorchRLModule" => ModuleKind::Dqn,
+            _ => return None,
+        })
+    }
+}
+
+/// The action-masking module's observation space, `Dict({"action_mask": Box(0, 1, (n,)), "observations": S})`:
+/// (S's node, n). Any other key, or a mask that is not a flat Box, is refused by name.
+fn masking_spaces(pk: &Pickle, i: usize) -> Result<(usize, usize), ImportError> {
+    let layout =
+        "ActionMaskingTorchRLModule's Dict({'action_mask': Box(0, 1, (n,)), 'observations': ...})";
+    if pk.call_name(i).as_deref() != Some("gymnasium.spaces.dict.Dict") {
+        return Err(bad(format!(
+            "an ActionMaskingTorchRLModule whose observation space is not a Dict (expects {layout})"
+        )));
+    }
+    let spaces = space_attr(pk, i, "spaces")?;
+    let items = match pk.get(spaces) {
+        Node::Dict(items) | Node::Call { items, .. } => items,
+        _ => return Err(bad("Dict.spaces is not a dict")),
+    };
+    let (mut obs, mut mask) = (None, None);
+    for (k, v) in items {
+        match pk.str(*k) {
+            Some("observations") => obs = Some(*v),
+            Some("action_mask") => mask = Some(*v),
+            other => {
+                return Err(unsupported(
+                    format!("the action-masking Dict's key {other:?}"),
+                    layout,
+                ));
+            }
+        }
+    }
+    let (Some(obs), Some(mask)) = (obs, mask) else {
+        return Err(bad(format!("the Dict lacks a key of {layout}")));
+    };
+    match box_space(pk, mask)? {
+        ObservationSpace::Box { shape, .. } if shape.len() == 1 => Ok((obs, shape[0])),
+        other => Err(unsupported(
+            format!("an action_mask space {other:?}"),
+            "a flat Box, one flag per logit",
+        )),
+    }
+}
+
 /// Where an import's connectors come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -967,13 +1065,14 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
             "this is a MultiRLModule's directory; give one module's directory inside it",
         ));
     }
-    let sac = class.ends_with("DefaultSACTorchRLModule");
-    if !sac && !class.ends_with("DefaultPPOTorchRLModule") {
+    let Some(kind) = ModuleKind::of(&class) else {
         return Err(unsupported(
             format!("RLModule class {class}"),
-            "RLlib's DefaultPPOTorchRLModule or DefaultSACTorchRLModule",
+            "RLlib's DefaultPPOTorchRLModule (PPO, IMPALA), DefaultAPPOTorchRLModule, DefaultSACTorchRLModule, \
+             DefaultDQNTorchRLModule or the example ActionMaskingTorchRLModule",
         ));
-    }
+    };
+    let sac = kind == ModuleKind::Sac;
     let kwargs = get(&ctor, ctor.root, "ctor_args_and_kwargs")
         .and_then(|i| ctor.items(i))
         .and_then(|t| t.get(1).copied())
@@ -981,8 +1080,30 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
     let kw = |k: &str| {
         get(&ctor, kwargs, k).ok_or_else(|| bad(format!("RLModule kwargs without '{k}'")))
     };
-    let module_observation = observation_space(&ctor, kw("observation_space")?)?;
     let action = action_space(&ctor, kw("action_space")?)?;
+    // The action-masking module's space is a Dict of the mask and the observations; its networks see the
+    // observations only, and the mask becomes the request's action mask (format 1.4).
+    let module_observation = if kind == ModuleKind::ActionMasking {
+        let (obs, mask_len) = masking_spaces(&ctor, kw("observation_space")?)?;
+        let logits = match &action {
+            ActionSpace::Discrete { n } => *n,
+            ActionSpace::MultiDiscrete { nvec } => nvec.iter().sum(),
+            other => {
+                return Err(unsupported(
+                    format!("ActionMaskingTorchRLModule with {other:?} actions"),
+                    "Discrete or MultiDiscrete actions (a mask is one flag per logit)",
+                ));
+            }
+        };
+        if mask_len != logits {
+            return Err(bad(format!(
+                "the action_mask space has {mask_len} flags for {logits} logits"
+            )));
+        }
+        observation_space(&ctor, obs)?
+    } else {
+        observation_space(&ctor, kw("observation_space")?)?
+    };
     let mc = model_config(&to_json(&ctor, kw("model_config")?, 0))?;
 
     // The env-to-module pipeline: its pieces must be RLlib's defaults, plus MeanStdFilter and a leading
@@ -1077,22 +1198,22 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
             Tensor::new(a.shape, a.data.iter().map(|x| *x as f32).collect()),
         );
     }
+    let parts = |observation, preprocess, norm| ModuleParts {
+        sd: &sd,
+        mc: &mc,
+        obs_shape,
+        observation,
+        action: action.clone(),
+        preprocess,
+        norm,
+        class: &class,
+        actions,
+    };
+    if kind == ModuleKind::Dqn {
+        return dqn_policy(parts(observation, preprocess, norm), files, source);
+    }
     if sac {
-        return sac_policy(
-            SacParts {
-                sd: &sd,
-                mc: &mc,
-                obs_shape,
-                observation,
-                action,
-                preprocess,
-                norm,
-                class: &class,
-                actions,
-            },
-            files,
-            source,
-        );
+        return sac_policy(parts(observation, preprocess, norm), files, source);
     }
     let shared = sd.keys().any(|k| k.starts_with("encoder.encoder."));
     if !shared && !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
@@ -1306,7 +1427,7 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         value,
         recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
-        action_masks: false,
+        action_masks: kind == ModuleKind::ActionMasking,
     };
     let mut tensors = g.tensors;
     tensors.extend(norm);
@@ -1469,8 +1590,8 @@ impl ActionMapping {
     }
 }
 
-/// What the SAC route needs from [`import_rllib`]'s common part.
-struct SacParts<'a> {
+/// What the SAC and DQN routes need from [`import_rllib`]'s common part.
+struct ModuleParts<'a> {
     sd: &'a BTreeMap<String, Tensor>,
     mc: &'a ModelConfig,
     obs_shape: &'a [usize],
@@ -1488,7 +1609,11 @@ struct SacParts<'a> {
 /// `tanh(mean + std·z)`, which the env runner maps from [-1, 1] to the bounds (`normalize_actions`); at inference
 /// (`explore=False`) it takes the un-squashed mean and maps it the same way, clipped: the format's
 /// `clipped_mean` (1.3). No value estimate (SAC has none).
-fn sac_policy(p: SacParts<'_>, files: &RllibFiles, source: &str) -> Result<Imported, ImportError> {
+fn sac_policy(
+    p: ModuleParts<'_>,
+    files: &RllibFiles,
+    source: &str,
+) -> Result<Imported, ImportError> {
     if p.mc.use_lstm || p.mc.free_log_std {
         return Err(unsupported(
             "use_lstm or free_log_std with SAC",
@@ -1554,6 +1679,170 @@ fn sac_policy(p: SacParts<'_>, files: &RllibFiles, source: &str) -> Result<Impor
             log_std_range: Some((-5.0, 2.0)),
             deterministic: SquashedDeterministic::ClippedMean,
         },
+        value: None,
+        recurrent: None,
+        golden: vec![],
+        action_masks: false,
+    };
+    let mut tensors = g.tensors;
+    tensors.extend(p.norm);
+    Ok(Imported { manifest, tensors })
+}
+
+/// The epsilon a DQN's model_config explores with once trained: a constant, or an RLlib schedule
+/// (`[[timestep, value], ...]`, a `PiecewiseSchedule` whose `outside_value` is the last value) at its end. The
+/// step the learner had reached is not in the module's files (the schedule runs on the env runner), so a
+/// checkpoint saved mid-schedule records the final value; requests can override it (`Request::epsilon`).
+fn dqn_epsilon(v: Option<&serde_json::Value>) -> Result<f32, ImportError> {
+    use serde_json::Value;
+    let eps = match v {
+        None => return Err(bad("a DQN model_config without 'epsilon'")),
+        Some(Value::Number(n)) => n.as_f64(),
+        Some(Value::Array(steps)) => steps
+            .last()
+            .and_then(Value::as_array)
+            .filter(|pair| pair.len() == 2)
+            .and_then(|pair| pair[1].as_f64()),
+        Some(_) => None,
+    };
+    match eps {
+        Some(e) if (0.0..=1.0).contains(&e) => Ok(e as f32),
+        Some(e) => Err(bad(format!("the DQN's epsilon {e} is not a probability"))),
+        None => Err(bad(format!(
+            "the DQN's epsilon {} is neither a number nor a [[timestep, value], ...] schedule",
+            v.map(|v| v.to_string()).unwrap_or_default()
+        ))),
+    }
+}
+
+/// RLlib's `DefaultDQNTorchRLModule` on Discrete actions: `encoder` (MLP or CNN, as PPO's) under the `af` head,
+/// Q values as `compute_q_values` gives them (what `forward_inference` takes the argmax of):
+/// - plain: `Q = af(h)`;
+/// - `dueling`: `Q = V + A − mean(A)` with `A = af(h)`, `V = vf(h)`: the centring and the broadcast of `V` to
+///   every action are folded into the two heads' last layers (f64, rounded once), then one add;
+/// - `num_atoms` K > 1 (distributional): `af` gives `[n·K]` logits; `Q[a] = Σ_j z_j softmax_j(logits[a, ·])`
+///   with the support `z_j = v_min + j (v_max − v_min) / (K − 1)`: a reshape to `[n, K]`, a softmax over the
+///   atoms and one dense with the support. With `dueling` too, RLlib centres the logits over the atoms and adds
+///   `V` to all of them, which a softmax over the atoms cancels: the `vf` weights then change nothing and are not
+///   read (said in the notes).
+///
+/// Sampled actions are epsilon-greedy with [`dqn_epsilon`]'s rate (RLlib's own exploration draws a uniformly
+/// random action with probability epsilon too, from torch's generator). The target networks (`_target_*`) and
+/// `double_q` are training-only. No value output: the Q vector is the distribution's parameters.
+fn dqn_policy(
+    p: ModuleParts<'_>,
+    files: &RllibFiles,
+    source: &str,
+) -> Result<Imported, ImportError> {
+    let ActionSpace::Discrete { n } = p.action else {
+        return Err(unsupported(
+            format!("RLlib DQN with {:?} actions", p.action),
+            "Discrete actions (RLlib's DQN takes no other)",
+        ));
+    };
+    if p.mc.use_lstm {
+        return Err(unsupported(
+            "use_lstm with DQN",
+            "not read yet (RLlib's DQN with MLP and CNN encoders is)",
+        ));
+    }
+    let cfg = &p.mc.dqn;
+    let atoms = match &cfg.num_atoms {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(k) if (1..=4096).contains(&k) => k as usize,
+            _ => {
+                return Err(bad(format!(
+                    "the DQN's num_atoms {v} is not a count in 1..=4096"
+                )));
+            }
+        },
+    };
+    let epsilon = dqn_epsilon(cfg.epsilon.as_ref())?;
+    let mut g = GraphBuilder::new(p.sd, "RLlib checkpoint");
+    let (h, d) = encoder(&mut g, "encoder", OBS_VALUE, p.obs_shape, p.mc)?;
+    let mut modules = vec![g.module(
+        "encoder",
+        ModuleRole::Encoder,
+        vec![OBS_VALUE.into()],
+        vec![h.clone()],
+    )];
+    let (af, k) = head(&mut g, "af", &h, d, p.mc)?;
+    if k != n * atoms {
+        return Err(bad(format!(
+            "the af head has {k} outputs; {n} actions x {atoms} atoms need {}",
+            n * atoms
+        )));
+    }
+    let mut notes = format!(
+        "{}; model_config over DefaultModelConfig; epsilon {epsilon} (the schedule's final value)",
+        p.class
+    );
+    let q = if atoms > 1 {
+        let (v_min, v_max) = match (cfg.v_min, cfg.v_max) {
+            (Some(a), Some(b)) if a.is_finite() && b.is_finite() && a < b => (a, b),
+            (a, b) => {
+                return Err(bad(format!(
+                    "distributional DQN needs finite v_min < v_max, has {a:?}, {b:?}"
+                )));
+            }
+        };
+        let grid = g.node(
+            Op::Reshape {
+                shape: vec![n, atoms],
+            },
+            &af,
+            "af.atoms",
+        );
+        let probs = g.node(Op::Softmax, &grid, "af.atom_probs");
+        let flat = g.node(Op::Flatten, &probs, "af.atom_probs_flat");
+        let mut support = vec![0f32; n * n * atoms];
+        for a in 0..n {
+            for j in 0..atoms {
+                let z = v_min + j as f64 * (v_max - v_min) / (atoms - 1) as f64;
+                support[a * n * atoms + a * atoms + j] = z as f32;
+            }
+        }
+        let w = g.derived("q.support", Tensor::new(vec![n, n * atoms], support));
+        if cfg.dueling {
+            notes.push_str(
+                "; dueling with atoms: the vf stream adds one constant to every atom logit, which the softmax \
+                 over the atoms cancels (not read)",
+            );
+        }
+        g.node(
+            Op::Dense {
+                weight: w,
+                bias: None,
+            },
+            &flat,
+            "q",
+        )
+    } else if cfg.dueling {
+        // A − mean(A): the centring matrix I − 1/n on the advantage layer's rows.
+        let centre: Vec<f64> = (0..n * n)
+            .map(|i| f64::from(u8::from(i / n == i % n)) - 1.0 / n as f64)
+            .collect();
+        g.compose_into_dense(&af, &centre, n, "centred")?;
+        let (vf, one) = head(&mut g, "vf", &h, d, p.mc)?;
+        if one != 1 {
+            return Err(bad(format!("the dueling vf head has {one} outputs")));
+        }
+        // V on every action: a ones column on the value layer.
+        g.compose_into_dense(&vf, &vec![1.0; n], n, "per_action")?;
+        g.node_n(Op::Add, &[&af, &vf], "q")
+    } else {
+        af
+    };
+    modules.push(g.module("q", ModuleRole::PolicyHead, vec![h], vec![q.clone()]));
+    let manifest = Manifest {
+        name: checkpoint_name(files),
+        producer: producer("rllib", source, notes),
+        observation: p.observation,
+        action: p.action,
+        preprocess: p.preprocess,
+        modules,
+        distribution: Distribution::QValues { q, epsilon },
         value: None,
         recurrent: None,
         golden: vec![],

@@ -727,7 +727,10 @@ pub fn import_sb3(
         let net = if quantile { "quantile_net" } else { "q_net" };
         let &ActionSpace::Discrete { n } = &action else {
             return Err(unsupported(
-                format!("a {} over {action:?}", if quantile { "QR-DQN" } else { "DQN" }),
+                format!(
+                    "a {} over {action:?}",
+                    if quantile { "QR-DQN" } else { "DQN" }
+                ),
                 "Q-learning policies need a Discrete action space",
             ));
         };
@@ -830,7 +833,11 @@ pub fn import_sb3(
 
 /// The features extractor's nodes (if it built any: Flatten of a vector builds none) as the `features` encoder
 /// module, reading `obs` and giving `outputs`.
-fn push_encoder(g: &mut GraphBuilder, modules: &mut Vec<policyport_format::Module>, outputs: Vec<String>) {
+fn push_encoder(
+    g: &mut GraphBuilder,
+    modules: &mut Vec<policyport_format::Module>,
+    outputs: Vec<String>,
+) {
     if g.pending() {
         modules.push(g.module(
             "features",

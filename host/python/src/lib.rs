@@ -452,9 +452,15 @@ impl PyPolicy {
         })?;
         let view = match (layout, view) {
             (policyport::ObsLayout::AsIs, v) => v,
-            (policyport::ObsLayout::ChannelsLast { c, h, w }, ObsView::F32(a)) => ObsView::OwnedF32(
-                policyport::channels_last_to_first(a.as_slice()?, batch, c, h, w),
-            ),
+            (policyport::ObsLayout::ChannelsLast { c, h, w }, ObsView::F32(a)) => {
+                ObsView::OwnedF32(policyport::channels_last_to_first(
+                    a.as_slice()?,
+                    batch,
+                    c,
+                    h,
+                    w,
+                ))
+            }
             (policyport::ObsLayout::ChannelsLast { c, h, w }, ObsView::U8(a)) => ObsView::OwnedU8(
                 policyport::channels_last_to_first(a.as_slice()?, batch, c, h, w),
             ),
@@ -693,9 +699,7 @@ impl PyPolicy {
         epsilon: Option<f32>,
     ) -> PyResult<PyActResult> {
         let (view, batch) = self.obs_view(obs)?;
-        let mask_arr = action_mask
-            .map(|m| self.mask_view(m, batch))
-            .transpose()?;
+        let mask_arr = action_mask.map(|m| self.mask_view(m, batch)).transpose()?;
         let mask: Option<&[bool]> = mask_arr.as_ref().map(|a| a.as_slice()).transpose()?;
         let ids: Option<Vec<u32>> = env_ids.map(|e| env_id_list(e, batch)).transpose()?;
         let starts_arr = episode_starts

@@ -625,7 +625,10 @@ enum HeadKind {
         linear_deterministic: bool,
     },
     /// Greedy, or epsilon-greedy when sampled (SPEC.md §4): `n` actions.
-    QValues { n: i64, epsilon: f64 },
+    QValues {
+        n: i64,
+        epsilon: f64,
+    },
     /// A deterministic actor: `noise` holds the recorded exploration noise's `(mean, sigma)` as `[1, k]`.
     Deterministic {
         rescale: bool,
@@ -658,10 +661,7 @@ impl Head {
                 n: n as i64,
                 epsilon: epsilon as f64,
             },
-            Dist::Deterministic {
-                rescale,
-                ref noise,
-            } => HeadKind::Deterministic {
+            Dist::Deterministic { rescale, ref noise } => HeadKind::Deterministic {
                 rescale,
                 noise: match noise {
                     Some(n) => Some((
@@ -717,9 +717,9 @@ impl Head {
                 .f_to_kind(Kind::Float)
         };
         match &self.dist {
-            HeadKind::Categorical(_) | HeadKind::QValues { .. } | HeadKind::Deterministic { .. } => {
-                v(0)
-            }
+            HeadKind::Categorical(_)
+            | HeadKind::QValues { .. }
+            | HeadKind::Deterministic { .. } => v(0),
             HeadKind::Gaussian { .. } => {
                 let mean = v(0)?;
                 let log_std = match &self.log_std_param {
@@ -793,9 +793,11 @@ impl Head {
                         let pairs = w.f_reshape([b, self.k, 2])?;
                         let u1 = u01_open_closed(&pairs.f_select(2, 0)?).map_err(tch_err)?;
                         let u2 = u01(&pairs.f_select(2, 1)?).map_err(tch_err)?;
-                        let z = u1.f_log()?.f_mul_scalar(-2.0)?.f_sqrt()?.f_mul(
-                            &u2.f_mul_scalar(std::f32::consts::TAU as f64)?.f_cos()?,
-                        )?;
+                        let z = u1
+                            .f_log()?
+                            .f_mul_scalar(-2.0)?
+                            .f_sqrt()?
+                            .f_mul(&u2.f_mul_scalar(std::f32::consts::TAU as f64)?.f_cos()?)?;
                         a = a.f_add(&nm.f_add(&ns.f_mul(&z)?)?)?;
                         if *rescale {
                             a = a.f_clamp(-1.0, 1.0)?;
