@@ -216,10 +216,11 @@ try {
   }
 
   // 1b. action masks and observation shapes through the JS API (format 1.4): sb3-contrib MaskablePPO's masked
-  //     cases (tests/fixtures/sb3/maskable_ppo_*/masks.json, written by the trainer's script) give the masked
+  //     cases (tests/fixtures/sb3/maskable_ppo_*/masks.json, and RLlib's example action-masking module's
+  //     tests/fixtures/rllib/ppo_action_masking/masks.json, written by the trainers' scripts) give the masked
   //     Philox draws and argmax on cpu and webgpu; a component allowing nothing and a mismatched `shape` are
   //     typed errors.
-  for (const name of ["sb3/maskable_ppo_discrete", "sb3/maskable_ppo_multidiscrete"]) {
+  for (const name of ["sb3/maskable_ppo_discrete", "sb3/maskable_ppo_multidiscrete", "rllib/ppo_action_masking"]) {
     const masks = JSON.parse(fs.readFileSync(path.join(FIXTURES, name, "masks.json")));
     for (const [bundle, backend] of [["cpu", "cpu"], ["webgpu", "webgpu"]]) {
       const r = await page.evaluate(async ({ bundle, backend, b64, masks }) => {

@@ -260,6 +260,7 @@ def test_info_is_dataclass_like(cartpole):
     info = pp.Policy.load(cartpole).info
     d = info.as_dict()
     assert d["obs_shape"] == [4] and d["discrete"] is True and d["action"] == {"kind": "discrete", "n": 2}
+    assert d["action_masks"] is False and info.action_masks is False
     assert "PolicyInfo(" in repr(info)
     with pytest.raises(AttributeError):
         info.name = "x"

@@ -59,6 +59,37 @@ class TinyPixels(gym.Env):
         return self._frame(), r, False, self.t >= 20, {}
 
 
+class MaskedChoice(gym.Env):
+    """RLlib's action-masking layout: {"action_mask": Box(0, 1, (4,)), "observations": Box(-1, 1, (5,))}, a random
+    mask each step (one allowed action at least); reward for the allowed action with the largest observation."""
+
+    observation_space = gym.spaces.Dict({
+        "action_mask": gym.spaces.Box(0.0, 1.0, (4,), np.float32),
+        "observations": gym.spaces.Box(-1.0, 1.0, (5,), np.float32)})
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self, config=None):
+        super().__init__()
+
+    def _obs(self):
+        mask = (self.np_random.random(4) < 0.5).astype(np.float32)
+        mask[self.np_random.integers(4)] = 1.0
+        self.last = {"action_mask": mask, "observations": self.np_random.uniform(-1, 1, 5).astype(np.float32)}
+        return self.last
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        mask, x = self.last["action_mask"], self.last["observations"]
+        assert mask[action] == 1, f"a masked action {action} reached the env (mask {mask})"
+        r = float(action == int(np.argmax(np.where(mask > 0, x[:4], -np.inf))))
+        self.t += 1
+        return self._obs(), r, False, self.t >= 16, {}
+
+
 def _config(env="CartPole-v1", runners=2, envs=4, seed=7, **model):
     c = (
         PPOConfig()
@@ -73,15 +104,21 @@ def _config(env="CartPole-v1", runners=2, envs=4, seed=7, **model):
 
 
 def _check_runner(runner):
-    """Inside an env runner: what policyport answered vs what RLlib's torch module and distribution say."""
+    """Inside an env runner: what policyport answered vs what RLlib's torch module and distribution say (the
+    action-masking module: on the allowed logits; the masked ones sit at float32's minimum, RLlib's near it)."""
     m = runner.module
-    assert isinstance(m, pr.PolicyportPPOTorchRLModule) and m.policyport_policy is not None
+    assert isinstance(m, (pr.PolicyportPPOTorchRLModule, pr.PolicyportAPPOTorchRLModule,
+                          pr.PolicyportActionMaskingTorchRLModule)) and m.policyport_policy is not None
     replay = pp.Policy.load(pr.compile_module(m))
     dist_cls = m.get_exploration_action_dist_cls()
+    base = pr._rllib_base(type(m))
     worst = {"dist": 0.0, "logp": 0.0}
     for rec in m.policyport_record:
         obs = torch.from_numpy(rec["obs"])
         batch = {Columns.OBS: obs}
+        if rec["mask"] is not None:
+            assert rec["mask"][np.arange(len(rec["actions"])), rec["actions"]].all(), "a masked action was drawn"
+            batch = {Columns.OBS: {"observations": obs, "action_mask": torch.from_numpy(rec["mask"].astype(np.float32))}}
         if rec["state_in"] is not None:
             batch[Columns.OBS] = obs.unsqueeze(1)
             layout = m._pp_states
@@ -90,12 +127,15 @@ def _check_runner(runner):
                 pr._set(nested, path, torch.from_numpy(s).unsqueeze(1))
             batch[Columns.STATE_IN] = nested
         with torch.no_grad():
-            want = DefaultPPOTorchRLModule._forward_exploration(m, batch)[Columns.ACTION_DIST_INPUTS]
+            want = base._forward_exploration(m, batch)[Columns.ACTION_DIST_INPUTS]
         want = want.reshape(rec["dist_inputs"].shape).numpy()
-        worst["dist"] = max(worst["dist"], float(np.abs(want - rec["dist_inputs"]).max()))
+        allowed = np.ones(want.shape, bool) if rec["mask"] is None else rec["mask"]
+        assert np.all(want[~allowed] < -1e38) and np.all(rec["dist_inputs"][~allowed] < -1e38)
+        worst["dist"] = max(worst["dist"], float(np.abs(want - rec["dist_inputs"])[allowed].max()))
         logp = dist_cls.from_logits(torch.from_numpy(rec["dist_inputs"])).logp(torch.from_numpy(rec["actions"]))
         worst["logp"] = max(worst["logp"], float(np.abs(logp.numpy() - rec["log_prob"]).max()))
-        again = replay.act(rec["obs"], deterministic=not rec["explore"], seed=rec["seed"], step=rec["step"], state=rec["state_in"])
+        again = replay.act(rec["obs"], deterministic=not rec["explore"], seed=rec["seed"], step=rec["step"],
+                           state=rec["state_in"], action_mask=rec["mask"])
         assert np.array_equal(again.actions, rec["actions"]), "replaying (seed, step) changed the actions"
     return len(m.policyport_record), worst, m.policyport_rebuild_seconds
 
@@ -187,6 +227,51 @@ def test_cnn_module_matches_rllib(local_ray):
         algo.stop()
 
 
+def test_action_masking_module_never_draws_a_masked_action_and_matches_rllib(local_ray):
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
+
+    cfg = _config(env=MaskedChoice, runners=0, envs=4, seed=13)
+    cfg.rl_module(rl_module_spec=RLModuleSpec(module_class=ActionMaskingTorchRLModule, model_config={"fcnet_hiddens": [32]}))
+    algo = pr.accelerate(cfg).build_algo()
+    try:
+        runner = algo.env_runner_group.local_env_runner
+        assert isinstance(runner.module, pr.PolicyportActionMaskingTorchRLModule)
+        assert runner.module.policyport_policy.info.action_masks
+        _record(runner)
+        runner.sample(num_timesteps=200, explore=True)  # MaskedChoice asserts no masked action reaches it
+        calls, worst, _ = _check_runner(runner)
+        assert calls >= 50 and worst["dist"] < 1e-4 and worst["logp"] < 1e-4, worst
+        algo.train()  # the learner (RLlib's own masking module) trains on what policyport sampled
+        # A mask entry that is neither 0 nor 1 is refused by name.
+        bad = {"action_mask": np.full((1, 4), 0.5, np.float32), "observations": np.zeros((1, 5), np.float32)}
+        with pytest.raises(pp.ActionMaskError, match="neither 0 nor 1"):
+            runner.module.forward_inference({Columns.OBS: bad})
+    finally:
+        algo.stop()
+
+
+def test_appo_and_impala_env_runners_sample_through_policyport(local_ray):
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+
+    for config_cls, twin in [(APPOConfig, pr.PolicyportAPPOTorchRLModule), (IMPALAConfig, pr.PolicyportPPOTorchRLModule)]:
+        cfg = (config_cls().environment("CartPole-v1").env_runners(num_env_runners=0, num_envs_per_env_runner=2)
+               .training(train_batch_size_per_learner=128).rl_module(model_config={"fcnet_hiddens": [32]})
+               .debugging(seed=17))
+        algo = pr.accelerate(cfg).build_algo()
+        try:
+            runner = algo.env_runner_group.local_env_runner
+            assert type(runner.module) is twin, type(runner.module)
+            algo.train()  # the learner (APPO's with its target networks) trains on what policyport sampled
+            _record(runner)
+            runner.sample(num_timesteps=40, explore=True)
+            calls, worst, _ = _check_runner(runner)
+            assert calls >= 20 and worst["dist"] < 1e-4 and worst["logp"] < 1e-4, (config_cls.__name__, worst)
+        finally:
+            algo.stop()
+
+
 def test_unsupported_modules_are_refused_by_name():
     from ray.rllib.algorithms.sac import SACConfig
 
@@ -195,6 +280,16 @@ def test_unsupported_modules_are_refused_by_name():
         spec = cfg.get_default_rl_module_spec()
         cfg.rl_module(rl_module_spec=spec)
         pr.accelerate(cfg)
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    with pytest.raises(pp.UnsupportedModelError, match="DQN"):
+        pr.accelerate(DQNConfig().environment("CartPole-v1"))
+
+    class Custom(DefaultPPOTorchRLModule):
+        pass
+
+    with pytest.raises(pp.UnsupportedModelError, match="subclasses DefaultPPOTorchRLModule"):
+        pr.accelerate(PPOConfig().environment("CartPole-v1").rl_module(rl_module_spec=pr.RLModuleSpec(module_class=Custom)))
 
 
 def test_two_node_cluster():

@@ -206,8 +206,15 @@ cli_rllib() {
   "$PP_BIN" inspect "$out/rllib_sac.policy" | grep -q 'clipped_mean'
   "$PP_BIN" compile tests/fixtures/rllib/ppo_dict_flatten/checkpoint -o "$out/rllib_dict.policy"
   "$PP_BIN" inspect "$out/rllib_dict.policy" | grep -q '"kind":"dict"'
+  "$PP_BIN" compile tests/fixtures/rllib/dqn_cartpole/checkpoint -o "$out/rllib_dqn.policy"
+  "$PP_BIN" verify "$out/rllib_dqn.policy"
+  "$PP_BIN" inspect "$out/rllib_dqn.policy" | grep -q 'epsilon-greedy at 0.05'
+  "$PP_BIN" compile tests/fixtures/rllib/appo_cartpole/checkpoint -o "$out/rllib_appo.policy"
+  "$PP_BIN" verify "$out/rllib_appo.policy"
+  "$PP_BIN" compile tests/fixtures/rllib/ppo_action_masking/checkpoint -o "$out/rllib_masking.policy"
+  "$PP_BIN" inspect "$out/rllib_masking.policy" | grep -q '^masks .*trained with action masks'
 }
-check "CLI compile of RLlib checkpoint directories (MLP, LSTM, MeanStdFilter, shared LayerNorm encoder + free log-std, SAC, Dict via FlattenObservations)" cli_rllib
+check "CLI compile of RLlib checkpoint directories (MLP, LSTM, MeanStdFilter, shared LayerNorm encoder + free log-std, SAC, Dict via FlattenObservations, DQN, APPO, the action-masking module)" cli_rllib
 cli_run() {
   echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
   "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"

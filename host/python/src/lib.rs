@@ -266,6 +266,9 @@ struct PyPolicyInfo {
     discrete: bool,
     dist_params_len: usize,
     has_value: bool,
+    /// The policy was trained with action masks (MaskablePPO, RLlib's action-masking module): pass
+    /// `action_mask=` to act as it was trained (without one, acting is unmasked).
+    action_masks: bool,
     /// Recurrent state tensors: (name, numbers per env), in the order `state=` lists take.
     states: Vec<(String, usize)>,
     parameters: usize,
@@ -278,7 +281,7 @@ impl PyPolicyInfo {
     fn __repr__(&self) -> String {
         format!(
             "PolicyInfo(name={:?}, backend={:?}, format_version={:?}, obs_shape={:?}, obs_dtype={:?}, action_len={}, \
-             discrete={}, dist_params_len={}, has_value={}, states={:?}, parameters={}, selection={:?})",
+             discrete={}, dist_params_len={}, has_value={}, action_masks={}, states={:?}, parameters={}, selection={:?})",
             self.name,
             self.backend,
             self.format_version,
@@ -288,6 +291,7 @@ impl PyPolicyInfo {
             if self.discrete { "True" } else { "False" },
             self.dist_params_len,
             if self.has_value { "True" } else { "False" },
+            if self.action_masks { "True" } else { "False" },
             self.states,
             self.parameters,
             self.selection
@@ -309,6 +313,7 @@ impl PyPolicyInfo {
         d.set_item("discrete", self.discrete)?;
         d.set_item("dist_params_len", self.dist_params_len)?;
         d.set_item("has_value", self.has_value)?;
+        d.set_item("action_masks", self.action_masks)?;
         d.set_item("states", self.states.clone())?;
         d.set_item("parameters", self.parameters)?;
         d.set_item("selection", self.selection.clone())?;
@@ -667,6 +672,7 @@ impl PyPolicy {
             discrete: self.compiled.head().is_discrete(),
             dist_params_len: i.dist_params_len,
             has_value: i.has_value,
+            action_masks: m.action_masks,
             states,
             parameters: i.parameters,
             selection: i.selection.map(|s| s.to_string()),

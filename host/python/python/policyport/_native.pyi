@@ -43,6 +43,7 @@ class PolicyInfo:
     discrete: bool
     dist_params_len: int
     has_value: bool
+    action_masks: bool
     states: list[tuple[str, int]]
     parameters: int
     selection: Optional[str]

@@ -8,8 +8,10 @@
     algo = config.build_algo()
     algo.train()
 
-How it works. ``accelerate`` swaps the module class for :class:`PolicyportPPOTorchRLModule` (a
-``DefaultPPOTorchRLModule``: same networks, same checkpoints, same learner) and the env runner class for
+How it works. ``accelerate`` swaps the module class for its policyport twin — :class:`PolicyportPPOTorchRLModule`
+(PPO and IMPALA's ``DefaultPPOTorchRLModule``), :class:`PolicyportAPPOTorchRLModule` (APPO's, with its target
+networks) or :class:`PolicyportActionMaskingTorchRLModule` (RLlib's example ``ActionMaskingTorchRLModule``): the
+same networks, checkpoints and learner — and the env runner class for
 :class:`PolicyportEnvRunner`, which attaches policyport to the module each env runner builds. On an env runner
 the module's ``forward_exploration`` / ``forward_inference`` run the compiled policy and return what RLlib's
 connectors expect: ``actions`` (so ``GetActions`` does not sample again), ``action_logp`` and
@@ -21,6 +23,11 @@ artifact is the module alone (``policyport.compile_rllib_module``: raw distribut
 Weight sync: when the learner's weights reach an env runner (``set_state``), the policy is recompiled from the
 module's own state in process; ``module.policyport_rebuild_seconds`` keeps the times. The learner never calls the
 exploration / inference forwards, so it trains the torch module as before.
+
+Action masks: with the action-masking module the env's Dict observation ``{"action_mask", "observations"}`` is
+split: the observations are acted on and the mask is the request's action mask (a mask entry must be 0 or 1:
+RLlib adds ``log(mask)`` to the logits, which only 0 and 1 make a mask). DQN and SAC modules are refused by name
+(their checkpoints compile with :func:`policyport.compile_rllib`).
 
 Exploration: actions are drawn from the same distribution RLlib would sample (the module's categorical or
 diagonal Gaussian over the same ``action_dist_inputs``) with policyport's seeded Philox streams instead of torch's
@@ -39,18 +46,28 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ray.rllib.algorithms.appo.torch.default_appo_torch_rl_module import DefaultAPPOTorchRLModule
 from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
+from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-from . import Policy, UnsupportedModelError, compile_rllib_module
+from . import ActionMaskError, Policy, UnsupportedModelError, compile_rllib_module
 
-__all__ = ["PolicyportPPOTorchRLModule", "PolicyportEnvRunner", "accelerate", "compile_module"]
+__all__ = [
+    "PolicyportPPOTorchRLModule",
+    "PolicyportAPPOTorchRLModule",
+    "PolicyportActionMaskingTorchRLModule",
+    "PolicyportEnvRunner",
+    "accelerate",
+    "compile_module",
+]
 
 
 def compile_module(module: Any, *, storage: str = "f32", name: Optional[str] = None, goldens: bool = True) -> bytes:
-    """Compile an RLlib ``DefaultPPOTorchRLModule`` (any subclass; in process, its current weights) into ``.policy``
+    """Compile an RLlib ``DefaultPPOTorchRLModule``, ``DefaultAPPOTorchRLModule`` or ``ActionMaskingTorchRLModule``
+    (any subclass; in process, its current weights) into ``.policy``
     bytes: the module alone, raw actions (what :func:`policyport.compile_rllib_module` documents). ``goldens=False``
     leaves out the float64 reference's golden vectors (the env runners' rebuilds: the artifact never leaves the
     process)."""
@@ -62,20 +79,27 @@ def compile_module(module: Any, *, storage: str = "f32", name: Optional[str] = N
     return compile_rllib_module(state, ctor, name=name or base.__name__, storage=storage, goldens=goldens)
 
 
+# The RLlib classes the importer reads, most derived first (the action-masking module and APPO's derive from PPO's).
+_BASES = (ActionMaskingTorchRLModule, DefaultAPPOTorchRLModule, DefaultPPOTorchRLModule)
+
+
 def _rllib_base(cls: type) -> type:
     """The RLlib class the importer reads (the module's own class may be ours or the user's subclass)."""
-    if issubclass(cls, DefaultPPOTorchRLModule):
-        return DefaultPPOTorchRLModule
+    for base in _BASES:
+        if issubclass(cls, base):
+            return base
     raise UnsupportedModelError(
         f"RLModule class {cls.__module__}.{cls.__qualname__}: policyport's RLlib integration reads "
-        "DefaultPPOTorchRLModule (PPO's default MLP, CNN and LSTM encoders) and its subclasses"
+        "DefaultPPOTorchRLModule (PPO and IMPALA: the default MLP, CNN and LSTM encoders), DefaultAPPOTorchRLModule, "
+        "RLlib's example ActionMaskingTorchRLModule and their subclasses (DQN and SAC checkpoints compile with "
+        "policyport.compile_rllib)"
     )
 
 
-class PolicyportPPOTorchRLModule(DefaultPPOTorchRLModule):
-    """``DefaultPPOTorchRLModule`` whose exploration and inference forwards run policyport once attached
-    (:meth:`policyport_attach`, done by :class:`PolicyportEnvRunner`). Unattached (the learner), it is the
-    default module unchanged."""
+class _PolicyportForwards:
+    """What the policyport twins add to an RLlib module: exploration and inference forwards that run policyport
+    once attached (:meth:`policyport_attach`, done by :class:`PolicyportEnvRunner`). Unattached (the learner),
+    the module is RLlib's unchanged."""
 
     def setup(self) -> None:
         super().setup()
@@ -134,11 +158,15 @@ class PolicyportPPOTorchRLModule(DefaultPPOTorchRLModule):
 
     def _pp_forward(self, batch: dict, *, explore: bool) -> dict:
         policy = self._pp_policy
-        obs = _to_numpy(batch[Columns.OBS])
+        obs, mask = batch[Columns.OBS], None
+        if isinstance(self, ActionMaskingTorchRLModule):
+            obs, mask = _split_masked(obs)
+        obs = _to_numpy(obs)
         stateful = bool(self._pp_states)
         if stateful:
             # [B, T=1, ...] during sampling (AddTimeDimToBatchAndZeroPad); one step per env.
             obs = obs[:, 0]
+            mask = None if mask is None else mask[:, 0]
         n = obs.shape[0]
         state_in = None
         if stateful:
@@ -155,6 +183,7 @@ class PolicyportPPOTorchRLModule(DefaultPPOTorchRLModule):
             seed=self._pp_seed,
             step=step,
             state=state_in,
+            action_mask=mask,
         )
         # NumPy out: the module-to-env pipeline's TensorToNumpy passes NumPy arrays through, so no tensor is made.
         result: dict = {Columns.ACTIONS: out.actions, Columns.ACTION_DIST_INPUTS: out.dist_inputs}
@@ -162,7 +191,8 @@ class PolicyportPPOTorchRLModule(DefaultPPOTorchRLModule):
             result[Columns.ACTION_LOGP] = out.log_prob
         if self.policyport_record is not None:
             self.policyport_record.append(
-                {"obs": obs.copy(), "state_in": state_in, "seed": self._pp_seed, "step": step, "explore": explore,
+                {"obs": obs.copy(), "mask": mask, "state_in": state_in, "seed": self._pp_seed, "step": step,
+                 "explore": explore,
                  "actions": out.actions, "log_prob": out.log_prob, "dist_inputs": out.dist_inputs}
             )
         if stateful:
@@ -175,6 +205,43 @@ class PolicyportPPOTorchRLModule(DefaultPPOTorchRLModule):
                 _set(state_out, path, np.stack(layers, axis=1))
             result[Columns.STATE_OUT] = state_out
         return result
+
+
+class PolicyportPPOTorchRLModule(_PolicyportForwards, DefaultPPOTorchRLModule):
+    """``DefaultPPOTorchRLModule`` (PPO, IMPALA) sampling through policyport on env runners."""
+
+
+class PolicyportAPPOTorchRLModule(_PolicyportForwards, DefaultAPPOTorchRLModule):
+    """``DefaultAPPOTorchRLModule`` sampling through policyport on env runners (the learner's target networks are
+    APPO's own)."""
+
+
+class PolicyportActionMaskingTorchRLModule(_PolicyportForwards, ActionMaskingTorchRLModule):
+    """RLlib's example ``ActionMaskingTorchRLModule`` sampling through policyport on env runners: the Dict's
+    ``action_mask`` becomes the request's action mask."""
+
+
+# RLlib's module class -> its policyport twin.
+_TWINS = {
+    DefaultPPOTorchRLModule: PolicyportPPOTorchRLModule,
+    DefaultAPPOTorchRLModule: PolicyportAPPOTorchRLModule,
+    ActionMaskingTorchRLModule: PolicyportActionMaskingTorchRLModule,
+}
+
+
+def _split_masked(obs: Any) -> tuple[Any, np.ndarray]:
+    """The action-masking module's ``{"action_mask", "observations"}`` -> (observations, boolean mask). RLlib adds
+    ``clamp(log(mask), FLOAT_MIN)`` to the logits, so a mask is a mask only where its entries are 0 or 1."""
+    if not isinstance(obs, dict) or "action_mask" not in obs or "observations" not in obs:
+        raise ValueError(
+            "ActionMaskingTorchRLModule takes Dict observations {'action_mask': ..., 'observations': ...}; "
+            f"got {type(obs).__name__}"
+        )
+    mask = _to_numpy(obs["action_mask"])
+    allowed = mask == 1
+    if not np.all(allowed | (mask == 0)):
+        raise ActionMaskError("an action_mask entry is neither 0 nor 1 (RLlib adds log(mask) to the logits)")
+    return obs["observations"], allowed
 
 
 def _state_layout(states: list[tuple[str, int]]) -> list[tuple[tuple[str, ...], int]]:
@@ -222,7 +289,7 @@ class PolicyportEnvRunner(SingleAgentEnvRunner):
     def make_module(self) -> None:
         super().make_module()
         module = self.module
-        if isinstance(module, PolicyportPPOTorchRLModule):
+        if isinstance(module, _PolicyportForwards):
             settings = getattr(self.config, "_policyport", None) or {}
             module.policyport_attach(
                 backend=settings.get("backend", "cpu"),
@@ -238,7 +305,10 @@ def _runner_seed(seed: Optional[int], worker_index: int) -> int:
 
 
 def accelerate(config: Any, *, backend: str = "cpu", seed: Optional[int] = None) -> Any:
-    """Make a PPO ``AlgorithmConfig``'s env runners sample through policyport (returns the same config).
+    """Make a PPO, APPO or IMPALA ``AlgorithmConfig``'s env runners sample through policyport (returns the same
+    config). The module class (the config's, else the algorithm's default) is swapped for its policyport twin;
+    RLlib's example ``ActionMaskingTorchRLModule`` is read too. Other modules (DQN, SAC, custom ones) are refused
+    by name.
 
     ``backend``: what env runners load the compiled policy on ("cpu" is the fast one for env-runner batch sizes;
     "auto", "wgpu", "torch" work too). ``seed``: the base of the sampling seeds (default: ``config.seed``)."""
@@ -246,12 +316,20 @@ def accelerate(config: Any, *, backend: str = "cpu", seed: Optional[int] = None)
     if spec is None:
         spec = RLModuleSpec()
     elif not isinstance(spec, RLModuleSpec):
-        raise UnsupportedModelError("multi-agent module specs: policyport.rllib drives single-agent PPO")
+        raise UnsupportedModelError("multi-agent module specs: policyport.rllib drives single-agent modules")
     current = spec.module_class
-    if current is not None and not issubclass(current, DefaultPPOTorchRLModule):
-        _rllib_base(current)  # raises, naming the class
-    if current is None or not issubclass(current, PolicyportPPOTorchRLModule):
-        spec.module_class = PolicyportPPOTorchRLModule
+    if current is None:
+        current = config.get_default_rl_module_spec().module_class
+    if not isinstance(current, type) or not issubclass(current, _PolicyportForwards):
+        base = _rllib_base(current) if isinstance(current, type) else _rllib_base(type(current))
+        if current is not base:
+            # A user subclass of an RLlib module: its own code would be bypassed by the twin.
+            raise UnsupportedModelError(
+                f"RLModule class {current.__module__}.{current.__qualname__} subclasses {base.__name__}: "
+                f"policyport.rllib swaps in its own {base.__name__} twin; give the base class, or derive from "
+                f"{_TWINS[base].__name__}"
+            )
+        spec.module_class = _TWINS[base]
     config.rl_module(rl_module_spec=spec)
     config.env_runners(env_runner_cls=PolicyportEnvRunner)
     config._policyport = {"backend": backend, "seed": config.seed if seed is None else seed}
