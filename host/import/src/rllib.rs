@@ -26,6 +26,10 @@
 //! the artifact's observation is the env's Dict with its parts in RLlib's flatten order (keys sorted).
 //! Also read: `vf_share_layers=True` (one `encoder.encoder` under both heads), `free_log_std` (the
 //! state-independent `pi.log_std`), LayerNorm MLPs (`fcnet_use_layernorm`, `head_fcnet_use_layernorm`).
+//! IMPALA trains `DefaultPPOTorchRLModule` itself; `DefaultAPPOTorchRLModule` adds target copies (`_old_*`),
+//! never read. `DefaultDQNTorchRLModule` ([`dqn_policy`]): Q values, plain, dueling or distributional.
+//! RLlib's example `ActionMaskingTorchRLModule` ([`ModuleKind::ActionMasking`]): PPO's networks on the Dict's
+//! `observations`, the Dict's `action_mask` as the request's action mask (the manifest's `action_masks`).
 //! Refused by name: LSTM with a shared encoder, LayerNorm CNNs, multi-agent checkpoints with
 //! several modules (point at one module's directory), Dict parts that are not Boxes (FlattenObservations
 //! one-hot encodes them), `keys_to_remove`, a MeanStdFilter before the flatten, other connectors.
