@@ -200,6 +200,49 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
     );
     let e = compile_rllib(&c, "x", None, Storage::F32).unwrap_err();
     assert!(e.to_string().contains("2 RLModules"), "{e}");
+    // Same-length byte edits of the new modules' pickles (names are length-prefixed, so each stays a valid
+    // pickle): each is a typed error naming what no longer fits, never a policy missing a part.
+    let edit = |fixture: &str, file: &str, from: &[u8], to: &[u8]| -> ImportError {
+        let c = tmp.join(format!("{fixture}-{}", String::from_utf8_lossy(to)));
+        copy(&dir(fixture).join("checkpoint"), &c);
+        let path = c.join(module).join(file);
+        let bytes = std::fs::read(&path).unwrap();
+        let at = bytes
+            .windows(from.len())
+            .position(|w| w == from)
+            .unwrap_or_else(|| panic!("{fixture}/{file} lacks {}", String::from_utf8_lossy(from)));
+        let mut b = bytes.clone();
+        b[at..at + to.len()].copy_from_slice(to);
+        std::fs::write(&path, b).unwrap();
+        compile_rllib(&c, "x", None, Storage::F32).unwrap_err()
+    };
+    // A dueling DQN whose value stream lost its last layer: refused (it would otherwise add 16 numbers to Q).
+    let e = edit(
+        "dqn_cartpole",
+        "module_state.pkl",
+        b"vf.net.mlp.2.weight",
+        b"vX.net.mlp.2.weight",
+    );
+    assert!(
+        e.to_string().contains("dueling vf head has 16 outputs"),
+        "{e}"
+    );
+    // A model_config key the importer does not know (here a misspelt epsilon): refused by name.
+    let e = edit(
+        "dqn_cartpole",
+        "class_and_ctor_args.pkl",
+        b"epsilon",
+        b"epsilom",
+    );
+    assert!(e.to_string().contains("'epsilom'"), "{e}");
+    // The action-masking Dict with another key than its two: refused by name.
+    let e = edit(
+        "ppo_action_masking",
+        "class_and_ctor_args.pkl",
+        b"action_mask",
+        b"action_maxk",
+    );
+    assert!(e.to_string().contains("action_maxk"), "{e}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

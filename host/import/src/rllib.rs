@@ -1862,6 +1862,74 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dqn_epsilon_is_the_constant_or_the_schedules_final_value_and_a_probability() {
+        use serde_json::json;
+        assert_eq!(dqn_epsilon(Some(&json!(0.25))).unwrap(), 0.25);
+        assert_eq!(
+            dqn_epsilon(Some(&json!([[0, 1.0], [10000, 0.05]]))).unwrap(),
+            0.05
+        );
+        assert_eq!(dqn_epsilon(Some(&json!([[0, 0]]))).unwrap(), 0.0);
+        for bad in [
+            json!(1.5),
+            json!(-0.1),
+            json!("0.1"),
+            json!([]),
+            json!([[0, 1.0], [5]]),
+            json!([[0, 1.0], [5, 2.0]]),
+            json!({"a": 1}),
+        ] {
+            assert!(
+                matches!(dqn_epsilon(Some(&bad)), Err(ImportError::Malformed(_))),
+                "{bad}"
+            );
+        }
+        assert!(dqn_epsilon(None).is_err());
+    }
+
+    #[test]
+    fn a_map_composed_into_a_dense_layer_is_the_map_of_its_outputs() {
+        // y = W x + b (3 outputs), then the dueling centring (I - 1/3): the folded layer equals it in f64.
+        let w = Tensor::new(vec![3, 2], vec![1.0, 2.0, -3.0, 0.5, 4.0, -1.0]);
+        let b = Tensor::new(vec![3], vec![0.1, -0.2, 0.3]);
+        let sd: BTreeMap<String, Tensor> = [("l.weight".to_string(), w), ("l.bias".to_string(), b)]
+            .into_iter()
+            .collect();
+        let mut g = GraphBuilder::new(&sd, "test");
+        let (y, k) = g.linear("l", "x", 2).unwrap();
+        let centre: Vec<f64> = (0..9)
+            .map(|i| f64::from(u8::from(i / 3 == i % 3)) - 1.0 / 3.0)
+            .collect();
+        assert_eq!(g.compose_into_dense(&y, &centre, k, "centred").unwrap(), 3);
+        assert!(
+            !g.tensors.contains_key("l.weight"),
+            "the layer's own weight left the artifact"
+        );
+        let (w2, b2) = (&g.tensors["l.centred.weight"], &g.tensors["l.centred.bias"]);
+        let x = [0.7f64, -1.3];
+        let raw: Vec<f64> = (0..3)
+            .map(|r| {
+                sd["l.weight"].data[r * 2] as f64 * x[0]
+                    + sd["l.weight"].data[r * 2 + 1] as f64 * x[1]
+                    + sd["l.bias"].data[r] as f64
+            })
+            .collect();
+        let mean = raw.iter().sum::<f64>() / 3.0;
+        for r in 0..3 {
+            let got =
+                w2.data[r * 2] as f64 * x[0] + w2.data[r * 2 + 1] as f64 * x[1] + b2.data[r] as f64;
+            assert!(
+                (got - (raw[r] - mean)).abs() < 1e-6,
+                "row {r}: {got} vs {}",
+                raw[r] - mean
+            );
+        }
+        // A map of the wrong size, or onto something that is not a dense layer's output: typed errors.
+        assert!(g.compose_into_dense(&y, &[1.0; 4], 2, "bad").is_err());
+        assert!(g.compose_into_dense("nothing", &[1.0], 1, "bad").is_err());
+    }
+
+    #[test]
     fn base64_and_npy_round_trip_what_numpy_writes() {
         assert_eq!(base64("aGVsbG8=").unwrap(), b"hello");
         assert_eq!(base64("aGVsbG8h").unwrap(), b"hello!");
