@@ -20,6 +20,7 @@
 //!   bucket padding, device state; CUDA and CUDA graphs when a GPU is present (`POLICYPORT_REQUIRE_CUDA=1`
 //!   makes their absence a failure).
 
+mod agents;
 mod artifact;
 mod bad_input;
 mod capi;

@@ -16,6 +16,7 @@ use policyport::{
     Request, Session,
 };
 use policyport_abi::ErrorCode;
+use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError};
 use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
 /// Path of the generated header (for build scripts and tests).
@@ -24,8 +25,9 @@ pub const HEADER: &str = env!("POLICYPORT_HEADER");
 
 /// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`; version 3 `pp_policy_set_threads`;
 /// version 4 `PP_BACKEND_CPU_BF16`, and `pp_policy_load` takes the backend as a `uint32_t` code (the same values);
-/// version 5 `pp_policy_act_masked` (action masks and an epsilon override, format 1.4).
-pub const PP_ABI_VERSION: u32 = 5;
+/// version 5 `pp_policy_act_masked` (action masks and an epsilon override, format 1.4); version 6 the agents
+/// (`pp_agents_*`: many game agents by stable id, one batched act() per tick) and `pp_policy_act_ids`.
+pub const PP_ABI_VERSION: u32 = 6;
 
 /// Result of every call.
 #[repr(C)]
@@ -655,5 +657,434 @@ pub unsafe extern "C" fn pp_policy_set_threads(policy: *mut PpPolicy, threads: u
 pub unsafe extern "C" fn pp_policy_free(policy: *mut PpPolicy) {
     if !policy.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(policy) })));
+    }
+}
+
+// ---- Agents (ABI version 6): many game agents by stable id, one batched act() per tick -------------------------
+
+/// Agents acting through one policy (crate `policyport-agents`): agents by stable 64-bit id, one batched act()
+/// per tick, recurrent memory per agent, a new episode whenever an agent (re)spawns.
+pub struct PpAgents {
+    agents: Agents,
+    /// Mask bytes as flags (reused across calls).
+    mask: Vec<bool>,
+    /// `pp_agents_tick`'s ids (reused across calls).
+    ids: Vec<AgentId>,
+}
+
+fn agents_status(e: &AgentsError) -> PpStatus {
+    match e {
+        AgentsError::UnknownAgent(_)
+        | AgentsError::AlreadyObserved(_)
+        | AgentsError::MaskLength { .. }
+        | AgentsError::MaskOnContinuous { .. } => PpStatus::BadCall,
+        AgentsError::ObservationLength { .. } => PpStatus::BadObservation,
+        AgentsError::TooManyAgents { .. } => PpStatus::TooLarge,
+        AgentsError::Policy(p) => status_of(p),
+        AgentsError::Sandbox(w) => wasm_status(w),
+    }
+}
+
+fn agents_err(e: AgentsError) -> (PpStatus, String) {
+    (agents_status(&e), e.to_string())
+}
+
+/// Turn a loaded policy (native or sandboxed) into agents. On success `*policy` is consumed (freed: do not use
+/// or free it again) and `*out` holds the agents; on error nothing changes. `sample` 0: deterministic actions;
+/// else sampled from the Philox stream (`seed`, the agent's env id, the tick). `max_agents` 0: 65536.
+///
+/// # Safety
+/// `policy` is a live handle not used by another thread; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_new(
+    policy: *mut PpPolicy,
+    seed: u64,
+    sample: i32,
+    max_agents: usize,
+    out: *mut *mut PpAgents,
+) -> PpStatus {
+    guard(|| {
+        if policy.is_null() {
+            return Err(null("policy"));
+        }
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let config = AgentsConfig {
+            seed,
+            deterministic: sample == 0,
+            max_agents: if max_agents == 0 {
+                policyport_agents::DEFAULT_MAX_AGENTS
+            } else {
+                max_agents
+            },
+        };
+        let p = unsafe { Box::from_raw(policy) };
+        let agents = match p.inner {
+            Inner::Native { session, .. } => Agents::native(session.policy().clone(), config),
+            Inner::Wasm { policy, .. } => Agents::sandboxed(policy, config),
+        };
+        let a = Box::new(PpAgents {
+            agents,
+            mask: vec![],
+            ids: vec![],
+        });
+        unsafe { *out = Box::into_raw(a) };
+        Ok(())
+    })
+}
+
+fn agents_mut<'a>(a: *mut PpAgents) -> Result<&'a mut PpAgents, (PpStatus, String)> {
+    unsafe { a.as_mut() }.ok_or_else(|| null("agents"))
+}
+
+/// A new agent; `*id` receives its id. Its first act() starts a new episode (fresh recurrent state).
+///
+/// # Safety
+/// `agents` is live and not used by another thread during the call; `id` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_spawn(agents: *mut PpAgents, id: *mut u64) -> PpStatus {
+    guard(|| {
+        let a = agents_mut(agents)?;
+        if id.is_null() {
+            return Err(null("id"));
+        }
+        let new = a.agents.spawn().map_err(agents_err)?;
+        unsafe { *id = new.to_bits() };
+        Ok(())
+    })
+}
+
+/// The agent is gone: its id is dead from now on (`PP_STATUS_BAD_CALL` wherever it is passed) and its env id
+/// goes back to the free list; an observation it had staged this tick is withdrawn.
+///
+/// # Safety
+/// `agents` is live and not used by another thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_despawn(agents: *mut PpAgents, id: u64) -> PpStatus {
+    guard(|| {
+        agents_mut(agents)?
+            .agents
+            .despawn(AgentId::from_bits(id))
+            .map_err(agents_err)
+    })
+}
+
+/// The same agent starts a new episode at its next act() (its recurrent state is zeroed before that step).
+///
+/// # Safety
+/// `agents` is live and not used by another thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_respawn(agents: *mut PpAgents, id: u64) -> PpStatus {
+    guard(|| {
+        agents_mut(agents)?
+            .agents
+            .respawn(AgentId::from_bits(id))
+            .map_err(agents_err)
+    })
+}
+
+/// Stage agent `id`'s observation (`obs_len` floats, the policy's observation) for the next `pp_agents_act`;
+/// `action_mask` (null for none): `mask_len` bytes, one per logit / Q value, non-zero allowing the action.
+///
+/// # Safety
+/// `agents` is live and not used by another thread; `obs` covers `obs_len` floats, a non-null `action_mask`
+/// `mask_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_observe(
+    agents: *mut PpAgents,
+    id: u64,
+    obs: *const f32,
+    obs_len: usize,
+    action_mask: *const u8,
+    mask_len: usize,
+) -> PpStatus {
+    guard(|| {
+        let a = agents_mut(agents)?;
+        if obs.is_null() {
+            return Err(null("obs"));
+        }
+        aligned(obs, "obs")?;
+        if obs_len > isize::MAX as usize / 4 || mask_len > isize::MAX as usize {
+            return Err((PpStatus::BadCall, "a length larger than any object".into()));
+        }
+        let o = unsafe { std::slice::from_raw_parts(obs, obs_len) };
+        let id = AgentId::from_bits(id);
+        if action_mask.is_null() {
+            return a.agents.observe(id, o).map_err(agents_err);
+        }
+        a.mask.clear();
+        a.mask.extend(
+            unsafe { std::slice::from_raw_parts(action_mask, mask_len) }
+                .iter()
+                .map(|f| *f != 0),
+        );
+        let PpAgents { agents, mask, .. } = a;
+        agents.observe_masked(id, o, mask).map_err(agents_err)
+    })
+}
+
+/// One act() for every agent observed since the last one; `*acted` (may be null) receives how many acted. On
+/// error nothing changes (the observations stay staged).
+///
+/// # Safety
+/// `agents` is live and not used by another thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_act(agents: *mut PpAgents, acted: *mut usize) -> PpStatus {
+    guard(|| {
+        let a = agents_mut(agents)?;
+        let n = a.agents.act().map_err(agents_err)?.len();
+        if !acted.is_null() {
+            unsafe { *acted = n };
+        }
+        Ok(())
+    })
+}
+
+/// Agent `id`'s outputs of the last act(): `discrete_actions` (`action_len` int64, discrete policies) or
+/// `continuous_actions` (`action_len` floats), and `value` (one float, policies with a value); any may be null.
+/// `PP_STATUS_BAD_CALL` if `id` did not act in the last act().
+///
+/// # Safety
+/// `agents` is live and not used by another thread; non-null buffers have the sizes above.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_action(
+    agents: *mut PpAgents,
+    id: u64,
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+) -> PpStatus {
+    guard(|| {
+        let a = agents_mut(agents)?;
+        aligned(discrete_actions, "discrete_actions")?;
+        aligned(continuous_actions, "continuous_actions")?;
+        aligned(value, "value")?;
+        let id = AgentId::from_bits(id);
+        let tick = a.agents.last();
+        let row = tick.row(id).ok_or_else(|| {
+            (
+                PpStatus::BadCall,
+                format!("{id} did not act in the last act() (not observed, or not alive)"),
+            )
+        })?;
+        unsafe {
+            write_row(
+                &a.agents,
+                tick.outputs(),
+                row,
+                discrete_actions,
+                continuous_actions,
+                value,
+            )
+        };
+        Ok(())
+    })
+}
+
+/// Copy row `row` of `out` into the caller's buffers (null ones skipped).
+///
+/// # Safety
+/// Non-null buffers cover one row: `action_len` actions, one value.
+unsafe fn write_row(
+    agents: &Agents,
+    out: &ActOutputs,
+    row: usize,
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+) {
+    let k = agents.action_len();
+    unsafe {
+        if !discrete_actions.is_null() && !out.discrete.is_empty() {
+            std::ptr::copy_nonoverlapping(out.discrete[row * k..].as_ptr(), discrete_actions, k);
+        }
+        if !continuous_actions.is_null() && !out.continuous.is_empty() {
+            std::ptr::copy_nonoverlapping(
+                out.continuous[row * k..].as_ptr(),
+                continuous_actions,
+                k,
+            );
+        }
+        if !value.is_null() && !out.value.is_empty() {
+            *value = out.value[row];
+        }
+    }
+}
+
+/// A whole tick in one call (what an engine's per-frame system does): stage `n` agents `ids` with their
+/// observations (`n × obs_len` floats, row i for `ids[i]`) and masks (null, or `n × mask_len` bytes), act once,
+/// and write each agent's outputs in the caller's order (`n × action_len` actions, `n` values; null to skip).
+/// Observations staged earlier with `pp_agents_observe` act in the same call. Nothing changes on error (rows
+/// staged by this call are withdrawn).
+///
+/// # Safety
+/// `agents` is live and not used by another thread; the buffers have the sizes above.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn pp_agents_tick(
+    agents: *mut PpAgents,
+    ids: *const u64,
+    n: usize,
+    obs: *const f32,
+    action_mask: *const u8,
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+) -> PpStatus {
+    guard(|| {
+        let a = agents_mut(agents)?;
+        if n > policyport::MAX_BATCH {
+            return Err((
+                PpStatus::BadCall,
+                format!("{n} agents in one tick: at most {}", policyport::MAX_BATCH),
+            ));
+        }
+        if n > 0 && (ids.is_null() || obs.is_null()) {
+            return Err(null(if ids.is_null() { "ids" } else { "obs" }));
+        }
+        aligned(ids, "ids")?;
+        aligned(obs, "obs")?;
+        aligned(discrete_actions, "discrete_actions")?;
+        aligned(continuous_actions, "continuous_actions")?;
+        aligned(value, "value")?;
+        let (o_len, m_len) = (a.agents.obs_len(), a.agents.mask_len());
+        let ids = if n == 0 {
+            &[][..]
+        } else {
+            unsafe { std::slice::from_raw_parts(ids, n) }
+        };
+        let obs = if n == 0 {
+            &[][..]
+        } else {
+            unsafe { std::slice::from_raw_parts(obs, n * o_len) }
+        };
+        if !action_mask.is_null() {
+            a.mask.clear();
+            a.mask.extend(
+                unsafe { std::slice::from_raw_parts(action_mask, n * m_len) }
+                    .iter()
+                    .map(|f| *f != 0),
+            );
+        }
+        let PpAgents {
+            agents,
+            mask,
+            ids: staged,
+        } = a;
+        staged.clear();
+        let mut result = Ok(());
+        for (i, bits) in ids.iter().enumerate() {
+            let id = AgentId::from_bits(*bits);
+            let row = &obs[i * o_len..(i + 1) * o_len];
+            let r = if action_mask.is_null() {
+                agents.observe(id, row)
+            } else {
+                agents.observe_masked(id, row, &mask[i * m_len..(i + 1) * m_len])
+            };
+            if let Err(e) = r {
+                result = Err(agents_err(e));
+                break;
+            }
+            staged.push(id);
+        }
+        let result = result.and_then(|()| agents.act().map(|_| ()).map_err(agents_err));
+        if let Err(e) = result {
+            // Withdraw this call's rows: an agent's despawn-free withdrawal is `unobserve`.
+            for id in staged.iter() {
+                agents.unobserve(*id);
+            }
+            return Err(e);
+        }
+        let tick = agents.last();
+        let k = agents.action_len();
+        for (i, id) in staged.iter().enumerate() {
+            let row = tick.row(*id).expect("staged and acted");
+            unsafe {
+                write_row(
+                    agents,
+                    tick.outputs(),
+                    row,
+                    if discrete_actions.is_null() {
+                        discrete_actions
+                    } else {
+                        discrete_actions.add(i * k)
+                    },
+                    if continuous_actions.is_null() {
+                        continuous_actions
+                    } else {
+                        continuous_actions.add(i * k)
+                    },
+                    if value.is_null() { value } else { value.add(i) },
+                )
+            };
+        }
+        Ok(())
+    })
+}
+
+/// What the agents' policy takes and gives, per agent.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PpAgentsInfo {
+    pub obs_len: u32,
+    pub action_len: u32,
+    /// Action-mask bytes per agent (0: continuous actions, no mask).
+    pub mask_len: u32,
+    pub discrete: u32,
+    /// Agents alive now.
+    pub alive: u32,
+    /// Ticks acted so far (the sampling step of the next act()).
+    pub tick: u64,
+}
+
+/// # Safety
+/// `agents` is live; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_info(
+    agents: *const PpAgents,
+    out: *mut PpAgentsInfo,
+) -> PpStatus {
+    guard(|| {
+        let a = unsafe { agents.as_ref() }.ok_or_else(|| null("agents"))?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let g = &a.agents;
+        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        unsafe {
+            *out = PpAgentsInfo {
+                obs_len: n(g.obs_len()),
+                action_len: n(g.action_len()),
+                mask_len: n(g.mask_len()),
+                discrete: u32::from(g.is_discrete()),
+                alive: n(g.len()),
+                tick: g.tick(),
+            }
+        };
+        Ok(())
+    })
+}
+
+/// Sampled (`sample` non-zero) or deterministic actions from the next act() on.
+///
+/// # Safety
+/// `agents` is live and not used by another thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_set_sampling(agents: *mut PpAgents, sample: i32) -> PpStatus {
+    guard(|| {
+        agents_mut(agents)?.agents.set_deterministic(sample == 0);
+        Ok(())
+    })
+}
+
+/// Free the agents (and their policy). Null is a no-op.
+///
+/// # Safety
+/// `agents` came from `pp_agents_new` and is not used again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_agents_free(agents: *mut PpAgents) {
+    if !agents.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(agents) })));
     }
 }

@@ -1,0 +1,607 @@
+//! Many game agents, one batched act() per policy per tick (issue 35's engine-neutral layer).
+//!
+//! Game engines keep agents as entities that spawn, die and respawn, visited in whatever order the engine's
+//! query gives; the runtime keys sampling streams and recurrent state by an *env id* per batch row. This crate is
+//! the bridge every engine binding shares (the C ABI, the Bevy plugin, Godot, C#):
+//!
+//! - an [`AgentId`] is stable for the agent's life and names one env id from a free list. Ids are never confused:
+//!   the id carries a generation, so a despawned agent's id is a typed error ([`AgentsError::UnknownAgent`]),
+//!   never the row of the agent that reuses its env id;
+//! - a reused env id always starts a new episode: [`Agents::spawn`] (and [`Agents::respawn`]) mark the agent so
+//!   its first act() zeroes its recurrent state *before* the step (the runtime's `episode_starts`), which is how
+//!   ML-Agents and Cervo reset memory per agent;
+//! - per tick, [`Agents::observe`] stages one observation row (and optionally an action mask) per agent, in any
+//!   order; [`Agents::act`] runs one `act()` over the staged rows with the env-id list and the episode starts, the
+//!   tick as the sampling step, and returns a [`Tick`] whose views are indexed by agent id, so nothing depends on
+//!   the order agents were observed in;
+//! - the backend is native ([`Agents::native`]: a [`Session`] on a [`CompiledPolicy`]) or sandboxed
+//!   ([`Agents::sandboxed`]: a [`WasmPolicy`] under wasmtime's deadline and memory cap) behind the same type.
+//!
+//! Errors are typed ([`AgentsError`]); a refused call changes nothing (no agent, id, staged row or state moves).
+
+use std::fmt;
+use std::sync::Arc;
+
+use policyport::{
+    ActMode, ActOutputs, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
+};
+use policyport_wasmtime::{WasmError, WasmPolicy};
+
+/// The most agents one [`Agents`] holds alive at once unless configured otherwise (the runtime's default
+/// limit of envs with recurrent state).
+pub const DEFAULT_MAX_AGENTS: usize = policyport::DEFAULT_MAX_ENVS;
+
+/// An agent's stable identity: its env id (`slot`) and which occupant of that env id it is (`generation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId {
+    slot: u32,
+    generation: u32,
+}
+
+impl AgentId {
+    /// The env id this agent's rows carry (its sampling stream and recurrent state).
+    pub fn env_id(self) -> u32 {
+        self.slot
+    }
+
+    /// The id as one integer (for C, C# and GDScript callers): `generation << 32 | env id`.
+    pub fn to_bits(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.slot)
+    }
+
+    /// The id [`AgentId::to_bits`] gave. Any integer makes an id; one that names no live agent is refused by
+    /// every call that takes it.
+    pub fn from_bits(bits: u64) -> Self {
+        AgentId {
+            slot: bits as u32,
+            generation: (bits >> 32) as u32,
+        }
+    }
+}
+
+impl fmt::Display for AgentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "agent {}#{}", self.slot, self.generation)
+    }
+}
+
+/// How agents act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentsConfig {
+    /// The sampling seed: each agent draws from the Philox stream (seed, env id, tick).
+    pub seed: u64,
+    /// Greedy / mean actions instead of sampled ones.
+    pub deterministic: bool,
+    /// The most agents alive at once ([`AgentsError::TooManyAgents`] past it).
+    pub max_agents: usize,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            seed: 0,
+            deterministic: false,
+            max_agents: DEFAULT_MAX_AGENTS,
+        }
+    }
+}
+
+/// Why an agents call was refused. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentsError {
+    #[error("{0} is not alive (despawned, or not spawned by these agents)")]
+    UnknownAgent(AgentId),
+    #[error("{0} was already observed this tick (one row per agent per act)")]
+    AlreadyObserved(AgentId),
+    #[error("{agent}: {found} observation numbers, the policy takes {expected}")]
+    ObservationLength {
+        agent: AgentId,
+        expected: usize,
+        found: usize,
+    },
+    #[error("{agent}: {found} action-mask flags, the policy takes {expected} (one per logit)")]
+    MaskLength {
+        agent: AgentId,
+        expected: usize,
+        found: usize,
+    },
+    #[error("{agent}: an action mask for a policy with continuous actions")]
+    MaskOnContinuous { agent: AgentId },
+    #[error("{max} agents are alive: the limit (AgentsConfig::max_agents)")]
+    TooManyAgents { max: usize },
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] WasmError),
+}
+
+/// What the staged rows must look like (read once from the policy).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    obs_len: usize,
+    action_len: usize,
+    /// Flags per agent of an action mask (the logits / Q values), 0 for continuous policies.
+    mask_len: usize,
+    discrete: bool,
+    has_value: bool,
+}
+
+enum Runner {
+    Native(Box<Session>),
+    Sandboxed {
+        policy: Box<WasmPolicy>,
+        out: ActOutputs,
+    },
+}
+
+impl Runner {
+    fn act(&mut self, req: &Request<'_>) -> Result<&ActOutputs, AgentsError> {
+        match self {
+            Runner::Native(session) => Ok(session.act(req)?),
+            Runner::Sandboxed { policy, out } => {
+                policy.act(req, out)?;
+                Ok(out)
+            }
+        }
+    }
+
+    fn backend_name(&self) -> String {
+        match self {
+            Runner::Native(s) => s.policy().backend().name().to_string(),
+            Runner::Sandboxed { .. } => "sandbox".to_string(),
+        }
+    }
+}
+
+/// One env id's occupant.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    generation: u32,
+    alive: bool,
+    /// The next act() starts a new episode for it (spawned or respawned since its last step).
+    start: bool,
+    /// Its row in this tick's staging + 1 (0: not observed this tick).
+    staged: u32,
+    /// Its row in the last act()'s outputs + 1, valid while `acted_tick` is the last tick.
+    row: u32,
+    acted_tick: u64,
+}
+
+/// Agents acting through one policy: ids, this tick's staged rows, the last tick's outputs.
+pub struct Agents {
+    runner: Runner,
+    shape: Shape,
+    config: AgentsConfig,
+    slots: Vec<Slot>,
+    /// Env ids of despawned agents, reused last-in first-out.
+    free: Vec<u32>,
+    alive: usize,
+    /// Ticks acted so far: the sampling step of the next act().
+    tick: u64,
+    // This tick's staging, one entry (row) per observed agent.
+    ids: Vec<AgentId>,
+    env_ids: Vec<u32>,
+    obs: Vec<f32>,
+    starts: Vec<bool>,
+    masks: Vec<bool>,
+    /// Some staged row carries a mask (rows without one are staged all-allowed).
+    masked: bool,
+    /// The agents of the last act(), by row.
+    acted: Vec<AgentId>,
+}
+
+impl fmt::Debug for Agents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Agents")
+            .field("backend", &self.runner.backend_name())
+            .field("alive", &self.alive)
+            .field("staged", &self.ids.len())
+            .field("tick", &self.tick)
+            .finish()
+    }
+}
+
+impl Agents {
+    /// Agents acting through a session on `policy` (any native backend).
+    pub fn native(policy: Arc<CompiledPolicy>, config: AgentsConfig) -> Self {
+        let info = policy.info();
+        let discrete = policy.head().is_discrete();
+        let shape = Shape {
+            obs_len: info.obs_len,
+            action_len: info.action_len,
+            mask_len: if discrete {
+                policy.head().mask_len()
+            } else {
+                0
+            },
+            discrete,
+            has_value: info.has_value,
+        };
+        let mut session = Session::new(policy);
+        session.set_max_envs(config.max_agents);
+        Self::with(Runner::Native(Box::new(session)), shape, config)
+    }
+
+    /// Agents acting through a policy loaded in the wasm sandbox (its deadline and memory cap hold for every
+    /// tick). The answers are the native cpu kernels' bit for bit (the plugin runs the same code).
+    pub fn sandboxed(policy: WasmPolicy, config: AgentsConfig) -> Self {
+        let info = policy.info();
+        let shape = Shape {
+            obs_len: info.obs_len,
+            action_len: info.action_len,
+            mask_len: if info.discrete {
+                info.dist_params_len
+            } else {
+                0
+            },
+            discrete: info.discrete,
+            has_value: info.has_value,
+        };
+        Self::with(
+            Runner::Sandboxed {
+                policy: Box::new(policy),
+                out: ActOutputs::default(),
+            },
+            shape,
+            config,
+        )
+    }
+
+    fn with(runner: Runner, shape: Shape, config: AgentsConfig) -> Self {
+        Agents {
+            runner,
+            shape,
+            config,
+            slots: vec![],
+            free: vec![],
+            alive: 0,
+            tick: 0,
+            ids: vec![],
+            env_ids: vec![],
+            obs: vec![],
+            starts: vec![],
+            masks: vec![],
+            masked: false,
+            acted: vec![],
+        }
+    }
+
+    /// "cpu", "flex", "wgpu", ... or "sandbox".
+    pub fn backend(&self) -> String {
+        self.runner.backend_name()
+    }
+
+    /// Observation numbers per agent.
+    pub fn obs_len(&self) -> usize {
+        self.shape.obs_len
+    }
+
+    /// Action numbers per agent.
+    pub fn action_len(&self) -> usize {
+        self.shape.action_len
+    }
+
+    /// Action-mask flags per agent (0: the policy's actions are continuous).
+    pub fn mask_len(&self) -> usize {
+        self.shape.mask_len
+    }
+
+    pub fn is_discrete(&self) -> bool {
+        self.shape.discrete
+    }
+
+    /// Agents alive now.
+    pub fn len(&self) -> usize {
+        self.alive
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.alive == 0
+    }
+
+    /// Ticks acted so far (the sampling step of the next act()).
+    pub fn tick(&self) -> u64 {
+        self.tick
+    }
+
+    /// Sampled (false, the default) or greedy / mean (true) actions from the next act() on.
+    pub fn set_deterministic(&mut self, deterministic: bool) {
+        self.config.deterministic = deterministic;
+    }
+
+    /// A new agent: a free env id (a despawned agent's, else the next unused one); its first act() starts a new
+    /// episode.
+    pub fn spawn(&mut self) -> Result<AgentId, AgentsError> {
+        if self.alive >= self.config.max_agents {
+            return Err(AgentsError::TooManyAgents {
+                max: self.config.max_agents,
+            });
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s =
+                    u32::try_from(self.slots.len()).map_err(|_| AgentsError::TooManyAgents {
+                        max: self.config.max_agents,
+                    })?;
+                self.slots.push(Slot::default());
+                s
+            }
+        };
+        // A reused env id: a new occupant (despawn moved the generation on, so old ids stay dead), a new episode.
+        let s = &mut self.slots[slot as usize];
+        s.alive = true;
+        s.start = true;
+        s.staged = 0;
+        s.row = 0;
+        self.alive += 1;
+        Ok(AgentId {
+            slot,
+            generation: s.generation,
+        })
+    }
+
+    fn slot(&self, id: AgentId) -> Result<&Slot, AgentsError> {
+        match self.slots.get(id.slot as usize) {
+            Some(s) if s.alive && s.generation == id.generation => Ok(s),
+            _ => Err(AgentsError::UnknownAgent(id)),
+        }
+    }
+
+    /// Is `id` a live agent of these agents?
+    pub fn contains(&self, id: AgentId) -> bool {
+        self.slot(id).is_ok()
+    }
+
+    /// The agent is gone: its env id goes back to the free list (the next agent to get it starts a new episode).
+    /// A row it had staged this tick is withdrawn.
+    pub fn despawn(&mut self, id: AgentId) -> Result<(), AgentsError> {
+        let staged = self.slot(id)?.staged;
+        if staged != 0 {
+            self.unstage(staged as usize - 1);
+        }
+        let s = &mut self.slots[id.slot as usize];
+        s.alive = false;
+        s.start = false;
+        s.staged = 0;
+        s.row = 0;
+        s.generation = s.generation.wrapping_add(1);
+        self.free.push(id.slot);
+        self.alive -= 1;
+        Ok(())
+    }
+
+    /// The same agent starts a new episode at its next act() (its recurrent state is zeroed before that step).
+    pub fn respawn(&mut self, id: AgentId) -> Result<(), AgentsError> {
+        let staged = self.slot(id)?.staged;
+        self.slots[id.slot as usize].start = true;
+        if staged != 0 {
+            self.starts[staged as usize - 1] = true;
+        }
+        Ok(())
+    }
+
+    /// Stage `obs` (the policy's observation for this agent, [`Agents::obs_len`] numbers) for the next act().
+    pub fn observe(&mut self, id: AgentId, obs: &[f32]) -> Result<(), AgentsError> {
+        self.stage(id, obs, None)
+    }
+
+    /// [`Agents::observe`] with an action mask: one flag per logit (per Q value), `false` forbidding the action.
+    pub fn observe_masked(
+        &mut self,
+        id: AgentId,
+        obs: &[f32],
+        mask: &[bool],
+    ) -> Result<(), AgentsError> {
+        self.stage(id, obs, Some(mask))
+    }
+
+    fn stage(
+        &mut self,
+        id: AgentId,
+        obs: &[f32],
+        mask: Option<&[bool]>,
+    ) -> Result<(), AgentsError> {
+        let slot = *self.slot(id)?;
+        if slot.staged != 0 {
+            return Err(AgentsError::AlreadyObserved(id));
+        }
+        if obs.len() != self.shape.obs_len {
+            return Err(AgentsError::ObservationLength {
+                agent: id,
+                expected: self.shape.obs_len,
+                found: obs.len(),
+            });
+        }
+        if let Some(m) = mask {
+            if !self.shape.discrete {
+                return Err(AgentsError::MaskOnContinuous { agent: id });
+            }
+            if m.len() != self.shape.mask_len {
+                return Err(AgentsError::MaskLength {
+                    agent: id,
+                    expected: self.shape.mask_len,
+                    found: m.len(),
+                });
+            }
+        }
+        self.ids.push(id);
+        self.env_ids.push(id.slot);
+        self.obs.extend_from_slice(obs);
+        self.starts.push(slot.start);
+        match mask {
+            Some(m) => {
+                self.masked = true;
+                self.masks.extend_from_slice(m);
+            }
+            None => self
+                .masks
+                .extend(std::iter::repeat_n(true, self.shape.mask_len)),
+        }
+        self.slots[id.slot as usize].staged = self.ids.len() as u32;
+        Ok(())
+    }
+
+    /// Withdraw staged row `row` (the last row moves into its place).
+    fn unstage(&mut self, row: usize) {
+        let last = self.ids.len() - 1;
+        let (o, m) = (self.shape.obs_len, self.shape.mask_len);
+        self.ids.swap_remove(row);
+        self.env_ids.swap_remove(row);
+        self.starts.swap_remove(row);
+        if row != last {
+            self.obs.copy_within(last * o..(last + 1) * o, row * o);
+            self.masks.copy_within(last * m..(last + 1) * m, row * m);
+            self.slots[self.ids[row].slot as usize].staged = row as u32 + 1;
+        }
+        self.obs.truncate(last * o);
+        self.masks.truncate(last * m);
+        if self.ids.is_empty() {
+            self.masked = false;
+        }
+    }
+
+    /// Withdraw `id`'s observation of this tick, if it has one (true if it had). The agent stays alive.
+    pub fn unobserve(&mut self, id: AgentId) -> bool {
+        match self.slot(id) {
+            Ok(s) if s.staged != 0 => {
+                let row = s.staged as usize - 1;
+                self.slots[id.slot as usize].staged = 0;
+                self.unstage(row);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Agents observed this tick (the next act()'s batch).
+    pub fn staged(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Withdraw every row staged this tick.
+    pub fn clear_staged(&mut self) {
+        for id in &self.ids {
+            self.slots[id.slot as usize].staged = 0;
+        }
+        self.ids.clear();
+        self.env_ids.clear();
+        self.obs.clear();
+        self.starts.clear();
+        self.masks.clear();
+        self.masked = false;
+    }
+
+    /// One act() for every agent observed this tick (none observed: no call, an empty tick). Sampled from the
+    /// stream (seed, env id, tick) unless deterministic; agents spawned or respawned since their last step start
+    /// a new episode. On success the staging is cleared and the tick advances; a refused act() changes nothing.
+    pub fn act(&mut self) -> Result<Tick<'_>, AgentsError> {
+        let batch = self.ids.len();
+        if batch > 0 {
+            let mode = if self.config.deterministic {
+                ActMode::Deterministic
+            } else {
+                ActMode::Sample {
+                    seed: self.config.seed,
+                    step: self.tick,
+                }
+            };
+            let mut req = Request::new(Observations::F32(&self.obs), batch, mode)
+                .envs(EnvIds::List(&self.env_ids))
+                .episode_starts(&self.starts);
+            if self.masked {
+                req = req.action_mask(&self.masks);
+            }
+            self.runner.act(&req)?;
+        }
+        // Committed: record who acted, clear the staging.
+        let tick = self.tick;
+        for (row, id) in self.ids.iter().enumerate() {
+            let s = &mut self.slots[id.slot as usize];
+            s.staged = 0;
+            s.start = false;
+            s.row = row as u32 + 1;
+            s.acted_tick = tick + 1;
+        }
+        std::mem::swap(&mut self.acted, &mut self.ids);
+        self.ids.clear();
+        self.env_ids.clear();
+        self.obs.clear();
+        self.starts.clear();
+        self.masks.clear();
+        self.masked = false;
+        if batch > 0 {
+            self.tick += 1;
+        } else {
+            self.acted.clear();
+        }
+        Ok(self.last())
+    }
+
+    /// The outputs of the last act() (empty before the first, or after a tick with no agent observed).
+    pub fn last(&self) -> Tick<'_> {
+        let out = match &self.runner {
+            Runner::Native(s) => s.outputs(),
+            Runner::Sandboxed { out, .. } => out,
+        };
+        Tick { agents: self, out }
+    }
+}
+
+/// What one act() answered, viewed by agent id.
+pub struct Tick<'a> {
+    agents: &'a Agents,
+    out: &'a ActOutputs,
+}
+
+impl<'a> Tick<'a> {
+    /// The agents that acted, in row order.
+    pub fn agents(&self) -> &'a [AgentId] {
+        &self.agents.acted
+    }
+
+    /// How many agents acted.
+    pub fn len(&self) -> usize {
+        self.agents.acted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.agents.acted.is_empty()
+    }
+
+    /// The row of `id` in this tick's outputs, if it acted in it.
+    pub fn row(&self, id: AgentId) -> Option<usize> {
+        let s = self.agents.slot(id).ok()?;
+        (s.row != 0 && s.acted_tick == self.agents.tick && !self.agents.acted.is_empty())
+            .then(|| s.row as usize - 1)
+            .filter(|r| self.agents.acted.get(*r) == Some(&id))
+    }
+
+    /// A discrete policy's actions for `id` ([`Agents::action_len`] of them), if it acted this tick.
+    pub fn discrete(&self, id: AgentId) -> Option<&'a [i64]> {
+        let n = self.agents.shape.action_len;
+        let r = self.row(id)?;
+        self.agents
+            .shape
+            .discrete
+            .then(|| &self.out.discrete[r * n..(r + 1) * n])
+    }
+
+    /// A continuous policy's action for `id`, if it acted this tick.
+    pub fn continuous(&self, id: AgentId) -> Option<&'a [f32]> {
+        let n = self.agents.shape.action_len;
+        let r = self.row(id)?;
+        (!self.agents.shape.discrete).then(|| &self.out.continuous[r * n..(r + 1) * n])
+    }
+
+    /// The value estimate for `id`, if the policy has one and `id` acted this tick.
+    pub fn value(&self, id: AgentId) -> Option<f32> {
+        let r = self.row(id)?;
+        self.agents.shape.has_value.then(|| self.out.value[r])
+    }
+
+    /// Every output of this tick, by row ([`Tick::agents`] gives each row's agent).
+    pub fn outputs(&self) -> &'a ActOutputs {
+        self.out
+    }
+}

@@ -1,0 +1,443 @@
+//! The engine-neutral agents layer (`policyport-agents`, issue 35) on every backend and in the sandbox:
+//!
+//! - the bundled trained CartPole policy driving one agent per evaluation episode, observed in a different
+//!   shuffled order every tick, despawned when its pole falls, reaches exactly the PyTorch policy's seeded
+//!   returns (what `policyport demo` and the C example reach: agent env ids are the episode numbers, the tick is
+//!   the step);
+//! - agents that spawn, despawn and respawn at random ticks on a recurrent policy keep their rows isolated: each
+//!   agent acts as if it ran alone in its own session (fresh state at each of its episode starts, even on an env
+//!   id a despawned agent held), whatever else shares its batch;
+//! - the sandboxed backend (`Agents::sandboxed`, a `WasmPolicy`) and every other backend give the native cpu
+//!   backend's actions (values within rounding);
+//! - stale ids, a second observation in one tick, wrong lengths and a refused act() are typed errors that change
+//!   nothing.
+
+use std::sync::Arc;
+
+use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, Session};
+use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError};
+use policyport_cli::envs::{CartPole, Env};
+use policyport_conformance::{
+    backends, compile_fixture, fixtures_dir, load_fixture, plugin_runtime,
+};
+use policyport_import::{FixtureIo, Storage, compile_sb3};
+use policyport_wasmtime::{WasmLimits, WasmPolicy};
+
+/// xorshift64: the test's own stream for orders, spawn times and observations.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+fn sandboxed(bytes: &[u8], config: AgentsConfig) -> Agents {
+    let limits = WasmLimits {
+        deadline: std::time::Duration::from_secs(60),
+        ..Default::default()
+    };
+    Agents::sandboxed(
+        WasmPolicy::load(&plugin_runtime(), bytes, limits).expect("the plugin loads the policy"),
+        config,
+    )
+}
+
+/// Every way to make agents on `bytes`: each backend of the suite, and the raw sandbox.
+fn every_agents(bytes: &[u8], config: AgentsConfig) -> Vec<(String, Agents)> {
+    let mut v: Vec<(String, Agents)> = backends()
+        .into_iter()
+        .map(|b| {
+            let p = policyport_conformance::load(bytes, b).unwrap();
+            (b.name().to_string(), Agents::native(p, config))
+        })
+        .collect();
+    v.push(("sandbox (WasmPolicy)".into(), sandboxed(bytes, config)));
+    v
+}
+
+/// One CartPole agent per evaluation episode, spawned at tick 0 in episode order (so agent env ids are the
+/// episode numbers), observed in a new shuffled order each tick, despawned when done.
+fn cartpole_returns(
+    agents: &mut Agents,
+    episodes: u32,
+    env_seed: u64,
+    order_seed: u64,
+) -> Vec<f64> {
+    let ids: Vec<AgentId> = (0..episodes).map(|_| agents.spawn().unwrap()).collect();
+    assert!(
+        ids.iter()
+            .enumerate()
+            .all(|(e, id)| id.env_id() == e as u32)
+    );
+    let mut envs: Vec<CartPole> = (0..episodes)
+        .map(|e| CartPole::reset(env_seed, e))
+        .collect();
+    let mut returns = vec![0.0; episodes as usize];
+    let mut running: Vec<usize> = (0..episodes as usize).collect();
+    let mut rng = Rng(order_seed);
+    let mut obs = [0f32; 4];
+    for _ in 0..CartPole::MAX_STEPS {
+        if running.is_empty() {
+            break;
+        }
+        rng.shuffle(&mut running);
+        for &e in &running {
+            envs[e].observe(&mut obs);
+            agents.observe(ids[e], &obs).unwrap();
+        }
+        let tick = agents.act().unwrap();
+        assert_eq!(tick.len(), running.len());
+        let actions: Vec<i64> = running
+            .iter()
+            .map(|&e| tick.discrete(ids[e]).unwrap()[0])
+            .collect();
+        let mut still = vec![];
+        for (&e, a) in running.iter().zip(actions) {
+            let (r, done) = envs[e].step(a, &[]);
+            returns[e] += r;
+            if done {
+                agents.despawn(ids[e]).unwrap();
+            } else {
+                still.push(e);
+            }
+        }
+        running = still;
+    }
+    for &e in &running {
+        agents.despawn(ids[e]).unwrap();
+    }
+    assert!(agents.is_empty());
+    returns
+}
+
+#[test]
+fn agents_in_any_order_reach_the_pytorch_returns_of_the_bundled_cartpole_on_every_backend() {
+    let f = load_fixture("cartpole");
+    let eval = f.io.eval.clone().unwrap();
+    let bytes = compile_fixture(&f);
+    let (env_seed, policy_seed) = (
+        eval["env_seed"].as_u64().unwrap(),
+        eval["policy_seed"].as_u64().unwrap(),
+    );
+    for (deterministic, key) in [(false, "sampled_returns"), (true, "deterministic_returns")] {
+        let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
+        let config = AgentsConfig {
+            seed: policy_seed,
+            deterministic,
+            ..Default::default()
+        };
+        for (name, mut agents) in every_agents(&bytes, config) {
+            for order_seed in [1, 0x9e37_79b9_7f4a_7c15] {
+                let got = cartpole_returns(&mut agents, want.len() as u32, env_seed, order_seed);
+                assert_eq!(
+                    got, want,
+                    "{key} on {name}, observation order {order_seed:#x}"
+                );
+                // The next run starts over: a fresh Agents (ticks are the sampling steps).
+                agents = match name.as_str() {
+                    "sandbox (WasmPolicy)" => sandboxed(&bytes, config),
+                    _ => Agents::native(
+                        policyport_conformance::load(&bytes, backend_named(&name)).unwrap(),
+                        config,
+                    ),
+                };
+            }
+        }
+    }
+}
+
+fn backend_named(name: &str) -> Backend {
+    backends().into_iter().find(|b| b.name() == name).unwrap()
+}
+
+/// What one agent did in one tick: (tick, its actions, its value).
+type Step = (u64, Vec<i64>, f32);
+
+/// Agents spawning, despawning and respawning at random ticks on a recurrent policy (SB3 RecurrentPPO on
+/// CartPole: an LSTM per agent). Returns each agent life's steps, by spawn order.
+fn churn(
+    agents: &mut Agents,
+    rng_seed: u64,
+    ticks: u64,
+) -> Vec<(u32, Vec<[f32; 4]>, Vec<bool>, Vec<Step>)> {
+    let mut rng = Rng(rng_seed);
+    // (id, env id, observations, episode starts, steps) per life.
+    let mut lives: Vec<(AgentId, Vec<[f32; 4]>, Vec<bool>, Vec<Step>)> = vec![];
+    let mut alive: Vec<usize> = vec![];
+    let mut pending_start: Vec<bool> = vec![];
+    for t in 0..ticks {
+        // Spawns and despawns between ticks.
+        if alive.len() < 12 && rng.below(3) == 0 || alive.is_empty() {
+            for _ in 0..1 + rng.below(3) {
+                let id = agents.spawn().unwrap();
+                lives.push((id, vec![], vec![], vec![]));
+                pending_start.push(true);
+                alive.push(lives.len() - 1);
+            }
+        }
+        if alive.len() > 3 && rng.below(4) == 0 {
+            let i = alive.swap_remove(rng.below(alive.len()));
+            agents.despawn(lives[i].0).unwrap();
+        }
+        if !alive.is_empty() && rng.below(5) == 0 {
+            let i = alive[rng.below(alive.len())];
+            agents.respawn(lives[i].0).unwrap();
+            pending_start[i] = true;
+        }
+        // Some alive agents skip this tick (an engine need not observe every agent every frame).
+        let mut observed: Vec<usize> = alive
+            .iter()
+            .copied()
+            .filter(|_| rng.below(6) != 0)
+            .collect();
+        rng.shuffle(&mut observed);
+        for &i in &observed {
+            let o = [
+                rng.unit(),
+                rng.unit() * 2.0,
+                rng.unit() * 0.2,
+                rng.unit() * 2.0,
+            ];
+            agents.observe(lives[i].0, &o).unwrap();
+            lives[i].1.push(o);
+            lives[i].2.push(std::mem::take(&mut pending_start[i]));
+        }
+        let step = agents.tick();
+        let tick = agents.act().unwrap();
+        assert_eq!(tick.len(), observed.len());
+        for &i in &observed {
+            let id = lives[i].0;
+            let a = tick.discrete(id).unwrap().to_vec();
+            let v = tick.value(id).unwrap();
+            lives[i].3.push((step, a, v));
+        }
+        let advanced = agents.tick() - step;
+        assert_eq!(
+            advanced,
+            u64::from(!observed.is_empty()),
+            "tick {t}: an empty tick is no step"
+        );
+    }
+    lives
+        .into_iter()
+        .map(|(id, o, s, st)| (id.env_id(), o, s, st))
+        .collect()
+}
+
+#[test]
+fn churning_agents_keep_their_recurrent_rows_isolated_on_every_backend_and_in_the_sandbox() {
+    let dir = fixtures_dir().join("sb3").join("recurrent_ppo_cartpole");
+    let io: FixtureIo =
+        serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
+    let bytes = compile_sb3(
+        &std::fs::read(dir.join("model.zip")).unwrap(),
+        None,
+        "recurrent_ppo_cartpole",
+        Some(&io),
+        Storage::F32,
+    )
+    .unwrap();
+    let config = AgentsConfig {
+        seed: 77,
+        ..Default::default()
+    };
+    let cpu: Arc<CompiledPolicy> = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let reference = churn(&mut Agents::native(cpu.clone(), config), 5, 60);
+    assert!(reference.len() > 20, "{} lives", reference.len());
+    let reused = {
+        let mut ids: Vec<u32> = reference.iter().map(|l| l.0).collect();
+        ids.sort_unstable();
+        ids.windows(2).filter(|w| w[0] == w[1]).count()
+    };
+    assert!(reused > 3, "env ids reused by later agents: {reused}");
+    // Each life alone in its own session (fresh state, batch 1, its env id, the same ticks and starts).
+    for (env, obs, starts, steps) in &reference {
+        let mut alone = Session::new(cpu.clone());
+        for ((o, s), (t, a, v)) in obs.iter().zip(starts).zip(steps) {
+            let out = alone
+                .act(
+                    &Request::new(
+                        Observations::F32(o),
+                        1,
+                        ActMode::Sample {
+                            seed: config.seed,
+                            step: *t,
+                        },
+                    )
+                    .envs(EnvIds::List(std::slice::from_ref(env)))
+                    .episode_starts(std::slice::from_ref(s)),
+                )
+                .unwrap();
+            assert_eq!(&out.discrete, a, "env {env} tick {t}: actions");
+            assert!(
+                (out.value[0] - v).abs() <= 1e-5 * v.abs().max(1.0),
+                "env {env} tick {t}: value {} vs {v} in the shared batch",
+                out.value[0]
+            );
+        }
+    }
+    // The same churn on every backend and in the raw sandbox: the same actions; the cpu-kernel sandboxes the
+    // same bits.
+    for (name, mut agents) in every_agents(&bytes, config) {
+        let got = churn(&mut agents, 5, 60);
+        assert_eq!(got.len(), reference.len(), "{name}");
+        for (g, r) in got.iter().zip(&reference) {
+            for (gs, rs) in g.3.iter().zip(&r.3) {
+                assert_eq!((gs.0, &gs.1), (rs.0, &rs.1), "{name}: env {} actions", r.0);
+                // Bit for bit on the cpu backend itself; elsewhere (the sandbox's 128-bit kernels, flex, wgpu,
+                // libtorch) within rounding: their sums run in another order.
+                if name == "cpu" {
+                    assert_eq!(
+                        gs.2.to_bits(),
+                        rs.2.to_bits(),
+                        "{name}: env {} value bits",
+                        r.0
+                    );
+                } else {
+                    assert!(
+                        (gs.2 - rs.2).abs() <= 1e-4 * rs.2.abs().max(1.0),
+                        "{name}: value"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing() {
+    let f = load_fixture("cartpole");
+    let bytes = compile_fixture(&f);
+    for (name, mut agents) in every_agents(&bytes, AgentsConfig::default()) {
+        let a = agents.spawn().unwrap();
+        let b = agents.spawn().unwrap();
+        agents.observe(a, &[0.0; 4]).unwrap();
+        assert!(
+            matches!(agents.observe(a, &[0.0; 4]), Err(AgentsError::AlreadyObserved(x)) if x == a)
+        );
+        assert!(matches!(
+            agents.observe(b, &[0.0; 3]),
+            Err(AgentsError::ObservationLength {
+                expected: 4,
+                found: 3,
+                ..
+            })
+        ));
+        assert!(matches!(
+            agents.observe_masked(b, &[0.0; 4], &[true]),
+            Err(AgentsError::MaskLength {
+                expected: 2,
+                found: 1,
+                ..
+            })
+        ));
+        // A non-finite observation: the runtime refuses the act; the staging, ids and tick stay.
+        agents.observe(b, &[f32::NAN, 0.0, 0.0, 0.0]).unwrap();
+        assert!(
+            matches!(
+                agents.act(),
+                Err(AgentsError::Policy(_) | AgentsError::Sandbox(_))
+            ),
+            "{name}"
+        );
+        assert_eq!(
+            (agents.staged(), agents.tick(), agents.len()),
+            (2, 0, 2),
+            "{name}"
+        );
+        // Withdraw b's row by despawning it: a's row stays and acts.
+        agents.despawn(b).unwrap();
+        assert!(
+            matches!(agents.observe(b, &[0.0; 4]), Err(AgentsError::UnknownAgent(x)) if x == b)
+        );
+        let c = agents.spawn().unwrap();
+        assert_eq!(
+            c.env_id(),
+            b.env_id(),
+            "the free list gives b's env id to the next agent"
+        );
+        assert_ne!(c, b, "a new generation: b's stale id names nobody");
+        let tick = agents.act().unwrap();
+        assert_eq!(tick.agents(), &[a]);
+        assert!(
+            tick.discrete(a).is_some() && tick.discrete(c).is_none() && tick.discrete(b).is_none()
+        );
+        // Ids round-trip through an integer (C, C#, GDScript); a forged one is unknown.
+        assert_eq!(AgentId::from_bits(a.to_bits()), a);
+        assert!(!agents.contains(AgentId::from_bits(a.to_bits() + (7 << 32))));
+        // The limit on live agents.
+        let mut few = Agents::native(
+            CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
+            AgentsConfig {
+                max_agents: 2,
+                ..Default::default()
+            },
+        );
+        few.spawn().unwrap();
+        let y = few.spawn().unwrap();
+        assert!(matches!(
+            few.spawn(),
+            Err(AgentsError::TooManyAgents { max: 2 })
+        ));
+        few.despawn(y).unwrap();
+        few.spawn().unwrap();
+        // No agent observed: no call, an empty tick, no step.
+        assert!(few.act().unwrap().is_empty() && few.tick() == 0);
+    }
+}
+
+/// A mask per agent: forbidden actions are never chosen; agents without one in the same tick act unmasked.
+#[test]
+fn agents_masks_reach_the_runtime_per_agent() {
+    let dir = fixtures_dir().join("sb3").join("maskable_ppo_discrete");
+    let io: FixtureIo =
+        serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
+    let bytes = compile_sb3(
+        &std::fs::read(dir.join("model.zip")).unwrap(),
+        None,
+        "maskable_ppo_discrete",
+        Some(&io),
+        Storage::F32,
+    )
+    .unwrap();
+    for (name, mut agents) in every_agents(&bytes, AgentsConfig::default()) {
+        let n = agents.mask_len();
+        let obs_len = agents.obs_len();
+        let ids: Vec<AgentId> = (0..8).map(|_| agents.spawn().unwrap()).collect();
+        let mut rng = Rng(3);
+        for _ in 0..50 {
+            let mut only = vec![None; ids.len()];
+            for (k, id) in ids.iter().enumerate() {
+                let obs: Vec<f32> = (0..obs_len).map(|_| rng.below(4) as f32).collect();
+                if k % 2 == 0 {
+                    let allowed = rng.below(n);
+                    let mask: Vec<bool> = (0..n).map(|i| i == allowed).collect();
+                    agents.observe_masked(*id, &obs, &mask).unwrap();
+                    only[k] = Some(allowed as i64);
+                } else {
+                    agents.observe(*id, &obs).unwrap();
+                }
+            }
+            let tick = agents.act().unwrap();
+            for (k, id) in ids.iter().enumerate() {
+                if let Some(a) = only[k] {
+                    assert_eq!(tick.discrete(*id).unwrap()[0], a, "{name}: agent {k}");
+                }
+            }
+        }
+    }
+}
