@@ -1,9 +1,9 @@
 //! The engine-neutral agents layer (`policyport-agents`, issue 35) on every backend and in the sandbox:
 //!
-//! - the bundled trained CartPole policy driving one agent per evaluation episode, observed in a different
-//!   shuffled order every tick, despawned when its pole falls, reaches exactly the PyTorch policy's seeded
-//!   returns (what `policyport demo` and the C example reach: agent env ids are the episode numbers, the tick is
-//!   the step);
+//! - the bundled trained CartPole and Pendulum policies driving one agent per evaluation episode, observed in a
+//!   different shuffled order every tick, despawned when the episode ends, give exactly the returns of the demo's
+//!   own batched runner (`policyport demo`; agent env ids are the episode numbers, the tick is the step), and
+//!   CartPole's equal the PyTorch policy's seeded returns;
 //! - agents that spawn, despawn and respawn at random ticks on a recurrent policy keep their rows isolated: each
 //!   agent acts as if it ran alone in its own session (fresh state at each of its episode starts, even on an env
 //!   id a despawned agent held), whatever else shares its batch;
@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, Session};
 use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError};
-use policyport_cli::envs::{CartPole, Env};
+use policyport_cli::demo::run_episodes_batched;
+use policyport_cli::envs::{CartPole, Env, Pendulum};
 use policyport_conformance::{
     backends, compile_fixture, fixtures_dir, load_fixture, plugin_runtime,
 };
@@ -69,9 +70,9 @@ fn every_agents(bytes: &[u8], config: AgentsConfig) -> Vec<(String, Agents)> {
     v
 }
 
-/// One CartPole agent per evaluation episode, spawned at tick 0 in episode order (so agent env ids are the
-/// episode numbers), observed in a new shuffled order each tick, despawned when done.
-fn cartpole_returns(
+/// One agent per evaluation episode, spawned at tick 0 in episode order (so agent env ids are the episode
+/// numbers, as the demo's), observed in a new shuffled order each tick, despawned when its episode ends.
+fn episode_returns<E: Env>(
     agents: &mut Agents,
     episodes: u32,
     env_seed: u64,
@@ -83,14 +84,12 @@ fn cartpole_returns(
             .enumerate()
             .all(|(e, id)| id.env_id() == e as u32)
     );
-    let mut envs: Vec<CartPole> = (0..episodes)
-        .map(|e| CartPole::reset(env_seed, e))
-        .collect();
+    let mut envs: Vec<E> = (0..episodes).map(|e| E::reset(env_seed, e)).collect();
     let mut returns = vec![0.0; episodes as usize];
     let mut running: Vec<usize> = (0..episodes as usize).collect();
     let mut rng = Rng(order_seed);
-    let mut obs = [0f32; 4];
-    for _ in 0..CartPole::MAX_STEPS {
+    let mut obs = vec![0f32; E::OBS_LEN];
+    for _ in 0..E::MAX_STEPS {
         if running.is_empty() {
             break;
         }
@@ -101,13 +100,16 @@ fn cartpole_returns(
         }
         let tick = agents.act().unwrap();
         assert_eq!(tick.len(), running.len());
-        let actions: Vec<i64> = running
+        let actions: Vec<(i64, Vec<f32>)> = running
             .iter()
-            .map(|&e| tick.discrete(ids[e]).unwrap()[0])
+            .map(|&e| match tick.discrete(ids[e]) {
+                Some(d) => (d[0], vec![]),
+                None => (0, tick.continuous(ids[e]).unwrap().to_vec()),
+            })
             .collect();
         let mut still = vec![];
-        for (&e, a) in running.iter().zip(actions) {
-            let (r, done) = envs[e].step(a, &[]);
+        for (&e, (d, c)) in running.iter().zip(actions) {
+            let (r, done) = envs[e].step(d, &c);
             returns[e] += r;
             if done {
                 agents.despawn(ids[e]).unwrap();
@@ -124,9 +126,11 @@ fn cartpole_returns(
     returns
 }
 
-#[test]
-fn agents_in_any_order_reach_the_pytorch_returns_of_the_bundled_cartpole_on_every_backend() {
-    let f = load_fixture("cartpole");
+/// The trained fixtures' evaluation episodes through agents in shuffled order equal the demo's own batched
+/// runner (`policyport demo`: one act() per step, rows in episode order) exactly, on every backend and in the
+/// sandbox; CartPole's equal the PyTorch policy's too.
+fn replay_through_agents<E: Env>(fixture: &str) {
+    let f = load_fixture(fixture);
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
     let (env_seed, policy_seed) = (
@@ -134,30 +138,64 @@ fn agents_in_any_order_reach_the_pytorch_returns_of_the_bundled_cartpole_on_ever
         eval["policy_seed"].as_u64().unwrap(),
     );
     for (deterministic, key) in [(false, "sampled_returns"), (true, "deterministic_returns")] {
-        let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
+        let episodes = eval[key].as_array().unwrap().len() as u32;
         let config = AgentsConfig {
             seed: policy_seed,
             deterministic,
             ..Default::default()
         };
-        for (name, mut agents) in every_agents(&bytes, config) {
-            for order_seed in [1, 0x9e37_79b9_7f4a_7c15] {
-                let got = cartpole_returns(&mut agents, want.len() as u32, env_seed, order_seed);
-                assert_eq!(
-                    got, want,
-                    "{key} on {name}, observation order {order_seed:#x}"
-                );
-                // The next run starts over: a fresh Agents (ticks are the sampling steps).
-                agents = match name.as_str() {
-                    "sandbox (WasmPolicy)" => sandboxed(&bytes, config),
-                    _ => Agents::native(
-                        policyport_conformance::load(&bytes, backend_named(&name)).unwrap(),
-                        config,
-                    ),
+        let fresh = |name: &str| match name {
+            "sandbox (WasmPolicy)" => sandboxed(&bytes, config),
+            _ => Agents::native(
+                policyport_conformance::load(&bytes, backend_named(name)).unwrap(),
+                config,
+            ),
+        };
+        for (name, _) in every_agents(&bytes, config) {
+            let demo = {
+                let p = match name.as_str() {
+                    "sandbox (WasmPolicy)" => CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
+                    _ => policyport_conformance::load(&bytes, backend_named(&name)).unwrap(),
                 };
+                run_episodes_batched::<E>(
+                    &mut p.session(),
+                    episodes,
+                    env_seed,
+                    policy_seed,
+                    !deterministic,
+                )
+                .unwrap()
+                .returns
+            };
+            for order_seed in [1, 0x9e37_79b9_7f4a_7c15] {
+                let got = episode_returns::<E>(&mut fresh(&name), episodes, env_seed, order_seed);
+                if name.starts_with("sandbox") {
+                    // The raw sandbox against the native cpu demo: the same episodes within rounding.
+                    for (g, d) in got.iter().zip(&demo) {
+                        assert!(
+                            (g - d).abs() <= 1e-3 * d.abs().max(1.0),
+                            "{fixture} {key} on {name}: {g} vs {d}"
+                        );
+                    }
+                } else {
+                    assert_eq!(
+                        got, demo,
+                        "{fixture} {key} on {name}, observation order {order_seed:#x}"
+                    );
+                }
+                if fixture == "cartpole" {
+                    let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
+                    assert_eq!(got, want, "{key} on {name}: the PyTorch returns");
+                }
             }
         }
     }
+}
+
+#[test]
+fn agents_in_any_order_replay_the_demos_episodes_on_every_backend_and_in_the_sandbox() {
+    replay_through_agents::<CartPole>("cartpole");
+    replay_through_agents::<Pendulum>("pendulum");
 }
 
 fn backend_named(name: &str) -> Backend {

@@ -611,3 +611,285 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
         pp_policy_free(w);
     }
 }
+
+/// Load the CartPole fixture through the C ABI, natively or in the sandbox, and turn it into agents.
+unsafe fn c_agents(bytes: &[u8], sandboxed: bool, seed: u64) -> *mut PpAgents {
+    let mut p: *mut PpPolicy = std::ptr::null_mut();
+    unsafe {
+        if sandboxed {
+            let plugin = target_profile_dir()
+                .parent()
+                .unwrap()
+                .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+            let path = std::ffi::CString::new(plugin.to_str().unwrap()).unwrap();
+            assert_eq!(
+                pp_policy_load_wasm(
+                    bytes.as_ptr(),
+                    bytes.len(),
+                    path.as_ptr(),
+                    0,
+                    60_000,
+                    &mut p
+                ),
+                PpStatus::Ok,
+                "{}",
+                last_error()
+            );
+        } else {
+            assert_eq!(
+                pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p),
+                PpStatus::Ok
+            );
+        }
+        let mut a: *mut PpAgents = std::ptr::null_mut();
+        assert_eq!(pp_agents_new(p, seed, 1, 0, &mut a), PpStatus::Ok);
+        a
+    }
+}
+
+/// The C ABI's agents (ABI 6) on both routes: the PyTorch policy's seeded CartPole returns through
+/// `pp_agents_tick` in a rotating order (agent env ids = episode numbers, tick = step), typed errors for stale ids,
+/// null pointers and a tick with a bad id (which stages nothing); then the C example (`examples/agents.c`: 32
+/// agents respawning for 1 200 ticks, one despawned and replaced midway) plays the same episodes natively and in
+/// the sandbox.
+#[test]
+fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes() {
+    let f = load_fixture("cartpole");
+    let eval = f.io.eval.clone().unwrap();
+    let bytes = compile_fixture(&f);
+    let want: Vec<f64> = serde_json::from_value(eval["sampled_returns"].clone()).unwrap();
+    let (env_seed, policy_seed) = (
+        eval["env_seed"].as_u64().unwrap(),
+        eval["policy_seed"].as_u64().unwrap(),
+    );
+    use policyport_cli::envs::{CartPole, Env};
+    for sandboxed in [false, true] {
+        unsafe {
+            let a = c_agents(&bytes, sandboxed, policy_seed);
+            // The agents layer itself on the same route, fed the same ticks: the C ABI adds nothing.
+            let config = policyport_agents::AgentsConfig {
+                seed: policy_seed,
+                ..Default::default()
+            };
+            let mut twin = if sandboxed {
+                let limits = policyport_wasmtime::WasmLimits::default();
+                policyport_agents::Agents::sandboxed(
+                    policyport_wasmtime::WasmPolicy::load(
+                        &policyport_conformance::plugin_runtime(),
+                        &bytes,
+                        limits,
+                    )
+                    .unwrap(),
+                    config,
+                )
+            } else {
+                policyport_agents::Agents::native(
+                    CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
+                    config,
+                )
+            };
+            let n = want.len();
+            let mut ids = vec![0u64; n];
+            let mut twin_ids = vec![];
+            for id in ids.iter_mut() {
+                assert_eq!(pp_agents_spawn(a, id), PpStatus::Ok);
+                twin_ids.push(twin.spawn().unwrap());
+                assert_eq!(twin_ids.last().unwrap().to_bits(), *id);
+            }
+            let mut envs: Vec<CartPole> = (0..n as u32)
+                .map(|e| CartPole::reset(env_seed, e))
+                .collect();
+            let mut returns = vec![0.0; n];
+            let mut running: Vec<usize> = (0..n).collect();
+            for t in 0..CartPole::MAX_STEPS {
+                if running.is_empty() {
+                    break;
+                }
+                let shift = t % running.len();
+                running.rotate_left(shift);
+                let tick_ids: Vec<u64> = running.iter().map(|&e| ids[e]).collect();
+                let mut obs = vec![0f32; running.len() * 4];
+                for (k, &e) in running.iter().enumerate() {
+                    envs[e].observe(&mut obs[k * 4..(k + 1) * 4]);
+                }
+                let mut actions = vec![-1i64; running.len()];
+                let mut values = vec![0f32; running.len()];
+                assert_eq!(
+                    pp_agents_tick(
+                        a,
+                        tick_ids.as_ptr(),
+                        tick_ids.len(),
+                        obs.as_ptr(),
+                        std::ptr::null(),
+                        actions.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                        values.as_mut_ptr()
+                    ),
+                    PpStatus::Ok,
+                    "{}",
+                    last_error()
+                );
+                for (k, &e) in running.iter().enumerate() {
+                    twin.observe(twin_ids[e], &obs[k * 4..(k + 1) * 4]).unwrap();
+                }
+                let tick = twin.act().unwrap();
+                for (k, &e) in running.iter().enumerate() {
+                    assert_eq!(
+                        tick.discrete(twin_ids[e]).unwrap()[0],
+                        actions[k],
+                        "tick {t}"
+                    );
+                    assert_eq!(
+                        tick.value(twin_ids[e]).unwrap().to_bits(),
+                        values[k].to_bits()
+                    );
+                }
+                let mut still = vec![];
+                for (&e, act) in running.iter().zip(&actions) {
+                    let (r, done) = envs[e].step(*act, &[]);
+                    returns[e] += r;
+                    if done {
+                        assert_eq!(pp_agents_despawn(a, ids[e]), PpStatus::Ok);
+                        twin.despawn(twin_ids[e]).unwrap();
+                    } else {
+                        still.push(e);
+                    }
+                }
+                running = still;
+            }
+            assert_eq!(returns, want, "sandboxed {sandboxed}");
+
+            // Typed errors: a stale id, null pointers, a tick naming a stale id among live ones.
+            let mut info = PpAgentsInfo::default();
+            assert_eq!(pp_agents_info(a, &mut info), PpStatus::Ok);
+            let live = running.len() as u32; // every episode solved: still alive at step 500
+            assert_eq!(
+                (info.obs_len, info.action_len, info.mask_len, info.alive),
+                (4, 1, 2, live)
+            );
+            let mut dead = 0u64;
+            assert_eq!(pp_agents_spawn(a, &mut dead), PpStatus::Ok);
+            assert_eq!(pp_agents_despawn(a, dead), PpStatus::Ok);
+            assert_eq!(pp_agents_respawn(a, dead), PpStatus::BadCall);
+            assert!(last_error().contains("not alive"), "{}", last_error());
+            assert_eq!(
+                pp_agents_spawn(std::ptr::null_mut(), ids.as_mut_ptr()),
+                PpStatus::NullPointer
+            );
+            assert_eq!(
+                pp_agents_spawn(a, std::ptr::null_mut()),
+                PpStatus::NullPointer
+            );
+            let mut fresh = [0u64; 2];
+            assert_eq!(pp_agents_spawn(a, &mut fresh[0]), PpStatus::Ok);
+            assert_eq!(pp_agents_spawn(a, &mut fresh[1]), PpStatus::Ok);
+            let obs = [0.01f32; 12];
+            let bad = [fresh[0], dead, fresh[1]];
+            let mut acted = usize::MAX;
+            assert_eq!(
+                pp_agents_tick(
+                    a,
+                    bad.as_ptr(),
+                    3,
+                    obs.as_ptr(),
+                    std::ptr::null(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut()
+                ),
+                PpStatus::BadCall
+            );
+            // Nothing stayed staged: the next act() has no one to act for.
+            assert_eq!(pp_agents_act(a, &mut acted), PpStatus::Ok);
+            assert_eq!(acted, 0);
+            assert_eq!(
+                pp_agents_observe(a, fresh[0], obs.as_ptr(), 3, std::ptr::null(), 0),
+                PpStatus::BadObservation
+            );
+            assert_eq!(
+                pp_agents_observe(a, fresh[0], obs.as_ptr(), 4, std::ptr::null(), 0),
+                PpStatus::Ok
+            );
+            assert_eq!(pp_agents_act(a, &mut acted), PpStatus::Ok);
+            assert_eq!(acted, 1);
+            let mut action = -1i64;
+            assert_eq!(
+                pp_agents_action(
+                    a,
+                    fresh[0],
+                    &mut action,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut()
+                ),
+                PpStatus::Ok
+            );
+            assert!(action == 0 || action == 1);
+            assert_eq!(
+                pp_agents_action(
+                    a,
+                    fresh[1],
+                    &mut action,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut()
+                ),
+                PpStatus::BadCall,
+                "fresh[1] did not act"
+            );
+            pp_agents_free(a);
+            pp_agents_free(std::ptr::null_mut());
+        }
+    }
+
+    // The C example, natively and sandboxed: the same episodes (the same printed returns).
+    let dir = std::env::temp_dir().join(format!("policyport-c-agents-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let artifact = dir.join("cartpole.policy");
+    std::fs::write(&artifact, &bytes).unwrap();
+    let exe = compile_c_example("agents", &dir);
+    let plugin = target_profile_dir()
+        .parent()
+        .unwrap()
+        .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    let run = |extra: &[&std::ffi::OsStr]| {
+        let out = Command::new(&exe)
+            .arg(&artifact)
+            .args(extra)
+            .args(["--agents", "32", "--ticks", "1200"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let native = run(&[]);
+    let sandboxed = run(&[plugin.as_os_str()]);
+    println!("{}", native.lines().last().unwrap());
+    assert_eq!(
+        native.replace("native", "X"),
+        sandboxed.replace("sandboxed", "X")
+    );
+    let mean: f64 = native
+        .split("mean return ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let finished: usize = native
+        .split("ticks, ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        finished >= 32 && mean >= 450.0,
+        "{finished} episodes, mean {mean}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
