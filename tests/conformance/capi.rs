@@ -893,3 +893,113 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `pp_policy_act_ids` (ABI 6): rows name their env ids, on both routes: the session's answers for the same id
+/// list (sampling streams by id, not by row); a recurrent policy refuses an id named twice; a null list is a
+/// typed error.
+#[test]
+fn c_abi_act_ids_takes_one_env_id_per_row_on_both_routes() {
+    let dir = policyport_conformance::fixtures_dir()
+        .join("sb3")
+        .join("recurrent_ppo_cartpole");
+    let bytes = policyport_import::compile_sb3(
+        &std::fs::read(dir.join("model.zip")).unwrap(),
+        None,
+        "recurrent_ppo_cartpole",
+        None,
+        policyport_import::Storage::F32,
+    )
+    .unwrap();
+    let obs: Vec<f32> = (0..12).map(|i| (i as f32 * 0.37).sin() * 0.1).collect();
+    let ids = [5u32, 2, 9];
+    let reference = {
+        let mut s = CompiledPolicy::load(&bytes, Backend::Cpu)
+            .unwrap()
+            .session();
+        s.act(
+            &Request::new(
+                Observations::F32(&obs),
+                3,
+                ActMode::Sample { seed: 4, step: 11 },
+            )
+            .envs(policyport::EnvIds::List(&ids)),
+        )
+        .unwrap()
+        .clone()
+    };
+    for sandboxed in [false, true] {
+        let mut p: *mut PpPolicy = std::ptr::null_mut();
+        unsafe {
+            if sandboxed {
+                let plugin = target_profile_dir()
+                    .parent()
+                    .unwrap()
+                    .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+                let path = std::ffi::CString::new(plugin.to_str().unwrap()).unwrap();
+                assert_eq!(
+                    pp_policy_load_wasm(
+                        bytes.as_ptr(),
+                        bytes.len(),
+                        path.as_ptr(),
+                        0,
+                        60_000,
+                        &mut p
+                    ),
+                    PpStatus::Ok
+                );
+            } else {
+                assert_eq!(
+                    pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p),
+                    PpStatus::Ok
+                );
+            }
+            let (mut actions, mut values) = ([0i64; 3], [0f32; 3]);
+            let act = |p, ids: *const u32, actions: &mut [i64; 3], values: &mut [f32; 3]| {
+                pp_policy_act_ids(
+                    p,
+                    obs.as_ptr(),
+                    3,
+                    ids,
+                    1,
+                    4,
+                    11,
+                    actions.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                    values.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    f32::NAN,
+                )
+            };
+            assert_eq!(
+                act(p, ids.as_ptr(), &mut actions, &mut values),
+                PpStatus::Ok,
+                "{}",
+                last_error()
+            );
+            assert_eq!(
+                actions.to_vec(),
+                reference.discrete,
+                "sandboxed {sandboxed}"
+            );
+            for (g, w) in values.iter().zip(&reference.value) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "sandboxed {sandboxed}: {g} vs {w}"
+                );
+            }
+            let twice = [5u32, 2, 5];
+            assert_eq!(
+                act(p, twice.as_ptr(), &mut actions, &mut values),
+                PpStatus::BadCall
+            );
+            assert!(last_error().contains('5'), "{}", last_error());
+            assert_eq!(
+                act(p, std::ptr::null(), &mut actions, &mut values),
+                PpStatus::NullPointer
+            );
+            pp_policy_free(p);
+        }
+    }
+}

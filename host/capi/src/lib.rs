@@ -475,6 +475,120 @@ pub unsafe extern "C" fn pp_policy_act_masked(
     action_mask: *const u8,
     epsilon: f32,
 ) -> PpStatus {
+    // SAFETY: the caller's contract, with the env ids a range.
+    unsafe {
+        act_with(
+            policy,
+            obs,
+            batch,
+            Ids::Range(env_offset),
+            sample,
+            seed,
+            step,
+            Outputs {
+                discrete_actions,
+                continuous_actions,
+                value,
+                dist_params,
+            },
+            episode_starts,
+            action_mask,
+            epsilon,
+        )
+    }
+}
+
+/// [`pp_policy_act_masked`] with one env id per row (ABI version 6) instead of a range: `env_ids` covers
+/// `batch` ids, distinct for a recurrent policy (`PP_STATUS_BAD_CALL` otherwise) — each row's sampling stream and
+/// recurrent state, so a game's agents keep their env ids whatever rows they land in. `action_mask` null and
+/// `epsilon` NaN for none, as there.
+///
+/// # Safety
+/// As [`pp_policy_act_masked`]; `env_ids` covers `batch` ids.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn pp_policy_act_ids(
+    policy: *mut PpPolicy,
+    obs: *const f32,
+    batch: usize,
+    env_ids: *const u32,
+    sample: i32,
+    seed: u64,
+    step: u64,
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+    dist_params: *mut f32,
+    episode_starts: *const u8,
+    action_mask: *const u8,
+    epsilon: f32,
+) -> PpStatus {
+    if env_ids.is_null() {
+        return guard(|| Err(null("env_ids")));
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        act_with(
+            policy,
+            obs,
+            batch,
+            Ids::List(env_ids),
+            sample,
+            seed,
+            step,
+            Outputs {
+                discrete_actions,
+                continuous_actions,
+                value,
+                dist_params,
+            },
+            episode_starts,
+            action_mask,
+            epsilon,
+        )
+    }
+}
+
+/// Which env ids an act call names: a range, or a caller's list of `batch` ids.
+#[derive(Clone, Copy)]
+enum Ids {
+    Range(u32),
+    List(*const u32),
+}
+
+/// The caller's output buffers (each may be null).
+#[derive(Clone, Copy)]
+struct Outputs {
+    discrete_actions: *mut i64,
+    continuous_actions: *mut f32,
+    value: *mut f32,
+    dist_params: *mut f32,
+}
+
+/// The one act path of both act entry points.
+///
+/// # Safety
+/// `pp_policy_act_masked`'s contract; a `Ids::List` pointer covers `batch` ids.
+#[allow(clippy::too_many_arguments)]
+unsafe fn act_with(
+    policy: *mut PpPolicy,
+    obs: *const f32,
+    batch: usize,
+    ids: Ids,
+    sample: i32,
+    seed: u64,
+    step: u64,
+    outputs: Outputs,
+    episode_starts: *const u8,
+    action_mask: *const u8,
+    epsilon: f32,
+) -> PpStatus {
+    let Outputs {
+        discrete_actions,
+        continuous_actions,
+        value,
+        dist_params,
+    } = outputs;
     guard(|| {
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
         if obs.is_null() {
@@ -525,7 +639,14 @@ pub unsafe extern "C" fn pp_policy_act_masked(
         } else {
             ActMode::Deterministic
         };
-        let envs = EnvIds::Range(env_offset);
+        let envs = match ids {
+            Ids::Range(start) => EnvIds::Range(start),
+            Ids::List(list) => {
+                aligned(list, "env_ids")?;
+                // SAFETY: the caller's contract: the list covers `batch` ids (batch was bounded above).
+                EnvIds::List(unsafe { std::slice::from_raw_parts(list, batch) })
+            }
+        };
         let out = match &mut p.inner {
             Inner::Native { session, info } => {
                 let n = batch
