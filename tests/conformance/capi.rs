@@ -840,11 +840,21 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
         }
     }
 
-    // The C example, natively and sandboxed: the same episodes (the same printed returns).
+    // The C example, natively and sandboxed: the same episodes (the same printed returns). SB3's briefly trained
+    // CartPole PPO, whose episodes end anywhere from a few steps to 500 (the bundled policy lasts 500 every time).
     let dir = std::env::temp_dir().join(format!("policyport-c-agents-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let artifact = dir.join("cartpole.policy");
-    std::fs::write(&artifact, &bytes).unwrap();
+    let sb3 = policyport_conformance::fixtures_dir().join("sb3/ppo_cartpole/model.zip");
+    let sb3 = policyport_import::compile_sb3(
+        &std::fs::read(sb3).unwrap(),
+        None,
+        "ppo_cartpole",
+        None,
+        policyport_import::Storage::F32,
+    )
+    .unwrap();
+    std::fs::write(&artifact, &sb3).unwrap();
     let exe = compile_c_example("agents", &dir);
     let plugin = target_profile_dir()
         .parent()
@@ -888,9 +898,12 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
         .parse()
         .unwrap();
     assert!(
-        finished >= 32 && mean >= 450.0,
+        finished >= 100 && mean >= 100.0,
         "{finished} episodes, mean {mean}"
     );
+    let returns: std::collections::BTreeSet<&str> =
+        native.lines().next().unwrap().split(' ').skip(1).collect();
+    assert!(returns.len() > 20, "varied episodes: {returns:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -54,6 +54,13 @@ apt_install() {
   PP_INSTALLED+=("$* (apt: $why)")
 }
 
+# Mono (Debian's mcs, C# 7.2, and the runtime) for the C# binding's tests (host/csharp).
+ensure_mono() {
+  if ! command -v mcs >/dev/null || ! command -v mono >/dev/null; then
+    apt_install "the C# binding's tests (host/csharp: mcs + mono)" mono-mcs mono-runtime
+  fi
+}
+
 # Mesa lavapipe (Vulkan on the CPU) for the wgpu backend's tests.
 ensure_lavapipe() {
   if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then

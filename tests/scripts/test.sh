@@ -362,6 +362,23 @@ PY
 }
 python_tests
 
+step "C# binding under Mono (host/csharp: the C examples' CartPole loop and agents game again in C#, both routes)"
+# Counted from Tests.exe's own "ok" / "FAIL" lines; a run that never printed its closing line is one failure.
+csharp_tests() {
+  local log="$CARGO_TARGET_DIR/csharp-test.log" c_ok c_fail
+  set +e
+  bash tests/scripts/csharp-test.sh 2>&1 | tee "$log"
+  set -e
+  c_ok=$(grep -c '^ok   ' "$log" || true)
+  c_fail=$(grep -c '^FAIL ' "$log" || true)
+  passed=$((passed + c_ok)) failed=$((failed + c_fail))
+  [ "$c_fail" = 0 ] || failures+=("$c_fail C# tests")
+  if ! grep -Eq '^[0-9]+ passed, [0-9]+ failed$' "$log"; then
+    failed=$((failed + 1)) && failures+=("the C# test run did not finish")
+  fi
+}
+csharp_tests
+
 step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, its own small graph)"
 check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
 
