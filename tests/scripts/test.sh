@@ -382,6 +382,29 @@ csharp_tests
 step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, its own small graph)"
 check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
 
+step "the C ABI library a game ships: native only (--no-default-features, the demo's graph), size enforced <= 5 MB stripped"
+# The same header and functions without burn and wasmtime: the agents example runs natively on it, and asking it
+# for the sandbox is a typed error (PP_STATUS_SANDBOX, "no wasm sandbox"), never a crash.
+lean_capi() {
+  local lib="$CARGO_TARGET_DIR/demo/libpolicyport_capi.so" d="$CARGO_TARGET_DIR/lean-capi" size header rc=0
+  cargo build --profile demo -p policyport-capi --no-default-features
+  rm -rf "$d" && mkdir -p "$d"
+  cp "$lib" "$d/libpolicyport_capi.so" && strip "$d/libpolicyport_capi.so"
+  size=$(stat -c %s "$d/libpolicyport_capi.so")
+  echo "native-only C ABI library: $size bytes stripped ($(( size / 1024 )) KB; goal <= 5 MB); the full one: $(stat -c %s "$CARGO_TARGET_DIR/release/libpolicyport_capi.so") bytes unstripped"
+  [ "$size" -le $((5 * 1024 * 1024)) ] || { echo "the native-only C ABI library is over 5 MB"; return 1; }
+  header=$(ls -t "$CARGO_TARGET_DIR"/release/build/policyport-capi-*/out/policyport.h | head -1)
+  cc -std=c11 -Wall -Wextra -Werror -O2 host/capi/examples/agents.c -I"$(dirname "$header")" -L"$d" \
+    -Wl,-rpath,"$d" -lpolicyport_capi -lm -o "$d/agents"
+  "$PP_BIN" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$d/cartpole.policy"
+  "$d/agents" "$d/cartpole.policy" --agents 16 --ticks 600 | tail -1 | grep -q 'episodes finished'
+  "$d/agents" "$d/cartpole.policy" "$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm" \
+    2> "$d/err.txt" || rc=$?
+  [ "$rc" = 1 ] && grep -q 'status 8.*no wasm sandbox' "$d/err.txt" ||
+    { echo "the native-only library asked for the sandbox: want status 8 'no wasm sandbox', exit 1; got $rc"; cat "$d/err.txt"; return 1; }
+}
+check "native-only C ABI library: <= 5 MB stripped, the agents example runs on it, the sandbox a typed error" lean_capi
+
 fuzz_s=${POLICYPORT_FUZZ_SECONDS:-30}
 step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $fuzz_s s, act $fuzz_s s, differential $((fuzz_s - 10)) s, artifact $((fuzz_s - 10)) s"
 # `load_act` edits real artifacts (the frozen files it embeds, and the compiled fixtures below: an MLP, a bf16
