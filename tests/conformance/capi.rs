@@ -12,7 +12,7 @@ fn last_error() -> String {
         .into_owned()
 }
 
-fn target_profile_dir() -> PathBuf {
+pub(crate) fn target_profile_dir() -> PathBuf {
     std::env::current_exe()
         .unwrap()
         .ancestors()
@@ -278,7 +278,7 @@ fn c_abi_backend_codes_unknown_refused_and_bf16_on_request() {
 /// The C example, built with the system C compiler against the cbindgen header and the cdylib, runs the
 /// trained CartPole policy natively and inside the wasm sandbox.
 /// Compile `host/capi/examples/<name>.c` against the built library (warnings are errors) into `dir`.
-fn compile_c_example(name: &str, dir: &Path) -> std::path::PathBuf {
+pub(crate) fn compile_c_example(name: &str, dir: &Path) -> std::path::PathBuf {
     let lib_dir = target_profile_dir();
     let header_dir = Path::new(HEADER).parent().unwrap();
     let example =

@@ -23,6 +23,7 @@
 mod agents;
 mod artifact;
 mod bad_input;
+mod bevy;
 mod capi;
 mod cleanrl;
 mod cpu_bf16;

@@ -1,0 +1,149 @@
+//! The Bevy plugin (`policyport-bevy`), headless with `App::update()`: the CartPole scene (host/bevy/src/
+//! cartpole.rs: 32 carts as entities, respawning when their poles fall, cart 0 replaced midway, the world's
+//! queries visiting carts out of their order) plays exactly the episodes of the C example `agents.c` for the same
+//! policy and seed (its printed returns), natively and in the sandbox, for a feed-forward and a recurrent policy
+//! (respawns start new episodes; a new entity on a freed env id starts fresh); a policy that refuses a tick is an
+//! entry of `PolicyportErrors`, never a panic.
+
+use std::process::Command;
+
+use bevy_app::{App, Update};
+use bevy_ecs::prelude::*;
+use policyport::{Backend, CompiledPolicy};
+use policyport_agents::{Agents, AgentsConfig};
+use policyport_bevy::cartpole::{self, Scene};
+use policyport_bevy::{Observation, Policies, PolicyportErrors, PolicyportPlugin, PolicyportSet};
+use policyport_conformance::{fixtures_dir, plugin_runtime};
+use policyport_import::{Storage, compile_sb3};
+
+use crate::capi::{compile_c_example, target_profile_dir};
+
+fn sb3(name: &str) -> Vec<u8> {
+    let zip = std::fs::read(fixtures_dir().join("sb3").join(name).join("model.zip")).unwrap();
+    compile_sb3(&zip, None, name, None, Storage::F32).unwrap()
+}
+
+/// The scene in a headless app, the plugin in `Update` (one `app.update()` = one tick).
+fn scene_app(agents: Agents, carts: usize, ticks: u64) -> App {
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let policy = app.world_mut().resource_mut::<Policies>().add(agents);
+    app.add_systems(
+        Update,
+        (
+            cartpole::observe.in_set(PolicyportSet::Observe),
+            cartpole::apply.in_set(PolicyportSet::Apply),
+        ),
+    );
+    cartpole::spawn_scene(app.world_mut(), Scene::new(carts, policy, Some(ticks / 2)));
+    app
+}
+
+fn play(agents: Agents, carts: usize, ticks: u64) -> Vec<f64> {
+    let mut app = scene_app(agents, carts, ticks);
+    for _ in 0..ticks {
+        app.update();
+        assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    }
+    app.world().resource::<Scene>().returns.clone()
+}
+
+/// agents.c's printed returns for `artifact` (32 agents, 1 200 ticks, seed 7, sampled).
+fn c_returns(artifact: &[u8], dir: &std::path::Path, sandboxed: bool) -> Vec<f64> {
+    let path = dir.join("policy.policy");
+    std::fs::write(&path, artifact).unwrap();
+    let exe = compile_c_example("agents", dir);
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&path);
+    if sandboxed {
+        cmd.arg(
+            target_profile_dir()
+                .parent()
+                .unwrap()
+                .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm"),
+        );
+    }
+    let out = cmd
+        .args(["--agents", "32", "--ticks", "1200"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .split(' ')
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn bevy_cartpole_scene_plays_the_c_examples_episodes_natively_and_sandboxed() {
+    let dir = std::env::temp_dir().join(format!("policyport-bevy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = AgentsConfig {
+        seed: 7,
+        ..Default::default()
+    };
+    // SB3's briefly trained PPO (episodes of every length) and RecurrentPPO (an LSTM per cart).
+    for name in ["ppo_cartpole", "recurrent_ppo_cartpole"] {
+        let bytes = sb3(name);
+        let want = c_returns(&bytes, &dir, false);
+        assert!(want.len() > 40, "{name}: {} episodes", want.len());
+        let native = Agents::native(CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(), config);
+        assert_eq!(
+            play(native, 32, 1200),
+            want,
+            "{name}: Bevy (native cpu) vs agents.c"
+        );
+        let wasm =
+            policyport_wasmtime::WasmPolicy::load(&plugin_runtime(), &bytes, Default::default())
+                .unwrap();
+        let got = play(Agents::sandboxed(wasm, config), 32, 1200);
+        assert_eq!(
+            got,
+            c_returns(&bytes, &dir, true),
+            "{name}: Bevy (sandboxed) vs agents.c (sandboxed)"
+        );
+        let distinct: std::collections::BTreeSet<u64> = want.iter().map(|r| *r as u64).collect();
+        assert!(distinct.len() > 10, "{name}: varied episodes {distinct:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bevy_a_tick_the_policy_refuses_is_an_error_entry_never_a_panic() {
+    let bytes = sb3("ppo_cartpole");
+    let agents = Agents::native(
+        CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
+        AgentsConfig::default(),
+    );
+    let mut app = scene_app(agents, 4, 100);
+    app.update();
+    assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    // A game system writing a 3-number observation for one cart: that policy's tick is refused, typed.
+    fn short(mut q: Query<&mut Observation, With<cartpole::Cart>>) {
+        if let Some(mut o) = q.iter_mut().next() {
+            o.0.truncate(3);
+        }
+    }
+    app.add_systems(
+        Update,
+        short
+            .after(cartpole::observe)
+            .in_set(PolicyportSet::Observe),
+    );
+    app.update();
+    let errors = &app.world().resource::<PolicyportErrors>().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].1.to_string().contains("3 observation numbers"),
+        "{}",
+        errors[0].1
+    );
+}
