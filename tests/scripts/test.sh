@@ -362,6 +362,19 @@ PY
 }
 python_tests
 
+step "Bevy example (host/bevy/examples/cartpoles.rs, built by the workspace build): native and sandboxed, a PNG"
+bevy_example() {
+  local exe="$CARGO_TARGET_DIR/release/examples/cartpoles" d="$CARGO_TARGET_DIR/bevy-example"
+  rm -rf "$d" && mkdir -p "$d"
+  "$exe" --agents 64 --ticks 600 --out "$d/cartpoles.png" | tee "$d/native.txt"
+  grep -q '64 agents on cpu, 600 ticks: [0-9]* episodes finished, mean return 4[5-9][0-9]' "$d/native.txt"
+  "$exe" --agents 64 --ticks 100 --out "$d/sandboxed.png" \
+    --sandbox "$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm" | tee "$d/sandboxed.txt"
+  grep -q '64 agents on sandbox' "$d/sandboxed.txt"
+  [ "$(head -c 8 "$d/cartpoles.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]
+}
+check "Bevy example: 64 carts on the bundled policy natively (mean return >= 450) and sandboxed, a PNG of the scene" bevy_example
+
 step "C# binding under Mono (host/csharp: the C examples' CartPole loop and agents game again in C#, both routes)"
 # Counted from Tests.exe's own "ok" / "FAIL" lines; a run that never printed its closing line is one failure.
 csharp_tests() {
