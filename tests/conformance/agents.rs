@@ -479,3 +479,40 @@ fn agents_masks_reach_the_runtime_per_agent() {
         }
     }
 }
+
+/// `Agents::auto` times each candidate at the real agent count and returns a fresh instance of the fastest: no
+/// agent alive, no tick acted; a candidate that cannot be built is reported and skipped.
+#[test]
+fn agents_auto_picks_a_timed_candidate_and_returns_it_fresh() {
+    let f = load_fixture("cartpole");
+    let bytes = compile_fixture(&f);
+    let cpu = || -> Result<Agents, AgentsError> {
+        Ok(Agents::native(
+            CompiledPolicy::load(&bytes, Backend::Cpu)?,
+            AgentsConfig::default(),
+        ))
+    };
+    let sandbox =
+        || -> Result<Agents, AgentsError> { Ok(sandboxed(&bytes, AgentsConfig::default())) };
+    let broken = || -> Result<Agents, AgentsError> {
+        Ok(Agents::native(
+            CompiledPolicy::load(b"junk", Backend::Cpu)?,
+            AgentsConfig::default(),
+        ))
+    };
+    let (chosen, measured) = Agents::auto(&[&cpu, &sandbox, &broken], 100).unwrap();
+    assert_eq!(measured.len(), 3);
+    assert!(
+        measured[0].2.is_ok() && measured[1].2.is_ok(),
+        "{measured:?}"
+    );
+    assert!(matches!(measured[2].2, Err(AgentsError::Unavailable(_))));
+    let fastest = measured
+        .iter()
+        .filter_map(|(i, b, r)| r.as_ref().ok().map(|us| (*i, b.clone(), *us)))
+        .min_by(|a, b| a.2.total_cmp(&b.2))
+        .unwrap();
+    assert_eq!(chosen.backend(), fastest.1);
+    assert_eq!((chosen.len(), chosen.tick()), (0, 0), "a fresh instance");
+    assert!(Agents::auto(&[&broken], 10).is_err());
+}

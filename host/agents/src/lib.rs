@@ -113,6 +113,9 @@ pub enum AgentsError {
     Policy(#[from] PolicyError),
     #[error("sandbox: {0}")]
     Sandbox(#[from] WasmError),
+    /// A candidate of [`Agents::auto`] could not be built or timed (its error, as text).
+    #[error("candidate unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// What the staged rows must look like (read once from the policy).
@@ -245,6 +248,59 @@ impl Agents {
             shape,
             config,
         )
+    }
+
+    /// The fastest of several ways to run the same policy (native backends, the sandbox) at `agents` agents:
+    /// each candidate is built twice by its builder, once to be timed (a few ticks of `agents` agents on zero
+    /// observations, median) and once to be returned fresh (no tick acted, no agent alive). Returns the chosen
+    /// agents and what was measured: `(candidate index, backend, median µs per tick or the candidate's error)`.
+    /// Candidates that fail to build or to act are skipped; if all fail, the first error is returned.
+    #[allow(clippy::type_complexity)]
+    pub fn auto(
+        builders: &[&dyn Fn() -> Result<Agents, AgentsError>],
+        agents: usize,
+    ) -> Result<(Agents, Vec<(usize, String, Result<f64, AgentsError>)>), AgentsError> {
+        let agents = agents.max(1);
+        let mut measured = vec![];
+        let mut best: Option<(usize, f64)> = None;
+        let mut first_err = None;
+        for (i, build) in builders.iter().enumerate() {
+            let timed = build().and_then(|mut a| {
+                let backend = a.backend();
+                let ids = (0..agents)
+                    .map(|_| a.spawn())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let zeros = vec![0f32; a.obs_len()];
+                let mut times = vec![];
+                for _ in 0..5 {
+                    let t0 = std::time::Instant::now();
+                    for id in &ids {
+                        a.observe(*id, &zeros)?;
+                    }
+                    a.act()?;
+                    times.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+                times.sort_by(f64::total_cmp);
+                Ok((backend, times[times.len() / 2]))
+            });
+            match timed {
+                Ok((backend, us)) => {
+                    if best.is_none_or(|(_, b)| us < b) {
+                        best = Some((i, us));
+                    }
+                    measured.push((i, backend, Ok(us)));
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    first_err.get_or_insert(e);
+                    measured.push((i, "?".into(), Err(AgentsError::Unavailable(text))));
+                }
+            }
+        }
+        match best {
+            Some((i, _)) => Ok((builders[i]()?, measured)),
+            None => Err(first_err.unwrap_or(AgentsError::Unavailable("no candidate".into()))),
+        }
     }
 
     fn with(runner: Runner, shape: Shape, config: AgentsConfig) -> Self {

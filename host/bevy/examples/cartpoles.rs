@@ -84,7 +84,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             before_act
                 .after(PolicyportSet::Observe)
                 .before(PolicyportSet::Act),
-            after_act.after(PolicyportSet::Act).before(PolicyportSet::Apply),
+            after_act
+                .after(PolicyportSet::Act)
+                .before(PolicyportSet::Apply),
             cartpole::apply.in_set(PolicyportSet::Apply),
         ),
     );
@@ -168,7 +170,11 @@ fn png_rgb(w: usize, h: usize, rgb: &[u8]) -> Vec<u8> {
         for b in data {
             c ^= *b as u32;
             for _ in 0..8 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
             }
         }
         !c

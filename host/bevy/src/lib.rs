@@ -1,6 +1,6 @@
 //! policyport in Bevy: agents are entities, and each policy acts once per tick for all of its agents.
 //!
-//! ```ignore
+//! ```text
 //! app.add_plugins(PolicyportPlugin::default());                       // the Act system, in FixedUpdate
 //! let cartpole = app.world_mut().resource_mut::<Policies>().add(agents); // a policyport_agents::Agents
 //! commands.spawn((Agent::new(cartpole), Observation::default(), MyCart::default()));

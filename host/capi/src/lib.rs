@@ -803,6 +803,7 @@ fn agents_status(e: &AgentsError) -> PpStatus {
         AgentsError::TooManyAgents { .. } => PpStatus::TooLarge,
         AgentsError::Policy(p) => status_of(p),
         AgentsError::Sandbox(w) => wasm_status(w),
+        AgentsError::Unavailable(_) => PpStatus::Backend,
     }
 }
 

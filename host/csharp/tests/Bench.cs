@@ -1,0 +1,45 @@
+// Per-tick cost of the C# binding: N agents, one Agents.Tick per tick (ids, observations in; actions, values
+// out), median µs over ~0.3 s. Run by tests/scripts/engine-bench.sh:
+//
+//   mono Bench.exe <policy> <agents,...> [seconds]
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+using Policyport;
+
+static class Bench
+{
+    static int Main(string[] args)
+    {
+        byte[] artifact = File.ReadAllBytes(args[0]);
+        double budget = args.Length > 2 ? double.Parse(args[2], System.Globalization.CultureInfo.InvariantCulture) : 0.3;
+        foreach (string c in args[1].Split(','))
+        {
+            int n = int.Parse(c);
+            using (var agents = Agents.Load(artifact, 1))
+            {
+                int o = agents.ObsLen, k = agents.ActionLen;
+                var ids = new ulong[n];
+                for (int i = 0; i < n; i++) ids[i] = agents.Spawn();
+                var obs = new float[n * o];
+                for (int i = 0; i < obs.Length; i++) obs[i] = (float)((i * 7919L) % 256);
+                var actions = new long[n * k];
+                var values = new float[n];
+                agents.Tick(ids, obs, actions, Span<float>.Empty, values);
+                var times = new List<double>();
+                var total = Stopwatch.StartNew();
+                while (times.Count < 5 || (total.Elapsed.TotalSeconds < budget && times.Count < 10000))
+                {
+                    var sw = Stopwatch.StartNew();
+                    agents.Tick(ids, obs, actions, Span<float>.Empty, values);
+                    times.Add(sw.Elapsed.TotalMilliseconds * 1000.0);
+                }
+                times.Sort();
+                Console.WriteLine(string.Format(System.Globalization.CultureInfo.InvariantCulture,
+                    "{{\"path\": \"csharp_tick\", \"agents\": {0}, \"us_per_tick\": {1:F2}}}", n, times[times.Count / 2]));
+            }
+        }
+        return 0;
+    }
+}
