@@ -68,6 +68,8 @@ pub struct Agent {
     /// its next step. Cleared by the Act system.
     pub episode_start: bool,
     id: Option<AgentId>,
+    /// The policy `id` belongs to (a game may move the entity to another policy).
+    registered: Option<PolicyHandle>,
 }
 
 impl Agent {
@@ -76,6 +78,7 @@ impl Agent {
             policy,
             episode_start: false,
             id: None,
+            registered: None,
         }
     }
 
@@ -191,9 +194,8 @@ fn act_system(
     // New agents (and agents whose policy changed), in entity order.
     let mut fresh: Vec<Entity> = q
         .iter()
-        .filter(|(e, agent, ..)| {
-            agent.id.is_none() || registered.0.get(e).map(|r| r.0) != Some(agent.policy)
-        })
+        // (No map lookup per agent per tick: the component remembers its registration.)
+        .filter(|(_, agent, ..)| agent.id.is_none() || agent.registered != Some(agent.policy))
         .map(|(e, ..)| e)
         .collect();
     // By index (Entity's own Ord compares its bit pattern, whose index part is stored inverted: newest first).
@@ -214,15 +216,18 @@ fn act_system(
                 AgentsError::UnknownAgent(AgentId::from_bits(u64::MAX)),
             ));
             agent.id = None;
+            agent.registered = None;
             continue;
         };
         match a.spawn() {
             Ok(id) => {
                 agent.id = Some(id);
+                agent.registered = Some(policy);
                 registered.0.insert(e, (policy, id));
             }
             Err(err) => {
                 agent.id = None;
+                agent.registered = None;
                 errors.0.push((policy, err));
             }
         }
@@ -276,19 +281,23 @@ fn act_system(
         let Some(a) = policies.get_mut(agent.policy) else {
             continue;
         };
-        let tick = a.last();
-        if tick.row(id).is_none() {
-            continue;
-        }
+        let (tick, k, now) = (a.last(), a.action_len(), a.tick());
+        // One row lookup per agent, then plain slices of the tick's outputs.
+        let Some(r) = tick.row(id) else { continue };
+        let out = tick.outputs();
         action.discrete.clear();
         action.continuous.clear();
-        if let Some(d) = tick.discrete(id) {
-            action.discrete.extend_from_slice(d);
+        if !out.discrete.is_empty() {
+            action
+                .discrete
+                .extend_from_slice(&out.discrete[r * k..(r + 1) * k]);
         }
-        if let Some(c) = tick.continuous(id) {
-            action.continuous.extend_from_slice(c);
+        if !out.continuous.is_empty() {
+            action
+                .continuous
+                .extend_from_slice(&out.continuous[r * k..(r + 1) * k]);
         }
-        action.value = tick.value(id);
-        action.tick = a.tick();
+        action.value = out.value.get(r).copied();
+        action.tick = now;
     }
 }

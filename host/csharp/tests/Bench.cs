@@ -36,8 +36,9 @@ static class Bench
                     times.Add(sw.Elapsed.TotalMilliseconds * 1000.0);
                 }
                 times.Sort();
-                Console.WriteLine(string.Format(System.Globalization.CultureInfo.InvariantCulture,
-                    "{{\"path\": \"csharp_tick\", \"agents\": {0}, \"us_per_tick\": {1:F2}}}", n, times[times.Count / 2]));
+                // (Concatenated: "{1:F2}}}" is ambiguous to .NET's format parser, which then prints "F2".)
+                Console.WriteLine("{\"path\": \"csharp_tick\", \"agents\": " + n + ", \"us_per_tick\": " +
+                    times[times.Count / 2].ToString("F2", System.Globalization.CultureInfo.InvariantCulture) + "}");
             }
         }
         return 0;
