@@ -16,7 +16,7 @@ use policyport_bevy::{Observation, Policies, PolicyportErrors, PolicyportPlugin,
 use policyport_conformance::{fixtures_dir, plugin_runtime};
 use policyport_import::{Storage, compile_sb3};
 
-use crate::capi::{compile_c_example, target_profile_dir};
+use crate::capi::{compile_c_example, plugin_path};
 
 fn sb3(name: &str) -> Vec<u8> {
     let zip = std::fs::read(fixtures_dir().join("sb3").join(name).join("model.zip")).unwrap();
@@ -56,12 +56,7 @@ fn c_returns(artifact: &[u8], dir: &std::path::Path, sandboxed: bool) -> Vec<f64
     let mut cmd = Command::new(&exe);
     cmd.arg(&path);
     if sandboxed {
-        cmd.arg(
-            target_profile_dir()
-                .parent()
-                .unwrap()
-                .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm"),
-        );
+        cmd.arg(plugin_path());
     }
     let out = cmd
         .args(["--agents", "32", "--ticks", "1200"])

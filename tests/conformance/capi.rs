@@ -612,16 +612,20 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
     }
 }
 
-/// Load the CartPole fixture through the C ABI, natively or in the sandbox, and turn it into agents.
-unsafe fn c_agents(bytes: &[u8], sandboxed: bool, seed: u64) -> *mut PpAgents {
+/// The plugin module test.sh builds (`policyport_plugin.wasm`).
+pub(crate) fn plugin_path() -> PathBuf {
+    target_profile_dir()
+        .parent()
+        .unwrap()
+        .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm")
+}
+
+/// Load `bytes` through the C ABI, natively (cpu) or in the sandbox (60 s deadline).
+unsafe fn c_load(bytes: &[u8], sandboxed: bool) -> *mut PpPolicy {
     let mut p: *mut PpPolicy = std::ptr::null_mut();
     unsafe {
         if sandboxed {
-            let plugin = target_profile_dir()
-                .parent()
-                .unwrap()
-                .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
-            let path = std::ffi::CString::new(plugin.to_str().unwrap()).unwrap();
+            let path = std::ffi::CString::new(plugin_path().to_str().unwrap()).unwrap();
             assert_eq!(
                 pp_policy_load_wasm(
                     bytes.as_ptr(),
@@ -641,6 +645,14 @@ unsafe fn c_agents(bytes: &[u8], sandboxed: bool, seed: u64) -> *mut PpAgents {
                 PpStatus::Ok
             );
         }
+    }
+    p
+}
+
+/// Load the CartPole fixture through the C ABI, natively or in the sandbox, and turn it into agents.
+unsafe fn c_agents(bytes: &[u8], sandboxed: bool, seed: u64) -> *mut PpAgents {
+    unsafe {
+        let p = c_load(bytes, sandboxed);
         let mut a: *mut PpAgents = std::ptr::null_mut();
         assert_eq!(pp_agents_new(p, seed, 1, 0, &mut a), PpStatus::Ok);
         a
@@ -856,10 +868,7 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
     .unwrap();
     std::fs::write(&artifact, &sb3).unwrap();
     let exe = compile_c_example("agents", &dir);
-    let plugin = target_profile_dir()
-        .parent()
-        .unwrap()
-        .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
+    let plugin = plugin_path();
     let run = |extra: &[&std::ffi::OsStr]| {
         let out = Command::new(&exe)
             .arg(&artifact)
@@ -941,31 +950,8 @@ fn c_abi_act_ids_takes_one_env_id_per_row_on_both_routes() {
         .clone()
     };
     for sandboxed in [false, true] {
-        let mut p: *mut PpPolicy = std::ptr::null_mut();
         unsafe {
-            if sandboxed {
-                let plugin = target_profile_dir()
-                    .parent()
-                    .unwrap()
-                    .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm");
-                let path = std::ffi::CString::new(plugin.to_str().unwrap()).unwrap();
-                assert_eq!(
-                    pp_policy_load_wasm(
-                        bytes.as_ptr(),
-                        bytes.len(),
-                        path.as_ptr(),
-                        0,
-                        60_000,
-                        &mut p
-                    ),
-                    PpStatus::Ok
-                );
-            } else {
-                assert_eq!(
-                    pp_policy_load(bytes.as_ptr(), bytes.len(), PpBackend::Cpu as u32, &mut p),
-                    PpStatus::Ok
-                );
-            }
+            let p = c_load(&bytes, sandboxed);
             let (mut actions, mut values) = ([0i64; 3], [0f32; 3]);
             let act = |p, ids: *const u32, actions: &mut [i64; 3], values: &mut [f32; 3]| {
                 pp_policy_act_ids(
