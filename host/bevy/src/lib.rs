@@ -174,6 +174,38 @@ type AgentRow<'a> = (
     &'a mut Action,
 );
 
+/// Stage one registered agent's observation (and mask) with its policy; a refusal withdraws that policy's rows
+/// for this tick and records the error.
+fn stage(
+    policies: &mut Policies,
+    agent: &mut Mut<'_, Agent>,
+    obs: &Observation,
+    mask: Option<&ActionMask>,
+    failed: &mut Vec<PolicyHandle>,
+    errors: &mut Vec<(PolicyHandle, AgentsError)>,
+) {
+    let Some(id) = agent.id else { return };
+    if obs.0.is_empty() || failed.contains(&agent.policy) {
+        return;
+    }
+    let Some(a) = policies.get_mut(agent.policy) else {
+        return;
+    };
+    if agent.episode_start {
+        let _ = a.respawn(id);
+        agent.episode_start = false;
+    }
+    let staged = match mask {
+        Some(m) if !m.0.is_empty() => a.observe_masked(id, &obs.0, &m.0),
+        _ => a.observe(id, &obs.0),
+    };
+    if let Err(err) = staged {
+        a.clear_staged();
+        failed.push(agent.policy);
+        errors.push((agent.policy, err));
+    }
+}
+
 /// The Act set's system: release despawned agents, register new ones (in entity index order: ids never depend
 /// on query order), stage every observed agent with its policy, act once per policy, write each agent's [`Action`].
 fn act_system(
@@ -191,17 +223,29 @@ fn act_system(
             }
         }
     }
-    // New agents (and agents whose policy changed), in entity order.
-    let mut fresh: Vec<Entity> = q
-        .iter()
-        // (No map lookup per agent per tick: the component remembers its registration.)
-        .filter(|(_, agent, ..)| agent.id.is_none() || agent.registered != Some(agent.policy))
-        .map(|(e, ..)| e)
-        .collect();
+    // One pass stages every registered agent with an observation and sets the new ones (and agents whose
+    // policy changed: the component remembers its registration, so no map lookup per agent per tick) aside; those
+    // are registered in entity-index order after it, then staged.
+    let mut failed: Vec<PolicyHandle> = vec![];
+    let mut fresh: Vec<Entity> = vec![];
+    for (e, mut agent, obs, mask, _) in q.iter_mut() {
+        if agent.id.is_none() || agent.registered != Some(agent.policy) {
+            fresh.push(e);
+            continue;
+        }
+        stage(
+            &mut policies,
+            &mut agent,
+            obs,
+            mask,
+            &mut failed,
+            &mut errors.0,
+        );
+    }
     // By index (Entity's own Ord compares its bit pattern, whose index part is stored inverted: newest first).
     fresh.sort_unstable_by_key(|e| (e.index_u32(), e.generation().to_bits()));
     for e in fresh {
-        let Ok((_, mut agent, ..)) = q.get_mut(e) else {
+        let Ok((_, mut agent, obs, mask, _)) = q.get_mut(e) else {
             continue;
         };
         if let Some((old_policy, old)) = registered.0.remove(&e) {
@@ -210,50 +254,29 @@ fn act_system(
             }
         }
         let policy = agent.policy;
-        let Some(a) = policies.get_mut(policy) else {
-            errors.0.push((
-                policy,
-                AgentsError::UnknownAgent(AgentId::from_bits(u64::MAX)),
-            ));
-            agent.id = None;
-            agent.registered = None;
-            continue;
+        let spawned = match policies.get_mut(policy) {
+            Some(a) => a.spawn(),
+            None => Err(AgentsError::UnknownAgent(AgentId::from_bits(u64::MAX))),
         };
-        match a.spawn() {
+        match spawned {
             Ok(id) => {
                 agent.id = Some(id);
                 agent.registered = Some(policy);
                 registered.0.insert(e, (policy, id));
+                stage(
+                    &mut policies,
+                    &mut agent,
+                    obs,
+                    mask,
+                    &mut failed,
+                    &mut errors.0,
+                );
             }
             Err(err) => {
                 agent.id = None;
                 agent.registered = None;
                 errors.0.push((policy, err));
             }
-        }
-    }
-    // Stage.
-    let mut failed: Vec<PolicyHandle> = vec![];
-    for (_, mut agent, obs, mask, _) in q.iter_mut() {
-        let Some(id) = agent.id else { continue };
-        if obs.0.is_empty() || failed.contains(&agent.policy) {
-            continue;
-        }
-        let Some(a) = policies.get_mut(agent.policy) else {
-            continue;
-        };
-        if agent.episode_start {
-            let _ = a.respawn(id);
-            agent.episode_start = false;
-        }
-        let staged = match mask {
-            Some(m) if !m.0.is_empty() => a.observe_masked(id, &obs.0, &m.0),
-            _ => a.observe(id, &obs.0),
-        };
-        if let Err(err) = staged {
-            a.clear_staged();
-            failed.push(agent.policy);
-            errors.0.push((agent.policy, err));
         }
     }
     // Act, per policy.
