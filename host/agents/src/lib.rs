@@ -594,6 +594,82 @@ impl Agents {
         Ok(self.last())
     }
 
+    /// A whole tick in one call, for engines that gather their agents into arrays (the C ABI's `pp_agents_tick`,
+    /// Godot's runner): stage `ids` (row `i` of `obs`, and of `masks` when given, for `ids[i]`), act once, and
+    /// write each agent's outputs in the same order into `out`. Rows staged earlier act in the same call. On error
+    /// the rows this call staged are withdrawn (nothing else changes) and `out` is left as it was.
+    pub fn tick_rows(
+        &mut self,
+        ids: &[AgentId],
+        obs: &[f32],
+        masks: Option<&[bool]>,
+        out: &mut RowOutputs,
+    ) -> Result<(), AgentsError> {
+        let (o, m) = (self.shape.obs_len, self.shape.mask_len);
+        let mut staged = 0;
+        let mut result = Ok(());
+        for (i, id) in ids.iter().enumerate() {
+            let (Some(row), mask) = (
+                obs.get(i * o..(i + 1) * o),
+                masks.map(|ms| ms.get(i * m..(i + 1) * m)),
+            ) else {
+                result = Err(AgentsError::ObservationLength {
+                    agent: *id,
+                    expected: o,
+                    found: obs.len().saturating_sub(i * o).min(o),
+                });
+                break;
+            };
+            let r = match mask {
+                None => self.observe(*id, row),
+                Some(Some(mask)) => self.observe_masked(*id, row, mask),
+                Some(None) => Err(AgentsError::MaskLength {
+                    agent: *id,
+                    expected: m,
+                    found: masks.map_or(0, |ms| ms.len().saturating_sub(i * m).min(m)),
+                }),
+            };
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+            staged += 1;
+        }
+        if result.is_ok() && obs.len() != ids.len() * o {
+            result = Err(AgentsError::ObservationLength {
+                agent: ids.last().copied().unwrap_or(AgentId::from_bits(u64::MAX)),
+                expected: ids.len() * o,
+                found: obs.len(),
+            });
+        }
+        if let Err(e) = result.and_then(|()| self.act().map(|_| ())) {
+            for id in &ids[..staged] {
+                self.unobserve(*id);
+            }
+            return Err(e);
+        }
+        let (k, tick) = (self.shape.action_len, self.last());
+        let o = tick.outputs();
+        out.discrete.clear();
+        out.continuous.clear();
+        out.value.clear();
+        for id in ids {
+            let r = tick.row(*id).expect("staged and acted this tick");
+            if !o.discrete.is_empty() {
+                out.discrete
+                    .extend_from_slice(&o.discrete[r * k..(r + 1) * k]);
+            }
+            if !o.continuous.is_empty() {
+                out.continuous
+                    .extend_from_slice(&o.continuous[r * k..(r + 1) * k]);
+            }
+            if let Some(v) = o.value.get(r) {
+                out.value.push(*v);
+            }
+        }
+        Ok(())
+    }
+
     /// The outputs of the last act() (empty before the first, or after a tick with no agent observed).
     pub fn last(&self) -> Tick<'_> {
         let out = match &self.runner {
@@ -602,6 +678,17 @@ impl Agents {
         };
         Tick { agents: self, out }
     }
+}
+
+/// [`Agents::tick_rows`]'s outputs, in the order of the ids it was given (buffers reused across ticks).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowOutputs {
+    /// `ids × action_len` discrete actions (empty for continuous policies).
+    pub discrete: Vec<i64>,
+    /// `ids × action_len` continuous actions (empty for discrete policies).
+    pub continuous: Vec<f32>,
+    /// One value per id (empty without a value head).
+    pub value: Vec<f32>,
 }
 
 /// What one act() answered, viewed by agent id.

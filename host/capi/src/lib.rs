@@ -16,7 +16,7 @@ use policyport::{
     Request, Session,
 };
 use policyport_abi::ErrorCode;
-use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError};
+use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError, RowOutputs};
 use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
 /// Path of the generated header (for build scripts and tests).
@@ -789,8 +789,9 @@ pub struct PpAgents {
     agents: Agents,
     /// Mask bytes as flags (reused across calls).
     mask: Vec<bool>,
-    /// `pp_agents_tick`'s ids (reused across calls).
+    /// `pp_agents_tick`'s ids and outputs (reused across calls).
     ids: Vec<AgentId>,
+    rows: RowOutputs,
 }
 
 fn agents_status(e: &AgentsError) -> PpStatus {
@@ -850,6 +851,7 @@ pub unsafe extern "C" fn pp_agents_new(
             agents,
             mask: vec![],
             ids: vec![],
+            rows: RowOutputs::default(),
         });
         unsafe { *out = Box::into_raw(a) };
         Ok(())
@@ -1093,53 +1095,32 @@ pub unsafe extern "C" fn pp_agents_tick(
             agents,
             mask,
             ids: staged,
+            rows,
         } = a;
         staged.clear();
-        let mut result = Ok(());
-        for (i, bits) in ids.iter().enumerate() {
-            let id = AgentId::from_bits(*bits);
-            let row = &obs[i * o_len..(i + 1) * o_len];
-            let r = if action_mask.is_null() {
-                agents.observe(id, row)
-            } else {
-                agents.observe_masked(id, row, &mask[i * m_len..(i + 1) * m_len])
-            };
-            if let Err(e) = r {
-                result = Err(agents_err(e));
-                break;
+        staged.extend(ids.iter().map(|b| AgentId::from_bits(*b)));
+        let masks = (!action_mask.is_null()).then_some(&mask[..]);
+        agents
+            .tick_rows(staged, obs, masks, rows)
+            .map_err(agents_err)?;
+        unsafe {
+            if !discrete_actions.is_null() && !rows.discrete.is_empty() {
+                std::ptr::copy_nonoverlapping(
+                    rows.discrete.as_ptr(),
+                    discrete_actions,
+                    rows.discrete.len(),
+                );
             }
-            staged.push(id);
-        }
-        let result = result.and_then(|()| agents.act().map(|_| ()).map_err(agents_err));
-        if let Err(e) = result {
-            // Withdraw this call's rows: an agent's despawn-free withdrawal is `unobserve`.
-            for id in staged.iter() {
-                agents.unobserve(*id);
+            if !continuous_actions.is_null() && !rows.continuous.is_empty() {
+                std::ptr::copy_nonoverlapping(
+                    rows.continuous.as_ptr(),
+                    continuous_actions,
+                    rows.continuous.len(),
+                );
             }
-            return Err(e);
-        }
-        let tick = agents.last();
-        let k = agents.action_len();
-        for (i, id) in staged.iter().enumerate() {
-            let row = tick.row(*id).expect("staged and acted");
-            unsafe {
-                write_row(
-                    agents,
-                    tick.outputs(),
-                    row,
-                    if discrete_actions.is_null() {
-                        discrete_actions
-                    } else {
-                        discrete_actions.add(i * k)
-                    },
-                    if continuous_actions.is_null() {
-                        continuous_actions
-                    } else {
-                        continuous_actions.add(i * k)
-                    },
-                    if value.is_null() { value } else { value.add(i) },
-                )
-            };
+            if !value.is_null() && !rows.value.is_empty() {
+                std::ptr::copy_nonoverlapping(rows.value.as_ptr(), value, rows.value.len());
+            }
         }
         Ok(())
     })
