@@ -5,8 +5,6 @@
 //! (respawns start new episodes; a new entity on a freed env id starts fresh); a policy that refuses a tick is an
 //! entry of `PolicyportErrors`, never a panic.
 
-use std::process::Command;
-
 use bevy_app::{App, Update};
 use bevy_ecs::prelude::*;
 use policyport::{Backend, CompiledPolicy};
@@ -16,7 +14,7 @@ use policyport_bevy::{Observation, Policies, PolicyportErrors, PolicyportPlugin,
 use policyport_conformance::{fixtures_dir, plugin_runtime};
 use policyport_import::{Storage, compile_sb3};
 
-use crate::capi::{compile_c_example, plugin_path};
+use crate::capi::{compile_c_example, run_agents_example};
 
 fn sb3(name: &str) -> Vec<u8> {
     let zip = std::fs::read(fixtures_dir().join("sb3").join(name).join("model.zip")).unwrap();
@@ -53,21 +51,7 @@ fn c_returns(artifact: &[u8], dir: &std::path::Path, sandboxed: bool) -> Vec<f64
     let path = dir.join("policy.policy");
     std::fs::write(&path, artifact).unwrap();
     let exe = compile_c_example("agents", dir);
-    let mut cmd = Command::new(&exe);
-    cmd.arg(&path);
-    if sandboxed {
-        cmd.arg(plugin_path());
-    }
-    let out = cmd
-        .args(["--agents", "32", "--ticks", "1200"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    run_agents_example(&exe, &path, sandboxed)
         .lines()
         .next()
         .unwrap()

@@ -620,6 +620,26 @@ pub(crate) fn plugin_path() -> PathBuf {
         .join("wasm32-unknown-unknown/plugin/policyport_plugin.wasm")
 }
 
+/// Run the compiled `examples/agents.c` on `artifact` (32 agents, 1 200 ticks; in the sandbox if `sandboxed`):
+/// its stdout (the returns line, then the summary line).
+pub(crate) fn run_agents_example(exe: &Path, artifact: &Path, sandboxed: bool) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.arg(artifact);
+    if sandboxed {
+        cmd.arg(plugin_path());
+    }
+    let out = cmd
+        .args(["--agents", "32", "--ticks", "1200"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Load `bytes` through the C ABI, natively (cpu) or in the sandbox (60 s deadline).
 unsafe fn c_load(bytes: &[u8], sandboxed: bool) -> *mut PpPolicy {
     let mut p: *mut PpPolicy = std::ptr::null_mut();
@@ -868,23 +888,8 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
     .unwrap();
     std::fs::write(&artifact, &sb3).unwrap();
     let exe = compile_c_example("agents", &dir);
-    let plugin = plugin_path();
-    let run = |extra: &[&std::ffi::OsStr]| {
-        let out = Command::new(&exe)
-            .arg(&artifact)
-            .args(extra)
-            .args(["--agents", "32", "--ticks", "1200"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let native = run(&[]);
-    let sandboxed = run(&[plugin.as_os_str()]);
+    let native = run_agents_example(&exe, &artifact, false);
+    let sandboxed = run_agents_example(&exe, &artifact, true);
     println!("{}", native.lines().last().unwrap());
     assert_eq!(
         native.replace("native", "X"),

@@ -125,6 +125,17 @@ pub struct PolicyportErrors(pub Vec<(PolicyHandle, AgentsError)>);
 #[derive(Resource, Default)]
 struct Registered(std::collections::HashMap<Entity, (PolicyHandle, AgentId)>);
 
+impl Registered {
+    /// Forget `e`'s registration and despawn its agent, if it had one.
+    fn release(&mut self, e: Entity, policies: &mut Policies) {
+        if let Some((policy, id)) = self.0.remove(&e) {
+            if let Some(a) = policies.get_mut(policy) {
+                let _ = a.despawn(id);
+            }
+        }
+    }
+}
+
 /// Adds [`Policies`], [`PolicyportErrors`] and the Act system to `schedule` (default `FixedUpdate`), ordered
 /// Observe -> Act -> Apply.
 pub struct PolicyportPlugin {
@@ -217,11 +228,7 @@ fn act_system(
 ) {
     errors.0.clear();
     for e in removed.read() {
-        if let Some((policy, id)) = registered.0.remove(&e) {
-            if let Some(a) = policies.get_mut(policy) {
-                let _ = a.despawn(id);
-            }
-        }
+        registered.release(e, &mut policies);
     }
     // One pass stages every registered agent with an observation and sets the new ones (and agents whose
     // policy changed: the component remembers its registration, so no map lookup per agent per tick) aside; those
@@ -248,15 +255,15 @@ fn act_system(
         let Ok((_, mut agent, obs, mask, _)) = q.get_mut(e) else {
             continue;
         };
-        if let Some((old_policy, old)) = registered.0.remove(&e) {
-            if let Some(a) = policies.get_mut(old_policy) {
-                let _ = a.despawn(old);
-            }
-        }
+        registered.release(e, &mut policies);
         let policy = agent.policy;
         let spawned = match policies.get_mut(policy) {
             Some(a) => a.spawn(),
-            None => Err(AgentsError::UnknownAgent(AgentId::from_bits(u64::MAX))),
+            None => Err(AgentsError::Unavailable(format!(
+                "no policy {} in Policies ({} added)",
+                policy.0,
+                policies.len()
+            ))),
         };
         match spawned {
             Ok(id) => {

@@ -217,6 +217,17 @@ unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpSta
     Ok(unsafe { std::slice::from_raw_parts(bytes, len) })
 }
 
+/// Copy `src` into a caller's buffer: nothing when the buffer is null (the caller skips that output) or there is
+/// nothing to copy (e.g. continuous actions of a discrete policy).
+///
+/// # Safety
+/// A non-null `dst` covers `src.len()` elements.
+unsafe fn copy_out<T: Copy>(src: &[T], dst: *mut T) {
+    if !dst.is_null() && !src.is_empty() {
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    }
+}
+
 /// The version of this ABI (compare with `PP_ABI_VERSION` from the header you compiled against).
 #[unsafe(no_mangle)]
 pub extern "C" fn pp_abi_version() -> u32 {
@@ -680,31 +691,12 @@ unsafe fn act_with(
                 &*out
             }
         };
+        // SAFETY: the caller's contract: non-null buffers have the batch's sizes.
         unsafe {
-            if !discrete_actions.is_null() && !out.discrete.is_empty() {
-                std::ptr::copy_nonoverlapping(
-                    out.discrete.as_ptr(),
-                    discrete_actions,
-                    out.discrete.len(),
-                );
-            }
-            if !continuous_actions.is_null() && !out.continuous.is_empty() {
-                std::ptr::copy_nonoverlapping(
-                    out.continuous.as_ptr(),
-                    continuous_actions,
-                    out.continuous.len(),
-                );
-            }
-            if !value.is_null() && !out.value.is_empty() {
-                std::ptr::copy_nonoverlapping(out.value.as_ptr(), value, out.value.len());
-            }
-            if !dist_params.is_null() {
-                std::ptr::copy_nonoverlapping(
-                    out.dist_params.as_ptr(),
-                    dist_params,
-                    out.dist_params.len(),
-                );
-            }
+            copy_out(&out.discrete, discrete_actions);
+            copy_out(&out.continuous, continuous_actions);
+            copy_out(&out.value, value);
+            copy_out(&out.dist_params, dist_params);
         }
         Ok(())
     })
@@ -1019,20 +1011,14 @@ unsafe fn write_row(
     value: *mut f32,
 ) {
     let k = agents.action_len();
+    let span = row * k..(row + 1) * k;
     unsafe {
-        if !discrete_actions.is_null() && !out.discrete.is_empty() {
-            std::ptr::copy_nonoverlapping(out.discrete[row * k..].as_ptr(), discrete_actions, k);
-        }
-        if !continuous_actions.is_null() && !out.continuous.is_empty() {
-            std::ptr::copy_nonoverlapping(
-                out.continuous[row * k..].as_ptr(),
-                continuous_actions,
-                k,
-            );
-        }
-        if !value.is_null() && !out.value.is_empty() {
-            *value = out.value[row];
-        }
+        copy_out(
+            out.discrete.get(span.clone()).unwrap_or(&[]),
+            discrete_actions,
+        );
+        copy_out(out.continuous.get(span).unwrap_or(&[]), continuous_actions);
+        copy_out(out.value.get(row..row + 1).unwrap_or(&[]), value);
     }
 }
 
@@ -1103,24 +1089,11 @@ pub unsafe extern "C" fn pp_agents_tick(
         agents
             .tick_rows(staged, obs, masks, rows)
             .map_err(agents_err)?;
+        // SAFETY: the caller's contract: non-null buffers cover `n` agents' outputs.
         unsafe {
-            if !discrete_actions.is_null() && !rows.discrete.is_empty() {
-                std::ptr::copy_nonoverlapping(
-                    rows.discrete.as_ptr(),
-                    discrete_actions,
-                    rows.discrete.len(),
-                );
-            }
-            if !continuous_actions.is_null() && !rows.continuous.is_empty() {
-                std::ptr::copy_nonoverlapping(
-                    rows.continuous.as_ptr(),
-                    continuous_actions,
-                    rows.continuous.len(),
-                );
-            }
-            if !value.is_null() && !rows.value.is_empty() {
-                std::ptr::copy_nonoverlapping(rows.value.as_ptr(), value, rows.value.len());
-            }
+            copy_out(&rows.discrete, discrete_actions);
+            copy_out(&rows.continuous, continuous_actions);
+            copy_out(&rows.value, value);
         }
         Ok(())
     })

@@ -60,7 +60,9 @@ impl PolicyRunner {
     fn load(&mut self, path: GString, seed: i64, sample: bool) -> bool {
         let bytes = FileAccess::get_file_as_bytes(&path);
         if bytes.is_empty() {
-            return self.fail(format!("could not read {path} (missing, empty or not readable)"));
+            return self.fail(format!(
+                "could not read {path} (missing, empty or not readable)"
+            ));
         }
         self.load_bytes(bytes, seed, sample)
     }
@@ -250,7 +252,11 @@ impl INode for PolicyAgents {
                     id
                 }
             };
-            if node.get("policyport_episode_start").try_to::<bool>().unwrap_or(false) {
+            if node
+                .get("policyport_episode_start")
+                .try_to::<bool>()
+                .unwrap_or(false)
+            {
                 runner.bind_mut().respawn(id);
                 node.set("policyport_episode_start", &false.to_variant());
             }
@@ -260,7 +266,10 @@ impl INode for PolicyAgents {
             {
                 Ok(o) => obs.extend_array(&o),
                 Err(_) => {
-                    godot_error!("policyport: {} has no policyport_observation() returning a PackedFloat32Array", node.get_name());
+                    godot_error!(
+                        "policyport: {} has no policyport_observation() returning a PackedFloat32Array",
+                        node.get_name()
+                    );
                     return;
                 }
             }
