@@ -61,6 +61,14 @@ ensure_mono() {
   fi
 }
 
+# Godot 3.2's headless server (Debian's godot3-server: the only Godot these machines can install) for the Godot 3
+# GDNative runner's real-engine scene (host/godot3, tests/scripts/godot3-test.sh).
+ensure_godot3() {
+  if ! command -v godot3-server >/dev/null; then
+    apt_install "the Godot 3 headless scene (host/godot3: the GDNative PolicyRunner in a real engine)" godot3-server
+  fi
+}
+
 # Mesa lavapipe (Vulkan on the CPU) for the wgpu backend's tests.
 ensure_lavapipe() {
   if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then

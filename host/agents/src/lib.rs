@@ -27,6 +27,9 @@ use policyport::{
 };
 use policyport_wasmtime::{WasmError, WasmPolicy};
 
+pub mod script;
+pub use script::{ScriptError, ScriptRunner};
+
 /// The most agents one [`Agents`] holds alive at once unless configured otherwise (the runtime's default
 /// limit of envs with recurrent state).
 pub const DEFAULT_MAX_AGENTS: usize = policyport::DEFAULT_MAX_ENVS;

@@ -19,37 +19,19 @@ use std::collections::HashMap;
 
 use godot::classes::{FileAccess, INode, Node};
 use godot::prelude::*;
-use policyport::{Backend, CompiledPolicy};
-use policyport_agents::{AgentId, Agents, AgentsConfig, RowOutputs};
+use policyport_agents::ScriptRunner;
 
 struct PolicyportExtension;
 
 #[gdextension]
 unsafe impl ExtensionLibrary for PolicyportExtension {}
 
-/// One policy's agents, for GDScript.
+/// One policy's agents, for GDScript: a shell over [`ScriptRunner`] (which the Godot 3 runner shares).
 #[derive(GodotClass)]
 #[class(base = RefCounted, init)]
 pub struct PolicyRunner {
-    agents: Option<Agents>,
-    rows: RowOutputs,
-    ids: Vec<AgentId>,
-    last_error: GString,
+    runner: ScriptRunner,
     base: Base<RefCounted>,
-}
-
-impl PolicyRunner {
-    fn fail(&mut self, e: impl std::fmt::Display) -> bool {
-        self.last_error = GString::from(e.to_string().as_str());
-        false
-    }
-
-    fn agents(&mut self) -> Option<&mut Agents> {
-        if self.agents.is_none() {
-            self.last_error = GString::from("no policy loaded (call load() first)");
-        }
-        self.agents.as_mut()
-    }
 }
 
 #[godot_api]
@@ -60,9 +42,9 @@ impl PolicyRunner {
     fn load(&mut self, path: GString, seed: i64, sample: bool) -> bool {
         let bytes = FileAccess::get_file_as_bytes(&path);
         if bytes.is_empty() {
-            return self.fail(format!(
+            return self.runner.fail(policyport_agents::ScriptError::Argument(format!(
                 "could not read {path} (missing, empty or not readable)"
-            ));
+            )));
         }
         self.load_bytes(bytes, seed, sample)
     }
@@ -70,58 +52,31 @@ impl PolicyRunner {
     /// Load an artifact from bytes.
     #[func]
     fn load_bytes(&mut self, bytes: PackedByteArray, seed: i64, sample: bool) -> bool {
-        match CompiledPolicy::load(bytes.as_slice(), Backend::Cpu) {
-            Ok(p) => {
-                let config = AgentsConfig {
-                    seed: seed as u64,
-                    deterministic: !sample,
-                    ..Default::default()
-                };
-                self.agents = Some(Agents::native(p, config));
-                self.last_error = GString::new();
-                true
-            }
-            Err(e) => self.fail(e),
-        }
+        self.runner.load_bytes(bytes.as_slice(), seed, sample)
     }
 
     /// Why the last call returned false or -1.
     #[func]
     fn last_error(&self) -> GString {
-        self.last_error.clone()
+        GString::from(self.runner.last_error().as_str())
     }
 
     /// A new agent's id (its first tick starts a new episode), or -1.
     #[func]
     fn spawn(&mut self) -> i64 {
-        let Some(a) = self.agents() else { return -1 };
-        match a.spawn() {
-            Ok(id) => id.to_bits() as i64,
-            Err(e) => {
-                self.fail(e);
-                -1
-            }
-        }
+        self.runner.spawn()
     }
 
     /// The agent is gone (its id is dead from now on).
     #[func]
     fn despawn(&mut self, id: i64) -> bool {
-        let Some(a) = self.agents() else { return false };
-        match a.despawn(AgentId::from_bits(id as u64)) {
-            Ok(()) => true,
-            Err(e) => self.fail(e),
-        }
+        self.runner.despawn(id)
     }
 
     /// The agent starts a new episode at its next tick.
     #[func]
     fn respawn(&mut self, id: i64) -> bool {
-        let Some(a) = self.agents() else { return false };
-        match a.respawn(AgentId::from_bits(id as u64)) {
-            Ok(()) => true,
-            Err(e) => self.fail(e),
-        }
+        self.runner.respawn(id)
     }
 
     /// One act for the agents `ids`, row `i` of `observations` (`obs_len` floats each) for `ids[i]`. The outputs
@@ -129,47 +84,48 @@ impl PolicyRunner {
     /// nothing changed) if the policy refused.
     #[func]
     fn tick(&mut self, ids: PackedInt64Array, observations: PackedFloat32Array) -> bool {
-        let mut staged = std::mem::take(&mut self.ids);
-        staged.clear();
-        staged.extend(ids.as_slice().iter().map(|i| AgentId::from_bits(*i as u64)));
-        let mut rows = std::mem::take(&mut self.rows);
-        let r = match self.agents() {
-            Some(a) => a
-                .tick_rows(&staged, observations.as_slice(), None, &mut rows)
-                .map_err(|e| e.to_string()),
-            None => Err("no policy loaded (call load() first)".into()),
-        };
-        self.ids = staged;
-        self.rows = rows;
-        match r {
-            Ok(()) => true,
-            Err(e) => self.fail(e),
-        }
+        self.runner
+            .tick(ids.as_slice().iter().copied(), observations.as_slice(), None)
+    }
+
+    /// [`PolicyRunner::tick`] with action masks: one byte per logit per id, 1 allowed, 0 forbidden.
+    #[func]
+    fn tick_masked(
+        &mut self,
+        ids: PackedInt64Array,
+        observations: PackedFloat32Array,
+        masks: PackedByteArray,
+    ) -> bool {
+        self.runner.tick(
+            ids.as_slice().iter().copied(),
+            observations.as_slice(),
+            Some(masks.as_slice()),
+        )
     }
 
     /// The last tick's discrete actions (`ids × action_len`).
     #[func]
     fn discrete_actions(&self) -> PackedInt64Array {
-        PackedInt64Array::from(self.rows.discrete.as_slice())
+        PackedInt64Array::from(self.runner.outputs().discrete.as_slice())
     }
 
     /// The last tick's continuous actions (`ids × action_len`).
     #[func]
     fn continuous_actions(&self) -> PackedFloat32Array {
-        PackedFloat32Array::from(self.rows.continuous.as_slice())
+        PackedFloat32Array::from(self.runner.outputs().continuous.as_slice())
     }
 
     /// The last tick's value estimates (one per id; empty without a value head).
     #[func]
     fn values(&self) -> PackedFloat32Array {
-        PackedFloat32Array::from(self.rows.value.as_slice())
+        PackedFloat32Array::from(self.runner.outputs().value.as_slice())
     }
 
     /// obs_len, action_len, mask_len, discrete, alive, tick, backend.
     #[func]
     fn info(&self) -> VarDictionary {
         let mut d = VarDictionary::new();
-        if let Some(a) = &self.agents {
+        if let Some(a) = self.runner.agents() {
             d.set("obs_len", a.obs_len() as i64);
             d.set("action_len", a.action_len() as i64);
             d.set("mask_len", a.mask_len() as i64);

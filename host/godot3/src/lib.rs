@@ -1,0 +1,395 @@
+//! policyport in Godot 3 (GDNative + NativeScript 1.0; Godot 3.2 and newer 3.x).
+//!
+//! One NativeScript class, `PolicyRunner` (a `Reference`), the same runner as the Godot 4 extension's (both are
+//! shells over [`policyport_agents::ScriptRunner`]): `load_bytes(bytes, seed, sample)`, `spawn()` /
+//! `despawn(id)` / `respawn(id)`, `tick(ids, observations)` (and `tick_masked(ids, observations, masks)`) for all
+//! agents in one call per physics frame, then `discrete_actions()` / `continuous_actions()` / `values()` in the
+//! ids' order, `info()`, `last_error()`. A refused call answers `false` / `-1` with `last_error()` saying why;
+//! nothing panics into the engine (each method runs under `catch_unwind`).
+//!
+//! Godot 3's types decide two things: agent ids are 64-bit (`generation << 32 | env id`), so `ids` is an `Array`
+//! of ints (a `PoolIntArray` holds 32-bit ints and is refused, never truncated); observations are a
+//! `PoolRealArray` (32-bit floats, what the policy takes) or an `Array` of numbers. Discrete actions come back as
+//! a `PoolIntArray`, continuous actions and values as `PoolRealArray`s.
+//!
+//! The GDNative entry points are `godot_gdnative_init` (the API is taken and checked: see [`gdnative`]),
+//! `godot_gdnative_terminate` and `godot_nativescript_init` (the class is registered), as a `.gdnlib` with
+//! `symbol_prefix = "godot_"` expects (demo/policyport.gdnlib).
+
+pub mod gdnative;
+
+use std::ffi::{CStr, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+
+use gdnative::{Api, InitOptions, InstanceCreate, InstanceDestroy, InstanceMethod, Variant, variant_type};
+use policyport_agents::{ScriptError, ScriptRunner};
+
+/// The engine's API, taken once in `godot_gdnative_init`.
+static API: OnceLock<Api> = OnceLock::new();
+
+const CLASS: &CStr = c"PolicyRunner";
+
+/// Called by Godot when the library is loaded: takes and checks the engine's API.
+///
+/// # Safety
+/// Called by Godot with its init options.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn godot_gdnative_init(options: *mut InitOptions) {
+    // SAFETY: Godot's options (or null, refused by `from_init`).
+    match unsafe { Api::from_init(options) } {
+        Ok(api) => {
+            let _ = API.set(api);
+        }
+        Err(e) => {
+            // SAFETY: `report_loading_error` and `gd_native_library` come from the same options, checked non-null.
+            unsafe {
+                if let Some(opts) = options.as_ref()
+                    && let Some(report) = opts.report_loading_error
+                {
+                    let msg = std::ffi::CString::new(format!("policyport: {e}")).unwrap_or_default();
+                    report(opts.gd_native_library, msg.as_ptr());
+                }
+            }
+        }
+    }
+}
+
+/// Called by Godot when the library is unloaded.
+#[unsafe(no_mangle)]
+pub extern "C" fn godot_gdnative_terminate(_options: *mut c_void) {}
+
+/// Called by Godot to register the library's NativeScript classes.
+///
+/// # Safety
+/// Called by Godot with its NativeScript handle, after `godot_gdnative_init`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn godot_nativescript_init(handle: *mut c_void) {
+    // An engine whose API was refused in `godot_gdnative_init` gets no class (it was told why there).
+    let Some(api) = API.get() else { return };
+    // SAFETY: `handle` is Godot's; the class is registered before its methods.
+    unsafe {
+        api.register_class(
+            handle,
+            CLASS,
+            c"Reference",
+            InstanceCreate {
+                create: runner_create,
+                method_data: std::ptr::null_mut(),
+                free: None,
+            },
+            InstanceDestroy {
+                destroy: runner_destroy,
+                method_data: std::ptr::null_mut(),
+                free: None,
+            },
+        );
+        for (name, method) in METHODS {
+            api.register_method(
+                handle,
+                CLASS,
+                name,
+                InstanceMethod {
+                    method: *method,
+                    method_data: std::ptr::null_mut(),
+                    free: None,
+                },
+            );
+        }
+    }
+}
+
+unsafe extern "C" fn runner_create(_object: *mut c_void, _method_data: *mut c_void) -> *mut c_void {
+    Box::into_raw(Box::new(ScriptRunner::default())).cast()
+}
+
+unsafe extern "C" fn runner_destroy(_object: *mut c_void, _method_data: *mut c_void, user: *mut c_void) {
+    if !user.is_null() {
+        // SAFETY: `user` is the box `runner_create` made for this instance; Godot destroys each instance once.
+        drop(unsafe { Box::from_raw(user.cast::<ScriptRunner>()) });
+    }
+}
+
+/// One method's body: the runner, the engine's API, the arguments; answers a variant.
+type Body = fn(&mut ScriptRunner, &Api, &[&Variant]) -> Variant;
+
+/// Turns a [`Body`] into the C function NativeScript calls, with the panic guard and argument plumbing.
+macro_rules! methods {
+    ($($name:ident),* $(,)?) => {
+        const METHODS: &[(&CStr, gdnative::MethodFn)] = &[$(
+            ({
+                const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(c) => c,
+                    Err(_) => panic!("method name"),
+                };
+                NAME
+            }, {
+                unsafe extern "C" fn $name(
+                    _object: *mut c_void,
+                    _method_data: *mut c_void,
+                    user: *mut c_void,
+                    argc: c_int,
+                    argv: *mut *mut Variant,
+                ) -> Variant {
+                    // SAFETY: NativeScript passes this instance's user data and `argc` live argument pointers.
+                    unsafe { call(stringify!($name), $name::body, user, argc, argv) }
+                }
+                $name
+            })
+        ),*];
+    };
+}
+
+/// Runs `body` for a NativeScript call: a missing instance or a panic is a refusal (`false` after a panic, with
+/// `last_error()` naming the method), never an unwind into the engine.
+///
+/// # Safety
+/// `user` is null or a `ScriptRunner` from `runner_create`; `argv` holds `argc` live variant pointers.
+unsafe fn call(
+    name: &str,
+    body: Body,
+    user: *mut c_void,
+    argc: c_int,
+    argv: *mut *mut Variant,
+) -> Variant {
+    let Some(api) = API.get() else {
+        return Variant::uninit();
+    };
+    // SAFETY: per this function's contract.
+    let Some(runner) = (unsafe { user.cast::<ScriptRunner>().as_mut() }) else {
+        return api.nil();
+    };
+    let args: Vec<&Variant> = if argv.is_null() || argc <= 0 {
+        vec![]
+    } else {
+        // SAFETY: `argc` live argument pointers.
+        unsafe { std::slice::from_raw_parts(argv, argc as usize) }
+            .iter()
+            // SAFETY: each is a live variant for the call's duration.
+            .filter_map(|p| unsafe { p.as_ref() })
+            .collect()
+    };
+    match catch_unwind(AssertUnwindSafe(|| body(runner, api, &args))) {
+        Ok(v) => v,
+        Err(_) => {
+            runner.fail(ScriptError::Argument(format!(
+                "policyport: {name}() panicked (a bug: please report it); the runner may be in any state"
+            )));
+            api.bool_variant(false)
+        }
+    }
+}
+
+/// The argument `i` of type `want`, or the refusal naming what was passed instead.
+fn arg<'a>(api: &Api, name: &str, args: &[&'a Variant], i: usize, want: &[i32]) -> Result<&'a Variant, ScriptError> {
+    let Some(v) = args.get(i) else {
+        return Err(ScriptError::Argument(format!(
+            "{name}() takes an argument {} ({}), {} given",
+            i + 1,
+            want.iter().map(|t| variant_type::name(*t)).collect::<Vec<_>>().join(" or "),
+            args.len()
+        )));
+    };
+    // SAFETY: a live argument variant.
+    let t = unsafe { api.variant_get_type()(*v) };
+    if want.contains(&t) {
+        Ok(v)
+    } else {
+        Err(ScriptError::Argument(format!(
+            "{name}(): argument {} must be {}, not {}",
+            i + 1,
+            want.iter().map(|t| variant_type::name(*t)).collect::<Vec<_>>().join(" or "),
+            variant_type::name(t)
+        )))
+    }
+}
+
+fn refuse(runner: &mut ScriptRunner, e: ScriptError, failure: Variant) -> Variant {
+    runner.fail(e);
+    failure
+}
+
+mod load_bytes {
+    use super::*;
+    /// `load_bytes(bytes: PoolByteArray, seed: int, sample: bool) -> bool`.
+    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+        let parsed = (|| {
+            let bytes = arg(api, "load_bytes", args, 0, &[variant_type::POOL_BYTE_ARRAY])?;
+            let seed = arg(api, "load_bytes", args, 1, &[variant_type::INT])?;
+            let sample = arg(api, "load_bytes", args, 2, &[variant_type::BOOL])?;
+            // SAFETY: typed live variants.
+            Ok(unsafe { (bytes, api.variant_as_int()(seed), api.variant_as_bool()(sample)) })
+        })();
+        match parsed {
+            // SAFETY: `bytes` is a PoolByteArray variant.
+            Ok((bytes, seed, sample)) => {
+                let ok = unsafe { api.with_bytes(bytes, |b| r.load_bytes(b, seed, sample)) };
+                api.bool_variant(ok)
+            }
+            Err(e) => refuse(r, e, api.bool_variant(false)),
+        }
+    }
+}
+
+mod last_error {
+    use super::*;
+    /// `last_error() -> String` ("" after a call that succeeded).
+    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+        api.string_variant(&r.last_error())
+    }
+}
+
+mod spawn {
+    use super::*;
+    /// `spawn() -> int`: a new agent's id, or -1.
+    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+        api.int_variant(r.spawn())
+    }
+}
+
+/// `despawn(id)` and `respawn(id)`: one int argument, a bool answer.
+fn with_id(
+    r: &mut ScriptRunner,
+    api: &Api,
+    args: &[&Variant],
+    name: &str,
+    f: fn(&mut ScriptRunner, i64) -> bool,
+) -> Variant {
+    match arg(api, name, args, 0, &[variant_type::INT]) {
+        // SAFETY: an int variant.
+        Ok(v) => api.bool_variant(f(r, unsafe { api.variant_as_int()(v) })),
+        Err(e) => refuse(r, e, api.bool_variant(false)),
+    }
+}
+
+mod despawn {
+    use super::*;
+    /// `despawn(id: int) -> bool`: the agent is gone; its id is refused from now on.
+    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+        with_id(r, api, args, "despawn", ScriptRunner::despawn)
+    }
+}
+
+mod respawn {
+    use super::*;
+    /// `respawn(id: int) -> bool`: a new episode at the agent's next tick.
+    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+        with_id(r, api, args, "respawn", ScriptRunner::respawn)
+    }
+}
+
+/// `tick` and `tick_masked`: ids (an Array of ints), observations (a PoolRealArray or an Array of numbers) and,
+/// masked, one 0/1 byte per logit per id (a PoolByteArray).
+fn tick_with(r: &mut ScriptRunner, api: &Api, args: &[&Variant], name: &str, masked: bool) -> Variant {
+    let ids_arg = match arg(api, name, args, 0, &[variant_type::ARRAY, variant_type::POOL_INT_ARRAY]) {
+        Ok(v) => v,
+        Err(e) => return refuse(r, e, api.bool_variant(false)),
+    };
+    // SAFETY: a live variant.
+    if unsafe { api.variant_get_type()(ids_arg) } == variant_type::POOL_INT_ARRAY {
+        let e = ScriptError::Argument(format!(
+            "{name}(): ids must be an Array of ints, not a PoolIntArray (it holds 32-bit ints; agent ids are 64-bit)"
+        ));
+        return refuse(r, e, api.bool_variant(false));
+    }
+    let obs_arg = match arg(api, name, args, 1, &[variant_type::POOL_REAL_ARRAY, variant_type::ARRAY]) {
+        Ok(v) => v,
+        Err(e) => return refuse(r, e, api.bool_variant(false)),
+    };
+    let mut ids = Vec::new();
+    // SAFETY: an Array variant.
+    if let Err((i, t)) = unsafe { api.array_ints(ids_arg, &mut ids) } {
+        let e = ScriptError::Argument(format!(
+            "{name}(): ids[{i}] is {}, not an int (agent ids are the ints spawn() answered)",
+            variant_type::name(t)
+        ));
+        return refuse(r, e, api.bool_variant(false));
+    }
+    // SAFETY: a PoolRealArray or Array variant (Godot converts the numbers of an Array; others read as 0).
+    let obs = unsafe { api.variant_to_f32s(obs_arg) };
+    let ok = if masked {
+        match arg(api, name, args, 2, &[variant_type::POOL_BYTE_ARRAY]) {
+            // SAFETY: a PoolByteArray variant.
+            Ok(m) => unsafe { api.with_bytes(m, |mask| r.tick(ids.iter().copied(), &obs, Some(mask))) },
+            Err(e) => return refuse(r, e, api.bool_variant(false)),
+        }
+    } else {
+        r.tick(ids.iter().copied(), &obs, None)
+    };
+    api.bool_variant(ok)
+}
+
+mod tick {
+    use super::*;
+    /// `tick(ids: Array, observations: PoolRealArray) -> bool`.
+    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+        tick_with(r, api, args, "tick", false)
+    }
+}
+
+mod tick_masked {
+    use super::*;
+    /// `tick_masked(ids: Array, observations: PoolRealArray, masks: PoolByteArray) -> bool`.
+    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+        tick_with(r, api, args, "tick_masked", true)
+    }
+}
+
+mod discrete_actions {
+    use super::*;
+    /// `discrete_actions() -> PoolIntArray`: the last tick's actions, `ids × action_len`.
+    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+        // Discrete actions are indices below the policy's action count, far inside i32.
+        api.int_array_variant(r.outputs().discrete.iter().map(|a| *a as i32))
+    }
+}
+
+mod continuous_actions {
+    use super::*;
+    /// `continuous_actions() -> PoolRealArray`: the last tick's actions, `ids × action_len`.
+    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+        api.real_array_variant(&r.outputs().continuous)
+    }
+}
+
+mod values {
+    use super::*;
+    /// `values() -> PoolRealArray`: the last tick's value estimates, one per id (empty without a value head).
+    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+        api.real_array_variant(&r.outputs().value)
+    }
+}
+
+mod info {
+    use super::*;
+    /// `info() -> Dictionary`: obs_len, action_len, mask_len, discrete, alive, tick, backend (empty before load).
+    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+        let entries = match r.agents() {
+            Some(a) => vec![
+                ("obs_len", api.int_variant(a.obs_len() as i64)),
+                ("action_len", api.int_variant(a.action_len() as i64)),
+                ("mask_len", api.int_variant(a.mask_len() as i64)),
+                ("discrete", api.bool_variant(a.is_discrete())),
+                ("alive", api.int_variant(a.len() as i64)),
+                ("tick", api.int_variant(a.tick() as i64)),
+                ("backend", api.string_variant(&a.backend())),
+            ],
+            None => vec![],
+        };
+        api.dictionary_variant(entries)
+    }
+}
+
+methods!(
+    load_bytes,
+    last_error,
+    spawn,
+    despawn,
+    respawn,
+    tick,
+    tick_masked,
+    discrete_actions,
+    continuous_actions,
+    values,
+    info,
+);

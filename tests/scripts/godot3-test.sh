@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Godot 3 in a real engine: Debian's godot3-server (Godot 3.2.3, headless) loads the GDNative library
+# (host/godot3) and runs host/godot3/demo, a scene that is host/capi/examples/agents.c written in GDScript: 64
+# CartPoles, one PolicyRunner.tick per physics frame in a rotating order, respawns, agent 0 replaced midway. The
+# C program runs on the same trained policy (SB3's briefly trained CartPole: episodes of 9..500 steps, so equal
+# returns mean something) and every finished episode's return must be equal, in order. The scene first drives the
+# runner's refusals (a PoolIntArray of ids, a float id, a dead id, a short row, a missing argument, a mask byte of
+# 7, ...) and checks each is refused with its reason and changes nothing.
+# Needs test.sh's build (the CLI, the GDNative library and the C ABI library in release/); installs godot3-server.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+ensure_godot3
+cli_env
+agents=${POLICYPORT_GODOT3_AGENTS:-64} ticks=${POLICYPORT_GODOT3_TICKS:-1500}
+lib="$CARGO_TARGET_DIR/release/libpolicyport_godot3.so"
+capi="$CARGO_TARGET_DIR/release/libpolicyport_capi.so"
+for f in "$lib" "$capi" "$PP_BIN"; do
+  [ -f "$f" ] || { echo "no $f: build first (bash tests/scripts/test.sh)" >&2; exit 1; }
+done
+d="$CARGO_TARGET_DIR/godot3-demo"
+rm -rf "$d" && cp -r host/godot3/demo "$d" && mkdir -p "$d/bin" "$d/.xdg"
+cp "$lib" "$d/bin/"
+"$PP_BIN" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$d/cartpole.policy"
+
+header=$(ls -t "$CARGO_TARGET_DIR"/release/build/policyport-capi-*/out/policyport.h | head -1)
+cc -std=c11 -Wall -Wextra -Werror -O2 host/capi/examples/agents.c -I"$(dirname "$header")" \
+  -L"$(dirname "$capi")" -Wl,-rpath,"$(dirname "$capi")" -lpolicyport_capi -lm -o "$d/agents_c"
+"$d/agents_c" "$d/cartpole.policy" --agents "$agents" --ticks "$ticks" > "$d/c.txt"
+
+# --fixed-fps: one physics frame per frame, as fast as the machine goes (no real-time wait). Godot writes its
+# user data under XDG_DATA_HOME; the timeout stops a scene that never quits (a script error leaves it idle).
+echo "$(godot3-server --version 2>/dev/null | tail -1): $agents agents, $ticks physics frames"
+set +e
+XDG_DATA_HOME="$d/.xdg" XDG_CONFIG_HOME="$d/.xdg" POLICYPORT_AGENTS=$agents POLICYPORT_TICKS=$ticks \
+  timeout 300 godot3-server --fixed-fps 60 --path "$d" > "$d/run.log" 2>&1
+rc=$?
+set -e
+grep '^godot3: ' "$d/run.log" || true
+fail() {
+  echo "FAILED: $*" >&2
+  grep -v '^ *At: ' "$d/run.log" | tail -n 20 >&2
+  exit 1
+}
+[ "$rc" = 0 ] || fail "godot3-server exited $rc"
+if grep -q 'godot3: FAILED' "$d/run.log"; then fail "the scene reported a failure"; fi
+refusals=$(grep -c '^godot3: refused as it should: ' "$d/run.log" || true)
+[ "$refusals" = 9 ] || fail "$refusals of the scene's 9 refusal checks ran"
+grep -q "^godot3: $agents agents, $ticks ticks, [0-9]* episodes finished" "$d/run.log" || fail "no closing line"
+c_returns=$(grep '^returns:' "$d/c.txt")
+g_returns=$(grep '^returns:' "$d/run.log" || true)
+[ "$c_returns" = "$g_returns" ] ||
+  fail "the Godot scene's returns differ from agents.c's ($(wc -w <<<"$c_returns") vs $(wc -w <<<"$g_returns") words)"
+echo "godot3: every return equal to agents.c's ($(tail -1 "$d/c.txt"))"
