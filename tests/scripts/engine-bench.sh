@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Per-tick cost of driving N game agents through one policy (issue 35; a benchmark, never a timed test): the Bevy
-# plugin's Act set, the agents layer, the C# binding's Agents.Tick (Mono), beside a bare Session::act of the same
+# plugin's Act set, the agents layer, the C# binding's Agents.Tick (Mono), the Godot 3 GDNative runner's tick (timed
+# from GDScript in Debian's godot3-server), beside a bare Session::act of the same
 # batch and beside the Godot RL Agents pattern (one onnxruntime Run at batch 1 per agent), in one run, on the
 # bundled CartPole MLP (1, 100, 1 000, 10 000 agents) and the NatureCNN fixture (1, 100, 1 000: 10 000 frames of
 # 84x84x4 are 1.1 GB of floats). Prints a table with the ratios; needs test.sh's build (or runs it).
@@ -10,6 +11,7 @@ set -euo pipefail
 need_cargo
 torch_env
 ensure_mono
+ensure_godot3
 cargo build --release --workspace --all-targets --features "$PP_FEATURES"
 rel="$CARGO_TARGET_DIR/release"
 d="$CARGO_TARGET_DIR/engine-bench"
@@ -18,12 +20,15 @@ seconds=${POLICYPORT_BENCH_SECONDS:-0.3}
 ort_lib=$(ls "$PP_VENV"/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so* | sort | tail -1)
 mcs -langversion:7.2 -unsafe -target:library -out:"$d/Policyport.dll" host/csharp/Policyport.cs
 mcs -langversion:7.2 -unsafe -r:"$d/Policyport.dll" -out:"$d/Bench.exe" host/csharp/tests/Bench.cs
+g3="$d/godot3" && cp -r host/godot3/demo "$g3" && mkdir -p "$g3/bin" "$g3/.xdg" && cp "$rel/libpolicyport_godot3.so" "$g3/bin/"
 for spec in "cartpole 1,100,1000,10000" "nature_cnn 1,100,1000"; do
   read -r name counts <<<"$spec"
   fx="tests/fixtures/$name"
   "$PP_BIN" compile "$fx/policy.onnx" --spec "$fx/import.json" -o "$d/$name.policy" >/dev/null
   "$rel/examples/tick_bench" --policy "$d/$name.policy" --agents "$counts" --seconds "$seconds" | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
   (cd "$d" && LD_LIBRARY_PATH="$rel" mono Bench.exe "$name.policy" "$counts" "$seconds") | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
+  XDG_DATA_HOME="$g3/.xdg" POLICYPORT_POLICY="$d/$name.policy" POLICYPORT_BENCH_AGENTS="$counts" POLICYPORT_BENCH_SECONDS="$seconds" \
+    godot3-server --path "$g3" res://bench.tscn 2>/dev/null | grep '^{' | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
   "$rel/policyport-ort-bench" --lib "$ort_lib" --model "$fx/policy.onnx" --batches 1 --seconds 1 | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
 done
 python3 - "$d/results.jsonl" <<'PY'
@@ -34,14 +39,16 @@ for model in dict.fromkeys(r["model"] for r in rows):
     ort1 = next(r["us_per_run"] for r in rows if r["model"] == model and r.get("runtime") == "onnxruntime-native")
     counts = sorted({r["agents"] for r in rows if r["model"] == model and "agents" in r})
     print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run)")
-    print("| agents | Session::act | agents layer | Bevy Act set | Bevy update | C# Agents.Tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | vs the per-agent loop |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| agents | Session::act | agents layer | Bevy Act set | Bevy update | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in counts:
         get = lambda p: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n)
         s, a, b, u, c = get("session_act"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
+        g = get("godot3_tick")
         loop = ort1 * n
-        print(f"| {n} | {s:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {c:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
-              f"{100 * (c - s) / s:+.1f} % | **{loop / b:.1f}x** |")
-print("\nBevy / C# overhead: (that path − Session::act) / Session::act. The per-agent loop: N × onnxruntime's batch-1 Run "
+        print(f"| {n} | {s:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
+              f"{100 * (c - s) / s:+.1f} % | {100 * (g - s) / s:+.1f} % | **{loop / b:.1f}x** |")
+print("\nBevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act (Godot 3: tick() + discrete_actions() "
+      "from GDScript, the ids an Array, the observations a PoolRealArray). The per-agent loop: N × onnxruntime's batch-1 Run "
       "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set.")
 PY

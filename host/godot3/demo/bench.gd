@@ -1,0 +1,49 @@
+# Per-tick main-thread cost of the GDNative PolicyRunner (tests/scripts/engine-bench.sh runs this scene): for each
+# agent count, one tick(ids, observations) + discrete_actions() per frame, timed from GDScript, median of ~0.3 s.
+# Observations are (i * 7919) % 256 over the whole batch, as in the other engines' benchmarks. Prints one JSON line
+# per count. Settings from the environment: POLICYPORT_POLICY, POLICYPORT_BENCH_AGENTS ("1,100,1000,10000"),
+# POLICYPORT_BENCH_SECONDS (0.3).
+extends Node
+
+const Policyport = preload("res://policyport.gd")
+
+
+func _ready() -> void:
+	var path = OS.get_environment("POLICYPORT_POLICY")
+	var counts = OS.get_environment("POLICYPORT_BENCH_AGENTS")
+	var seconds = OS.get_environment("POLICYPORT_BENCH_SECONDS")
+	var budget_us = int(float(seconds if seconds != "" else "0.3") * 1000000.0)
+	for c in (counts if counts != "" else "1,100,1000,10000").split(","):
+		var n = int(c)
+		var runner = Policyport.load_runner(path, 1, true)
+		if runner == null:
+			print("godot3 bench: FAILED: the policy did not load")
+			get_tree().quit(1)
+			return
+		var ids = []
+		for i in n:
+			ids.append(runner.spawn())
+		var total = n * runner.info()["obs_len"]
+		var obs = PoolRealArray()
+		for i in 256:
+			obs.append((i * 7919) % 256)
+		while obs.size() < total:
+			obs.append_array(obs)  # the pattern's period is 256: doubling keeps it
+		obs.resize(total)
+		# Calls per sample: a tick of few agents is shorter than the clock's microsecond.
+		var reps = max(1, 2000 / max(n, 1))
+		var times = []
+		var start = OS.get_ticks_usec()
+		if not runner.tick(ids, obs):
+			print("godot3 bench: FAILED: %s" % runner.last_error())
+			get_tree().quit(1)
+			return
+		while times.size() < 5 or (OS.get_ticks_usec() - start < budget_us and times.size() < 10000):
+			var t0 = OS.get_ticks_usec()
+			for r in reps:
+				runner.tick(ids, obs)
+				runner.discrete_actions()
+			times.append(float(OS.get_ticks_usec() - t0) / reps)
+		times.sort()
+		print('{"path": "godot3_tick", "agents": %d, "us_per_tick": %.2f}' % [n, times[times.size() / 2]])
+	get_tree().quit(0)
