@@ -457,11 +457,13 @@ fn agents_masks_reach_the_runtime_per_agent() {
         let obs_len = agents.obs_len();
         let ids: Vec<AgentId> = (0..8).map(|_| agents.spawn().unwrap()).collect();
         let mut rng = Rng(3);
-        for _ in 0..50 {
+        for t in 0..50 {
             let mut only = vec![None; ids.len()];
             for (k, id) in ids.iter().enumerate() {
                 let obs: Vec<f32> = (0..obs_len).map(|_| rng.below(4) as f32).collect();
-                if k % 2 == 0 {
+                // Odd ticks stage an unmasked row before the first masked one (the rows before it are filled
+                // all-allowed when the first mask arrives).
+                if (k + t) % 2 == 0 {
                     let allowed = rng.below(n);
                     let mask: Vec<bool> = (0..n).map(|i| i == allowed).collect();
                     agents.observe_masked(*id, &obs, &mask).unwrap();
@@ -470,9 +472,17 @@ fn agents_masks_reach_the_runtime_per_agent() {
                     agents.observe(*id, &obs).unwrap();
                 }
             }
+            // Every fifth tick a masked row and an unmasked row are withdrawn again (the last rows move into
+            // their places, masks with them).
+            let withdrawn = if t % 5 == 0 { vec![t % 2, 1 - t % 2] } else { vec![] };
+            for &k in &withdrawn {
+                assert!(agents.unobserve(ids[k]));
+            }
             let tick = agents.act().unwrap();
             for (k, id) in ids.iter().enumerate() {
-                if let Some(a) = only[k] {
+                if withdrawn.contains(&k) {
+                    assert!(tick.discrete(*id).is_none(), "{name}: agent {k} was withdrawn");
+                } else if let Some(a) = only[k] {
                     assert_eq!(tick.discrete(*id).unwrap()[0], a, "{name}: agent {k}");
                 }
             }

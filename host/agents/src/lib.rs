@@ -189,8 +189,9 @@ pub struct Agents {
     env_ids: Vec<u32>,
     obs: Vec<f32>,
     starts: Vec<bool>,
+    /// `mask_len` flags per staged row once `masked`; empty before.
     masks: Vec<bool>,
-    /// Some staged row carries a mask (rows without one are staged all-allowed).
+    /// Some staged row carries a mask (rows without one are staged all-allowed from then on).
     masked: bool,
     /// The agents of the last act(), by row.
     acted: Vec<AgentId>,
@@ -488,14 +489,22 @@ impl Agents {
         self.env_ids.push(id.slot);
         self.obs.extend_from_slice(obs);
         self.starts.push(slot.start);
+        // Mask flags are staged only once some row of the tick has a mask (the rows before it are then filled
+        // all-allowed): an unmasked tick, the common case, writes no flag per agent.
         match mask {
             Some(m) => {
-                self.masked = true;
+                if !self.masked {
+                    self.masks.clear();
+                    self.masks
+                        .resize((self.ids.len() - 1) * self.shape.mask_len, true);
+                    self.masked = true;
+                }
                 self.masks.extend_from_slice(m);
             }
-            None => self
+            None if self.masked => self
                 .masks
                 .extend(std::iter::repeat_n(true, self.shape.mask_len)),
+            None => {}
         }
         self.slots[id.slot as usize].staged = self.ids.len() as u32;
         Ok(())
@@ -510,11 +519,15 @@ impl Agents {
         self.starts.swap_remove(row);
         if row != last {
             self.obs.copy_within(last * o..(last + 1) * o, row * o);
-            self.masks.copy_within(last * m..(last + 1) * m, row * m);
+            if self.masked {
+                self.masks.copy_within(last * m..(last + 1) * m, row * m);
+            }
             self.slots[self.ids[row].slot as usize].staged = row as u32 + 1;
         }
         self.obs.truncate(last * o);
-        self.masks.truncate(last * m);
+        if self.masked {
+            self.masks.truncate(last * m);
+        }
         if self.ids.is_empty() {
             self.masked = false;
         }

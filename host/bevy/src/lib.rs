@@ -54,6 +54,14 @@ impl Policies {
         self.agents.len()
     }
 
+    /// Every policy's agents, shared (the Act set's action writing reads them all at once).
+    fn all(&mut self) -> Vec<&Agents> {
+        self.agents
+            .iter_mut()
+            .map(|m| &*m.get_mut().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.agents.is_empty()
     }
@@ -302,17 +310,22 @@ fn act_system(
             failed.push(handle);
         }
     }
-    // Write actions.
+    // Write actions: each policy's tick looked up once (not per agent), then one row lookup per agent and plain
+    // slices of the tick's outputs.
+    let ticks: Vec<Option<(policyport_agents::Tick<'_>, usize, u64)>> = policies
+        .all()
+        .into_iter()
+        .enumerate()
+        .map(|(p, a)| {
+            (!failed.contains(&PolicyHandle(p))).then(|| (a.last(), a.action_len(), a.tick()))
+        })
+        .collect();
     for (_, agent, _, _, mut action) in q.iter_mut() {
         let Some(id) = agent.id else { continue };
-        if failed.contains(&agent.policy) {
-            continue;
-        }
-        let Some(a) = policies.get_mut(agent.policy) else {
+        let Some(Some((tick, k, now))) = ticks.get(agent.policy.0) else {
             continue;
         };
-        let (tick, k, now) = (a.last(), a.action_len(), a.tick());
-        // One row lookup per agent, then plain slices of the tick's outputs.
+        let (k, now) = (*k, *now);
         let Some(r) = tick.row(id) else { continue };
         let out = tick.outputs();
         action.discrete.clear();
