@@ -5,7 +5,9 @@
 # C program runs on the same trained policy (SB3's briefly trained CartPole: episodes of 9..500 steps, so equal
 # returns mean something) and every finished episode's return must be equal, in order. The scene first drives the
 # runner's refusals (a PoolIntArray of ids, a float id, a dead id, a short row, a missing argument, a mask byte of
-# 7, ...) and checks each is refused with its reason and changes nothing.
+# 7, ...) and checks each is refused with its reason and changes nothing. Then demo/group.tscn: 64 cart nodes of a
+# group driven by the GDScript PolicyAgents node (policy_agents.gd) on the bundled policy, one cart freed and one
+# added midway: its id must be released (64 agents alive at the end) and the carts balance (mean return >= 450).
 # Needs test.sh's build (the CLI, the GDNative library and the C ABI library in release/); installs godot3-server.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_godot3
@@ -50,3 +52,14 @@ g_returns=$(grep '^returns:' "$d/run.log" || true)
 [ "$c_returns" = "$g_returns" ] ||
   fail "the Godot scene's returns differ from agents.c's ($(wc -w <<<"$c_returns") vs $(wc -w <<<"$g_returns") words)"
 echo "godot3: every return equal to agents.c's ($(tail -1 "$d/c.txt"))"
+
+"$PP_BIN" compile tests/fixtures/cartpole/policy.onnx --spec tests/fixtures/cartpole/import.json -o "$d/bundled.policy"
+set +e
+XDG_DATA_HOME="$d/.xdg" XDG_CONFIG_HOME="$d/.xdg" POLICYPORT_POLICY="$d/bundled.policy" \
+  timeout 300 godot3-server --fixed-fps 60 --path "$d" res://group.tscn > "$d/group.log" 2>&1
+rc=$?
+set -e
+grep '^godot3 group: ' "$d/group.log" || true
+[ "$rc" = 0 ] || { grep -v '^ *At: ' "$d/group.log" | tail -n 20 >&2; echo "FAILED: the group scene exited $rc" >&2; exit 1; }
+grep -Eq '^godot3 group: 64 carts, 600 frames, 64 agents alive, [1-9][0-9]* episodes finished, mean return (4[5-9][0-9]|500)\.' "$d/group.log" ||
+  { grep -v '^ *At: ' "$d/group.log" | tail -n 20 >&2; echo "FAILED: want 64 agents alive and mean return >= 450" >&2; exit 1; }
