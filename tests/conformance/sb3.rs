@@ -107,44 +107,9 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend() {
     println!("{}", table.join("\n"));
 }
 
-/// A minimal stored-entry zip writer, to build hostile archives.
+/// A stored-entry zip (the import crate's writer), to build hostile archives.
 fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = vec![];
-    let mut central = vec![];
-    for (name, data) in entries {
-        let offset = out.len() as u32;
-        let mut h = vec![];
-        h.extend_from_slice(b"PK\x03\x04");
-        h.extend_from_slice(&[20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        h.extend_from_slice(&0u32.to_le_bytes()); // crc (not checked)
-        h.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        h.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        h.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        h.extend_from_slice(&0u16.to_le_bytes());
-        h.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(data);
-        let mut c = vec![];
-        c.extend_from_slice(b"PK\x01\x02");
-        c.extend_from_slice(&[20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        c.extend_from_slice(&0u32.to_le_bytes());
-        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        c.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        c.extend_from_slice(&[0; 12]);
-        c.extend_from_slice(&offset.to_le_bytes());
-        c.extend_from_slice(name.as_bytes());
-        central.extend_from_slice(&c);
-    }
-    let cd_offset = out.len() as u32;
-    out.extend_from_slice(&central);
-    out.extend_from_slice(b"PK\x05\x06\0\0\0\0");
-    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
-    out.extend_from_slice(&cd_offset.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out
+    policyport_import::zipread::stored_zip(entries)
 }
 
 /// Hostile archives: a policy.pth whose pickle names a code-executing global, truncations at every length of a
@@ -188,6 +153,24 @@ fn hostile_sb3_archives_are_typed_errors() {
     ]);
     let e = compile_sb3(&oob, None, "oob", None, Storage::F32).unwrap_err();
     assert!(e.to_string().contains("outside its storage"), "{e}");
+    // Issue 36: a state dict of dicts that each reference the one below twice (2^60 key paths) used to hang
+    // the importer; its walk is now counted and refused at once.
+    let mut bomb = b"\x80\x02}q\x00(X\x01\x00\x00\x00wK\x01u".to_vec();
+    for level in 1..=60u8 {
+        bomb.extend_from_slice(&[b'}', b'q', level, b'(', b'X', 1, 0, 0, 0, b'a', b'h', level - 1]);
+        bomb.extend_from_slice(&[b'X', 1, 0, 0, 0, b'b', b'h', level - 1, b'u']);
+    }
+    bomb.push(b'.');
+    let bomb = zip_of(&[
+        ("data", &data),
+        ("policy.pth", &zip_of(&[("archive/data.pkl", &bomb)])),
+    ]);
+    let t0 = std::time::Instant::now();
+    match compile_sb3(&bomb, None, "bomb", None, Storage::F32).unwrap_err() {
+        ImportError::Pickle(policyport_import::pickle::PickleError::SharedExpansion { .. }) => {}
+        other => panic!("want SharedExpansion, got {other}"),
+    }
+    assert!(t0.elapsed().as_secs() < 10, "{:?}", t0.elapsed());
     // Missing pieces.
     for (label, z) in [
         ("no policy.pth", zip_of(&[("data", &data)])),

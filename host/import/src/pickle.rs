@@ -33,6 +33,12 @@ pub enum PickleError {
     Malformed { at: usize, detail: String },
     #[error("pickle: {0}")]
     TooLarge(String),
+    /// Shared references expand past a walker's budget ([`Walk`]): a pickle bomb, not a weight file.
+    #[error(
+        "pickle: {what} expands past {limit} values through shared references (objects referenced from many \
+         places, nested: a pickle bomb, not a trainer's file)"
+    )]
+    SharedExpansion { what: &'static str, limit: usize },
 }
 
 /// Callables a weight file may name. Calls are recorded, never made: the list bounds what readers understand,
@@ -186,6 +192,43 @@ pub const ALLOWED: &[(&str, &str)] = &[
 
 /// Deepest nesting a reader follows (a hostile file can nest lists arbitrarily deep).
 pub const MAX_DEPTH: usize = 64;
+
+/// Values a reader may visit when it walks a pickle's graph as a tree (key paths, JSON): a shared object is
+/// visited once per reference, so a few dozen dicts that each reference the one below twice are 2^60 paths. Every
+/// walker counts its visits against a [`Walk`] and stops with a typed error past its limit: linear time whatever
+/// the file, and far above what any weight file or config holds (a state dict has thousands of entries).
+pub const MAX_WALK: usize = 1 << 20;
+
+/// A walker's budget of visits ([`MAX_WALK`] unless the reader knows better).
+#[derive(Debug)]
+pub struct Walk {
+    left: usize,
+    limit: usize,
+    what: &'static str,
+}
+
+impl Walk {
+    /// `what`: the walk, for the error ("the state dict's keys", "model_config").
+    pub fn new(limit: usize, what: &'static str) -> Self {
+        Walk {
+            left: limit,
+            limit,
+            what,
+        }
+    }
+
+    /// Count one visit.
+    pub fn step(&mut self) -> Result<(), PickleError> {
+        if self.left == 0 {
+            return Err(PickleError::SharedExpansion {
+                what: self.what,
+                limit: self.limit,
+            });
+        }
+        self.left -= 1;
+        Ok(())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Node {

@@ -213,30 +213,46 @@ fn get<'p>(pk: &'p Pickle, i: usize, key: &str) -> Option<usize> {
         .map(|(_, v)| *v)
 }
 
-/// A model_config value, as JSON (what the importer compares against).
-fn to_json(pk: &Pickle, i: usize, depth: usize) -> serde_json::Value {
+/// A model_config value, as JSON (what the importer compares against). The config is walked as a tree, so a
+/// shared object is expanded once per reference: visits count against `walk` (a typed error past it, never an
+/// expansion until the allocator gives up).
+fn to_json(
+    pk: &Pickle,
+    i: usize,
+    depth: usize,
+    walk: &mut pickle::Walk,
+) -> Result<serde_json::Value, ImportError> {
     use serde_json::Value;
+    walk.step().map_err(ImportError::Pickle)?;
     if depth > pickle::MAX_DEPTH {
-        return Value::Null;
+        return Ok(Value::Null);
     }
-    match pk.get(i) {
+    Ok(match pk.get(i) {
         Node::None => Value::Null,
         Node::Bool(b) => Value::Bool(*b),
         Node::Int(v) => Value::from(*v),
         Node::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
         Node::Str(s) => Value::String(s.clone()),
-        Node::List(v) | Node::Tuple(v) => {
-            Value::Array(v.iter().map(|x| to_json(pk, *x, depth + 1)).collect())
-        }
-        Node::Dict(items) => Value::Object(
-            items
-                .iter()
-                .filter_map(|(k, v)| Some((pk.str(*k)?.to_string(), to_json(pk, *v, depth + 1))))
-                .collect(),
+        Node::List(v) | Node::Tuple(v) => Value::Array(
+            v.iter()
+                .map(|x| to_json(pk, *x, depth + 1, walk))
+                .collect::<Result<_, _>>()?,
         ),
+        Node::Dict(items) => {
+            let mut m = serde_json::Map::new();
+            for (k, v) in items {
+                if let Some(k) = pk.str(*k) {
+                    m.insert(k.to_string(), to_json(pk, *v, depth + 1, walk)?);
+                }
+            }
+            Value::Object(m)
+        }
         _ => Value::String("<object>".into()),
-    }
+    })
 }
+
+/// Values one model_config may expand to (a real one holds dozens).
+const MAX_CONFIG_VALUES: usize = 100_000;
 
 fn space_attr<'p>(pk: &'p Pickle, i: usize, key: &str) -> Result<usize, ImportError> {
     attributes(pk, i)
@@ -1108,7 +1124,8 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
     } else {
         observation_space(&ctor, kw("observation_space")?)?
     };
-    let mc = model_config(&to_json(&ctor, kw("model_config")?, 0))?;
+    let mut walk = pickle::Walk::new(MAX_CONFIG_VALUES, "model_config");
+    let mc = model_config(&to_json(&ctor, kw("model_config")?, 0, &mut walk)?)?;
 
     // The env-to-module pipeline: its pieces must be RLlib's defaults, plus MeanStdFilter and a leading
     // FlattenObservations (how RLlib users feed Dict observations to the default encoders).
@@ -1860,6 +1877,35 @@ fn dqn_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 36: a model_config whose lists each reference the one below twice (memo BINGETs) expanded into a
+    /// tree of 2^60 values until the allocator aborted the process. Now its values are counted: a typed error.
+    #[test]
+    fn a_model_config_of_shared_lists_is_a_typed_error_not_an_abort() {
+        let mut p = b"\x80\x02]q\x00K\x01a".to_vec();
+        for level in 1..=60u8 {
+            p.extend_from_slice(&[b']', b'q', level, b'(', b'h', level - 1, b'h', level - 1, b'e']);
+        }
+        p.push(b'.');
+        let pk = pickle::parse(&p).unwrap();
+        let mut walk = pickle::Walk::new(MAX_CONFIG_VALUES, "model_config");
+        let err = to_json(&pk, pk.root, 0, &mut walk).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ImportError::Pickle(pickle::PickleError::SharedExpansion { what: "model_config", .. })
+            ),
+            "{err}"
+        );
+        // A config that shares one small list twice (as Python pickles a reused object) still reads.
+        let p = b"\x80\x02}(X\x01\x00\x00\x00a]q\x00(K\x01K\x02eX\x01\x00\x00\x00bh\x00u.";
+        let pk = pickle::parse(p).unwrap();
+        let mut walk = pickle::Walk::new(MAX_CONFIG_VALUES, "model_config");
+        assert_eq!(
+            to_json(&pk, pk.root, 0, &mut walk).unwrap(),
+            serde_json::json!({"a": [1, 2], "b": [1, 2]})
+        );
+    }
 
     #[test]
     fn dqn_epsilon_is_the_constant_or_the_schedules_final_value_and_a_probability() {

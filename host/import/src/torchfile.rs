@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use policyport_format::container::Tensor;
 
 use crate::ImportError;
-use crate::pickle::{self, MAX_DEPTH, Node, Pickle};
+use crate::pickle::{self, MAX_DEPTH, Node, Pickle, Walk};
 use crate::zipread::Zip;
 
 /// Elements one tensor may have (the artifact's own limit).
@@ -40,7 +40,14 @@ pub fn read_state_dict(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportE
     }
     let pk = pickle::parse(zip.get(&pkl_name).expect("listed")?).map_err(ImportError::Pickle)?;
     let mut out = BTreeMap::new();
-    collect(&pk, &zip, &prefix, pk.root, String::new(), 0, &mut out)?;
+    let mut walk = Budget {
+        walk: Walk::new(pickle::MAX_WALK, "the state dict's keys"),
+        // A tensor holds at most its storage's elements, and storages are bytes of this file; tied weights (one
+        // tensor under two keys) are allowed once over. Views that repeat elements past that (stride-0 expands of
+        // a tiny storage under many keys) would be gigabytes from kilobytes.
+        elems_left: 2 * bytes.len() as u64 + (1 << 20),
+    };
+    collect(&pk, &zip, &prefix, pk.root, String::new(), 0, &mut walk, &mut out)?;
     if out.is_empty() {
         return Err(bad("no tensors in the file"));
     }
@@ -59,6 +66,13 @@ fn dict_items(pk: &Pickle, i: usize) -> Option<&[(usize, usize)]> {
     }
 }
 
+/// What one state dict's walk may still visit and produce.
+struct Budget {
+    walk: Walk,
+    elems_left: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn collect(
     pk: &Pickle,
     zip: &Zip,
@@ -66,11 +80,13 @@ fn collect(
     node: usize,
     key: String,
     depth: usize,
+    budget: &mut Budget,
     out: &mut BTreeMap<String, Tensor>,
 ) -> Result<(), ImportError> {
     if depth > MAX_DEPTH {
         return Err(bad("nesting deeper than 64"));
     }
+    budget.walk.step().map_err(ImportError::Pickle)?;
     if let Some(items) = dict_items(pk, node) {
         for (k, v) in items {
             let name = match pk.get(*k) {
@@ -83,13 +99,15 @@ fn collect(
             } else {
                 format!("{key}.{name}")
             };
-            collect(pk, zip, prefix, *v, full, depth + 1, out)?;
+            collect(pk, zip, prefix, *v, full, depth + 1, budget, out)?;
         }
         return Ok(());
     }
     match pk.call_name(node).as_deref() {
         Some("torch._utils._rebuild_tensor_v2" | "torch._utils._rebuild_tensor") => {
-            out.insert(key.clone(), rebuild(pk, zip, prefix, node, &key)?);
+            let t = rebuild(pk, zip, prefix, node, &key, budget.elems_left)?;
+            budget.elems_left -= t.data.len() as u64;
+            out.insert(key.clone(), t);
         }
         Some("torch._utils._rebuild_parameter") => {
             let Node::Call { args, .. } = pk.get(node) else {
@@ -99,7 +117,7 @@ fn collect(
                 .items(*args)
                 .and_then(|a| a.first().copied())
                 .ok_or_else(|| bad(format!("'{key}': parameter without data")))?;
-            collect(pk, zip, prefix, inner, key, depth + 1, out)?;
+            collect(pk, zip, prefix, inner, key, depth + 1, budget, out)?;
         }
         // Other entries of a checkpoint (step counters, hyper-parameters) are not weights.
         _ => {}
@@ -113,6 +131,7 @@ fn rebuild(
     prefix: &str,
     node: usize,
     key: &str,
+    elems_left: u64,
 ) -> Result<Tensor, ImportError> {
     let Node::Call { args, .. } = pk.get(node) else {
         unreachable!()
@@ -182,6 +201,12 @@ fn rebuild(
             what: format!("tensor '{key}' of size {size:?}"),
             hint: "tensors are limited to 2^28 elements".into(),
         })?;
+    if total > elems_left {
+        return Err(bad(format!(
+            "'{key}': {total} elements would take the file's tensors past twice the file's size (views repeating \
+             a storage's elements under many keys)"
+        )));
+    }
     // The last element read must lie in the storage.
     if total > 0 {
         let last = size
@@ -294,5 +319,97 @@ pub fn read_any_state_dict(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, Imp
         read_safetensors(bytes)
     } else {
         read_state_dict(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pickle::PickleError;
+    use crate::zipread::stored_zip;
+
+    /// `len` as pickle BINUNICODE.
+    fn s(text: &str) -> Vec<u8> {
+        let mut v = vec![b'X'];
+        v.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        v.extend_from_slice(text.as_bytes());
+        v
+    }
+
+    /// `_rebuild_tensor_v2(('storage', FloatStorage, '0', 'cpu', 1), 0, (n,), (stride,), False, {})`.
+    fn tensor(n: i32, stride: u8) -> Vec<u8> {
+        let mut p = b"ctorch._utils\n_rebuild_tensor_v2\n(".to_vec();
+        p.extend(b"(".iter().chain(&s("storage")).copied());
+        p.extend_from_slice(b"ctorch\nFloatStorage\n");
+        p.extend(s("0").into_iter().chain(s("cpu")));
+        p.extend_from_slice(b"K\x01tQK\x00J");
+        p.extend_from_slice(&n.to_le_bytes());
+        p.extend_from_slice(&[0x85, b'K', stride, 0x85, 0x89, b'}', b't', b'R']);
+        p
+    }
+
+    fn torch_file(pkl: &[u8]) -> Vec<u8> {
+        stored_zip(&[
+            ("archive/data.pkl", pkl),
+            ("archive/data/0", &1.5f32.to_le_bytes()),
+        ])
+    }
+
+    #[test]
+    fn a_plain_state_dict_reads() {
+        let mut p = b"\x80\x02}(".to_vec();
+        p.extend(s("w"));
+        p.extend(tensor(1, 1));
+        p.extend_from_slice(b"u.");
+        let sd = read_state_dict(&torch_file(&p)).unwrap();
+        assert_eq!(sd["w"].data, [1.5]);
+    }
+
+    /// Issue 36: dicts that each reference the one below twice (memo BINGETs) are 2^60 key paths; the walk used to
+    /// follow them all (a hang). Now the visits are counted and the file is refused with a typed error, at once.
+    #[test]
+    fn a_pickle_bomb_of_shared_dicts_is_a_typed_error_not_a_hang() {
+        let mut p = b"\x80\x02}q\x00(".to_vec();
+        p.extend(s("w"));
+        p.extend(tensor(1, 1));
+        p.push(b'u');
+        for level in 1..=60u8 {
+            p.extend_from_slice(&[b'}', b'q', level, b'(']);
+            p.extend(s("a"));
+            p.extend_from_slice(&[b'h', level - 1]);
+            p.extend(s("b"));
+            p.extend_from_slice(&[b'h', level - 1, b'u']);
+        }
+        p.push(b'.');
+        let t0 = std::time::Instant::now();
+        let err = read_state_dict(&torch_file(&p)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ImportError::Pickle(PickleError::SharedExpansion { .. })
+            ),
+            "{err}"
+        );
+        assert!(t0.elapsed().as_secs() < 10, "took {:?}", t0.elapsed());
+    }
+
+    /// Stride-0 views of a one-element storage under several keys: each is a legal view, together they are
+    /// gigabytes from a file of bytes. Refused past twice the file's size (tied weights still read).
+    #[test]
+    fn views_repeating_a_storage_past_the_file_size_are_refused() {
+        let mut p = b"\x80\x02}(".to_vec();
+        for key in ["a", "b", "c"] {
+            p.extend(s(key));
+            p.extend(tensor(1 << 20, 0));
+        }
+        p.extend_from_slice(b"u.");
+        let err = read_state_dict(&torch_file(&p)).unwrap_err();
+        assert!(err.to_string().contains("twice the file's size"), "{err}");
+        // One such view alone (2^20 elements, inside the allowance) is read: expands are legal views.
+        let mut p = b"\x80\x02}(".to_vec();
+        p.extend(s("a"));
+        p.extend(tensor(1 << 20, 0));
+        p.extend_from_slice(b"u.");
+        assert_eq!(read_state_dict(&torch_file(&p)).unwrap()["a"].data.len(), 1 << 20);
     }
 }

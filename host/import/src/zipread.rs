@@ -174,3 +174,44 @@ impl<'a> Zip<'a> {
         })
     }
 }
+
+/// An archive of uncompressed (stored) entries, CRCs left zero (this reader does not check them): what tests and
+/// tools build hostile or minimal archives with. Sizes past 4 GiB are not written.
+pub fn stored_zip(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = vec![];
+    let mut central = vec![];
+    for (name, data) in entries {
+        let offset = out.len() as u32;
+        let mut h = vec![];
+        h.extend_from_slice(b"PK\x03\x04");
+        h.extend_from_slice(&[20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        h.extend_from_slice(&0u32.to_le_bytes()); // crc (not checked)
+        h.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        h.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        h.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        h.extend_from_slice(&0u16.to_le_bytes());
+        h.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        let mut c = vec![];
+        c.extend_from_slice(b"PK\x01\x02");
+        c.extend_from_slice(&[20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        c.extend_from_slice(&0u32.to_le_bytes());
+        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        c.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        c.extend_from_slice(&[0; 12]);
+        c.extend_from_slice(&offset.to_le_bytes());
+        c.extend_from_slice(name.as_bytes());
+        central.extend_from_slice(&c);
+    }
+    let cd_offset = out.len() as u32;
+    out.extend_from_slice(&central);
+    out.extend_from_slice(b"PK\x05\x06\0\0\0\0");
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
+    out.extend_from_slice(&cd_offset.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out
+}
