@@ -54,6 +54,29 @@ pub enum ImportError {
     Format(#[from] FormatError),
     #[error(transparent)]
     Pickle(#[from] pickle::PickleError),
+    /// A Box action bound that is NaN (or a finite number past f32): only ±inf means "unbounded", so reading it as
+    /// such would drop the artifact's clip without a word.
+    #[error(
+        "malformed model: action space Box.{side}[{index}] is {value}: a bound is a number or ±inf (unbounded)"
+    )]
+    ActionBound {
+        side: &'static str,
+        index: usize,
+        value: f64,
+    },
+}
+
+/// One Box action bound as the manifest holds it: ±inf is unbounded (`None`), a finite number is the bound, and a
+/// NaN, or a finite value past f32's range, is [`ImportError::ActionBound`] (every importer reads bounds here).
+pub(crate) fn action_bound(value: f64, side: &'static str, index: usize) -> Result<Option<f32>, ImportError> {
+    if value.is_infinite() {
+        return Ok(None);
+    }
+    let bound = value as f32;
+    if !bound.is_finite() {
+        return Err(ImportError::ActionBound { side, index, value });
+    }
+    Ok(Some(bound))
 }
 
 /// Is this a state dict a layout can read: a `torch.save` file or a safetensors file?

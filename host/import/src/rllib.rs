@@ -404,15 +404,16 @@ fn action_space(pk: &Pickle, i: usize) -> Result<ActionSpace, ImportError> {
                     "flat Box actions",
                 ));
             }
-            let b = |v: &[f64]| {
+            let b = |v: &[f64], side: &'static str| -> Result<Vec<Option<f32>>, ImportError> {
                 v.iter()
-                    .map(|x| x.is_finite().then_some(*x as f32))
+                    .enumerate()
+                    .map(|(i, x)| crate::action_bound(*x, side, i))
                     .collect()
             };
             Ok(ActionSpace::Box {
                 shape: low.shape.clone(),
-                low: b(&low.data),
-                high: b(&high.data),
+                low: b(&low.data, "low")?,
+                high: b(&high.data, "high")?,
             })
         }
         other => Err(unsupported(

@@ -57,15 +57,16 @@ fn space_class(v: &Value) -> String {
         .unwrap_or_default()
 }
 
-/// A NumPy array's `str()` as SB3 stores it (`"[-4.8  -inf 0.41 inf]"`), as floats.
-fn parse_np_floats(s: &str) -> Result<Vec<f32>, ImportError> {
+/// A NumPy array's `str()` as SB3 stores it (`"[-4.8  -inf 0.41 inf]"`), as floats (f64: a value past f32's
+/// range must not turn into an infinity before the caller sees it).
+fn parse_np_floats(s: &str) -> Result<Vec<f64>, ImportError> {
     s.trim()
         .trim_start_matches('[')
         .trim_end_matches(']')
         .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
         .filter(|t| !t.is_empty())
         .map(|t| {
-            t.parse::<f32>()
+            t.parse::<f64>()
                 .map_err(|_| bad(format!("bound '{t}' is not a number")))
         })
         .collect()
@@ -161,15 +162,21 @@ fn action_space(v: &Value) -> Result<ActionSpace, ImportError> {
                 .get("nvec")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad("MultiDiscrete without nvec"))?;
+            // Each component's action count: a positive integer (a NaN, a fraction or a negative count used to
+            // become 0 or a truncated count without a word).
             let nvec = parse_np_floats(nvec)?
                 .into_iter()
-                .map(|x| x as usize)
-                .collect();
+                .map(|x| {
+                    (x.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(&x))
+                        .then_some(x as usize)
+                        .ok_or_else(|| bad(format!("MultiDiscrete nvec entry {x} is not a positive integer")))
+                })
+                .collect::<Result<_, _>>()?;
             Ok(ActionSpace::MultiDiscrete { nvec })
         }
         "Box" => {
             let shape = shape_of(v)?;
-            let bound = |k: &str| -> Result<Vec<Option<f32>>, ImportError> {
+            let bound = |k: &'static str| -> Result<Vec<Option<f32>>, ImportError> {
                 let s = v
                     .get(k)
                     .and_then(Value::as_str)
@@ -185,10 +192,10 @@ fn action_space(v: &Value) -> Result<ActionSpace, ImportError> {
                         vals.len()
                     )));
                 }
-                Ok(vals
-                    .into_iter()
-                    .map(|x| x.is_finite().then_some(x))
-                    .collect())
+                vals.into_iter()
+                    .enumerate()
+                    .map(|(i, x)| crate::action_bound(x, k, i))
+                    .collect()
             };
             Ok(ActionSpace::Box {
                 low: bound("low")?,
@@ -983,7 +990,7 @@ fn action_noise(
             .get(key)
             .and_then(Value::as_str)
             .ok_or_else(|| bad(format!("NormalActionNoise without {key}")))?;
-        let mut v = parse_np_floats(s)?;
+        let mut v: Vec<f32> = parse_np_floats(s)?.into_iter().map(|x| x as f32).collect();
         if v.len() == 1 && k > 1 {
             v = vec![v[0]; k];
         }
@@ -1009,5 +1016,46 @@ fn action_n(a: &ActionSpace) -> Option<usize> {
         ActionSpace::Discrete { n } => Some(*n),
         ActionSpace::MultiDiscrete { nvec } => Some(nvec.iter().sum()),
         ActionSpace::Box { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn box_space(low: &str, high: &str) -> Value {
+        json!({":type:": "<class 'gymnasium.spaces.box.Box'>", "_shape": [2], "low": low, "high": high})
+    }
+
+    /// Issue 36: a NaN bound was read as "unbounded" (the artifact lost its clip without a word). Only ±inf is.
+    #[test]
+    fn a_nan_action_bound_is_a_typed_error_not_unbounded() {
+        match action_space(&box_space("[nan -2.]", "[2. 2.]")).unwrap_err() {
+            ImportError::ActionBound { side, index, value } => {
+                assert_eq!((side, index), ("low", 0));
+                assert!(value.is_nan());
+            }
+            other => panic!("{other}"),
+        }
+        assert!(matches!(
+            action_space(&box_space("[-2. -2.]", "[2. 1e300]")).unwrap_err(),
+            ImportError::ActionBound { side: "high", index: 1, .. }
+        ));
+        let ActionSpace::Box { low, high, .. } = action_space(&box_space("[-inf -2.]", "[inf 2.]")).unwrap()
+        else {
+            panic!("a Box")
+        };
+        assert_eq!((low, high), (vec![None, Some(-2.0)], vec![None, Some(2.0)]));
+    }
+
+    /// A MultiDiscrete count that is NaN, fractional or negative became 0 or a truncated count.
+    #[test]
+    fn a_multidiscrete_count_that_is_not_a_positive_integer_is_refused() {
+        for nvec in ["[3 nan]", "[3 2.5]", "[3 -2]", "[3 0]"] {
+            let v = json!({":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": nvec});
+            let e = action_space(&v).unwrap_err();
+            assert!(e.to_string().contains("not a positive integer"), "{nvec}: {e}");
+        }
     }
 }
