@@ -200,6 +200,25 @@ def test_typed_errors_and_nothing_lost(cartpole):
     np.testing.assert_array_equal(p.act(good, seed=1).actions, before)
 
 
+def test_damaged_trainer_files_are_named_not_sent_to_the_onnx_route():
+    # Issue 36: these fell through to the ONNX route and asked for a spec. Each is named by what it is now.
+    real = (FX / "sb3" / "ppo_cartpole" / "model.zip").read_bytes()
+    buf = io.BytesIO()
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(real)) as z, zipfile.ZipFile(buf, "w") as out:
+        out.writestr("data", z.read("data"))
+    cases = [
+        (b"", "empty"),
+        (real[: len(real) // 2], "cannot be read"),
+        (buf.getvalue(), "without its 'policy.pth'"),
+        (b"\xff\xfe not a model", "not a model file"),
+    ]
+    for bytes_, want in cases:
+        with pytest.raises(pp.MalformedModelError, match=want):
+            pp.compile(bytes_)
+
+
 def test_recurrent_state_errors_change_nothing():
     p = pp.Policy.load(pp.compile(FX / "sb3" / "recurrent_ppo_cartpole" / "model.zip"))
     obs = np.zeros((2, 4), np.float32)

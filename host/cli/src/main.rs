@@ -314,7 +314,10 @@ fn run() -> Result<()> {
                 return Ok(());
             }
             let model_bytes = read(&model)?;
-            if policyport_import::sb3::is_sb3_archive(&model_bytes) {
+            // By content: a damaged file is named as what it is, never sent down the ONNX route.
+            let kind = policyport_import::detect_model(&model_bytes)
+                .with_context(|| format!("reading {}", model.display()))?;
+            if kind == policyport_import::ModelKind::Sb3Archive {
                 // Everything is in the archive: spaces, architecture, weights.
                 anyhow::ensure!(
                     spec.is_none() && preset.is_none() && dist.is_none(),
@@ -337,7 +340,7 @@ fn run() -> Result<()> {
                 );
                 return Ok(());
             }
-            if policyport_import::state_dict_like(&model_bytes) {
+            if kind == policyport_import::ModelKind::StateDict {
                 let Some(layout) = layout else {
                     bail!(
                         "{} is a PyTorch state dict (torch.save or safetensors): it holds no architecture. Say which agent wrote \

@@ -79,6 +79,68 @@ pub(crate) fn action_bound(value: f64, side: &'static str, index: usize) -> Resu
     Ok(Some(bound))
 }
 
+/// What a model file is, decided by its content. Every front end (CLI, Python) dispatches on this, so a damaged
+/// file is named as what it is — a truncated zip, an SB3 archive missing `policy.pth`, an empty file — instead of
+/// falling through to the ONNX route and asking for `--spec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// A Stable-Baselines3 `model.zip` (`data` + `policy.pth`).
+    Sb3Archive,
+    /// A PyTorch state dict: a `torch.save` zip (`<archive>/data.pkl`), a bare pickle or a safetensors file.
+    StateDict,
+    /// Anything that starts like a protobuf message (an ONNX `ModelProto`); the ONNX reader names any damage.
+    Onnx,
+}
+
+/// [`ModelKind`] of `bytes`, or what makes them none of the model files policyport reads.
+pub fn detect_model(bytes: &[u8]) -> Result<ModelKind, ImportError> {
+    if bytes.is_empty() {
+        return Err(ImportError::Malformed("the model file is empty".into()));
+    }
+    if zipread::is_zip(bytes) || bytes.starts_with(b"PK\x05\x06") {
+        let zip = zipread::Zip::open(bytes).map_err(|e| {
+            ImportError::Malformed(format!(
+                "a zip archive (a Stable-Baselines3 model.zip or a torch.save file?) that cannot be read, \
+                 truncated or damaged: {e}"
+            ))
+        })?;
+        let has = |name: &str| zip.names().any(|n| n == name);
+        if has("data") || has("policy.pth") {
+            for part in ["data", "policy.pth"] {
+                if !has(part) {
+                    return Err(ImportError::Malformed(format!(
+                        "a Stable-Baselines3 archive without its '{part}' entry (model.zip holds 'data' and \
+                         'policy.pth')"
+                    )));
+                }
+            }
+            return Ok(ModelKind::Sb3Archive);
+        }
+        if zip.names().any(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1) {
+            return Ok(ModelKind::StateDict);
+        }
+        let names: Vec<&str> = zip.names().take(8).collect();
+        return Err(ImportError::Malformed(format!(
+            "a zip archive that is neither a Stable-Baselines3 model.zip ('data' + 'policy.pth') nor a torch.save \
+             file ('<archive>/data.pkl'); it holds {names:?}"
+        )));
+    }
+    if bytes[0] == 0x80 || torchfile::is_safetensors(bytes) {
+        return Ok(ModelKind::StateDict);
+    }
+    // A protobuf message starts with a field tag: field 1..=20 of wire type varint (0) or length-delimited (2).
+    // ONNX's ModelProto starts with ir_version (field 1, varint: 0x08).
+    let (field, wire) = (bytes[0] >> 3, bytes[0] & 7);
+    if (1..=20).contains(&field) && (wire == 0 || wire == 2) {
+        return Ok(ModelKind::Onnx);
+    }
+    Err(ImportError::Malformed(format!(
+        "not a model file policyport reads (ONNX, a Stable-Baselines3 model.zip, a torch.save or safetensors state \
+         dict, or an RLlib checkpoint directory): it starts with {:02x?}",
+        &bytes[..bytes.len().min(8)]
+    )))
+}
+
 /// Is this a state dict a layout can read: a `torch.save` file or a safetensors file?
 pub fn state_dict_like(bytes: &[u8]) -> bool {
     pickle_like(bytes) || torchfile::is_safetensors(bytes)
@@ -94,4 +156,35 @@ pub fn pickle_like(bytes: &[u8]) -> bool {
     }
     zipread::is_zip(bytes)
         && zipread::Zip::open(bytes).is_ok_and(|z| z.names().any(|n| n.ends_with("/data.pkl")))
+}
+
+#[cfg(test)]
+mod detect_tests {
+    use super::*;
+    use zipread::stored_zip;
+
+    /// Issue 36: a truncated SB3 zip, an archive missing `data` or `policy.pth`, and an empty file fell through to
+    /// the ONNX route ("say what the outputs mean: --spec"). Each is now named by what it is.
+    #[test]
+    fn damaged_trainer_files_are_named_not_sent_to_the_onnx_route() {
+        let sb3 = stored_zip(&[("data", b"{}"), ("policy.pth", b"x")]);
+        assert_eq!(detect_model(&sb3).unwrap(), ModelKind::Sb3Archive);
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (vec![], "empty"),
+            (sb3[..sb3.len() - 10].to_vec(), "cannot be read"),
+            (stored_zip(&[("data", b"{}")]), "without its 'policy.pth'"),
+            (stored_zip(&[("policy.pth", b"x")]), "without its 'data'"),
+            (stored_zip(&[("notes.txt", b"x")]), "neither a Stable-Baselines3"),
+            (b"\xff\xfe garbage".to_vec(), "not a model file"),
+        ];
+        for (bytes, want) in cases {
+            let e = detect_model(&bytes).unwrap_err().to_string();
+            assert!(e.contains(want), "want '{want}', got: {e}");
+        }
+        let torch = stored_zip(&[("archive/data.pkl", b"\x80\x02}.")]);
+        assert_eq!(detect_model(&torch).unwrap(), ModelKind::StateDict);
+        assert_eq!(detect_model(b"\x80\x02}.").unwrap(), ModelKind::StateDict);
+        // ONNX: ModelProto's ir_version (field 1, varint) first.
+        assert_eq!(detect_model(b"\x08\x08\x12\x07pytorch").unwrap(), ModelKind::Onnx);
+    }
 }

@@ -138,7 +138,10 @@ fn import_err(e: ImportError) -> PyErr {
         ImportError::UnsupportedOp { .. } | ImportError::Unsupported { .. } => {
             UnsupportedModelError::new_err(msg)
         }
-        ImportError::Malformed(_) | ImportError::Pickle(_) | ImportError::Format(_) => {
+        ImportError::Malformed(_)
+        | ImportError::Pickle(_)
+        | ImportError::Format(_)
+        | ImportError::ActionBound { .. } => {
             MalformedModelError::new_err(msg)
         }
         ImportError::Spec(_) => SpecError::new_err(msg),
@@ -931,7 +934,9 @@ fn compile<'py>(
         source.str()?.to_string()
     };
     let model = bytes_or_file(source, "compile")?;
-    if policyport_import::sb3::is_sb3_archive(&model) {
+    // By content: a damaged file is named as what it is, never sent down the ONNX route.
+    let kind = policyport_import::detect_model(&model).map_err(import_err)?;
+    if kind == policyport_import::ModelKind::Sb3Archive {
         let vn = vecnormalize
             .map(|v| bytes_or_file(v, "vecnormalize"))
             .transpose()?;
@@ -948,7 +953,7 @@ fn compile<'py>(
             .map_err(import_err)?;
         return Ok(PyBytes::new(py, &bytes));
     }
-    if policyport_import::state_dict_like(&model) {
+    if kind == policyport_import::ModelKind::StateDict {
         let Some(layout) = layout else {
             return Err(SpecError::new_err(
                 "a PyTorch state dict holds no architecture: pass layout= (cleanrl-ppo, cleanrl-ppo-continuous, \
