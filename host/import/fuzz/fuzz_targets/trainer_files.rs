@@ -10,6 +10,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = policyport_import::npy_pickle::array(&pk, i);
         }
     }
+    let _ = policyport_import::detect_model(data);
     let _ = torchfile::read_state_dict(data);
     let _ = compile_sb3(data, None, "fuzz", None, Storage::F32);
     let _ = policyport_import::sb3::read_vecnormalize(data);
