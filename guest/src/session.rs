@@ -294,6 +294,13 @@ impl Session {
         self.complete(result, rows, &p, req)
     }
 
+    /// Every check [`Session::act`] makes on `req` (batch, env ids, episode starts, masks, observations), without
+    /// acting: for a caller that must change something else only if the act will be taken (a binding writing
+    /// caller-owned state first). Nothing changes but reused scratch buffers.
+    pub fn check(&mut self, req: &Request<'_>) -> Result<(), PolicyError> {
+        self.prepare(req).map(|_| ())
+    }
+
     /// [`Session::act`] for callers that cannot block (the browser): identical results; on a device the one
     /// readback is awaited instead of waited for. CPU backends finish without awaiting anything.
     pub async fn act_async(&mut self, req: &Request<'_>) -> Result<&ActOutputs, PolicyError> {

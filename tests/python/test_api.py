@@ -238,6 +238,40 @@ def test_recurrent_state_errors_change_nothing():
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_refused_call_with_state_changes_nothing_and_checks_every_argument_first():
+    # Issue 36: state= was written before the episode starts were checked (a refused call changed the session);
+    # a [numel, batch] state was read as [batch, numel]; float env ids were truncated; a broadcast view of 10^9
+    # rows was copied (15 GB) before its batch was checked.
+    p = pp.Policy.load(pp.compile(FX / "sb3" / "recurrent_ppo_cartpole" / "model.zip"))
+    obs = np.zeros((2, 4), np.float32)
+    p.act(obs, seed=1, env_ids=[0, 1])
+    before = [x.copy() for x in p.get_state([0, 1])]
+    ones = [np.ones((2, k), np.float32) for _, k in p.info.states]
+    with pytest.raises(pp.StateError):
+        p.act(obs, seed=1, env_ids=[0, 1], state=ones, episode_starts=[True])  # one start for two rows
+    with pytest.raises(pp.ObservationError):
+        p.act(np.zeros((2, 5), np.float32), seed=1, env_ids=[0, 1], state=ones)
+    for x, y in zip(p.get_state([0, 1]), before):
+        np.testing.assert_array_equal(x, y)
+    assert p.num_envs == 2
+    # A transposed state (same count of numbers) is refused by its shape.
+    k0 = p.info.states[0][1]
+    transposed = [np.ones((k, 2), np.float32) for _, k in p.info.states]
+    with pytest.raises(pp.StateError, match=rf"\[2, {k0}\]"):
+        p.act(obs, seed=1, env_ids=[0, 1], state=transposed)
+    with pytest.raises(pp.StateError):
+        p.set_state([0, 1], transposed)
+    # Env ids must be integers.
+    with pytest.raises(pp.EnvIdError, match="integers"):
+        p.act(obs, seed=1, env_ids=np.array([0.0, 1.7]))
+    # A billion broadcast rows: the batch limit answers before any copy.
+    huge = np.broadcast_to(np.zeros(4, np.float32), (10**9, 4))
+    with pytest.raises(pp.BatchError):
+        p.act(huge)
+    for x, y in zip(p.get_state([0, 1]), before):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_gil_is_released_during_act():
     # One long act() in a thread while this thread keeps running Python: with the GIL held through the native
     # call, this thread would stall for the whole call (native code never yields the GIL by itself).

@@ -209,22 +209,75 @@ fn contiguous<'py>(x: &Bound<'py, PyAny>, dtype: &str) -> PyResult<Bound<'py, Py
         .call((x,), Some(&kw))
 }
 
-/// A sequence of arrays (recurrent state, one per state tensor) as contiguous float32 views.
+/// A sequence of arrays (recurrent state, one per state tensor) as contiguous float32 views, each checked by its
+/// full shape `[rows, numel]` before it is copied (a `[numel, rows]` array holds the same count of numbers and
+/// was read as rows of another env's state).
 fn float32_arrays<'py>(
     seq: &Bound<'py, PyAny>,
+    rows: usize,
+    states: &[(String, usize)],
 ) -> PyResult<Vec<numpy::PyReadonlyArrayDyn<'py, f32>>> {
-    seq.try_iter()?
-        .map(|a| {
-            Ok(contiguous(&a?, "float32")?
+    let py = seq.py();
+    let np_shape = py.import(intern!(py, "numpy"))?.getattr(intern!(py, "shape"))?;
+    let arrays: Vec<Bound<'py, PyAny>> = seq.try_iter()?.collect::<PyResult<_>>()?;
+    if arrays.len() != states.len() {
+        return Err(StateError::new_err(format!(
+            "{} state arrays for a policy with {} ({:?})",
+            arrays.len(),
+            states.len(),
+            states.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()
+        )));
+    }
+    arrays
+        .iter()
+        .zip(states)
+        .map(|(a, (name, numel))| {
+            let shape: Vec<usize> = np_shape.call1((a,))?.extract()?;
+            if shape != [rows, *numel] {
+                return Err(StateError::new_err(format!(
+                    "state '{name}' of shape {shape:?}; want [{rows}, {numel}] (one row per env)"
+                )));
+            }
+            Ok(contiguous(a, "float32")?
                 .cast_into::<PyArrayDyn<f32>>()?
                 .readonly())
         })
         .collect()
 }
 
+/// The policy's recurrent states as (name, numbers per env).
+fn state_sizes(p: &CompiledPolicy) -> Vec<(String, usize)> {
+    p.manifest()
+        .recurrent
+        .as_ref()
+        .map(|r| {
+            r.states
+                .iter()
+                .map(|s| (s.name.clone(), s.shape.iter().product()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Env ids from any integer sequence or array, each checked to be a u32 (numpy would wrap -1 silently).
 fn env_id_list(x: &Bound<'_, PyAny>, batch: usize) -> PyResult<Vec<u32>> {
-    let a = contiguous(x, "int64")?;
+    // Integers only: numpy would truncate 1.7 to 1 (and NaN to anything) without a word.
+    let py = x.py();
+    let arr = py
+        .import(intern!(py, "numpy"))?
+        .getattr(intern!(py, "asarray"))?
+        .call1((x,))?;
+    let kind: String = arr
+        .getattr(intern!(py, "dtype"))?
+        .getattr(intern!(py, "kind"))?
+        .extract()?;
+    if kind != "i" && kind != "u" {
+        return Err(EnvIdError::new_err(format!(
+            "env_ids must be integers; got dtype {} (floats are not truncated into ids)",
+            arr.getattr(intern!(py, "dtype"))?.str()?
+        )));
+    }
+    let a = contiguous(&arr, "int64")?;
     let a = a.cast::<PyArrayDyn<i64>>()?.readonly();
     let ids = a.as_slice()?;
     if a.ndim() != 1 || ids.len() != batch {
@@ -417,6 +470,31 @@ impl PyPolicy {
 
     fn obs_view<'py>(&self, obs: &Bound<'py, PyAny>) -> PyResult<(ObsView<'py>, usize)> {
         let per_env = self.compiled.manifest().observation.raw_len();
+        // The shape first, before anything is copied: a broadcast view of 10^9 rows (a few bytes of memory) was
+        // made contiguous (15 GB) before its batch was checked. `numpy.shape` reads an array's shape without a
+        // copy (a list is already in memory).
+        {
+            let py = obs.py();
+            let shape: Vec<usize> = py
+                .import(intern!(py, "numpy"))?
+                .getattr(intern!(py, "shape"))?
+                .call1((obs,))?
+                .extract()
+                .map_err(|_| ObservationError::new_err("observations must be an array of numbers"))?;
+            let space = &self.compiled.manifest().observation;
+            let (batch, _) = policyport::layout_of_shape(space, &shape).map_err(|e| {
+                ObservationError::new_err(format!(
+                    "{e} ({per_env} numbers per env; this policy's observation: {})",
+                    serde_json::to_string(space).unwrap_or_default()
+                ))
+            })?;
+            if batch == 0 || batch > policyport::MAX_BATCH {
+                return Err(BatchError::new_err(format!(
+                    "a batch of {batch} rows (1 ..= {} per call)",
+                    policyport::MAX_BATCH
+                )));
+            }
+        }
         let u8_policy =
             self.compiled.manifest().observation.raw_dtype() == policyport::format::ObsDType::U8;
         // uint8 arrays stay bytes for uint8 policies; everything else becomes float32 (a copy only when it is not
@@ -723,7 +801,17 @@ impl PyPolicy {
             .recurrent
             .as_ref()
             .is_none_or(|r| r.states.is_empty());
-        let state_arrs = state.map(float32_arrays).transpose()?;
+        let sizes = state_sizes(&self.compiled);
+        let state_arrs = state
+            .map(|st| {
+                if sizes.is_empty() {
+                    return Err(StateError::new_err(
+                        "state= given for a policy without recurrent state",
+                    ));
+                }
+                float32_arrays(st, batch, &sizes)
+            })
+            .transpose()?;
         let state_slices: Option<Vec<&[f32]>> = state_arrs
             .as_ref()
             .map(|v| v.iter().map(|a| a.as_slice()).collect::<Result<_, _>>())
@@ -753,9 +841,6 @@ impl PyPolicy {
                 }
                 None => &[],
             };
-            if let Some(values) = &state_slices {
-                s.write_state(id_slice, values)?;
-            }
             let mut req = Request::new(obs_in, batch, mode).envs(match &ids {
                 Some(v) => EnvIds::List(v),
                 None => EnvIds::Range(0),
@@ -768,6 +853,12 @@ impl PyPolicy {
             }
             if let Some(e) = epsilon {
                 req = req.epsilon(e);
+            }
+            if let Some(values) = &state_slices {
+                // The request is checked before the caller's state is written: a refused call changes nothing
+                // (the state used to be written first, then the observations refused).
+                s.check(&req)?;
+                s.write_state(id_slice, values)?;
             }
             let out = s.act(&req)?;
             let (k, np, ml) = (head.action_len, head.dist_params_len, head.mask_len());
@@ -831,7 +922,11 @@ impl PyPolicy {
     ) -> PyResult<()> {
         let n = env_ids.len()?;
         let ids = env_id_list(env_ids, n)?;
-        let arrs = float32_arrays(state)?;
+        let sizes = state_sizes(&self.compiled);
+        if sizes.is_empty() {
+            return Err(StateError::new_err("set_state on a policy without recurrent state"));
+        }
+        let arrs = float32_arrays(state, n, &sizes)?;
         let slices: Vec<&[f32]> = arrs
             .iter()
             .map(|a| a.as_slice())
