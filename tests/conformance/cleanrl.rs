@@ -154,27 +154,7 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
     for c in &CASES {
         let pt = read(c.dir, "agent.pt");
         let sd = policyport_import::torchfile::read_state_dict(&pt).unwrap();
-        let views: Vec<(String, Vec<usize>, Vec<u8>)> = sd
-            .iter()
-            .map(|(k, t)| {
-                (
-                    k.clone(),
-                    t.shape.clone(),
-                    t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                )
-            })
-            .collect();
-        let st = safetensors::serialize(
-            views.iter().map(|(k, s, b)| {
-                (
-                    k.as_str(),
-                    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                        .unwrap(),
-                )
-            }),
-            None,
-        )
-        .unwrap();
+        let st = safetensors_of(&sd);
         assert!(policyport_import::state_dict_like(&st) && !policyport_import::pickle_like(&st));
         let (obs, act) = spaces(c.dir);
         let from_pt = compile_cleanrl(
@@ -231,4 +211,81 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
         )
         .is_err()
     );
+}
+
+type StateDict = std::collections::BTreeMap<String, policyport_format::container::Tensor>;
+
+/// A state dict as safetensors bytes.
+fn safetensors_of(sd: &StateDict) -> Vec<u8> {
+    let views: Vec<(String, Vec<usize>, Vec<u8>)> = sd
+        .iter()
+        .map(|(k, t)| {
+            (
+                k.clone(),
+                t.shape.clone(),
+                t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    safetensors::serialize(
+        views.iter().map(|(k, s, b)| {
+            (
+                k.as_str(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                    .unwrap(),
+            )
+        }),
+        None,
+    )
+    .unwrap()
+}
+
+/// Issue 36: a CleanRL agent with its actor missing compiled into a policy whose logits were the raw observation
+/// (when the widths happened to fit), and an actor with an index gap or a renamed layer lost that layer without a
+/// word. Each is now a typed error naming the key.
+#[test]
+fn a_missing_gapped_or_renamed_cleanrl_layer_is_a_typed_error_not_dropped() {
+    let pt = read("ppo_cartpole", "agent.pt");
+    let sd = policyport_import::torchfile::read_state_dict(&pt).unwrap();
+    let (obs, act) = spaces("ppo_cartpole");
+    let compile = |sd: &StateDict| {
+        compile_cleanrl(
+            &safetensors_of(sd),
+            CleanrlLayout::Ppo,
+            obs.clone(),
+            act.clone(),
+            "edited",
+            None,
+            Storage::F32,
+        )
+    };
+    compile(&sd).expect("the unedited state dict compiles");
+    let edits: [(&str, Box<dyn Fn(&mut StateDict)>, &str); 3] = [
+        (
+            "actor missing",
+            Box::new(|sd: &mut StateDict| sd.retain(|k, _| !k.starts_with("actor."))),
+            "no 'actor.0.weight'",
+        ),
+        (
+            "actor.2 removed (a gap before actor.4)",
+            Box::new(|sd: &mut StateDict| sd.retain(|k, _| !k.starts_with("actor.2."))),
+            "'actor.4.",
+        ),
+        (
+            "actor.2 renamed",
+            Box::new(|sd: &mut StateDict| {
+                for f in ["weight", "bias"] {
+                    let t = sd.remove(&format!("actor.2.{f}")).unwrap();
+                    sd.insert(format!("actor.two.{f}"), t);
+                }
+            }),
+            "'actor.two.",
+        ),
+    ];
+    for (what, edit, want) in edits {
+        let mut e = sd.clone();
+        edit(&mut e);
+        let err = compile(&e).expect_err(what).to_string();
+        assert!(err.contains(want), "{what}: want '{want}' in: {err}");
+    }
 }

@@ -498,6 +498,9 @@ impl<'a> GraphBuilder<'a> {
 
     /// Linear layers `prefix.0`, `prefix.2`, ... (an `nn.Sequential` with activations at odd indices), with `act`
     /// after every layer (`act_after_last`, SB3's `create_mlp` hidden stack) or between them (CleanRL's heads).
+    /// At least `min_layers` layers (SB3's `net_arch=[]` is an empty stack; a CleanRL head has one or more), and
+    /// every key under `prefix.` must be one of the layers read: a missing head used to compile into a policy
+    /// whose output was its input, and a gap or a renamed layer was dropped without a word.
     pub(crate) fn sequential(
         &mut self,
         prefix: &str,
@@ -505,6 +508,7 @@ impl<'a> GraphBuilder<'a> {
         dim: usize,
         act: &Op,
         act_after_last: bool,
+        min_layers: usize,
     ) -> Result<(String, usize), ImportError> {
         let (mut x, mut dim) = (x.to_string(), dim);
         let mut i = 0;
@@ -518,6 +522,26 @@ impl<'a> GraphBuilder<'a> {
                 y
             };
             i += 2;
+        }
+        if i / 2 < min_layers {
+            return Err(self.bad(format!(
+                "no '{prefix}.0.weight': the state dict has no '{prefix}' layers (at least {min_layers} expected)"
+            )));
+        }
+        let under = format!("{prefix}.");
+        let stray = self.keys().filter(|k| k.starts_with(&under)).find(|k| {
+            let mut parts = k[under.len()..].splitn(2, '.');
+            let index = parts.next().and_then(|s| s.parse::<usize>().ok());
+            let field = parts.next();
+            !(matches!(index, Some(j) if j % 2 == 0 && j < i) && matches!(field, Some("weight" | "bias")))
+        });
+        if let Some(k) = stray {
+            return Err(self.bad(format!(
+                "'{k}' is not one of the {} Linear layers of '{prefix}' read (indices 0, 2, .. {}): a gap or a \
+                 renamed layer would be dropped",
+                i / 2,
+                i.saturating_sub(2)
+            )));
         }
         Ok((x, dim))
     }

@@ -102,7 +102,7 @@ pub fn import_cleanrl(
             } else {
                 "actor_mean"
             };
-            let (head, k) = b.sequential(actor, &x, flat, &Op::Tanh, false)?;
+            let (head, k) = b.sequential(actor, &x, flat, &Op::Tanh, false, 1)?;
             let dist = match (&action, layout) {
                 (ActionSpace::Discrete { n }, CleanrlLayout::Ppo) if *n == k => {
                     Distribution::Categorical {
@@ -142,7 +142,7 @@ pub fn import_cleanrl(
                 }
             };
             modules.push(b.module("actor", ModuleRole::PolicyHead, vec![x.clone()], vec![head]));
-            let (v, one) = b.sequential("critic", &x, flat, &Op::Tanh, false)?;
+            let (v, one) = b.sequential("critic", &x, flat, &Op::Tanh, false, 1)?;
             if one != 1 {
                 return Err(bad(format!("the critic has {one} outputs")));
             }

@@ -582,7 +582,7 @@ pub fn import_sb3(
         // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
         let act = activation(&kwargs, Op::Relu)?;
         let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
-        let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true)?;
+        let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true, 0)?;
         let (mean, k) = g.linear("actor.mu", &latent, d)?;
         let (ls, _) = g.linear("actor.log_std", &latent, d)?;
         let log_std = g.node(
@@ -686,7 +686,7 @@ pub fn import_sb3(
         } else {
             (pi_f, vf_f, d, d)
         };
-        let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, dp, &act, true)?;
+        let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, dp, &act, true, 0)?;
         let (head, k) = g.linear("action_net", &latent_pi, dp)?;
         if action_n(&action).is_some_and(|n| n != k) {
             return Err(bad(format!("action_net has {k} outputs for {action:?}")));
@@ -719,7 +719,7 @@ pub fn import_sb3(
         };
         let pi_inputs = vec![pi_f.clone()];
         modules.push(g.module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
-        let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, dv, &act, true)?;
+        let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, dv, &act, true, 0)?;
         let (value, one) = g.linear("value_net", &latent_vf, dv)?;
         if one != 1 {
             return Err(bad(format!("value_net has {one} outputs")));
