@@ -241,8 +241,8 @@ fn safetensors_of(sd: &StateDict) -> Vec<u8> {
 }
 
 /// Issue 36: a CleanRL agent with its actor missing compiled into a policy whose logits were the raw observation
-/// (when the widths happened to fit), and an actor with an index gap or a renamed layer lost that layer without a
-/// word. Each is now a typed error naming the key.
+/// (when the widths happened to fit), an actor with an index gap or a renamed layer lost that layer, and a weight
+/// no layer reads was ignored, each without a word. Each is now a typed error naming the key.
 #[test]
 fn a_missing_gapped_or_renamed_cleanrl_layer_is_a_typed_error_not_dropped() {
     let pt = read("ppo_cartpole", "agent.pt");
@@ -260,7 +260,7 @@ fn a_missing_gapped_or_renamed_cleanrl_layer_is_a_typed_error_not_dropped() {
         )
     };
     compile(&sd).expect("the unedited state dict compiles");
-    let edits: [(&str, Box<dyn Fn(&mut StateDict)>, &str); 3] = [
+    let edits: [(&str, Box<dyn Fn(&mut StateDict)>, &str); 4] = [
         (
             "actor missing",
             Box::new(|sd: &mut StateDict| sd.retain(|k, _| !k.starts_with("actor."))),
@@ -280,6 +280,14 @@ fn a_missing_gapped_or_renamed_cleanrl_layer_is_a_typed_error_not_dropped() {
                 }
             }),
             "'actor.two.",
+        ),
+        (
+            "a layer no importer reads (a residual branch, say)",
+            Box::new(|sd: &mut StateDict| {
+                let t = sd["critic.0.weight"].clone();
+                sd.insert("residual.0.weight".into(), t);
+            }),
+            "not read by any layer",
         ),
     ];
     for (what, edit, want) in edits {

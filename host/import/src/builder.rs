@@ -16,6 +16,8 @@ pub(crate) struct GraphBuilder<'a> {
     /// The weights the graph uses (copied out of the state dict).
     pub(crate) tensors: BTreeMap<String, Tensor>,
     nodes: Vec<Node>,
+    /// The state dict's keys read so far (taken or peeked): [`GraphBuilder::check_every_key_read`] names the rest.
+    read: std::cell::RefCell<std::collections::BTreeSet<&'a str>>,
 }
 
 impl<'a> GraphBuilder<'a> {
@@ -25,7 +27,54 @@ impl<'a> GraphBuilder<'a> {
             what,
             tensors: BTreeMap::new(),
             nodes: vec![],
+            read: Default::default(),
         }
+    }
+
+    /// Keys under `alias` that hold exactly the tensors of the same keys under `of` count as read (a module saved
+    /// under two names, as SB3 saves a shared features extractor); a copy that differs stays unread.
+    pub(crate) fn read_as_alias(&self, alias: &str, of: &str) {
+        let same = |a: &Tensor, b: &Tensor| {
+            a.shape == b.shape && a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        let mut read = self.read.borrow_mut();
+        for (k, t) in self.sd.range(alias.to_string()..) {
+            let Some(rest) = k.strip_prefix(alias) else { break };
+            if self.sd.get(&format!("{of}{rest}")).is_some_and(|o| same(o, t)) {
+                read.insert(k.as_str());
+            }
+        }
+    }
+
+    /// Every key of the state dict was read, or is under one of `training_only` (what the trainer keeps that acting
+    /// never uses: target networks, critics of off-policy actors, optimiser state): a key prefix, or `*suffix`. A key neither read nor
+    /// declared is a layer this importer does not know: compiling without it would drop it without a word.
+    pub(crate) fn check_every_key_read(&self, training_only: &[&str]) -> Result<(), ImportError> {
+        let read = self.read.borrow();
+        let unread: Vec<&str> = self
+            .sd
+            .keys()
+            .map(String::as_str)
+            .filter(|k| {
+                !read.contains(k)
+                    && !training_only.iter().any(|p| match p.strip_prefix('*') {
+                        Some(suffix) => k.ends_with(suffix),
+                        None => k.starts_with(p),
+                    })
+            })
+            .collect();
+        if unread.is_empty() {
+            return Ok(());
+        }
+        Err(ImportError::UnreadWeights {
+            what: self.what,
+            keys: unread
+                .iter()
+                .take(if std::env::var_os("POLICYPORT_ALL_UNREAD").is_some() { usize::MAX } else { 12 })
+                .map(|k| k.to_string())
+                .collect(),
+            count: unread.len(),
+        })
     }
 
     pub(crate) fn bad(&self, detail: impl Into<String>) -> ImportError {
@@ -43,20 +92,19 @@ impl<'a> GraphBuilder<'a> {
 
     /// The state dict's tensor `key`, recorded as a weight of the artifact.
     pub(crate) fn take(&mut self, key: &str) -> Result<Tensor, ImportError> {
-        let t = self
-            .sd
-            .get(key)
-            .ok_or_else(|| self.bad(format!("the state dict lacks '{key}'")))?
-            .clone();
+        let t = self.peek(key)?.clone();
         self.tensors.insert(key.to_string(), t.clone());
         Ok(t)
     }
 
     /// The state dict's tensor `key`, read but not recorded (its data goes into a derived weight).
     pub(crate) fn peek(&self, key: &str) -> Result<&'a Tensor, ImportError> {
-        self.sd
-            .get(key)
-            .ok_or_else(|| self.bad(format!("the state dict lacks '{key}'")))
+        let (k, t) = self
+            .sd
+            .get_key_value(key)
+            .ok_or_else(|| self.bad(format!("the state dict lacks '{key}'")))?;
+        self.read.borrow_mut().insert(k.as_str());
+        Ok(t)
     }
 
     /// Record a weight computed at import (e.g. an LSTM's two matrices side by side); returns its name.

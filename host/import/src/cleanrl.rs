@@ -213,6 +213,33 @@ pub fn import_cleanrl(
                     "cleanrl-sac needs a Box action space with finite bounds",
                 ));
             }
+            // The actor's buffers `action_scale = (high - low) / 2` and `action_bias = (high + low) / 2` are what
+            // the trainer's env had: they must be the bounds given here (the artifact rescales with these).
+            if let ActionSpace::Box { low, high, .. } = &action {
+                for (key, f) in [
+                    ("action_scale", (|l: f32, h: f32| (h - l) / 2.0) as fn(f32, f32) -> f32),
+                    ("action_bias", |l: f32, h: f32| (h + l) / 2.0),
+                ] {
+                    if !b.has(key) {
+                        continue;
+                    }
+                    let t = b.peek(key)?;
+                    let want: Vec<f32> = low
+                        .iter()
+                        .zip(high)
+                        .map(|(l, h)| f(l.unwrap_or(0.0), h.unwrap_or(0.0)))
+                        .collect();
+                    let fits = t.data.len() == want.len()
+                        && t.data.iter().zip(&want).all(|(a, w)| (a - w).abs() <= 1e-6 * w.abs().max(1.0));
+                    if !fits {
+                        return Err(bad(format!(
+                            "the checkpoint's {key} {:?} does not match the action bounds given ({want:?}): \
+                             pass the bounds the agent was trained with",
+                            t.data
+                        )));
+                    }
+                }
+            }
             let (h, d) = b.linear("fc1", &x, flat)?;
             let h = b.node(Op::Relu, &h, "fc1.relu");
             let (h, d) = b.linear("fc2", &h, d)?;
@@ -256,6 +283,7 @@ pub fn import_cleanrl(
             )
         }
     };
+    b.check_every_key_read(&[])?;
     let manifest = Manifest {
         name: file_stem(source, "").to_string(),
         producer: producer("cleanrl", source, format!("layout {layout:?}")),

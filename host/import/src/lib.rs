@@ -54,6 +54,17 @@ pub enum ImportError {
     Format(#[from] FormatError),
     #[error(transparent)]
     Pickle(#[from] pickle::PickleError),
+    /// Weights of the file that no layer of the importer read (and that are not training-only): a layer it does
+    /// not know, or a renamed one, which compiling would drop without a word.
+    #[error(
+        "malformed model: {what}: {count} weight(s) of the file are not read by any layer this importer builds \
+         (first: {keys:?}); a renamed or unknown layer would be dropped, so nothing was compiled"
+    )]
+    UnreadWeights {
+        what: &'static str,
+        keys: Vec<String>,
+        count: usize,
+    },
     /// A Box action bound that is NaN (or a finite number past f32): only ±inf means "unbounded", so reading it as
     /// such would drop the artifact's clip without a word.
     #[error(

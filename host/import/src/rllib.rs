@@ -1323,6 +1323,16 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         {
             let n = action.action_len();
             let c = mc.log_std_clip;
+            // The head's own copy of the clip (RLlib keeps it as a buffer): it must say what model_config says.
+            if g.has("pi.log_std_clip_param_const") {
+                let t = g.peek("pi.log_std_clip_param_const")?;
+                if t.data.len() != 1 || t.data[0] != c {
+                    return Err(bad(format!(
+                        "'pi.log_std_clip_param_const' is {:?} but model_config's log_std_clip_param is {c}",
+                        t.data
+                    )));
+                }
+            }
             // The log-std: the head's second half, clamped to ±log_std_clip_param (TorchMLPHead's clip_log_std
             // for Gaussians), or with free_log_std the state-independent `pi.log_std` parameter, clamped alike.
             let (mean, ls) = if mc.free_log_std {
@@ -1451,6 +1461,9 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         golden: vec![],
         action_masks: kind == ModuleKind::ActionMasking,
     };
+    // Never read for acting: APPO's target copies (`_old_*`), and every head's `log_std_clip_param_const` (a
+    // copy of model_config's log_std_clip_param: checked against it where a Gaussian head uses it).
+    g.check_every_key_read(&["_old_", "*.log_std_clip_param_const"])?;
     let mut tensors = g.tensors;
     tensors.extend(norm);
     Ok(Imported { manifest, tensors })
@@ -1706,6 +1719,15 @@ fn sac_policy(
         golden: vec![],
         action_masks: false,
     };
+    // The twin Q-functions, their encoders and target copies train the actor; acting reads only the actor.
+    g.check_every_key_read(&[
+        "qf.",
+        "qf_encoder.",
+        "qf_twin.",
+        "qf_twin_encoder.",
+        "target_qf",
+        "*.log_std_clip_param_const",
+    ])?;
     let mut tensors = g.tensors;
     tensors.extend(p.norm);
     Ok(Imported { manifest, tensors })
@@ -1870,6 +1892,14 @@ fn dqn_policy(
         golden: vec![],
         action_masks: false,
     };
+    // The target network (`_target_*`, double Q) is training-only; the heads' clip constants are unused here;
+    // a distributional dueling DQN's `vf` stream changes nothing (see above), so it alone may stay unread.
+    let unread_ok: &[&str] = if atoms > 1 {
+        &["_target_", "*.log_std_clip_param_const", "vf."]
+    } else {
+        &["_target_", "*.log_std_clip_param_const"]
+    };
+    g.check_every_key_read(unread_ok)?;
     let mut tensors = g.tensors;
     tensors.extend(p.norm);
     Ok(Imported { manifest, tensors })

@@ -578,8 +578,12 @@ pub fn import_sb3(
     let mut notes = format!("stable-baselines3 {version}");
     let mut modules = vec![];
     let mut states = vec![];
+    // What the trainer keeps that acting never reads (checked by name at the end: every other weight of the file
+    // must be read by a layer built here).
+    let mut training_only: &[&str] = &[];
     let (distribution, value) = if sd.contains_key("actor.mu.weight") {
         // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
+        training_only = &["critic.", "critic_target."];
         let act = activation(&kwargs, Op::Relu)?;
         let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
         let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true, 0)?;
@@ -628,6 +632,10 @@ pub fn import_sb3(
             || !sd.keys().any(|k| k.starts_with("pi_features_extractor."));
         let (pi_f, vf_f, d) = if shared {
             let (f, d) = features(&mut g, "features_extractor", &observation, &obs_shape)?;
+            // A shared extractor is saved three times (SB3 >= 2 keeps pi_ / vf_features_extractor as aliases of
+            // the one module): the copies are read only if they are the very same weights.
+            g.read_as_alias("pi_features_extractor.", "features_extractor.");
+            g.read_as_alias("vf_features_extractor.", "features_extractor.");
             push_encoder(&mut g, &mut modules, vec![f.clone()]);
             (f.clone(), f, d)
         } else {
@@ -732,6 +740,11 @@ pub fn import_sb3(
         // (`q_net_target`, `quantile_net_target`) are training-only.
         let quantile = !g.has("q_net.q_net.0.weight");
         let net = if quantile { "quantile_net" } else { "q_net" };
+        training_only = if quantile {
+            &["quantile_net_target."]
+        } else {
+            &["q_net_target."]
+        };
         let &ActionSpace::Discrete { n } = &action else {
             return Err(unsupported(
                 format!(
@@ -776,6 +789,7 @@ pub fn import_sb3(
     } else if g.has("actor.mu.0.weight") {
         // TD3 / DDPG (`TD3Policy`): actor = features -> mu MLP ending in tanh (squash_output); predict maps its
         // [-1, 1] output to the bounds (`unscale_action`); the critics and the target networks are training-only.
+        training_only = &["actor_target.", "critic.", "critic_target."];
         let act = activation(&kwargs, Op::Relu)?;
         let bounded = matches!(&action, ActionSpace::Box { low, high, .. }
             if low.iter().chain(high).all(Option::is_some));
@@ -833,6 +847,7 @@ pub fn import_sb3(
         // sb3-contrib MaskablePPO (`MaskableActorCriticPolicy` and its Cnn / MultiInput kin): trained with masks.
         action_masks: policy_module(&data).contains("maskable"),
     };
+    g.check_every_key_read(training_only)?;
     let mut tensors = g.tensors;
     tensors.extend(norm_tensors);
     Ok(Imported { manifest, tensors })

@@ -141,7 +141,8 @@ fn import_err(e: ImportError) -> PyErr {
         ImportError::Malformed(_)
         | ImportError::Pickle(_)
         | ImportError::Format(_)
-        | ImportError::ActionBound { .. } => {
+        | ImportError::ActionBound { .. }
+        | ImportError::UnreadWeights { .. } => {
             MalformedModelError::new_err(msg)
         }
         ImportError::Spec(_) => SpecError::new_err(msg),
