@@ -11,7 +11,7 @@ use policyport_format::{Artifact, Op, ValidatedPlan};
 use crate::backend::Backend;
 use crate::conv::{Conv2d, ConvInput, MaxPool2d, layer_norm};
 use crate::dense::PackedDense;
-use crate::error::PolicyError;
+use crate::error::{PolicyError, try_resize};
 use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
 use crate::lend::DenseLender;
@@ -393,6 +393,37 @@ impl CpuProgram {
     /// One step for rows `r0 .. r0 + batch` of a step of `total` rows (`obs`, `states`: the whole step's); the
     /// readback values concatenated per row go to `out` (`batch x row_width`).
     #[allow(clippy::too_many_arguments)]
+    /// `b`'s activation buffers grown for a part of `rows` rows before [`CpuProgram::run`] (which then only
+    /// writes within them): fallibly, so a plan whose activations the machine cannot hold is
+    /// [`PolicyError::Allocation`], not an abort.
+    fn reserve(&self, b: &mut Bufs, rows: usize) -> Result<(), PolicyError> {
+        if b.bufs.len() != self.slot_numel.len() {
+            b.bufs.resize(self.slot_numel.len(), vec![]);
+        }
+        for (buf, n) in b.bufs.iter_mut().zip(&self.slot_numel) {
+            let len = rows.saturating_mul(*n);
+            if buf.len() < len {
+                try_resize(buf, len, 0.0, "the policy's activations")?;
+            }
+        }
+        let split = self
+            .instrs
+            .iter()
+            .filter_map(|i| match i {
+                Instr::DenseSplit {
+                    outs: [(_, n1), (_, n2)],
+                    ..
+                } => Some(n1 + n2),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if b.split.len() < rows.saturating_mul(split) {
+            try_resize(&mut b.split, rows * split, 0.0, "the policy's activations")?;
+        }
+        Ok(())
+    }
+
     fn run(
         &self,
         scratch: &mut Bufs,
@@ -648,11 +679,12 @@ impl Executor for CpuProgram {
         let s = scratch_of::<CpuScratch>(scratch);
         let (batch, width) = (step.batch, self.row_width);
         rows.clear();
-        rows.resize(batch * width, 0.0);
+        try_resize(rows, batch.saturating_mul(width), 0.0, "the act's output rows")?;
         let parts = s.threads.as_ref().map_or(1, |t| {
             t.pool.threads().min(batch / MIN_ROWS_PER_THREAD).max(1)
         });
         let (Some(Threads { pool, bufs }), true) = (&mut s.threads, parts > 1) else {
+            self.reserve(&mut s.main, batch)?;
             self.run(&mut s.main, 0, batch, batch, step.obs, step.states, rows);
             return Ok(Pending::Ready);
         };
@@ -662,6 +694,10 @@ impl Executor for CpuProgram {
             p => p,
         };
         let parts = batch.div_ceil(per);
+        self.reserve(&mut s.main, per)?;
+        for b in bufs.iter().take(parts - 1) {
+            self.reserve(&mut lock(b), per)?;
+        }
         let main = Mutex::new(&mut s.main);
         let out = RowsPtr(rows.as_mut_ptr());
         pool.run(parts, &|i| {

@@ -26,6 +26,14 @@ pub enum PolicyError {
         bytes: u64,
         limit: u64,
     },
+    /// An allocation sized by the plan and the request failed (the machine, or `ulimit -v`, has less memory than
+    /// the policy's budget allows): refused, nothing changed, where an infallible allocation would have aborted
+    /// the process.
+    #[error(
+        "could not allocate {bytes} bytes for {what} (the machine's memory is exhausted; lower the batch, the env \
+         count or Limits::max_memory_bytes)"
+    )]
+    Allocation { what: &'static str, bytes: u64 },
     #[error(
         "the policy computed a non-finite {what} for env row {row} (value {value}): its weights or inputs \
          overflow float32. On executors that keep recurrent state on the device that state has advanced; start \
@@ -175,4 +183,57 @@ pub enum ObservationError {
         expected: &'static str,
         found: &'static str,
     },
+}
+
+/// `v` resized to `len` (new elements `fill`), its growth allocated fallibly: [`PolicyError::Allocation`] instead of
+/// an abort when the memory is not there. Every buffer sized by the plan or the request grows through this.
+pub(crate) fn try_resize<T: Clone>(
+    v: &mut Vec<T>,
+    len: usize,
+    fill: T,
+    what: &'static str,
+) -> Result<(), PolicyError> {
+    if len > v.capacity() {
+        v.try_reserve_exact(len - v.len())
+            .map_err(|_| PolicyError::Allocation {
+                what,
+                bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+            })?;
+    }
+    v.resize(len, fill);
+    Ok(())
+}
+
+/// Capacity for `len` elements in `v`, allocated fallibly; its contents are untouched (for outputs that must stay
+/// as they were if a later step of the call fails).
+pub(crate) fn try_reserve_len<T>(v: &mut Vec<T>, len: usize, what: &'static str) -> Result<(), PolicyError> {
+    v.try_reserve(len.saturating_sub(v.len()))
+        .map_err(|_| PolicyError::Allocation {
+            what,
+            bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 36: buffers sized by the plan and the request were grown with `resize`, which aborts the process
+    /// when the memory is not there ("memory allocation failed"). They grow through these helpers now: a typed
+    /// error, and the vector as it was. (A length past what any allocator can give fails the same way on every
+    /// machine; a merely large one depends on the machine and is not allocated in a test.)
+    #[test]
+    fn an_allocation_the_machine_cannot_make_is_a_typed_error_not_an_abort() {
+        let mut v = vec![1.0f32, 2.0];
+        let e = try_resize(&mut v, usize::MAX / 2, 0.0, "the policy's activations").unwrap_err();
+        assert!(
+            matches!(e, PolicyError::Allocation { what: "the policy's activations", bytes } if bytes > 1 << 60),
+            "{e}"
+        );
+        assert_eq!(v, [1.0, 2.0]);
+        assert!(try_reserve_len(&mut v, usize::MAX / 2, "the act's outputs").is_err());
+        assert_eq!(v, [1.0, 2.0]);
+        try_resize(&mut v, 4, 0.5, "x").unwrap();
+        assert_eq!(v, [1.0, 2.0, 0.5, 0.5]);
+    }
 }

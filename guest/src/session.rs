@@ -12,7 +12,7 @@ use policyport_format::RowControls;
 use policyport_format::sampling::ActMode;
 
 use crate::compiled::CompiledPolicy;
-use crate::error::{EnvIdError, ObservationError, PolicyError, StateError};
+use crate::error::{EnvIdError, ObservationError, PolicyError, StateError, try_reserve_len};
 use crate::executor::{ExecScratch, Pending, StepInput};
 use crate::observations::{Observations, check_observations};
 use crate::state::HostState;
@@ -336,7 +336,7 @@ impl Session {
             return Ok(());
         }
         let needed = self.envs_to_hold(envs)?;
-        self.state.grow(needed);
+        self.state.grow(needed)?;
         for &e in envs {
             self.state.zero(e);
         }
@@ -394,7 +394,7 @@ impl Session {
             values,
             needed.max(self.state.num_envs),
         )?;
-        self.state.grow(needed);
+        self.state.grow(needed)?;
         for ((numel, data), v) in self.state.tensors.iter_mut().zip(values) {
             for (i, &e) in envs.iter().enumerate() {
                 let e = e as usize;
@@ -479,6 +479,15 @@ impl Session {
         self.policy
             .head()
             .check_controls(req.action_mask, req.epsilon, batch)?;
+        // The preprocessed observations' room, fallibly (a u8 frame batch becomes four times its bytes here).
+        let obs_numbers = match req.obs {
+            Observations::F32(x) => x.len(),
+            Observations::U8(x) => x.len(),
+        };
+        if self.obs_buf.capacity() < obs_numbers {
+            self.obs_buf.clear();
+            try_reserve_len(&mut self.obs_buf, obs_numbers, "the preprocessed observations")?;
+        }
         let policy = &self.policy;
         let placement = policy.executor().placement();
         if placement.preprocess {
@@ -534,7 +543,7 @@ impl Session {
         let exec = self.policy.executor();
         let placement = exec.placement();
         if self.state.is_recurrent() {
-            self.state.grow(p.envs_needed);
+            self.state.grow(p.envs_needed)?;
             for &e in &self.starts {
                 self.state.zero(e);
             }
@@ -585,6 +594,20 @@ impl Session {
                 what: "output (action distribution or value)",
                 value,
             });
+        }
+        // The outputs' room first, fallibly: the previous outputs stay as they were if it is not there.
+        let head = self.policy.head();
+        let (batch, k, np) = (p.batch, head.action_len, head.dist_params_len);
+        let out = &mut self.out;
+        let room = try_reserve_len(&mut out.dist_params, batch.saturating_mul(np), "the act's outputs")
+            .and_then(|()| try_reserve_len(&mut out.value, batch, "the act's outputs"))
+            .and_then(|()| match head.is_discrete() {
+                true => try_reserve_len(&mut out.discrete, batch.saturating_mul(k), "the act's outputs"),
+                false => try_reserve_len(&mut out.continuous, batch.saturating_mul(k), "the act's outputs"),
+            });
+        if let Err(e) = room {
+            self.rows = rows;
+            return Err(e);
         }
         self.finish(&rows, p, req);
         self.rows = rows;

@@ -10,6 +10,8 @@ pub(crate) struct HostState {
     pub(crate) tensors: Vec<(usize, Vec<f32>)>,
 }
 
+use crate::error::{PolicyError, try_resize};
+
 impl HostState {
     pub(crate) fn new(sizes: &[usize]) -> Self {
         HostState {
@@ -22,14 +24,17 @@ impl HostState {
         !self.tensors.is_empty()
     }
 
-    /// Grow to hold at least `num_envs` envs (new envs start at zero); never shrinks.
-    pub(crate) fn grow(&mut self, num_envs: usize) {
+    /// Grow to hold at least `num_envs` envs (new envs start at zero); never shrinks. Fallible: an env count
+    /// the machine cannot hold is [`PolicyError::Allocation`] (tensors grown before the failure keep their
+    /// zeroed tail; `num_envs` moves only when every tensor grew).
+    pub(crate) fn grow(&mut self, num_envs: usize) -> Result<(), PolicyError> {
         if num_envs > self.num_envs {
             for (n, data) in &mut self.tensors {
-                data.resize(*n * num_envs, 0.0);
+                try_resize(data, n.saturating_mul(num_envs), 0.0, "recurrent state")?;
             }
             self.num_envs = num_envs;
         }
+        Ok(())
     }
 
     /// Zero the rows of env `env` (< num_envs).

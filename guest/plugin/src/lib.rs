@@ -110,7 +110,7 @@ fn code_of(e: &PolicyError) -> i32 {
         PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => ERR_CALL,
         PolicyError::State(_) => ERR_STATE,
         PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => ERR_BACKEND,
-        PolicyError::Memory { .. } => ErrorCode::TooLarge.code(),
+        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => ErrorCode::TooLarge.code(),
         PolicyError::NonFiniteOutput { .. } => ErrorCode::NonFinite.code(),
     }
 }

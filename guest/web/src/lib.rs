@@ -319,7 +319,7 @@ fn policy_error(e: &PolicyError) -> JsValue {
         PolicyError::State(_) => "PolicyportStateError",
         PolicyError::Backend(_) => "PolicyportBackendError",
         PolicyError::NotCompiled { .. } => "PolicyportNotCompiledError",
-        PolicyError::Memory { .. } => "PolicyportMemoryError",
+        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => "PolicyportMemoryError",
         PolicyError::NonFiniteOutput { .. } => "PolicyportNonFiniteError",
     };
     error(kind, e)

@@ -131,7 +131,7 @@ fn status_of(e: &PolicyError) -> PpStatus {
         | PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => PpStatus::BadCall,
         PolicyError::State(_) => PpStatus::State,
         PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => PpStatus::Backend,
-        PolicyError::Memory { .. } => PpStatus::TooLarge,
+        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => PpStatus::TooLarge,
         PolicyError::NonFiniteOutput { .. } => PpStatus::NonFiniteOutput,
     }
 }

@@ -119,7 +119,7 @@ fn policy_err(e: PolicyError) -> PyErr {
         PolicyError::Artifact(_) => ArtifactError::new_err(msg),
         PolicyError::Observation(_) => ObservationError::new_err(msg),
         PolicyError::Batch { .. } => BatchError::new_err(msg),
-        PolicyError::Memory { .. } => MemoryLimitError::new_err(msg),
+        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => MemoryLimitError::new_err(msg),
         PolicyError::NonFiniteOutput { .. } => NonFiniteOutputError::new_err(msg),
         PolicyError::EnvIds(_) => EnvIdError::new_err(msg),
         PolicyError::HeadControl(_) => ActionMaskError::new_err(msg),
