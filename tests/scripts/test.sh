@@ -442,7 +442,7 @@ lean_capi() {
 check "native-only C ABI library: <= 5 MB stripped, the agents example runs on it, the sandbox a typed error" lean_capi
 
 fuzz_s=${POLICYPORT_FUZZ_SECONDS:-30}
-step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $fuzz_s s, act $fuzz_s s, differential $((fuzz_s - 10)) s, artifact $((fuzz_s - 10)) s"
+step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $fuzz_s s, act $fuzz_s s, differential $((fuzz_s - 10)) s, artifact $((fuzz_s - 10)) s; the importer (host/import/fuzz): pickle_graph, trainer_files $((fuzz_s - 10)) s each"
 # `load_act` edits real artifacts (the frozen files it embeds, and the compiled fixtures below: an MLP, a bf16
 # Gaussian, LSTM policies from ONNX, SB3 and RLlib) and drives load, act(), reset, state and verify with the
 # input; `act` drives act() on those policies loaded once (sessions and state live across inputs); `differential`
@@ -462,8 +462,23 @@ fuzz_runtime() {
   cargo +nightly fuzz run -O differential "$corpus/differential" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -max_len=200000
   cargo +nightly fuzz run -O artifact "$corpus/artifact" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048
 }
+# The trainer-file readers (host/import/fuzz, issue 36): `pickle_graph` writes valid pickles rich in shared memo
+# references, nested dicts and tensor views from the fuzzer's bytes (structure-aware), `trainer_files` mutates the
+# committed trainer files under 1 MiB (SB3 archives, VecNormalize, CleanRL checkpoints). Each must answer in bounded
+# time and memory: -timeout turns a hang into a crash, -rss_limit_mb a blow-up.
+fuzz_importer() {
+  local corpus="$CARGO_TARGET_DIR/fuzz-corpus" f
+  mkdir -p "$corpus/pickle_graph" "$corpus/trainer_files"
+  for f in tests/fixtures/sb3/*/model.zip tests/fixtures/sb3/*/vecnormalize.pkl tests/fixtures/cleanrl/*/agent.pt; do
+    [ "$(stat -c %s "$f")" -lt 1048576 ] && cp "$f" "$corpus/trainer_files/$(echo "$f" | tr / _)"
+  done
+  cd host/import/fuzz
+  cargo +nightly fuzz run -O pickle_graph "$corpus/pickle_graph" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10
+  cargo +nightly fuzz run -O trainer_files "$corpus/trainer_files" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10 -max_len=1100000
+}
 if ensure_fuzz_tools; then
   check "cargo fuzz: load_act, act, differential and artifact (guest/fuzz)" fuzz_runtime
+  check "cargo fuzz: pickle_graph (structure-aware pickles) and trainer_files (host/import/fuzz)" fuzz_importer
 else
   skip "cargo fuzz: no nightly toolchain could be had (the conformance suite's mutation test still ran)"
 fi
