@@ -25,9 +25,23 @@ need_cargo() {
 # Each step header says when it started (seconds since the script began), so a slow run shows where time went.
 PP_T0="${PP_T0:-$(date +%s)}"
 export PP_T0
+PP_STEPS=()
+PP_STEP_T=()
 step() {
   echo
   echo "== $* [+$(( $(date +%s) - PP_T0 )) s]"
+  PP_STEPS+=("$*")
+  PP_STEP_T+=("$(date +%s)")
+}
+# step_times: each step's wall time, measured (a step lasts until the next one starts, the last until now).
+step_times() {
+  local i n=${#PP_STEPS[@]} now end
+  now=$(date +%s)
+  echo "time per stage:"
+  for ((i = 0; i < n; i++)); do
+    end=${PP_STEP_T[i + 1]:-$now}
+    printf '%6d s  %s\n' $((end - PP_STEP_T[i])) "${PP_STEPS[i]:0:110}"
+  done
 }
 
 # Build and run against the venv's libtorch (the `tch` feature): torch-sys finds torch through the venv's python,

@@ -90,12 +90,35 @@ step "headless Chromium, node and npm for the browser tests (each installed only
 ensure_browser_deps
 echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
-step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
 ensure_wasm_target
+step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli and the Python test venv (log: background-installs.log)"
+# The main build keeps 2 cores busy only part of the time (a cold run used 1.3 cores on average: long single-crate
+# compiles and links), so installs that compile or download overlap it instead of running after it: ~4-6 min of a
+# cold run. Each has its own target dir (cargo install would otherwise wait on the build's lock); every piece is
+# idempotent and is asked for again where it is used, so a failure here is retried (and reported) there.
+bg_log="$CARGO_TARGET_DIR/background-installs.log"
+(
+  set -e
+  export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds"
+  ensure_fuzz_tools
+  ensure_wasm_bindgen
+  ensure_py_venv
+) >"$bg_log" 2>&1 &
+bg_pid=$!
+
+step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
 cargo build --release --workspace --all-targets "${FEATURES[@]}"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
+
+step "waiting for the background installs"
+if wait "$bg_pid"; then
+  grep '^== ' "$bg_log" || echo "(nothing was missing)"
+else
+  echo "background installs failed (each is retried where it is used); the last lines:"
+  tail -n 20 "$bg_log"
+fi
 
 step "browser bundles (guest/web: CPU-only, CPU with wasm threads, full with WebGPU; sizes printed, size goals enforced: CPU <= 500 KB, WebGPU <= 3 MB gzipped)"
 bash tests/scripts/web-build.sh
@@ -484,6 +507,7 @@ else
 fi
 
 echo
+step_times
 deps_summary
 echo "test.sh finished in $(( $(date +%s) - t0 )) s"
 for f in "${failures[@]}"; do echo "  failed: $f"; done
