@@ -1074,7 +1074,12 @@ enum Route {
 }
 
 fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Imported, ImportError> {
-    let ctor = parse(&files.module_ctor, "RLModule class")?;
+    // The pickle holds the class and its constructor arguments (spaces, model_config, ...): a global refused
+    // anywhere in it is named with the file, not as "the RLModule class" (a bad model_config entry was).
+    let ctor = parse(
+        &files.module_ctor,
+        "global in class_and_ctor_args.pkl (the RLModule's class or a constructor argument such as model_config):",
+    )?;
     let class =
         get(&ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
     let class = match ctor.get(class) {
@@ -1205,7 +1210,7 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         (None, false) => {}
     }
 
-    let state = parse(&files.module_state, "RLModule state")?;
+    let state = parse(&files.module_state, "global in the RLModule's state pickle:")?;
     let Node::Call { items, .. } = state.get(state.root) else {
         return Err(bad("module_state.pkl is not an OrderedDict of arrays"));
     };
