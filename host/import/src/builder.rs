@@ -577,18 +577,31 @@ impl<'a> GraphBuilder<'a> {
             )));
         }
         let under = format!("{prefix}.");
-        let stray = self.keys().filter(|k| k.starts_with(&under)).find(|k| {
-            let mut parts = k[under.len()..].splitn(2, '.');
-            let index = parts.next().and_then(|s| s.parse::<usize>().ok());
-            let field = parts.next();
-            !(matches!(index, Some(j) if j % 2 == 0 && j < i) && matches!(field, Some("weight" | "bias")))
-        });
-        if let Some(k) = stray {
+        let stray: Vec<&str> = self
+            .keys()
+            .filter(|k| k.starts_with(&under))
+            .filter(|k| {
+                let mut parts = k[under.len()..].splitn(2, '.');
+                let index = parts.next().and_then(|s| s.parse::<usize>().ok());
+                let field = parts.next();
+                !(matches!(index, Some(j) if j % 2 == 0 && j < i)
+                    && matches!(field, Some("weight" | "bias")))
+            })
+            .collect();
+        if !stray.is_empty() {
+            let read = match i / 2 {
+                0 => "none".to_string(),
+                1 => "index 0".to_string(),
+                n => format!("indices 0, 2, .. {}", 2 * (n - 1)),
+            };
             return Err(self.bad(format!(
-                "'{k}' is not one of the {} Linear layers of '{prefix}' read (indices 0, 2, .. {}): a gap or a \
-                 renamed layer would be dropped",
-                i / 2,
-                i.saturating_sub(2)
+                "{} are not layers of '{prefix}' read ({read}): a gap or a renamed layer would be dropped",
+                stray
+                    .iter()
+                    .take(6)
+                    .map(|k| format!("'{k}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         Ok((x, dim))
