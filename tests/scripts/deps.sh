@@ -17,8 +17,17 @@ PP_TOOLS="${POLICYPORT_TOOLS:-$HOME/.cache/policyport/tools}"
 PP_DEPS_LOG="${POLICYPORT_DEPS_LOG:-$CARGO_TARGET_DIR/deps.log}"
 PP_APT_UPDATED=0
 
-# What the scripts installed in this run, printed by `deps_summary`.
+# What the scripts installed in this run, printed by `deps_summary`: kept in a file, so installs made by the scripts
+# test.sh calls (web-build.sh, csharp-test.sh, godot3-test.sh, the background installs) are listed too. test.sh
+# starts it empty (`PP_INSTALLED_LOG` exported); a script run on its own lists its own.
+PP_INSTALLED_LOG="${PP_INSTALLED_LOG:-}"
 PP_INSTALLED=()
+pp_installed() {
+  PP_INSTALLED+=("$1")
+  if [ -n "$PP_INSTALLED_LOG" ]; then
+    echo "$1" >>"$PP_INSTALLED_LOG"
+  fi
+}
 
 _deps_log_tail() {
   echo "---- last lines of $PP_DEPS_LOG ----" >&2
@@ -51,7 +60,7 @@ apt_install() {
     _deps_log_tail
     return 1
   fi
-  PP_INSTALLED+=("$* (apt: $why)")
+  pp_installed "$* (apt: $why)"
 }
 
 # Mono (Debian's mcs, C# 7.2, and the runtime) for the C# binding's tests (host/csharp).
@@ -124,7 +133,7 @@ ensure_node() {
         echo "ERROR: could not install node-linux-$arch@$PP_NODE_VERSION from the npm registry" >&2
         return 1
       fi
-      PP_INSTALLED+=("node $PP_NODE_VERSION under $dir (npm package node-linux-$arch: the machine's node is older than 20)")
+      pp_installed "node $PP_NODE_VERSION under $dir (npm package node-linux-$arch: the machine's node is older than 20)"
     fi
     export PATH="$bin:$PATH"
   fi
@@ -149,7 +158,7 @@ ensure_node_modules() {
       return 1
     fi
     cp web/package-lock.json web/node_modules/.pp-lock
-    PP_INSTALLED+=("web/node_modules (npm ci)")
+    pp_installed "web/node_modules (npm ci)"
   fi
 }
 
@@ -163,7 +172,7 @@ ensure_wasm_target() {
   if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
     echo "== rustup target add wasm32-unknown-unknown (the plugin and the browser bundles)"
     rustup target add wasm32-unknown-unknown
-    PP_INSTALLED+=("rust target wasm32-unknown-unknown (rustup)")
+    pp_installed "rust target wasm32-unknown-unknown (rustup)"
   fi
 }
 
@@ -173,7 +182,7 @@ ensure_rust_src() {
   if [ ! -d "$(rustc --print sysroot)/lib/rustlib/src/rust/library/std" ]; then
     echo "== rustup component add rust-src (std rebuilt with atomics for the wasm threads bundle)"
     rustup component add rust-src
-    PP_INSTALLED+=("rust-src component (rustup)")
+    pp_installed "rust-src component (rustup)"
   fi
 }
 
@@ -184,7 +193,7 @@ ensure_aarch64_cross() {
   if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
     echo "== rustup target add aarch64-unknown-linux-gnu (the NEON kernels, run under qemu)"
     rustup target add aarch64-unknown-linux-gnu
-    PP_INSTALLED+=("rust target aarch64-unknown-linux-gnu (rustup)")
+    pp_installed "rust target aarch64-unknown-linux-gnu (rustup)"
   fi
   if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null ||
     [ ! -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]; then
@@ -209,7 +218,7 @@ ensure_wasm_bindgen() {
     echo "== installing wasm-bindgen-cli $version under $PP_TOOLS (must equal the wasm-bindgen crate; ~3-8 min, once)"
     # Not --locked: its lockfile names a webpki-roots the registry here does not carry.
     cargo install wasm-bindgen-cli --version "=$version" --root "$PP_TOOLS" --force
-    PP_INSTALLED+=("wasm-bindgen-cli $version (cargo install)")
+    pp_installed "wasm-bindgen-cli $version (cargo install)"
   fi
 }
 
@@ -222,12 +231,12 @@ ensure_fuzz_tools() {
       _deps_log_tail
       return 1
     fi
-    PP_INSTALLED+=("nightly toolchain (rustup)")
+    pp_installed "nightly toolchain (rustup)"
   fi
   if ! cargo fuzz --version 2>/dev/null | grep -q ' 0\.13\.2'; then
     echo "== cargo install cargo-fuzz 0.13.2 (~2 min, once)"
     cargo install cargo-fuzz --locked --version 0.13.2
-    PP_INSTALLED+=("cargo-fuzz 0.13.2 (cargo install)")
+    pp_installed "cargo-fuzz 0.13.2 (cargo install)"
   fi
 }
 
@@ -247,7 +256,7 @@ ensure_requirements_venv() {
   "$dir/bin/pip" install -q --upgrade pip
   "$dir/bin/pip" install -q -r "$req"
   cp "$req" "$dir/.pp-requirements"
-  PP_INSTALLED+=("python venv $dir (pip -r ${req#"$ROOT/"})")
+  pp_installed "python venv $dir (pip -r ${req#"$ROOT/"})"
 }
 
 # The Python side (torch==2.11.0 CPU/CUDA-13 wheel from PyPI, onnx, onnxruntime): the libtorch executor links the
@@ -268,10 +277,16 @@ ensure_py_venv() {
 }
 
 deps_summary() {
-  if [ ${#PP_INSTALLED[@]} = 0 ]; then
+  local listed=()
+  if [ -n "$PP_INSTALLED_LOG" ] && [ -s "$PP_INSTALLED_LOG" ]; then
+    mapfile -t listed <"$PP_INSTALLED_LOG"
+  elif [ -z "$PP_INSTALLED_LOG" ]; then
+    listed=("${PP_INSTALLED[@]}")
+  fi
+  if [ ${#listed[@]} = 0 ]; then
     echo "installed by this run: nothing (everything was already there)"
   else
     echo "installed by this run:"
-    printf '  - %s\n' "${PP_INSTALLED[@]}"
+    printf '  - %s\n' "${listed[@]}"
   fi
 }

@@ -4,6 +4,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 t0=$(date +%s)
+# Installs made by the scripts this run calls are listed at the end too (deps_summary reads this file).
+mkdir -p "$CARGO_TARGET_DIR"
+export PP_INSTALLED_LOG="$CARGO_TARGET_DIR/installed-this-run.log"
+: >"$PP_INSTALLED_LOG"
 
 # Counted, never typed in: every test step adds what it really ran. A failing test step is counted and the run
 # goes on (so one report shows every failure); a failing build or install stops the run at once. A step that could
