@@ -366,7 +366,7 @@ impl Api {
             let mut a = a;
             self.pool_real_array_destroy()(&mut a);
             let t = self.variant_get_type()(&v);
-            let back = self.variant_to_f32s(&v);
+            let back = self.with_f32s(&v, <[f32]>::to_vec);
             self.variant_destroy()(&mut v);
             if t != variant_type::POOL_REAL_ARRAY || back != [1.5, -2.0, 3.25] {
                 return Err(ApiError::SelfCheck("a PoolRealArray"));
@@ -506,24 +506,28 @@ impl Api {
         a
     }
 
-    /// The floats of a variant Godot converts to a PoolRealArray (a PoolRealArray, or an Array of numbers).
+    /// Calls `f` on the floats of a variant Godot converts to a PoolRealArray (a PoolRealArray — read where it
+    /// is, no copy: a batch of frames is 113 MB at 1 000 NatureCNN agents — or an Array of numbers).
     ///
     /// # Safety
     /// `v` is a live variant.
-    pub unsafe fn variant_to_f32s(&self, v: &Variant) -> Vec<f32> {
-        // SAFETY: the array converted from `v` is read within its size through a read access, both released.
+    pub unsafe fn with_f32s<R>(&self, v: &Variant, f: impl FnOnce(&[f32]) -> R) -> R {
+        // SAFETY: the array converted from `v` is read within its size through a read access; both are released
+        // before returning.
         unsafe {
             let mut a = self.variant_as_pool_real_array()(v);
             let n = self.pool_real_array_size()(&a).max(0) as usize;
-            let mut out = Vec::with_capacity(n);
-            if n > 0 {
-                let r = self.pool_real_array_read()(&a);
-                let p = self.pool_real_array_read_access_ptr()(r);
-                out.extend_from_slice(std::slice::from_raw_parts(p, n));
-                self.pool_real_array_read_access_destroy()(r);
-            }
+            let r = if n > 0 {
+                let acc = self.pool_real_array_read()(&a);
+                let p = self.pool_real_array_read_access_ptr()(acc);
+                let r = f(std::slice::from_raw_parts(p, n));
+                self.pool_real_array_read_access_destroy()(acc);
+                r
+            } else {
+                f(&[])
+            };
             self.pool_real_array_destroy()(&mut a);
-            out
+            r
         }
     }
 

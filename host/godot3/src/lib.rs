@@ -305,16 +305,22 @@ fn tick_with(r: &mut ScriptRunner, api: &Api, args: &[&Variant], name: &str, mas
         ));
         return refuse(r, e, api.bool_variant(false));
     }
-    // SAFETY: a PoolRealArray or Array variant (Godot converts the numbers of an Array; others read as 0).
-    let obs = unsafe { api.variant_to_f32s(obs_arg) };
-    let ok = if masked {
+    let mask_arg = if masked {
         match arg(api, name, args, 2, &[variant_type::POOL_BYTE_ARRAY]) {
-            // SAFETY: a PoolByteArray variant.
-            Ok(m) => unsafe { api.with_bytes(m, |mask| r.tick(ids.iter().copied(), &obs, Some(mask))) },
+            Ok(m) => Some(m),
             Err(e) => return refuse(r, e, api.bool_variant(false)),
         }
     } else {
-        r.tick(ids.iter().copied(), &obs, None)
+        None
+    };
+    // The observations are read where Godot keeps them (one copy, into the agents' staging, not two).
+    // SAFETY: a PoolRealArray or Array variant (Godot converts the numbers of an Array; others read as 0), and
+    // the mask a PoolByteArray variant.
+    let ok = unsafe {
+        api.with_f32s(obs_arg, |obs| match mask_arg {
+            Some(m) => api.with_bytes(m, |mask| r.tick(ids.iter().copied(), obs, Some(mask))),
+            None => r.tick(ids.iter().copied(), obs, None),
+        })
     };
     api.bool_variant(ok)
 }
