@@ -6,6 +6,7 @@
 extends Node
 
 const Policyport = preload("res://policyport.gd")
+const CartPole = preload("res://cartpole.gd")
 
 var runner
 var n := 64
@@ -42,21 +43,6 @@ func _reset(a: Dictionary) -> void:
 		a.s[i] = -0.05 + 0.1 * _uniform()
 	a.ret = 0.0
 	a.steps = 0
-
-
-# CartPole-v1 (Gymnasium), in the C program's operation order; true when the episode ends.
-func _step(s: Array, action: int) -> bool:
-	var force = 10.0 if action == 1 else -10.0
-	var costheta = cos(s[2])
-	var sintheta = sin(s[2])
-	var temp = (force + 0.05 * s[3] * s[3] * sintheta) / 1.1
-	var thetaacc = (9.8 * sintheta - costheta * temp) / (0.5 * (4.0 / 3.0 - 0.1 * costheta * costheta / 1.1))
-	var xacc = temp - 0.05 * thetaacc * costheta / 1.1
-	s[0] += 0.02 * s[1]
-	s[1] += 0.02 * xacc
-	s[2] += 0.02 * s[3]
-	s[3] += 0.02 * thetaacc
-	return s[0] < -2.4 or s[0] > 2.4 or s[2] < -0.2094395102393195 or s[2] > 0.2094395102393195
 
 
 # The runner's refusals seen from GDScript: typed, `false` / -1 with a reason, and nothing changed (the
@@ -160,7 +146,7 @@ func _physics_process(_delta: float) -> void:
 		var a = agents[order[j]]
 		a.ret += 1.0
 		a.steps += 1
-		if _step(a.s, actions[j]) or a.steps >= 500:
+		if CartPole.step(a.s, actions[j]) or a.steps >= 500:
 			returns.append(a.ret)
 			total += a.ret
 			if not runner.respawn(a.id):

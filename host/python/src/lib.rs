@@ -728,16 +728,7 @@ impl PyPolicy {
             policyport::format::ObservationSpace::Box { shape, .. } => shape.clone(),
             other => vec![other.raw_len()],
         };
-        let states = m
-            .recurrent
-            .as_ref()
-            .map(|r| {
-                r.states
-                    .iter()
-                    .map(|s| (s.name.clone(), s.shape.iter().product()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let states = state_sizes(&self.compiled);
         Ok(PyPolicyInfo {
             name: i.name,
             backend: i.backend.name().to_string(),
