@@ -111,6 +111,8 @@ pub(crate) struct CpuProgram {
     isa: Isa,
     instrs: Vec<Instr>,
     slot_numel: Vec<usize>,
+    /// The widest `DenseSplit` joint row (`n1 + n2`), 0 without one: the split scratch per row.
+    split_width: usize,
     obs_slot: usize,
     state_slots: Vec<(usize, usize)>,
     state_sizes: Vec<usize>,
@@ -377,9 +379,22 @@ impl CpuProgram {
             })
             .max()
             .unwrap_or(0);
+        // The widest joint row of a DenseSplit (its scratch per row), found once here, not per act().
+        let split_width = instrs
+            .iter()
+            .filter_map(|i| match i {
+                Instr::DenseSplit {
+                    outs: [(_, n1), (_, n2)],
+                    ..
+                } => Some(n1 + n2),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         CpuProgram {
             bf16_bytes_per_row,
             isa,
+            split_width,
             instrs,
             slot_numel: low.slot_numel,
             obs_slot: low.obs_slot,
@@ -406,20 +421,9 @@ impl CpuProgram {
                 try_resize(buf, len, 0.0, "the policy's activations")?;
             }
         }
-        let split = self
-            .instrs
-            .iter()
-            .filter_map(|i| match i {
-                Instr::DenseSplit {
-                    outs: [(_, n1), (_, n2)],
-                    ..
-                } => Some(n1 + n2),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        if b.split.len() < rows.saturating_mul(split) {
-            try_resize(&mut b.split, rows * split, 0.0, "the policy's activations")?;
+        let split = rows.saturating_mul(self.split_width);
+        if b.split.len() < split {
+            try_resize(&mut b.split, split, 0.0, "the policy's activations")?;
         }
         Ok(())
     }

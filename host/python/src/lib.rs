@@ -471,30 +471,31 @@ impl PyPolicy {
 
     fn obs_view<'py>(&self, obs: &Bound<'py, PyAny>) -> PyResult<(ObsView<'py>, usize)> {
         let per_env = self.compiled.manifest().observation.raw_len();
-        // The shape first, before anything is copied: a broadcast view of 10^9 rows (a few bytes of memory) was
-        // made contiguous (15 GB) before its batch was checked. `numpy.shape` reads an array's shape without a
-        // copy (a list is already in memory).
-        {
-            let py = obs.py();
-            let shape: Vec<usize> = py
-                .import(intern!(py, "numpy"))?
-                .getattr(intern!(py, "shape"))?
-                .call1((obs,))?
-                .extract()
-                .map_err(|_| ObservationError::new_err("observations must be an array of numbers"))?;
-            let space = &self.compiled.manifest().observation;
-            let (batch, _) = policyport::layout_of_shape(space, &shape).map_err(|e| {
-                ObservationError::new_err(format!(
-                    "{e} ({per_env} numbers per env; this policy's observation: {})",
-                    serde_json::to_string(space).unwrap_or_default()
-                ))
-            })?;
-            if batch == 0 || batch > policyport::MAX_BATCH {
-                return Err(BatchError::new_err(format!(
-                    "a batch of {batch} rows (1 ..= {} per call)",
-                    policyport::MAX_BATCH
-                )));
-            }
+        // The array's full shape, read before anything is copied (a broadcast view of 10^9 rows, a few bytes of
+        // memory, was made contiguous — 15 GB — before its batch was checked; `numpy.shape` reads an array's shape
+        // without a copy): [batch, *the policy's observation shape] (a Discrete observation as [batch] or
+        // [batch, 1]; a Dict's parts flattened and concatenated). The same count of numbers in another layout was
+        // read wrong before; channels-last frames for a channels-first image policy (SB3's CnnPolicy) are
+        // transposed below, as SB3's predict does.
+        let py = obs.py();
+        let shape: Vec<usize> = py
+            .import(intern!(py, "numpy"))?
+            .getattr(intern!(py, "shape"))?
+            .call1((obs,))?
+            .extract()
+            .map_err(|_| ObservationError::new_err("observations must be an array of numbers"))?;
+        let space = &self.compiled.manifest().observation;
+        let (batch, layout) = policyport::layout_of_shape(space, &shape).map_err(|e| {
+            ObservationError::new_err(format!(
+                "{e} ({per_env} numbers per env; this policy's observation: {})",
+                serde_json::to_string(space).unwrap_or_default()
+            ))
+        })?;
+        if batch == 0 || batch > policyport::MAX_BATCH {
+            return Err(BatchError::new_err(format!(
+                "a batch of {batch} rows (1 ..= {} per call)",
+                policyport::MAX_BATCH
+            )));
         }
         let u8_policy =
             self.compiled.manifest().observation.raw_dtype() == policyport::format::ObsDType::U8;
@@ -518,25 +519,6 @@ impl PyPolicy {
                     .readonly(),
             )
         };
-        let (shape, len) = match &view {
-            ObsView::F32(a) => (a.shape().to_vec(), a.len()),
-            ObsView::U8(a) => (a.shape().to_vec(), a.len()),
-            // (Owned views are made below, from these two.)
-            ObsView::OwnedF32(v) => (vec![v.len()], v.len()),
-            ObsView::OwnedU8(v) => (vec![v.len()], v.len()),
-        };
-        // The array's full shape: [batch, *the policy's observation shape] (a Discrete observation as [batch] or
-        // [batch, 1]; a Dict's parts flattened and concatenated). The same count of numbers in another layout
-        // (channels-last frames for a channels-first policy) was accepted before and read wrong.
-        // Channels-last frames for a channels-first image policy (SB3's CnnPolicy) are transposed, as SB3's
-        // predict does.
-        let space = &self.compiled.manifest().observation;
-        let (batch, layout) = policyport::layout_of_shape(space, &shape).map_err(|e| {
-            ObservationError::new_err(format!(
-                "{e}; {len} numbers given ({per_env} per env; this policy's observation: {})",
-                serde_json::to_string(space).unwrap_or_default()
-            ))
-        })?;
         let view = match (layout, view) {
             (policyport::ObsLayout::AsIs, v) => v,
             (policyport::ObsLayout::ChannelsLast { c, h, w }, ObsView::F32(a)) => {
@@ -793,9 +775,9 @@ impl PyPolicy {
             .recurrent
             .as_ref()
             .is_none_or(|r| r.states.is_empty());
-        let sizes = state_sizes(&self.compiled);
         let state_arrs = state
             .map(|st| {
+                let sizes = state_sizes(&self.compiled);
                 if sizes.is_empty() {
                     return Err(StateError::new_err(
                         "state= given for a policy without recurrent state",
