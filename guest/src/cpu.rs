@@ -683,7 +683,12 @@ impl Executor for CpuProgram {
         let s = scratch_of::<CpuScratch>(scratch);
         let (batch, width) = (step.batch, self.row_width);
         rows.clear();
-        try_resize(rows, batch.saturating_mul(width), 0.0, "the act's output rows")?;
+        try_resize(
+            rows,
+            batch.saturating_mul(width),
+            0.0,
+            "the act's output rows",
+        )?;
         let parts = s.threads.as_ref().map_or(1, |t| {
             t.pool.threads().min(batch / MIN_ROWS_PER_THREAD).max(1)
         });

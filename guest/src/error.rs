@@ -66,6 +66,105 @@ pub enum PolicyError {
     },
 }
 
+/// What kind of refusal a [`PolicyError`] is: the one classification every boundary maps from — the C ABI's
+/// statuses, the plugin's error codes, the browser's error names, Python's exception classes — so they cannot
+/// disagree about the same refused call (they did: a wrong-length episode-starts argument was a bad call in C and
+/// the plugin but a state error in JS and Python). Each boundary maps the kind once; the finer variant under it is
+/// for the message and for callers who match on it.
+///
+/// Stable: a kind's [`code`](ErrorKind::code) and [`name`](ErrorKind::name) never change meaning. New kinds may be
+/// added, so a `match` outside this crate needs a wildcard arm.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The artifact was refused: container, manifest, weights, validation, limits, format version.
+    Artifact,
+    /// The observations: wrong length, shape or dtype, a NaN or infinity, a discrete value out of range.
+    Observation,
+    /// The call's other arguments do not fit: batch size, env ids, episode-start flags, action mask or epsilon.
+    Call,
+    /// A recurrent-state operation: an env or tensor out of range, values of the wrong size or not finite.
+    State,
+    /// The backend failed or cannot do what was asked, including a backend this build was not compiled with.
+    Backend,
+    /// Over the policy's memory limit, or an allocation the machine could not make: refused before anything
+    /// changed.
+    TooLarge,
+    /// The policy computed NaN or infinity.
+    NonFinite,
+}
+
+impl ErrorKind {
+    /// Every kind, in code order.
+    pub const ALL: [ErrorKind; 7] = [
+        ErrorKind::Artifact,
+        ErrorKind::Observation,
+        ErrorKind::Call,
+        ErrorKind::State,
+        ErrorKind::Backend,
+        ErrorKind::TooLarge,
+        ErrorKind::NonFinite,
+    ];
+
+    /// A negative number, the same as the wasm plugin ABI's error code of this kind (`policyport_abi::ErrorCode`;
+    /// that ABI's codes -6 and -7 are the sandbox's own failures, not kinds of a policy error).
+    pub const fn code(self) -> i32 {
+        match self {
+            ErrorKind::Artifact => -1,
+            ErrorKind::Observation => -2,
+            ErrorKind::Call => -3,
+            ErrorKind::State => -4,
+            ErrorKind::Backend => -5,
+            ErrorKind::TooLarge => -8,
+            ErrorKind::NonFinite => -9,
+        }
+    }
+
+    /// A lower-case word: what the browser's errors and Python's exceptions carry as `kind`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Artifact => "artifact",
+            ErrorKind::Observation => "observation",
+            ErrorKind::Call => "call",
+            ErrorKind::State => "state",
+            ErrorKind::Backend => "backend",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::NonFinite => "non_finite",
+        }
+    }
+
+    /// The kind of a [`code`](ErrorKind::code); `None` for a number that is no kind's.
+    pub fn from_code(code: i32) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl PolicyError {
+    /// This error's [`ErrorKind`]: what every boundary reports it as.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            PolicyError::Artifact(_) => ErrorKind::Artifact,
+            PolicyError::Observation(_) => ErrorKind::Observation,
+            // A wrong number of episode-start flags is a malformed call, like a wrong number of env ids; every
+            // other state error is about the state itself.
+            PolicyError::Batch { .. }
+            | PolicyError::EnvIds(_)
+            | PolicyError::HeadControl(_)
+            | PolicyError::State(StateError::EpisodeStarts { .. }) => ErrorKind::Call,
+            PolicyError::State(_) => ErrorKind::State,
+            PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => ErrorKind::Backend,
+            PolicyError::Memory { .. } | PolicyError::Allocation { .. } => ErrorKind::TooLarge,
+            PolicyError::NonFiniteOutput { .. } => ErrorKind::NonFinite,
+        }
+    }
+}
+
 /// The env ids of one request are unusable.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum EnvIdError {
@@ -206,7 +305,11 @@ pub(crate) fn try_resize<T: Clone>(
 
 /// Capacity for `len` elements in `v`, allocated fallibly; its contents are untouched (for outputs that must stay
 /// as they were if a later step of the call fails).
-pub(crate) fn try_reserve_len<T>(v: &mut Vec<T>, len: usize, what: &'static str) -> Result<(), PolicyError> {
+pub(crate) fn try_reserve_len<T>(
+    v: &mut Vec<T>,
+    len: usize,
+    what: &'static str,
+) -> Result<(), PolicyError> {
     v.try_reserve(len.saturating_sub(v.len()))
         .map_err(|_| PolicyError::Allocation {
             what,
@@ -222,6 +325,33 @@ mod tests {
     /// when the memory is not there ("memory allocation failed"). They grow through these helpers now: a typed
     /// error, and the vector as it was. (A length past what any allocator can give fails the same way on every
     /// machine; a merely large one depends on the machine and is not allocated in a test.)
+    #[test]
+    fn error_kinds_have_distinct_codes_and_names_that_round_trip() {
+        let mut codes: Vec<i32> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
+        codes.dedup();
+        assert_eq!(codes.len(), ErrorKind::ALL.len());
+        for k in ErrorKind::ALL {
+            assert!(k.code() < 0);
+            assert_eq!(ErrorKind::from_code(k.code()), Some(k));
+            assert_eq!(
+                ErrorKind::ALL
+                    .iter()
+                    .filter(|o| o.name() == k.name())
+                    .count(),
+                1
+            );
+        }
+        assert_eq!(ErrorKind::from_code(-6), None);
+        assert_eq!(
+            PolicyError::State(StateError::EpisodeStarts { found: 1, batch: 2 }).kind(),
+            ErrorKind::Call
+        );
+        assert_eq!(
+            PolicyError::State(StateError::NotRecurrent).kind(),
+            ErrorKind::State
+        );
+    }
+
     #[test]
     fn an_allocation_the_machine_cannot_make_is_a_typed_error_not_an_abort() {
         let mut v = vec![1.0f32, 2.0];

@@ -46,7 +46,8 @@ mod wgpu_setup;
 pub use backend::{Backend, CpuOptions, CpuPrecision, UnknownBackend, UnknownPrecision};
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
 pub use error::{
-    BackendError, EnvIdError, HeadControlError, ObservationError, PolicyError, StateError,
+    BackendError, EnvIdError, ErrorKind, HeadControlError, ObservationError, PolicyError,
+    StateError,
 };
 pub use executor::{
     ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,

@@ -486,7 +486,11 @@ impl Session {
         };
         if self.obs_buf.capacity() < obs_numbers {
             self.obs_buf.clear();
-            try_reserve_len(&mut self.obs_buf, obs_numbers, "the preprocessed observations")?;
+            try_reserve_len(
+                &mut self.obs_buf,
+                obs_numbers,
+                "the preprocessed observations",
+            )?;
         }
         let policy = &self.policy;
         let placement = policy.executor().placement();
@@ -599,12 +603,24 @@ impl Session {
         let head = self.policy.head();
         let (batch, k, np) = (p.batch, head.action_len, head.dist_params_len);
         let out = &mut self.out;
-        let room = try_reserve_len(&mut out.dist_params, batch.saturating_mul(np), "the act's outputs")
-            .and_then(|()| try_reserve_len(&mut out.value, batch, "the act's outputs"))
-            .and_then(|()| match head.is_discrete() {
-                true => try_reserve_len(&mut out.discrete, batch.saturating_mul(k), "the act's outputs"),
-                false => try_reserve_len(&mut out.continuous, batch.saturating_mul(k), "the act's outputs"),
-            });
+        let room = try_reserve_len(
+            &mut out.dist_params,
+            batch.saturating_mul(np),
+            "the act's outputs",
+        )
+        .and_then(|()| try_reserve_len(&mut out.value, batch, "the act's outputs"))
+        .and_then(|()| match head.is_discrete() {
+            true => try_reserve_len(
+                &mut out.discrete,
+                batch.saturating_mul(k),
+                "the act's outputs",
+            ),
+            false => try_reserve_len(
+                &mut out.continuous,
+                batch.saturating_mul(k),
+                "the act's outputs",
+            ),
+        });
         if let Err(e) = room {
             self.rows = rows;
             return Err(e);

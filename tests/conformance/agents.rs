@@ -474,14 +474,21 @@ fn agents_masks_reach_the_runtime_per_agent() {
             }
             // Every fifth tick a masked row and an unmasked row are withdrawn again (the last rows move into
             // their places, masks with them).
-            let withdrawn = if t % 5 == 0 { vec![t % 2, 1 - t % 2] } else { vec![] };
+            let withdrawn = if t % 5 == 0 {
+                vec![t % 2, 1 - t % 2]
+            } else {
+                vec![]
+            };
             for &k in &withdrawn {
                 assert!(agents.unobserve(ids[k]));
             }
             let tick = agents.act().unwrap();
             for (k, id) in ids.iter().enumerate() {
                 if withdrawn.contains(&k) {
-                    assert!(tick.discrete(*id).is_none(), "{name}: agent {k} was withdrawn");
+                    assert!(
+                        tick.discrete(*id).is_none(),
+                        "{name}: agent {k} was withdrawn"
+                    );
                 } else if let Some(a) = only[k] {
                     assert_eq!(tick.discrete(*id).unwrap()[0], a, "{name}: agent {k}");
                 }

@@ -282,7 +282,7 @@ pub(crate) fn compile_c_example(name: &str, dir: &Path) -> std::path::PathBuf {
     let lib_dir = target_profile_dir();
     let header_dir = Path::new(HEADER).parent().unwrap();
     let example =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../host/capi/examples/{name}.c"));
+        policyport_conformance::package_dir().join(format!("../host/capi/examples/{name}.c"));
     let exe = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
@@ -641,7 +641,7 @@ pub(crate) fn run_agents_example(exe: &Path, artifact: &Path, sandboxed: bool) -
 }
 
 /// Load `bytes` through the C ABI, natively (cpu) or in the sandbox (60 s deadline).
-unsafe fn c_load(bytes: &[u8], sandboxed: bool) -> *mut PpPolicy {
+pub(crate) unsafe fn c_load(bytes: &[u8], sandboxed: bool) -> *mut PpPolicy {
     let mut p: *mut PpPolicy = std::ptr::null_mut();
     unsafe {
         if sandboxed {

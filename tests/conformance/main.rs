@@ -35,6 +35,7 @@ mod masks;
 mod onnx_backend;
 mod parity;
 mod recurrent;
+mod refusals;
 mod rllib;
 mod sb3;
 mod torch;

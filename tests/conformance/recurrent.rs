@@ -318,7 +318,7 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
 #[test]
 fn the_recurrent_policy_and_its_float64_answers_are_committed_for_the_browser() {
     let (bytes, t) = elman();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("expected");
+    let dir = policyport_conformance::package_dir().join("expected");
     policyport_conformance::assert_snapshot_bytes(&dir.join("elman.policy"), &bytes);
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
     let ids = [2u32, 0];

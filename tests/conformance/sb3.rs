@@ -157,7 +157,20 @@ fn hostile_sb3_archives_are_typed_errors() {
     // the importer; its walk is now counted and refused at once.
     let mut bomb = b"\x80\x02}q\x00(X\x01\x00\x00\x00wK\x01u".to_vec();
     for level in 1..=60u8 {
-        bomb.extend_from_slice(&[b'}', b'q', level, b'(', b'X', 1, 0, 0, 0, b'a', b'h', level - 1]);
+        bomb.extend_from_slice(&[
+            b'}',
+            b'q',
+            level,
+            b'(',
+            b'X',
+            1,
+            0,
+            0,
+            0,
+            b'a',
+            b'h',
+            level - 1,
+        ]);
         bomb.extend_from_slice(&[b'X', 1, 0, 0, 0, b'b', b'h', level - 1, b'u']);
     }
     bomb.push(b'.');

@@ -92,7 +92,8 @@ fn plugin_errors_are_typed_and_the_instance_survives_them() {
             &Request::new(Observations::F32(&[0.0; 3]), 1, ActMode::Deterministic),
             &mut out
         ),
-        Err(WasmError::Call(_))
+        // A short observation buffer is the runtime's own observation error, as on the native session.
+        Err(WasmError::Policy(policyport::PolicyError::Observation(_)))
     ));
     p.act(
         &Request::new(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic)

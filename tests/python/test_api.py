@@ -183,7 +183,8 @@ def test_typed_errors_and_nothing_lost(cartpole):
         (lambda: p.act(good, env_ids=[0]), pp.EnvIdError),
         (lambda: p.act(good, env_ids=[-1, 0]), pp.EnvIdError),
         (lambda: p.act(good, env_ids=[2**32, 0]), pp.EnvIdError),
-        (lambda: p.act(good, episode_starts=[True]), pp.StateError),
+        # A wrong number of flags is a malformed call (kind "call"), as in C, the plugin and the browser.
+        (lambda: p.act(good, episode_starts=[True]), pp.EpisodeStartsError),
         (lambda: p.set_state([0], []), pp.StateError),
         (lambda: p.act("not an array"), (pp.ObservationError, ValueError)),
         (lambda: pp.compile(b"\x00" * 64, spec={}), pp.CompileError),
@@ -197,6 +198,16 @@ def test_typed_errors_and_nothing_lost(cartpole):
         with pytest.raises(exc):
             fn()
     assert issubclass(pp.NotCompiledError, pp.BackendError) and issubclass(pp.UnsupportedModelError, pp.CompileError)
+    # Each class carries the core's kind name, inherited by its finer subclasses.
+    kinds = {
+        pp.ArtifactError: "artifact", pp.ObservationError: "observation", pp.CallError: "call",
+        pp.BatchError: "call", pp.EnvIdError: "call", pp.ActionMaskError: "call", pp.EpisodeStartsError: "call",
+        pp.StateError: "state", pp.BackendError: "backend", pp.NotCompiledError: "backend",
+        pp.MemoryLimitError: "too_large", pp.NonFiniteOutputError: "non_finite", pp.CompileError: None,
+        pp.PolicyportError: None,
+    }
+    for cls, kind in kinds.items():
+        assert cls.kind == kind, (cls, cls.kind)
     np.testing.assert_array_equal(p.act(good, seed=1).actions, before)
 
 

@@ -34,6 +34,15 @@ count_cargo() {
   read -r p f i < <(awk '/^test result:/ {p += $4; f += $6; i += $8} END {print p + 0, f + 0, i + 0}' "$1")
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + i))
   [ "$f" = 0 ] || failures+=("$f failed in $(basename "$1")")
+  # Name each failing test and the first line of its panic in the summary: CI shows only the log's tail, and a
+  # count alone left a failure on the CI machine unidentifiable (2026-12-04).
+  while IFS= read -r line; do
+    failures+=("  $line")
+  done < <(awk '
+    /^---- .* stdout ----$/ { name = $2; want = 1; next }
+    want && /panicked at/ { getline msg; print name ": " substr(msg, 1, 300); want = 0 }
+    /^test .* \.\.\. FAILED$/ { print "test " $2 " FAILED" }
+  ' "$1" | sort -u)
   while IFS= read -r line; do
     skips+=("$line ($(basename "$1"))")
     allowed_skip "$line" || blocking_skips=$((blocking_skips + 1))

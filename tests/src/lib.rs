@@ -8,11 +8,23 @@ use policyport_import::{FixtureIo, ImportSpec, Storage, compile_onnx};
 use policyport_torch::{TorchError, TorchOptions};
 use policyport_wasmtime::{WasmError, WasmRuntime};
 
+/// This package's directory (`tests/`) as `cargo test` names it when it runs the binary, else where it was built.
+///
+/// Why not just `env!("CARGO_MANIFEST_DIR")`: cargo does not rebuild a workspace moved to another directory
+/// (fingerprints hold paths relative to the workspace root), so with the shared target dir outside the clone a
+/// binary built in one clone kept reading the fixtures of that clone, or of a deleted one ("cartpole/policy.onnx:
+/// No such file or directory" from every test, 2026-12-04). `cargo test` sets the variable at run time too.
+pub fn package_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// tests/fixtures, or `POLICYPORT_FIXTURES` (a test binary copied to another machine, e.g. the GPU check).
 pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("POLICYPORT_FIXTURES") {
         Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
+        None => package_dir().join("fixtures"),
     }
 }
 

@@ -11,11 +11,8 @@ use policyport::{ActMode, CompiledPolicy, EnvIds, Observations, PolicyError, Req
 use policyport_abi::{ABI_VERSION, ErrorCode, Mode, ObsDType, PluginInfo};
 
 // The codes as `i32`s, for the export bodies (the one definition is `policyport_abi::ErrorCode`).
-const ERR_ARTIFACT: i32 = ErrorCode::Artifact.code();
-const ERR_OBSERVATION: i32 = ErrorCode::Observation.code();
 const ERR_CALL: i32 = ErrorCode::Call.code();
 const ERR_STATE: i32 = ErrorCode::State.code();
-const ERR_BACKEND: i32 = ErrorCode::Backend.code();
 const ERR_HANDLE: i32 = ErrorCode::Handle.code();
 
 /// The `cpu` backend, its dense layers offered to the host (the host-lent kernel, ABI.md): a host that declines
@@ -99,20 +96,10 @@ fn fail(code: i32, msg: impl std::fmt::Display) -> i32 {
     code
 }
 
+/// The ABI code of a policy error: its kind's code, which is the ABI's by definition (`ErrorKind::code`; the
+/// test `every_error_kind_is_an_abi_code` holds them together).
 fn code_of(e: &PolicyError) -> i32 {
-    match e {
-        PolicyError::Artifact(_) => ERR_ARTIFACT,
-        PolicyError::Observation(_) => ERR_OBSERVATION,
-        PolicyError::Batch { .. } | PolicyError::EnvIds(_) | PolicyError::HeadControl(_) => {
-            ERR_CALL
-        }
-        // A wrong episode-start length is a malformed call; every other state error is about the state.
-        PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => ERR_CALL,
-        PolicyError::State(_) => ERR_STATE,
-        PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => ERR_BACKEND,
-        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => ErrorCode::TooLarge.code(),
-        PolicyError::NonFiniteOutput { .. } => ErrorCode::NonFinite.code(),
-    }
+    e.kind().code()
 }
 
 /// Bytes of this module's linear memory now (it only grows, so a range checked here stays valid for the call).
@@ -525,4 +512,34 @@ pub extern "C" fn pp_drop(handle: i32) -> i32 {
             _ => fail(ERR_HANDLE, format!("no policy with handle {handle}")),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policyport::ErrorKind;
+
+    /// `code_of` returns a policy error's kind's code as the ABI's: every kind must be an ABI code, and the one
+    /// the ABI documents for it (the sandbox's own codes, Handle and Memory, are no kind's).
+    #[test]
+    fn every_error_kind_is_an_abi_code() {
+        for kind in ErrorKind::ALL {
+            let code = ErrorCode::from_code(kind.code())
+                .unwrap_or_else(|| panic!("{kind} has no ABI code"));
+            let want = match kind {
+                ErrorKind::Artifact => ErrorCode::Artifact,
+                ErrorKind::Observation => ErrorCode::Observation,
+                ErrorKind::Call => ErrorCode::Call,
+                ErrorKind::State => ErrorCode::State,
+                ErrorKind::Backend => ErrorCode::Backend,
+                ErrorKind::TooLarge => ErrorCode::TooLarge,
+                ErrorKind::NonFinite => ErrorCode::NonFinite,
+                _ => panic!("{kind}: a new kind needs its ABI code (policyport_abi::ErrorCode)"),
+            };
+            assert_eq!(code, want, "{kind}");
+        }
+        for code in [ErrorCode::Handle, ErrorCode::Memory] {
+            assert_eq!(ErrorKind::from_code(code.code()), None);
+        }
+    }
 }

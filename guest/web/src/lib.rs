@@ -28,8 +28,8 @@ use js_sys::{
     Float32Array, Float64Array, Int32Array, Object, Promise, Reflect, Uint8Array, Uint32Array,
 };
 use policyport::{
-    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
-    Session,
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, ErrorKind, Observations, PolicyError,
+    Request, Session,
 };
 use wasm_bindgen::prelude::*;
 
@@ -208,7 +208,7 @@ pub async fn start_threads(n: u32) -> Result<u32, JsValue> {
             let message = e
                 .dyn_ref::<js_sys::Error>()
                 .map_or_else(|| format!("{e:?}"), |e| String::from(e.message()));
-            error("PolicyportBackendError", message)
+            error("PolicyportBackendError", ErrorKind::Backend, message)
         };
         let started =
             spawn_workers(wasm_bindgen::module(), wasm_bindgen::memory(), n).map_err(failed)?;
@@ -221,6 +221,7 @@ pub async fn start_threads(n: u32) -> Result<u32, JsValue> {
     {
         Err(error(
             "PolicyportNotCompiledError",
+            ErrorKind::Backend,
             format!(
                 "the {} bundle has no wasm threads: load pkg/cpu-threads (built with +atomics) for startThreads",
                 bundle()
@@ -250,6 +251,7 @@ pub fn worker_serve(ready: &js_sys::Function) -> Result<(), JsValue> {
     if has("document") || !has("importScripts") {
         return Err(error(
             "PolicyportBackendError",
+            ErrorKind::Backend,
             "workerServe runs in a Web Worker only (startThreads starts them); the page's own thread \
              cannot serve a pool",
         ));
@@ -288,9 +290,12 @@ pub fn version() -> String {
 }
 
 /// A JS `Error` whose `name` says the kind of failure.
-fn error(kind: &str, message: impl std::fmt::Display) -> JsValue {
+/// A JS `Error` named `name` whose `kind` property is the core's [`ErrorKind`] name ("call", "state", ...): the
+/// same word Python's exceptions carry and the same kind the C statuses and plugin codes map from.
+fn error(name: &str, kind: ErrorKind, message: impl std::fmt::Display) -> JsValue {
     let e = js_sys::Error::new(&message.to_string());
-    e.set_name(kind);
+    e.set_name(name);
+    let _ = Reflect::set(&e, &key("kind"), &JsValue::from_str(kind.name()));
     e.into()
 }
 
@@ -310,23 +315,33 @@ fn flags_field(options: &JsValue, name: &'static str) -> Result<Option<Vec<bool>
 }
 
 fn policy_error(e: &PolicyError) -> JsValue {
-    let kind = match e {
-        PolicyError::Artifact(_) => "PolicyportArtifactError",
-        PolicyError::Observation(_) => "PolicyportObservationError",
-        PolicyError::Batch { .. } | PolicyError::EnvIds(_) | PolicyError::HeadControl(_) => {
-            "PolicyportArgumentError"
-        }
-        PolicyError::State(_) => "PolicyportStateError",
-        PolicyError::Backend(_) => "PolicyportBackendError",
-        PolicyError::NotCompiled { .. } => "PolicyportNotCompiledError",
-        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => "PolicyportMemoryError",
-        PolicyError::NonFiniteOutput { .. } => "PolicyportNonFiniteError",
+    let kind = e.kind();
+    let name = match (e, kind) {
+        // Finer than its kind (backend), and named since before kinds existed.
+        (PolicyError::NotCompiled { .. }, _) => "PolicyportNotCompiledError",
+        (_, ErrorKind::Artifact) => "PolicyportArtifactError",
+        (_, ErrorKind::Observation) => "PolicyportObservationError",
+        (_, ErrorKind::Call) => "PolicyportArgumentError",
+        (_, ErrorKind::State) => "PolicyportStateError",
+        (_, ErrorKind::TooLarge) => "PolicyportMemoryError",
+        (_, ErrorKind::NonFinite) => "PolicyportNonFiniteError",
+        _ => "PolicyportBackendError",
     };
-    error(kind, e)
+    error(name, kind, e)
+}
+
+/// Observations of a type act() does not read (the core's observation kind, as a NumPy array of strings is in
+/// Python).
+fn obs_error(message: impl std::fmt::Display) -> JsValue {
+    error(
+        "PolicyportObservationError",
+        ErrorKind::Observation,
+        message,
+    )
 }
 
 fn arg_error(message: impl std::fmt::Display) -> JsValue {
-    error("PolicyportArgumentError", message)
+    error("PolicyportArgumentError", ErrorKind::Call, message)
 }
 
 thread_local! {
@@ -445,13 +460,13 @@ impl Inner {
             for x in a.iter() {
                 v.push(
                     x.as_f64()
-                        .ok_or_else(|| arg_error("observations must be numbers"))?
+                        .ok_or_else(|| obs_error("observations must be numbers"))?
                         as f32,
                 );
             }
             ObsBuf::F32(v)
         } else {
-            return Err(arg_error(
+            return Err(obs_error(
                 "observations must be a Float32Array, Uint8Array, Float64Array or an array of numbers",
             ));
         };
@@ -459,9 +474,17 @@ impl Inner {
             ObsBuf::F32(v) => v.len(),
             ObsBuf::U8(v) => v.len(),
         };
-        if len == 0 || len % self.obs_len != 0 {
+        if len == 0 {
+            // No rows is a batch of 0: the runtime's batch error (kind call), as every other API reports it.
+            return Err(policy_error(&PolicyError::Batch {
+                batch: 0,
+                max: policyport::MAX_BATCH,
+            }));
+        }
+        if len % self.obs_len != 0 {
             return Err(error(
                 "PolicyportObservationError",
+                ErrorKind::Observation,
                 format!(
                     "{len} numbers are not a whole number of observations of {} numbers each",
                     self.obs_len
@@ -487,6 +510,7 @@ impl Inner {
             if batch * self.obs_len != len {
                 return Err(error(
                     "PolicyportObservationError",
+                    ErrorKind::Observation,
                     format!("shape {dims:?} does not hold the {len} numbers given"),
                 ));
             }
@@ -687,6 +711,7 @@ impl Policy {
         if i.backend != "cpu" {
             return Err(error(
                 "PolicyportBackendError",
+                ErrorKind::Backend,
                 "actSync runs on the cpu backend only; await act() on webgpu",
             ));
         }
@@ -812,6 +837,7 @@ impl Policy {
 fn busy() -> JsValue {
     error(
         "PolicyportBusyError",
+        ErrorKind::Call,
         "another call on this policy is in flight: await it first",
     )
 }

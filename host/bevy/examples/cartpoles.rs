@@ -47,7 +47,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = match arg(&args, "--policy") {
         Some(p) => std::fs::read(p)?,
         None => {
-            let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/cartpole");
+            // The bundled fixture: under the package `cargo run` names at run time, else under the current
+            // directory (test.sh runs the binary from the repository's root), else where this was built (cargo
+            // does not rebuild a moved clone, so the built-in path may be another clone's).
+            let root = std::env::var("CARGO_MANIFEST_DIR")
+                .map(|d| format!("{d}/../../tests/fixtures/cartpole"))
+                .ok()
+                .filter(|r| std::path::Path::new(r).is_dir())
+                .or_else(|| {
+                    let r = "tests/fixtures/cartpole".to_string();
+                    std::path::Path::new(&r).is_dir().then_some(r)
+                })
+                .unwrap_or_else(|| {
+                    concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/cartpole")
+                        .to_string()
+                });
             let onnx = std::fs::read(format!("{root}/policy.onnx"))?;
             let spec = serde_json::from_slice(&std::fs::read(format!("{root}/import.json"))?)?;
             policyport_import::compile_onnx(

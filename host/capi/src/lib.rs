@@ -12,10 +12,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
 use policyport::{
-    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, PolicyInfo,
-    Request, Session,
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, ErrorKind, Observations, PolicyError,
+    PolicyInfo, Request, Session,
 };
-use policyport_abi::ErrorCode;
 use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError, RowOutputs};
 use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
 
@@ -121,39 +120,29 @@ fn set_error(msg: impl std::fmt::Display) {
     LAST_ERROR.with(|e| *e.borrow_mut() = s);
 }
 
+/// The status of a policy error: its kind's ([`ErrorKind`], the one map every boundary shares).
 fn status_of(e: &PolicyError) -> PpStatus {
-    match e {
-        PolicyError::Artifact(_) => PpStatus::InvalidArtifact,
-        PolicyError::Observation(_) => PpStatus::BadObservation,
-        PolicyError::Batch { .. }
-        | PolicyError::EnvIds(_)
-        | PolicyError::HeadControl(_)
-        | PolicyError::State(policyport::StateError::EpisodeStarts { .. }) => PpStatus::BadCall,
-        PolicyError::State(_) => PpStatus::State,
-        PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => PpStatus::Backend,
-        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => PpStatus::TooLarge,
-        PolicyError::NonFiniteOutput { .. } => PpStatus::NonFiniteOutput,
+    status_of_kind(e.kind())
+}
+
+fn status_of_kind(kind: ErrorKind) -> PpStatus {
+    match kind {
+        ErrorKind::Artifact => PpStatus::InvalidArtifact,
+        ErrorKind::Observation => PpStatus::BadObservation,
+        ErrorKind::Call => PpStatus::BadCall,
+        ErrorKind::State => PpStatus::State,
+        ErrorKind::Backend => PpStatus::Backend,
+        ErrorKind::TooLarge => PpStatus::TooLarge,
+        ErrorKind::NonFinite => PpStatus::NonFiniteOutput,
+        // A kind added to the core after this ABI: the closest status every caller already handles.
+        _ => PpStatus::Backend,
     }
 }
 
+/// The status of a sandbox error: its kind's, as a native error's ([`WasmError::kind`]); a failure of the sandbox
+/// itself (deadline, memory cap, trap, the host's handle, a broken plugin) is `Sandbox`.
 fn wasm_status(e: &WasmError) -> PpStatus {
-    match e {
-        // Exhaustive over the ABI's codes (policyport_abi::ErrorCode): a new code must be mapped here.
-        WasmError::Guest { code, .. } => match code {
-            ErrorCode::Artifact => PpStatus::InvalidArtifact,
-            ErrorCode::Observation => PpStatus::BadObservation,
-            ErrorCode::Call => PpStatus::BadCall,
-            ErrorCode::State => PpStatus::State,
-            ErrorCode::Backend => PpStatus::Backend,
-            // The host's own handle or the sandbox's memory: a failure of the sandbox, not of the caller's input.
-            ErrorCode::Handle | ErrorCode::Memory => PpStatus::Sandbox,
-            ErrorCode::TooLarge => PpStatus::TooLarge,
-            ErrorCode::NonFinite => PpStatus::NonFiniteOutput,
-        },
-        WasmError::Call(_) => PpStatus::BadCall,
-        WasmError::Policy(p) => status_of(p),
-        _ => PpStatus::Sandbox,
-    }
+    e.kind().map_or(PpStatus::Sandbox, status_of_kind)
 }
 
 /// Run `f`, turning errors and panics into a status and a message.

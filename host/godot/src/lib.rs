@@ -42,9 +42,11 @@ impl PolicyRunner {
     fn load(&mut self, path: GString, seed: i64, sample: bool) -> bool {
         let bytes = FileAccess::get_file_as_bytes(&path);
         if bytes.is_empty() {
-            return self.runner.fail(policyport_agents::ScriptError::Argument(format!(
-                "could not read {path} (missing, empty or not readable)"
-            )));
+            return self
+                .runner
+                .fail(policyport_agents::ScriptError::Argument(format!(
+                    "could not read {path} (missing, empty or not readable)"
+                )));
         }
         self.load_bytes(bytes, seed, sample)
     }
@@ -84,8 +86,11 @@ impl PolicyRunner {
     /// nothing changed) if the policy refused.
     #[func]
     fn tick(&mut self, ids: PackedInt64Array, observations: PackedFloat32Array) -> bool {
-        self.runner
-            .tick(ids.as_slice().iter().copied(), observations.as_slice(), None)
+        self.runner.tick(
+            ids.as_slice().iter().copied(),
+            observations.as_slice(),
+            None,
+        )
     }
 
     /// [`PolicyRunner::tick`] with action masks: one byte per logit per id, 1 allowed, 0 forbidden.

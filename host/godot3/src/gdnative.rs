@@ -61,9 +61,8 @@ pub struct InitOptions {
     pub core_api_hash: u64,
     pub editor_api_hash: u64,
     pub no_api_hash: u64,
-    pub report_version_mismatch: Option<
-        unsafe extern "C" fn(*const c_void, *const c_char, ApiVersion, ApiVersion),
-    >,
+    pub report_version_mismatch:
+        Option<unsafe extern "C" fn(*const c_void, *const c_char, ApiVersion, ApiVersion)>,
     pub report_loading_error: Option<unsafe extern "C" fn(*const c_void, *const c_char)>,
     pub gd_native_library: *const c_void,
     pub api_struct: *const CoreApi,
@@ -319,7 +318,9 @@ impl Api {
             if !(*core).extensions.is_null() {
                 for i in 0..(*core).num_extensions as usize {
                     let ext = *(*core).extensions.add(i);
-                    if !ext.is_null() && (*ext).kind == API_NATIVESCRIPT && (*ext).version.major == 1
+                    if !ext.is_null()
+                        && (*ext).kind == API_NATIVESCRIPT
+                        && (*ext).version.major == 1
                     {
                         nativescript = ext as *const NativeScriptApi;
                         break;
@@ -457,7 +458,10 @@ impl Api {
         // SAFETY: `s` is a live String; the char string made from it is read within its length, then destroyed.
         unsafe {
             let mut cs = self.string_utf8()(s);
-            let (p, n) = (self.char_string_get_data()(&cs), self.char_string_length()(&cs));
+            let (p, n) = (
+                self.char_string_get_data()(&cs),
+                self.char_string_length()(&cs),
+            );
             let text = if p.is_null() || n <= 0 {
                 String::new()
             } else {

@@ -22,7 +22,9 @@ use std::ffi::{CStr, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use gdnative::{Api, InitOptions, InstanceCreate, InstanceDestroy, InstanceMethod, Variant, variant_type};
+use gdnative::{
+    Api, InitOptions, InstanceCreate, InstanceDestroy, InstanceMethod, Variant, variant_type,
+};
 use policyport_agents::{ScriptError, ScriptRunner};
 
 /// The engine's API, taken once in `godot_gdnative_init`.
@@ -47,7 +49,8 @@ pub unsafe extern "C" fn godot_gdnative_init(options: *mut InitOptions) {
                 if let Some(opts) = options.as_ref()
                     && let Some(report) = opts.report_loading_error
                 {
-                    let msg = std::ffi::CString::new(format!("policyport: {e}")).unwrap_or_default();
+                    let msg =
+                        std::ffi::CString::new(format!("policyport: {e}")).unwrap_or_default();
                     report(opts.gd_native_library, msg.as_ptr());
                 }
             }
@@ -103,7 +106,11 @@ unsafe extern "C" fn runner_create(_object: *mut c_void, _method_data: *mut c_vo
     Box::into_raw(Box::new(ScriptRunner::default())).cast()
 }
 
-unsafe extern "C" fn runner_destroy(_object: *mut c_void, _method_data: *mut c_void, user: *mut c_void) {
+unsafe extern "C" fn runner_destroy(
+    _object: *mut c_void,
+    _method_data: *mut c_void,
+    user: *mut c_void,
+) {
     if !user.is_null() {
         // SAFETY: `user` is the box `runner_create` made for this instance; Godot destroys each instance once.
         drop(unsafe { Box::from_raw(user.cast::<ScriptRunner>()) });
@@ -181,12 +188,21 @@ unsafe fn call(
 }
 
 /// The argument `i` of type `want`, or the refusal naming what was passed instead.
-fn arg<'a>(api: &Api, name: &str, args: &[&'a Variant], i: usize, want: &[i32]) -> Result<&'a Variant, ScriptError> {
+fn arg<'a>(
+    api: &Api,
+    name: &str,
+    args: &[&'a Variant],
+    i: usize,
+    want: &[i32],
+) -> Result<&'a Variant, ScriptError> {
     let Some(v) = args.get(i) else {
         return Err(ScriptError::Argument(format!(
             "{name}() takes an argument {} ({}), {} given",
             i + 1,
-            want.iter().map(|t| variant_type::name(*t)).collect::<Vec<_>>().join(" or "),
+            want.iter()
+                .map(|t| variant_type::name(*t))
+                .collect::<Vec<_>>()
+                .join(" or "),
             args.len()
         )));
     };
@@ -198,7 +214,10 @@ fn arg<'a>(api: &Api, name: &str, args: &[&'a Variant], i: usize, want: &[i32]) 
         Err(ScriptError::Argument(format!(
             "{name}(): argument {} must be {}, not {}",
             i + 1,
-            want.iter().map(|t| variant_type::name(*t)).collect::<Vec<_>>().join(" or "),
+            want.iter()
+                .map(|t| variant_type::name(*t))
+                .collect::<Vec<_>>()
+                .join(" or "),
             variant_type::name(t)
         )))
     }
@@ -218,7 +237,13 @@ mod load_bytes {
             let seed = arg(api, "load_bytes", args, 1, &[variant_type::INT])?;
             let sample = arg(api, "load_bytes", args, 2, &[variant_type::BOOL])?;
             // SAFETY: typed live variants.
-            Ok(unsafe { (bytes, api.variant_as_int()(seed), api.variant_as_bool()(sample)) })
+            Ok(unsafe {
+                (
+                    bytes,
+                    api.variant_as_int()(seed),
+                    api.variant_as_bool()(sample),
+                )
+            })
         })();
         match parsed {
             // SAFETY: `bytes` is a PoolByteArray variant.
@@ -280,8 +305,20 @@ mod respawn {
 
 /// `tick` and `tick_masked`: ids (an Array of ints), observations (a PoolRealArray or an Array of numbers) and,
 /// masked, one 0/1 byte per logit per id (a PoolByteArray).
-fn tick_with(r: &mut ScriptRunner, api: &Api, args: &[&Variant], name: &str, masked: bool) -> Variant {
-    let ids_arg = match arg(api, name, args, 0, &[variant_type::ARRAY, variant_type::POOL_INT_ARRAY]) {
+fn tick_with(
+    r: &mut ScriptRunner,
+    api: &Api,
+    args: &[&Variant],
+    name: &str,
+    masked: bool,
+) -> Variant {
+    let ids_arg = match arg(
+        api,
+        name,
+        args,
+        0,
+        &[variant_type::ARRAY, variant_type::POOL_INT_ARRAY],
+    ) {
         Ok(v) => v,
         Err(e) => return refuse(r, e, api.bool_variant(false)),
     };
@@ -292,7 +329,13 @@ fn tick_with(r: &mut ScriptRunner, api: &Api, args: &[&Variant], name: &str, mas
         ));
         return refuse(r, e, api.bool_variant(false));
     }
-    let obs_arg = match arg(api, name, args, 1, &[variant_type::POOL_REAL_ARRAY, variant_type::ARRAY]) {
+    let obs_arg = match arg(
+        api,
+        name,
+        args,
+        1,
+        &[variant_type::POOL_REAL_ARRAY, variant_type::ARRAY],
+    ) {
         Ok(v) => v,
         Err(e) => return refuse(r, e, api.bool_variant(false)),
     };

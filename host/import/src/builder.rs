@@ -35,12 +35,22 @@ impl<'a> GraphBuilder<'a> {
     /// under two names, as SB3 saves a shared features extractor); a copy that differs stays unread.
     pub(crate) fn read_as_alias(&self, alias: &str, of: &str) {
         let same = |a: &Tensor, b: &Tensor| {
-            a.shape == b.shape && a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits())
+            a.shape == b.shape
+                && a.data
+                    .iter()
+                    .zip(&b.data)
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
         };
         let mut read = self.read.borrow_mut();
         for (k, t) in self.sd.range(alias.to_string()..) {
-            let Some(rest) = k.strip_prefix(alias) else { break };
-            if self.sd.get(&format!("{of}{rest}")).is_some_and(|o| same(o, t)) {
+            let Some(rest) = k.strip_prefix(alias) else {
+                break;
+            };
+            if self
+                .sd
+                .get(&format!("{of}{rest}"))
+                .is_some_and(|o| same(o, t))
+            {
                 read.insert(k.as_str());
             }
         }
@@ -70,7 +80,11 @@ impl<'a> GraphBuilder<'a> {
             what: self.what,
             keys: unread
                 .iter()
-                .take(if std::env::var_os("POLICYPORT_ALL_UNREAD").is_some() { usize::MAX } else { 12 })
+                .take(if std::env::var_os("POLICYPORT_ALL_UNREAD").is_some() {
+                    usize::MAX
+                } else {
+                    12
+                })
                 .map(|k| k.to_string())
                 .collect(),
             count: unread.len(),

@@ -217,7 +217,10 @@ pub fn import_cleanrl(
             // the trainer's env had: they must be the bounds given here (the artifact rescales with these).
             if let ActionSpace::Box { low, high, .. } = &action {
                 for (key, f) in [
-                    ("action_scale", (|l: f32, h: f32| (h - l) / 2.0) as fn(f32, f32) -> f32),
+                    (
+                        "action_scale",
+                        (|l: f32, h: f32| (h - l) / 2.0) as fn(f32, f32) -> f32,
+                    ),
                     ("action_bias", |l: f32, h: f32| (h + l) / 2.0),
                 ] {
                     if !b.has(key) {
@@ -230,7 +233,10 @@ pub fn import_cleanrl(
                         .map(|(l, h)| f(l.unwrap_or(0.0), h.unwrap_or(0.0)))
                         .collect();
                     let fits = t.data.len() == want.len()
-                        && t.data.iter().zip(&want).all(|(a, w)| (a - w).abs() <= 1e-6 * w.abs().max(1.0));
+                        && t.data
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, w)| (a - w).abs() <= 1e-6 * w.abs().max(1.0));
                     if !fits {
                         return Err(bad(format!(
                             "the checkpoint's {key} {:?} does not match the action bounds given ({want:?}): \

@@ -79,7 +79,11 @@ pub enum ImportError {
 
 /// One Box action bound as the manifest holds it: ±inf is unbounded (`None`), a finite number is the bound, and a
 /// NaN, or a finite value past f32's range, is [`ImportError::ActionBound`] (every importer reads bounds here).
-pub(crate) fn action_bound(value: f64, side: &'static str, index: usize) -> Result<Option<f32>, ImportError> {
+pub(crate) fn action_bound(
+    value: f64,
+    side: &'static str,
+    index: usize,
+) -> Result<Option<f32>, ImportError> {
     if value.is_infinite() {
         return Ok(None);
     }
@@ -127,7 +131,10 @@ pub fn detect_model(bytes: &[u8]) -> Result<ModelKind, ImportError> {
             }
             return Ok(ModelKind::Sb3Archive);
         }
-        if zip.names().any(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1) {
+        if zip
+            .names()
+            .any(|n| n.ends_with("/data.pkl") && n.matches('/').count() == 1)
+        {
             return Ok(ModelKind::StateDict);
         }
         let names: Vec<&str> = zip.names().take(8).collect();
@@ -185,7 +192,10 @@ mod detect_tests {
             (sb3[..sb3.len() - 10].to_vec(), "cannot be read"),
             (stored_zip(&[("data", b"{}")]), "without its 'policy.pth'"),
             (stored_zip(&[("policy.pth", b"x")]), "without its 'data'"),
-            (stored_zip(&[("notes.txt", b"x")]), "neither a Stable-Baselines3"),
+            (
+                stored_zip(&[("notes.txt", b"x")]),
+                "neither a Stable-Baselines3",
+            ),
             (b"\xff\xfe garbage".to_vec(), "not a model file"),
         ];
         for (bytes, want) in cases {
@@ -196,6 +206,9 @@ mod detect_tests {
         assert_eq!(detect_model(&torch).unwrap(), ModelKind::StateDict);
         assert_eq!(detect_model(b"\x80\x02}.").unwrap(), ModelKind::StateDict);
         // ONNX: ModelProto's ir_version (field 1, varint) first.
-        assert_eq!(detect_model(b"\x08\x08\x12\x07pytorch").unwrap(), ModelKind::Onnx);
+        assert_eq!(
+            detect_model(b"\x08\x08\x12\x07pytorch").unwrap(),
+            ModelKind::Onnx
+        );
     }
 }

@@ -1210,7 +1210,10 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         (None, false) => {}
     }
 
-    let state = parse(&files.module_state, "global in the RLModule's state pickle:")?;
+    let state = parse(
+        &files.module_state,
+        "global in the RLModule's state pickle:",
+    )?;
     let Node::Call { items, .. } = state.get(state.root) else {
         return Err(bad("module_state.pkl is not an OrderedDict of arrays"));
     };
@@ -1920,7 +1923,17 @@ mod tests {
     fn a_model_config_of_shared_lists_is_a_typed_error_not_an_abort() {
         let mut p = b"\x80\x02]q\x00K\x01a".to_vec();
         for level in 1..=60u8 {
-            p.extend_from_slice(&[b']', b'q', level, b'(', b'h', level - 1, b'h', level - 1, b'e']);
+            p.extend_from_slice(&[
+                b']',
+                b'q',
+                level,
+                b'(',
+                b'h',
+                level - 1,
+                b'h',
+                level - 1,
+                b'e',
+            ]);
         }
         p.push(b'.');
         let pk = pickle::parse(&p).unwrap();
@@ -1929,7 +1942,10 @@ mod tests {
         assert!(
             matches!(
                 err,
-                ImportError::Pickle(pickle::PickleError::SharedExpansion { what: "model_config", .. })
+                ImportError::Pickle(pickle::PickleError::SharedExpansion {
+                    what: "model_config",
+                    ..
+                })
             ),
             "{err}"
         );

@@ -169,7 +169,11 @@ fn action_space(v: &Value) -> Result<ActionSpace, ImportError> {
                 .map(|x| {
                     (x.fract() == 0.0 && (1.0..=f64::from(u32::MAX)).contains(&x))
                         .then_some(x as usize)
-                        .ok_or_else(|| bad(format!("MultiDiscrete nvec entry {x} is not a positive integer")))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "MultiDiscrete nvec entry {x} is not a positive integer"
+                            ))
+                        })
                 })
                 .collect::<Result<_, _>>()?;
             Ok(ActionSpace::MultiDiscrete { nvec })
@@ -1055,9 +1059,14 @@ mod tests {
         }
         assert!(matches!(
             action_space(&box_space("[-2. -2.]", "[2. 1e300]")).unwrap_err(),
-            ImportError::ActionBound { side: "high", index: 1, .. }
+            ImportError::ActionBound {
+                side: "high",
+                index: 1,
+                ..
+            }
         ));
-        let ActionSpace::Box { low, high, .. } = action_space(&box_space("[-inf -2.]", "[inf 2.]")).unwrap()
+        let ActionSpace::Box { low, high, .. } =
+            action_space(&box_space("[-inf -2.]", "[inf 2.]")).unwrap()
         else {
             panic!("a Box")
         };
@@ -1070,7 +1079,10 @@ mod tests {
         for nvec in ["[3 nan]", "[3 2.5]", "[3 -2]", "[3 0]"] {
             let v = json!({":type:": "<class 'gymnasium.spaces.multi_discrete.MultiDiscrete'>", "nvec": nvec});
             let e = action_space(&v).unwrap_err();
-            assert!(e.to_string().contains("not a positive integer"), "{nvec}: {e}");
+            assert!(
+                e.to_string().contains("not a positive integer"),
+                "{nvec}: {e}"
+            );
         }
     }
 }

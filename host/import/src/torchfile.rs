@@ -47,7 +47,16 @@ pub fn read_state_dict(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportE
         // a tiny storage under many keys) would be gigabytes from kilobytes.
         elems_left: 2 * bytes.len() as u64 + (1 << 20),
     };
-    collect(&pk, &zip, &prefix, pk.root, String::new(), 0, &mut walk, &mut out)?;
+    collect(
+        &pk,
+        &zip,
+        &prefix,
+        pk.root,
+        String::new(),
+        0,
+        &mut walk,
+        &mut out,
+    )?;
     if out.is_empty() {
         return Err(bad("no tensors in the file"));
     }
@@ -410,6 +419,9 @@ mod tests {
         p.extend(s("a"));
         p.extend(tensor(1 << 20, 0));
         p.extend_from_slice(b"u.");
-        assert_eq!(read_state_dict(&torch_file(&p)).unwrap()["a"].data.len(), 1 << 20);
+        assert_eq!(
+            read_state_dict(&torch_file(&p)).unwrap()["a"].data.len(),
+            1 << 20
+        );
     }
 }

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use policyport::{
-    ActMode, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
+    ActMode, Backend, CompiledPolicy, EnvIds, ErrorKind, Observations, PolicyError, Request,
+    Session,
 };
 use policyport_import::{ImportError, Storage};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -41,9 +42,22 @@ create_exception!(
 );
 create_exception!(
     policyport,
-    BatchError,
+    CallError,
     PolicyportError,
+    "The call's other arguments do not fit the policy: batch size, env ids, episode starts, action mask (the \
+     core's `call` kind; the C ABI's PP_STATUS_BAD_CALL)."
+);
+create_exception!(
+    policyport,
+    BatchError,
+    CallError,
     "A batch size out of range."
+);
+create_exception!(
+    policyport,
+    EpisodeStartsError,
+    CallError,
+    "episode_starts that is not one flag per row."
 );
 create_exception!(
     policyport,
@@ -60,13 +74,13 @@ create_exception!(
 create_exception!(
     policyport,
     EnvIdError,
-    PolicyportError,
+    CallError,
     "Env ids that cannot be used (count, duplicates, limit)."
 );
 create_exception!(
     policyport,
     ActionMaskError,
-    PolicyportError,
+    CallError,
     "An action mask (or epsilon) that does not fit the policy: wrong length, a row with no allowed action, a \
      mask for continuous actions."
 );
@@ -113,21 +127,24 @@ create_exception!(
     "The import spec (what the outputs mean) does not fit the model."
 );
 
+/// The exception of a policy error: chosen by its kind (`PolicyError::kind`, the classification every boundary
+/// shares; each class carries it as `kind`), then by the finer variant where Python has a subclass for it.
 fn policy_err(e: PolicyError) -> PyErr {
     let msg = e.to_string();
-    match e {
-        PolicyError::Artifact(_) => ArtifactError::new_err(msg),
-        PolicyError::Observation(_) => ObservationError::new_err(msg),
-        PolicyError::Batch { .. } => BatchError::new_err(msg),
-        PolicyError::Memory { .. } | PolicyError::Allocation { .. } => MemoryLimitError::new_err(msg),
-        PolicyError::NonFiniteOutput { .. } => NonFiniteOutputError::new_err(msg),
-        PolicyError::EnvIds(_) => EnvIdError::new_err(msg),
-        PolicyError::HeadControl(_) => ActionMaskError::new_err(msg),
-        PolicyError::State(_) => StateError::new_err(msg),
-        PolicyError::NotCompiled { .. } => NotCompiledError::new_err(msg),
-        PolicyError::Backend(_) => BackendError::new_err(msg),
-        // PolicyError is non-exhaustive in spirit: a new kind lands here until it gets its own class.
-        #[allow(unreachable_patterns)]
+    match (e.kind(), &e) {
+        (ErrorKind::Artifact, _) => ArtifactError::new_err(msg),
+        (ErrorKind::Observation, _) => ObservationError::new_err(msg),
+        (ErrorKind::Call, PolicyError::Batch { .. }) => BatchError::new_err(msg),
+        (ErrorKind::Call, PolicyError::EnvIds(_)) => EnvIdError::new_err(msg),
+        (ErrorKind::Call, PolicyError::HeadControl(_)) => ActionMaskError::new_err(msg),
+        (ErrorKind::Call, PolicyError::State(_)) => EpisodeStartsError::new_err(msg),
+        (ErrorKind::Call, _) => CallError::new_err(msg),
+        (ErrorKind::State, _) => StateError::new_err(msg),
+        (ErrorKind::Backend, PolicyError::NotCompiled { .. }) => NotCompiledError::new_err(msg),
+        (ErrorKind::Backend, _) => BackendError::new_err(msg),
+        (ErrorKind::TooLarge, _) => MemoryLimitError::new_err(msg),
+        (ErrorKind::NonFinite, _) => NonFiniteOutputError::new_err(msg),
+        // A kind added to the core after this binding: the base class, until it gets its own.
         _ => PolicyportError::new_err(msg),
     }
 }
@@ -142,9 +159,7 @@ fn import_err(e: ImportError) -> PyErr {
         | ImportError::Pickle(_)
         | ImportError::Format(_)
         | ImportError::ActionBound { .. }
-        | ImportError::UnreadWeights { .. } => {
-            MalformedModelError::new_err(msg)
-        }
+        | ImportError::UnreadWeights { .. } => MalformedModelError::new_err(msg),
         ImportError::Spec(_) => SpecError::new_err(msg),
         ImportError::Golden(_) => CompileError::new_err(msg),
     }
@@ -219,7 +234,9 @@ fn float32_arrays<'py>(
     states: &[(String, usize)],
 ) -> PyResult<Vec<numpy::PyReadonlyArrayDyn<'py, f32>>> {
     let py = seq.py();
-    let np_shape = py.import(intern!(py, "numpy"))?.getattr(intern!(py, "shape"))?;
+    let np_shape = py
+        .import(intern!(py, "numpy"))?
+        .getattr(intern!(py, "shape"))?;
     let arrays: Vec<Bound<'py, PyAny>> = seq.try_iter()?.collect::<PyResult<_>>()?;
     if arrays.len() != states.len() {
         return Err(StateError::new_err(format!(
@@ -898,7 +915,9 @@ impl PyPolicy {
         let ids = env_id_list(env_ids, n)?;
         let sizes = state_sizes(&self.compiled);
         if sizes.is_empty() {
-            return Err(StateError::new_err("set_state on a policy without recurrent state"));
+            return Err(StateError::new_err(
+                "set_state on a policy without recurrent state",
+            ));
         }
         let arrs = float32_arrays(state, n, &sizes)?;
         let slices: Vec<&[f32]> = arrs
@@ -1156,8 +1175,31 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
             policyport::format::container::FORMAT_MINOR,
         ),
     )?;
+    // Each class's `kind`: the core's ErrorKind name, the same word the browser's errors carry (the compile
+    // errors are the importer's, no kind of a policy error: None, as on the base class).
+    for (ty, kind) in [
+        (py.get_type::<PolicyportError>(), None),
+        (py.get_type::<ArtifactError>(), Some(ErrorKind::Artifact)),
+        (
+            py.get_type::<ObservationError>(),
+            Some(ErrorKind::Observation),
+        ),
+        (py.get_type::<CallError>(), Some(ErrorKind::Call)),
+        (py.get_type::<StateError>(), Some(ErrorKind::State)),
+        (py.get_type::<BackendError>(), Some(ErrorKind::Backend)),
+        (py.get_type::<MemoryLimitError>(), Some(ErrorKind::TooLarge)),
+        (
+            py.get_type::<NonFiniteOutputError>(),
+            Some(ErrorKind::NonFinite),
+        ),
+        (py.get_type::<CompileError>(), None),
+    ] {
+        ty.setattr("kind", kind.map(ErrorKind::name))?;
+    }
     for (name, ty) in [
         ("PolicyportError", py.get_type::<PolicyportError>()),
+        ("CallError", py.get_type::<CallError>()),
+        ("EpisodeStartsError", py.get_type::<EpisodeStartsError>()),
         ("ArtifactError", py.get_type::<ArtifactError>()),
         ("ObservationError", py.get_type::<ObservationError>()),
         ("BatchError", py.get_type::<BatchError>()),

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 #[cfg_attr(not(feature = "wasmtime"), allow(unused_imports))]
-use policyport::{ActMode, ActOutputs, EnvIds, Observations, Request};
+use policyport::{ActMode, ActOutputs, EnvIds, HeadControlError, Observations, Request};
 use thiserror::Error;
 #[cfg(feature = "wasmtime")]
 use wasmtime::{
@@ -90,6 +90,21 @@ pub enum WasmError {
     /// Refused on the host before the sandbox was involved ([`load`]: the artifact; the runtime's typed error).
     #[error(transparent)]
     Policy(policyport::PolicyError),
+}
+
+impl WasmError {
+    /// The [`ErrorKind`](policyport::ErrorKind) of a refusal of the caller's input, as a native session would
+    /// report it: the guest's ABI code is its kind's code, a host-side check's policy error has its kind, a
+    /// malformed call is `Call`. `None` for failures of the sandbox itself (deadline, memory cap, trap, a broken
+    /// plugin), which no kind describes.
+    pub fn kind(&self) -> Option<policyport::ErrorKind> {
+        match self {
+            WasmError::Guest { code, .. } => policyport::ErrorKind::from_code(code.code()),
+            WasmError::Policy(p) => Some(p.kind()),
+            WasmError::Call(_) => Some(policyport::ErrorKind::Call),
+            _ => None,
+        }
+    }
 }
 
 /// Limits applied to every instance.
@@ -570,9 +585,16 @@ impl WasmPolicy {
             WasmError::Call(format!("batch {batch} overflows the observation size"))
         })?;
         if n != want {
-            return Err(WasmError::Call(format!(
-                "expected {want} observation numbers, got {n}"
-            )));
+            // The runtime's own error (kind Observation), as the native Session reports it.
+            return Err(WasmError::Policy(
+                policyport::ObservationError::Length {
+                    expected: want,
+                    found: n,
+                    batch,
+                    per_env: self.info.obs_len,
+                }
+                .into(),
+            ));
         }
         self.ensure_capacity(batch.max(1))?;
         let (ptr, _) = self.buf.unwrap();
@@ -639,17 +661,18 @@ impl WasmPolicy {
                 // The reserved region holds batch x dist params bytes of a discrete policy; anything else is
                 // refused here, before it is written (the guest checks the same again).
                 let want = batch * self.info.dist_params_len;
-                if !self.info.discrete || flags.len() != want {
-                    return Err(WasmError::Call(format!(
-                        "{} action-mask flags for a batch of {batch}; this policy takes {} ({})",
-                        flags.len(),
-                        if self.info.discrete { want } else { 0 },
-                        if self.info.discrete {
-                            "one per logit"
-                        } else {
-                            "continuous actions: no mask"
+                if !self.info.discrete {
+                    return Err(WasmError::Policy(HeadControlError::MaskOnContinuous.into()));
+                }
+                if flags.len() != want {
+                    return Err(WasmError::Policy(
+                        HeadControlError::MaskLength {
+                            found: flags.len(),
+                            batch,
+                            per_row: self.info.dist_params_len,
                         }
-                    )));
+                        .into(),
+                    ));
                 }
                 let start = at(6) as usize;
                 let mem = self.memory.data_mut(&mut self.store);
@@ -663,10 +686,13 @@ impl WasmPolicy {
             None => 0u32,
             Some(flags) => {
                 if flags.len() != batch {
-                    return Err(WasmError::Call(format!(
-                        "{} episode-start flags for a batch of {batch}",
-                        flags.len()
-                    )));
+                    return Err(WasmError::Policy(
+                        policyport::StateError::EpisodeStarts {
+                            found: flags.len(),
+                            batch,
+                        }
+                        .into(),
+                    ));
                 }
                 // Straight into the region the layout reserved (cap >= batch bytes; checked inside memory when
                 // the buffer was allocated): no host-side copy per call.
@@ -682,10 +708,13 @@ impl WasmPolicy {
             EnvIds::Range(start) => (0u32, start),
             EnvIds::List(ids) => {
                 if ids.len() != batch {
-                    return Err(WasmError::Call(format!(
-                        "{} env ids for a batch of {batch}",
-                        ids.len()
-                    )));
+                    return Err(WasmError::Policy(
+                        policyport::EnvIdError::Count {
+                            found: ids.len(),
+                            batch,
+                        }
+                        .into(),
+                    ));
                 }
                 let bytes: &[u8] =
                     unsafe { std::slice::from_raw_parts(ids.as_ptr() as *const u8, ids.len() * 4) };
