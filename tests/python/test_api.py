@@ -258,7 +258,7 @@ def test_a_refused_call_with_state_changes_nothing_and_checks_every_argument_fir
     p.act(obs, seed=1, env_ids=[0, 1])
     before = [x.copy() for x in p.get_state([0, 1])]
     ones = [np.ones((2, k), np.float32) for _, k in p.info.states]
-    with pytest.raises(pp.StateError):
+    with pytest.raises(pp.EpisodeStartsError):
         p.act(obs, seed=1, env_ids=[0, 1], state=ones, episode_starts=[True])  # one start for two rows
     with pytest.raises(pp.ObservationError):
         p.act(np.zeros((2, 5), np.float32), seed=1, env_ids=[0, 1], state=ones)
@@ -378,3 +378,46 @@ def test_cpu_precision_names_are_checked():
     if not _cpu_has_avx512_bf16():
         with pytest.raises(pp.BackendError):
             pp.Policy.load(art, precision="bf16")
+
+
+def test_the_refusal_table_reports_the_same_kinds_and_changes_nothing():
+    """tests/expected/refusals.json, the table the Rust suite drives through Session, the C ABI and the plugin and
+    the browser suite through the JS API: each refused call raises the class of its kind (`exc.kind`, the core's
+    ErrorKind name) and changes nothing, so the next good call equals, bit for bit, a session that saw none."""
+    table = json.loads((ROOT / "tests" / "expected" / "refusals.json").read_text())
+    policy = (ROOT / "tests" / "expected" / table["policy"]).read_bytes()
+    good = [
+        dict(obs=np.asarray(g["obs"], np.float32).reshape(-1, table["obs_len"]), env_ids=g["env_ids"])
+        for g in table["good"]
+    ]
+    for backend in BACKENDS:
+        for case in table["load"]:
+            with pytest.raises(pp.PolicyportError) as e:
+                pp.Policy.load(case["bytes"].encode(), backend)
+            assert e.value.kind == case["kind"], (backend, case["name"], e.value)
+        control = pp.Policy.load(policy, backend)
+        control.act(good[0]["obs"], deterministic=True, env_ids=good[0]["env_ids"])
+        want = control.act(good[1]["obs"], deterministic=True, env_ids=good[1]["env_ids"]).dist_inputs
+        p = pp.Policy.load(policy, backend)
+        p.act(good[0]["obs"], deterministic=True, env_ids=good[0]["env_ids"])
+        for case in table["cases"]:
+            if "python" in case.get("not_in", []):
+                continue
+            obs = np.asarray([np.nan if v is None else v for v in case["obs"]], np.float32)
+            if case["name"] != "observation_length":
+                obs = obs.reshape(-1, table["obs_len"])
+            kwargs = dict(deterministic=True)
+            if "env_ids" in case:
+                kwargs["env_ids"] = case["env_ids"]
+            if "episode_starts" in case:
+                kwargs["episode_starts"] = np.asarray(case["episode_starts"], bool)
+            if "action_mask" in case:
+                mask = np.asarray(case["action_mask"], bool)
+                kwargs["action_mask"] = mask.reshape(-1, table["actions"]) if mask.size % table["actions"] == 0 else mask
+            if "epsilon" in case:
+                kwargs["epsilon"] = case["epsilon"]
+            with pytest.raises(pp.PolicyportError) as e:
+                p.act(obs, **kwargs)
+            assert e.value.kind == case["kind"], (backend, case["name"], type(e.value).__name__, e.value)
+        got = p.act(good[1]["obs"], deterministic=True, env_ids=good[1]["env_ids"]).dist_inputs
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (backend, got, want)
