@@ -87,6 +87,9 @@ pub struct CompiledPolicy {
     selection: Option<Selection>,
     /// The limits it was validated under; act() checks its memory against them.
     limits: Limits,
+    /// The most bytes an act() was estimated to need that a reservation proved the machine can give, for an
+    /// executor that cannot fail an allocation itself (see `check_memory`).
+    probed_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for CompiledPolicy {
@@ -176,6 +179,7 @@ impl CompiledPolicy {
             pre,
             selection: None,
             limits,
+            probed_bytes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -393,6 +397,33 @@ impl CompiledPolicy {
                 limit: self.limits.max_memory_bytes,
             });
         }
+        if !self.exec.allocations_are_fallible() {
+            self.probe_memory(bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Issue 36: burn's flex and wgpu backends allocate infallibly, so an act() the budget allows but the machine
+    /// (or `ulimit -v`) cannot hold aborted the process inside burn ("memory allocation failed"). Before such an
+    /// executor's act at a new high-water mark, the estimate is reserved from the allocator and released at once: a
+    /// reservation refused is `PolicyError::Allocation`, nothing changed. On Linux the reservation only maps
+    /// address space (no page is touched), so it costs microseconds, once per new size; it fails exactly where the
+    /// library's own allocation of that size would (the overcommit heuristic, an address-space limit). The wgpu
+    /// backend's device memory is its driver's, not covered here (on lavapipe it is this memory).
+    fn probe_memory(&self, bytes: u64) -> Result<(), PolicyError> {
+        use std::sync::atomic::Ordering;
+        if bytes <= self.probed_bytes.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let refused = PolicyError::Allocation {
+            what: "the act's working memory on a backend that cannot fail an allocation itself",
+            bytes,
+        };
+        let len = usize::try_from(bytes).map_err(|_| refused.clone())?;
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(len).map_err(|_| refused)?;
+        drop(probe);
+        self.probed_bytes.fetch_max(bytes, Ordering::Relaxed);
         Ok(())
     }
 

@@ -629,6 +629,11 @@ impl CpuProgram {
 }
 
 impl Executor for CpuProgram {
+    /// Every buffer sized by the plan or the request grows through `try_resize` / `try_reserve_len`.
+    fn allocations_are_fallible(&self) -> bool {
+        true
+    }
+
     fn backend(&self) -> Backend {
         Backend::Cpu
     }

@@ -129,6 +129,15 @@ pub trait Executor: Send + Sync {
         0
     }
 
+    /// Whether every allocation an act() makes on this executor can fail with a typed error
+    /// ([`PolicyError::Allocation`], a libtorch error, the sandbox's memory cap) rather than abort the process.
+    /// `false` (the default) for executors whose library allocates infallibly (burn's flex and wgpu backends): the
+    /// policy then reserves the act's estimated memory once per new high-water mark before the act, and a failed
+    /// reservation is `PolicyError::Allocation` instead of an abort inside the library.
+    fn allocations_are_fallible(&self) -> bool {
+        false
+    }
+
     /// Numbers per env of each recurrent state input, in manifest order.
     fn state_sizes(&self) -> &[usize];
 

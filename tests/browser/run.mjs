@@ -21,6 +21,8 @@
 // 3b. Recurrent state through the JS API (tests/expected/elman.policy, committed and checked by the Rust suite with
 //    its float64 answers): per-env state carried between acts, episode starts, the duplicate-env rule (a
 //    PolicyportArgumentError that changes no state), on cpu-wasm and WebGPU.
+// 3c. The refusal table (tests/expected/refusals.json, shared with the Rust suite and pytest): every refused call
+//    rejects with its kind (e.kind) and changes nothing, on cpu-wasm and WebGPU.
 // 4. The demo page runs on cpu and webgpu until episode returns show, replays the pixel + recurrent policy's
 //    trainer rollout with the trainer's actions, values and logits, takes a dropped .policy, and is
 //    screenshotted into the output dir.
@@ -481,6 +483,49 @@ try {
       r.error ?? `max rel err ${r.worst.toExponential(2)}, ${r.compared} logits`);
     check(`a recurrent batch naming one env twice on ${backend} -> PolicyportArgumentError, state unchanged`,
       r.duplicate.startsWith("PolicyportArgumentError") && r.duplicate.includes("env 2 appears twice"), r.duplicate);
+  }
+
+  // 3c. The refusal table (tests/expected/refusals.json), driven through Session, the C ABI and the plugin by the
+  // Rust suite and through Python by pytest: each refused call rejects with its kind (e.kind, the core's ErrorKind
+  // name) and changes nothing, so the next good call equals, bit for bit, a policy that saw none.
+  const refusals = JSON.parse(fs.readFileSync(path.join(ROOT, "tests/expected/refusals.json"), "utf8"));
+  for (const [bundle, backend] of [["cpu", "cpu"], ["webgpu", "webgpu"]]) {
+    const r = await page.evaluate(async ({ bundle, backend, elman, refusals }) => {
+      const pp = await window.demo.loadBundle(bundle);
+      const bad = [];
+      for (const l of refusals.load) {
+        try { await pp.Policy.load(new TextEncoder().encode(l.bytes), { backend }); bad.push(`${l.name}: loaded`); }
+        catch (e) { if (e.kind !== l.kind) bad.push(`${l.name}: ${e.name} kind ${e.kind}, want ${l.kind}`); }
+      }
+      const good = (p, g) => p.act(new Float32Array(g.obs), { mode: "deterministic", envIds: new Uint32Array(g.env_ids) })
+        .then((res) => Array.from(new Uint32Array(Float32Array.from(res.distParams).buffer)));
+      const control = await pp.Policy.load(new Uint8Array(elman.bytes), { backend });
+      await good(control, refusals.good[0]);
+      const want = await good(control, refusals.good[1]);
+      control.free();
+      const p = await pp.Policy.load(new Uint8Array(elman.bytes), { backend });
+      await good(p, refusals.good[0]);
+      let ran = 0;
+      for (const c of refusals.cases) {
+        if ((c.not_in ?? []).includes("js")) continue;
+        const opts = { mode: "deterministic" };
+        if (c.env_ids) opts.envIds = new Uint32Array(c.env_ids);
+        if (c.episode_starts) opts.episodeStarts = new Uint8Array(c.episode_starts);
+        if (c.action_mask) opts.actionMask = new Uint8Array(c.action_mask);
+        if (c.epsilon !== undefined) opts.epsilon = c.epsilon;
+        try {
+          await p.act(new Float32Array(c.obs.map((v) => (v === null ? NaN : v))), opts);
+          bad.push(`${c.name}: accepted`);
+        } catch (e) { if (e.kind !== c.kind) bad.push(`${c.name}: ${e.name} kind ${e.kind}, want ${c.kind} (${e.message})`); }
+        ran++;
+      }
+      const got = await good(p, refusals.good[1]);
+      if (got.join() !== want.join()) bad.push(`the next good call differs: ${got} vs ${want}`);
+      p.free();
+      return { bad, ran };
+    }, { bundle, backend, elman, refusals });
+    check(`the refusal table on ${backend}: ${r.ran} refused calls report their kinds and change nothing`,
+      r.bad.length === 0 && r.ran === refusals.cases.length, r.bad.join("; ") || `${r.ran} cases`);
   }
 
   // 4. the demo page

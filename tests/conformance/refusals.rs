@@ -396,3 +396,78 @@ fn refused_calls_in_the_plugin_answer_their_kinds_code() {
         "plugin: the next good call differs"
     );
 }
+
+/// Issue 36 item 5: an act() inside the memory budget that the machine cannot hold. burn's flex and wgpu backends
+/// allocate infallibly (an abort inside burn); the policy reserves their estimate first, and the cpu backend's
+/// buffers grow fallibly. An env id near u32::MAX in a session allowed 2^32 envs asks for recurrent state of
+/// 2^32 envs x the LSTM's state (512 GiB: more than this machine's memory and swap, checked first, so the
+/// allocator refuses it): a typed `too_large` refusal, and the session acts on as before.
+#[test]
+fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() {
+    // SB3's RecurrentPPO fixture: 128 bytes of LSTM state per env, so 2^32 envs are 512 GiB.
+    let dir = policyport_conformance::fixtures_dir().join("sb3/recurrent_ppo_cartpole");
+    let bytes = policyport_import::compile_sb3(
+        &std::fs::read(dir.join("model.zip")).unwrap(),
+        None,
+        "recurrent_ppo_cartpole",
+        None,
+        policyport_import::Storage::F32,
+    )
+    .unwrap();
+    let limits = policyport_format::validate::Limits {
+        max_memory_bytes: u64::MAX,
+        ..Default::default()
+    };
+    let backends: Vec<_> = policyport_conformance::backends()
+        .into_iter()
+        .filter(|b| {
+            matches!(
+                b,
+                policyport::Backend::Cpu | policyport::Backend::Flex | policyport::Backend::Wgpu
+            )
+        })
+        .collect();
+    assert!(backends.len() >= 2, "{backends:?}");
+    // The request must be more than the machine can give, or the allocator would grant it (and the act touch it).
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        meminfo
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let machine = (kib("MemTotal:") + kib("SwapTotal:")) * 1024;
+    assert!(
+        machine > 0 && machine < 1 << 38,
+        "this machine holds {machine} bytes of memory and swap: the test's 512 GiB request would not be refused"
+    );
+    for backend in backends {
+        let policy = policyport::CompiledPolicy::load_with_limits(&bytes, backend, limits.clone())
+            .unwrap();
+        let obs_len = policy.info().obs_len;
+        let obs: Vec<f32> = (0..obs_len).map(|i| (i as f32 * 0.3).sin()).collect();
+        let act = |s: &mut policyport::Session, env: u32| {
+            s.act(
+                &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic)
+                    .envs(EnvIds::List(&[env])),
+            )
+            .map(|o| o.dist_params.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+        };
+        let mut control = policy.session();
+        act(&mut control, 3).unwrap();
+        let want = act(&mut control, 3).unwrap();
+        let mut s = policy.session();
+        s.set_max_envs(1 << 32);
+        act(&mut s, 3).unwrap();
+        let e = act(&mut s, u32::MAX - 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TooLarge, "{backend:?}: {e}");
+        println!("{backend:?}: {e}");
+        assert!(
+            matches!(e, policyport::PolicyError::Allocation { bytes, .. } if bytes > 1 << 38),
+            "{backend:?}: {e}"
+        );
+        assert_eq!(act(&mut s, 3).unwrap(), want, "{backend:?}: the refusal changed the session");
+    }
+}

@@ -27,7 +27,9 @@ pub struct Limits {
 }
 
 /// The default [`Limits::max_memory_bytes`]: 8 GiB where addresses are 64-bit, 1 GiB on 32-bit targets (wasm32,
-/// whose whole linear memory is at most 4 GiB).
+/// whose whole linear memory is at most 4 GiB). A budget against hostile artifacts, the same on every machine,
+/// not a reading of the machine's memory: an act() inside it that the machine cannot hold is refused when its
+/// allocation fails (`PolicyError::Allocation`), on every backend; set it to what one process may spend.
 pub const DEFAULT_MAX_MEMORY_BYTES: u64 = if usize::BITS >= 64 { 8 << 30 } else { 1 << 30 };
 
 impl Default for Limits {

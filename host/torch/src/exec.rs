@@ -1014,6 +1014,12 @@ struct TorchScratch {
 }
 
 impl Executor for TorchProgram {
+    /// libtorch's allocations fail as C++ exceptions, which tch's `f_` calls (the only ones used here) return as
+    /// errors: a typed `BackendError::Device`, never an abort.
+    fn allocations_are_fallible(&self) -> bool {
+        true
+    }
+
     fn backend(&self) -> Backend {
         Backend::Torch
     }

@@ -156,6 +156,12 @@ impl PluginExecutor {
 }
 
 impl Executor for PluginExecutor {
+    /// The sandbox's memory is capped (`WasmLimits::memory_bytes`): a guest that cannot grow it fails its call
+    /// with a typed error; the host allocates only the outputs.
+    fn allocations_are_fallible(&self) -> bool {
+        true
+    }
+
     fn backend(&self) -> Backend {
         Backend::Wasmtime
     }
