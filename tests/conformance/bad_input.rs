@@ -662,6 +662,18 @@ fn hostile_inputs_through_every_api_are_typed_errors() {
             .collect();
         std::fs::write(hostile_dir.join(format!("{slug}.policy")), bytes).unwrap();
     }
+    // Every artifact at its native size for the Python column (tests/python/test_api.py loads each through the
+    // wheel; the browser's 4 MB cut does not apply there).
+    let native_dir = target.join("hostile-native");
+    let _ = std::fs::remove_dir_all(&native_dir);
+    std::fs::create_dir_all(&native_dir).unwrap();
+    for (name, bytes) in &artifacts {
+        let slug: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        std::fs::write(native_dir.join(format!("{slug}.policy")), bytes).unwrap();
+    }
     let wasm32_bomb = memory_bomb(1024, 300);
     std::fs::write(
         hostile_dir.join("memory_bomb_for_wasm32.policy"),

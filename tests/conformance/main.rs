@@ -39,6 +39,7 @@ mod refusals;
 mod rllib;
 mod sb3;
 mod torch;
+mod trainer_files;
 mod wasm;
 
 /// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.

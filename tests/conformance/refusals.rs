@@ -444,8 +444,8 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() 
         "this machine holds {machine} bytes of memory and swap: the test's 512 GiB request would not be refused"
     );
     for backend in backends {
-        let policy = policyport::CompiledPolicy::load_with_limits(&bytes, backend, limits.clone())
-            .unwrap();
+        let policy =
+            policyport::CompiledPolicy::load_with_limits(&bytes, backend, limits.clone()).unwrap();
         let obs_len = policy.info().obs_len;
         let obs: Vec<f32> = (0..obs_len).map(|i| (i as f32 * 0.3).sin()).collect();
         let act = |s: &mut policyport::Session, env: u32| {
@@ -453,7 +453,12 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() 
                 &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic)
                     .envs(EnvIds::List(&[env])),
             )
-            .map(|o| o.dist_params.iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+            .map(|o| {
+                o.dist_params
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<u32>>()
+            })
         };
         let mut control = policy.session();
         act(&mut control, 3).unwrap();
@@ -468,6 +473,10 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() 
             matches!(e, policyport::PolicyError::Allocation { bytes, .. } if bytes > 1 << 38),
             "{backend:?}: {e}"
         );
-        assert_eq!(act(&mut s, 3).unwrap(), want, "{backend:?}: the refusal changed the session");
+        assert_eq!(
+            act(&mut s, 3).unwrap(),
+            want,
+            "{backend:?}: the refusal changed the session"
+        );
     }
 }

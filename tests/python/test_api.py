@@ -421,3 +421,52 @@ def test_the_refusal_table_reports_the_same_kinds_and_changes_nothing():
             assert e.value.kind == case["kind"], (backend, case["name"], type(e.value).__name__, e.value)
         got = p.act(good[1]["obs"], deterministic=True, env_ids=good[1]["env_ids"]).dist_inputs
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (backend, got, want)
+
+
+def test_hostile_inputs_are_typed_errors_in_python(cartpole):
+    """The Python column of the hostile-input table (tests/scripts/hostile_table.py): every hostile artifact the
+    conformance suite wrote (<target>/hostile-native, each at its native size) loaded through the wheel, and the
+    table's bad calls made through act(), and the hostile trainer files (<target>/hostile-trainer) through
+    compile(); each must be a typed PolicyportError of the right kind. Results go to <target>/python-hostile.json
+    for the table."""
+    import os
+
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    corpus = target / "hostile-native"
+    if not corpus.is_dir():
+        pytest.skip(f"no hostile corpus at {corpus}: the conformance suite writes it (run it first)")
+    results, broken = {}, []
+
+    def record(key, fn, want):
+        try:
+            fn()
+        except pp.PolicyportError as e:
+            results[key] = f"{type(e).__name__}{f' ({e.kind})' if e.kind else ''}: {e}"
+            if not isinstance(e, want):
+                broken.append(f"{key}: {type(e).__name__}, want {want.__name__}")
+            return
+        except Exception as e:  # noqa: BLE001 - any other exception breaks the contract
+            results[key] = f"untyped {type(e).__name__}: {e}"
+        else:
+            results[key] = "accepted"
+        broken.append(f"{key}: {results[key]}")
+
+    files = sorted(corpus.glob("*.policy"))
+    assert len(files) >= 10, files
+    for f in files:
+        record(f.name, lambda f=f: pp.Policy.load(f.read_bytes(), "cpu"), pp.ArtifactError)
+    p = pp.Policy.load(cartpole, "cpu")
+    before = p.act(np.zeros((2, 4), np.float32), seed=3).actions
+    record("NaN observation", lambda: p.act(np.array([[0.0, np.nan, 0.0, 0.0]], np.float32)), pp.ObservationError)
+    record("3 numbers for a 4-number observation", lambda: p.act(np.zeros((1, 3), np.float32)), pp.ObservationError)
+    record("batch 0", lambda: p.act(np.zeros((0, 4), np.float32)), pp.BatchError)
+    record("env ids past u32::MAX",
+           lambda: p.act(np.zeros((2, 4), np.float32), env_ids=[2**32 - 1, 2**32]), pp.EnvIdError)
+    np.testing.assert_array_equal(p.act(np.zeros((2, 4), np.float32), seed=3).actions, before)
+    # The trainer-file rows (tests/conformance/trainer_files.rs wrote the files): compile refuses each, typed.
+    trainer = sorted((target / "hostile-trainer").glob("*.model"))
+    assert len(trainer) >= 8, trainer
+    for f in trainer:
+        record(f.name, lambda f=f: pp.compile(f), pp.CompileError)
+    (target / "python-hostile.json").write_text(json.dumps(results, indent=1))
+    assert not broken, broken

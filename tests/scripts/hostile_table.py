@@ -2,12 +2,18 @@
 """The hostile-input table with its browser column: the Rust suite's table (bad_input.rs writes
 <target>/hostile-inputs.md: Rust, the plugin, the C ABI native and sandboxed, the CLI) joined with what the browser
 suite saw (tests/browser/run.mjs writes browser-results.json: each hostile artifact loaded on the CPU-only and the
-WebGPU bundle, and the bad-observation calls). Nothing is typed in: a row the browser did not run says so.
+WebGPU bundle, and the bad-observation calls) and with what the Python wheel saw (tests/python/test_api.py writes
+python-hostile.json: each artifact at its native size through policyport.Policy.load, the bad calls through act()).
+Nothing is typed in: a row the browser did not run says so.
 
-    python3 tests/scripts/hostile_table.py <hostile-inputs.md> <browser-results.json>
+    python3 tests/scripts/hostile_table.py <hostile-inputs.md> <browser-results.json> [<python-hostile.json>
+        [<hostile-trainer-files.md>]]
 
-Prints the joined table; exits 1 when a browser cell is not a typed error (a silent load, a crash) or a row the
-browser suite should have run is missing from its results."""
+The trainer-file table (tests/conformance/trainer_files.rs: the import crate and the CLI) follows the first, with
+its Python column (policyport.compile on the same files).
+
+Prints the joined table; exits 1 when a browser or Python cell is not a typed error (a silent load, a crash) or a
+row either suite should have run is missing from its results."""
 
 import json
 import re
@@ -24,7 +30,40 @@ def error_name(text):
     return f"{name} ({msg[:48]}{'…' if len(msg) > 48 else ''})" if msg else name
 
 
-def main(table_path, results_path):
+def python_cell(name, python, broken):
+    """The Python column's cell of a row: the artifact's file (by the row's slug) or the bad call (by its name)."""
+    got = python.get(f"{slug(name)}.policy", python.get(name))
+    if got is None:
+        broken.append(f"{name}: not in the Python results")
+        return "MISSING"
+    if got == "accepted" or got.startswith("untyped"):
+        broken.append(f"{name}: Python {got}")
+    kind, _, msg = got.partition(": ")
+    return f"{kind} ({msg[:48]}{'…' if len(msg) > 48 else ''})" if msg else kind
+
+
+def trainer_table(path, python, broken):
+    """The trainer-file rows with the Python column (by each row's file, `<slug>.model`)."""
+    lines = [l for l in open(path, encoding="utf-8").read().splitlines() if l.startswith("| ")]
+    out = [lines[0] + " Python (`policyport.compile`) |", "|" + "---|" * (lines[0].count("|") - 1 + 1)]
+    for row in lines[1:]:
+        if set(row.replace("|", "").strip()) <= {"-"}:
+            continue
+        name = row.split("|")[1].strip()
+        got = python.get(f"{slug(name)}.model")
+        if got is None:
+            broken.append(f"{name}: not in the Python results")
+            cell = "MISSING"
+        else:
+            if got == "accepted" or got.startswith("untyped"):
+                broken.append(f"{name}: Python {got}")
+            kind, _, msg = got.partition(": ")
+            cell = f"{kind} ({msg[:48]}{'…' if len(msg) > 48 else ''})" if msg else kind
+        out.append(f"{row} {cell.replace('|', '/')} |")
+    return out
+
+
+def main(table_path, results_path, python_path=None, trainer_path=None):
     lines = [l for l in open(table_path, encoding="utf-8").read().splitlines() if l.startswith("| ")]
     results = json.load(open(results_path, encoding="utf-8"))
     hostile = {}
@@ -34,11 +73,13 @@ def main(table_path, results_path):
     bad_obs = checks.get("bad observations -> PolicyportObservationError")
     obs_len, nan = (bad_obs["detail"].split(" | ") + ["", ""])[:2] if bad_obs else ("", "")
 
+    python = json.load(open(python_path, encoding="utf-8")) if python_path else None
     broken = []
     out = []
     header, rows = lines[0], lines[1:]
-    out.append(header + " browser (CPU-only / WebGPU bundle) |")
-    out.append("|" + "---|" * (header.count("|") - 1 + 1))
+    extra = " browser (CPU-only / WebGPU bundle) |" + (" Python (wheel, cpu) |" if python is not None else "")
+    out.append(header + extra)
+    out.append("|" + "---|" * (header.count("|") - 1 + (2 if python is not None else 1)))
     for row in rows:
         if set(row.replace("|", "").strip()) <= {"-"}:
             continue
@@ -67,16 +108,22 @@ def main(table_path, results_path):
         else:
             cell = "MISSING"
             broken.append(f"{name}: not in the browser results")
-        out.append(f"{row} {cell.replace('|', '/')} |")
+        line = f"{row} {cell.replace('|', '/')} |"
+        if python is not None:
+            line += f" {python_cell(name, python, broken).replace('|', '/')} |"
+        out.append(line)
+    if trainer_path:
+        out.append("")
+        out.extend(trainer_table(trainer_path, python or {}, broken))
     print("\n".join(out))
     if broken:
-        print("hostile_table: browser cells that are not typed errors:\n  " + "\n  ".join(broken), file=sys.stderr)
+        print("hostile_table: cells that are not typed errors:\n  " + "\n  ".join(broken), file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4, 5):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(*sys.argv[1:]))

@@ -351,13 +351,6 @@ passed=$((passed + b_ok)) failed=$((failed + b_fail))
 if ! grep -q '^browser tests: ' "$out/browser.log"; then
   failed=$((failed + 1)) && failures+=("browser test run did not finish")
 fi
-# The hostile-input table (bad_input.rs: Rust, plugin, C ABI, CLI) joined with the browser's column; the README's
-# table is this file.
-hostile_table() {
-  python3 tests/scripts/hostile_table.py "$CARGO_TARGET_DIR/hostile-inputs.md" "$out/browser/browser-results.json" \
-    >"$CARGO_TARGET_DIR/hostile-inputs-all.md"
-}
-check "hostile-input table with the browser column (tests/scripts/hostile_table.py)" hostile_table
 
 step "Python package: the wheel from this build, pytest in its own venv (API, SB3, RLlib on Ray, a two-node cluster)"
 # Counted from pytest's JUnit report: each test case passed, failed or skipped (with its reason). A run that wrote
@@ -399,6 +392,15 @@ PY
   done < <(tail -n +2 <<<"$counts")
 }
 python_tests
+# The hostile-input table (bad_input.rs: Rust, plugin, C ABI, CLI) joined with the browser's column and the Python
+# wheel's (test_api.py's python-hostile.json), then the trainer-file table (trainer_files.rs: import crate, CLI)
+# with its Python column; the README's tables are this file.
+hostile_table() {
+  python3 tests/scripts/hostile_table.py "$CARGO_TARGET_DIR/hostile-inputs.md" "$out/browser/browser-results.json" \
+    "$CARGO_TARGET_DIR/python-hostile.json" "$CARGO_TARGET_DIR/hostile-trainer-files.md" \
+    >"$CARGO_TARGET_DIR/hostile-inputs-all.md"
+}
+check "hostile-input table with the browser and Python columns (tests/scripts/hostile_table.py)" hostile_table
 
 step "Bevy example (host/bevy/examples/cartpoles.rs, built by the workspace build): native and sandboxed, a PNG"
 bevy_example() {
