@@ -153,14 +153,19 @@ const MIN_ROWS_PER_THREAD: usize = 8;
 /// The step's output rows, shared by the parts: each part writes only its own disjoint row range.
 #[derive(Clone, Copy)]
 struct RowsPtr(*mut f32);
-// SAFETY: parts write disjoint ranges (see `launch`), and the caller waits for all of them.
+// SAFETY: the pointer is only turned into slices through `slice`, whose contract makes them disjoint (each part
+// of `launch` writes its own row range), and `launch` waits for every part before `rows` is touched again.
 unsafe impl Send for RowsPtr {}
+// SAFETY: shared by reference with the pool's workers only to be copied out (`Copy`); as for `Send`, the
+// slices made from it never overlap and do not outlive `launch`'s `pool.run`.
 unsafe impl Sync for RowsPtr {}
 
 impl RowsPtr {
     /// # Safety
     /// `start + len` numbers exist behind the pointer, live for `'a`, and no other live slice overlaps these.
     unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
+        // SAFETY: the caller's contract: `start..start + len` lies inside one live allocation of f32s (so `add`
+        // stays in bounds and the slice is valid and aligned), and nothing else aliases it for `'a`.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
 }

@@ -422,6 +422,11 @@ impl PackedDense {
 macro_rules! x86_dense {
     ($(#[$doc:meta])* $name:ident, $features:literal, $isa:expr, $nr:literal, $wide:literal) => {
         $(#[$doc])*
+        ///
+        /// # Safety
+        /// The CPU has the features this function enables (its `target_feature`): `dense_generic` runs this ISA's
+        /// tiles, which assume them. Nothing else: every slice is bounds-checked there, and `tile` asserts the
+        /// lengths its kernels read and write.
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
@@ -594,18 +599,23 @@ fn tile<const R: usize, const P: usize, const NR: usize, const F: bool>(
     // The x86 kernels store their accumulators straight into `y` (row stride n, the columns past n masked off).
     let _ = act;
     match isa {
-        // SAFETY (both arms): `detect` saw the features, NR matches the ISA's packing (`panel_width`), and the
-        // slice lengths were asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if NR == 16 => {
+            // SAFETY: `isa` came from `detect`, which saw AVX-512F and FMA on this CPU (the `x86_dense!` callers
+            // run in code compiled for them); NR = 16 = 16·V with V = 1; the lengths `accumulate_avx512` needs (x
+            // R·k, panels P·k·NR, bias P·NR, y up to column c0 + P·NR of row R − 1) were asserted above.
             return unsafe { x86::accumulate_avx512::<R, P, 1>(x, k, panels, bias, y, n, c0, act) };
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
+            // SAFETY: as above, with NR = 32 = 16·2: the only `x86_dense!` instances given `Isa::Avx512` use NR
+            // 16 (the arm above) or 32 (`panel_width`).
             return unsafe { x86::accumulate_avx512::<R, P, 2>(x, k, panels, bias, y, n, c0, act) };
         }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => {
+            // SAFETY: `detect` saw AVX2 and FMA on this CPU; NR = 16, the width `accumulate_avx2` reads (the only
+            // `x86_dense!` instance given `Isa::Avx2Fma`, `dense_avx2`, uses 16); the lengths were asserted above.
             return unsafe { x86::accumulate_avx2::<R, P>(x, k, panels, bias, y, n, c0, act) };
         }
         _ => {}
@@ -874,27 +884,31 @@ pub(crate) mod v128 {
                     Sse(unsafe { _mm_add_ps(c.0, _mm_mul_ps(a.0, b.0)) })
                 }
             }
-            // SAFETY (the four below): SSE is part of x86-64.
             #[inline(always)]
             unsafe fn set(v: f32) -> Self {
+                // SAFETY: SSE is part of x86-64 (register operations only, no memory).
                 Sse(unsafe { _mm_set1_ps(v) })
             }
             #[inline(always)]
             unsafe fn mul(a: Self, b: Self) -> Self {
+                // SAFETY: SSE is part of x86-64 (register operations only).
                 Sse(unsafe { _mm_mul_ps(a.0, b.0) })
             }
             #[inline(always)]
             unsafe fn div(a: Self, b: Self) -> Self {
+                // SAFETY: SSE is part of x86-64 (register operations only).
                 Sse(unsafe { _mm_div_ps(a.0, b.0) })
             }
             #[inline(always)]
             unsafe fn clamp(x: Self, c: f32) -> Self {
                 // maxps/minps return their second operand when either is NaN: x last keeps a NaN.
+                // SAFETY: SSE is part of x86-64 (register operations only).
                 unsafe { Sse(_mm_min_ps(_mm_set1_ps(c), _mm_max_ps(_mm_set1_ps(-c), x.0))) }
             }
             #[inline(always)]
             unsafe fn relu(v: Self) -> Self {
                 // The second operand (0) when v is NaN.
+                // SAFETY: SSE is part of x86-64 (register operations only).
                 Sse(unsafe { _mm_max_ps(v.0, _mm_setzero_ps()) })
             }
         }
@@ -937,27 +951,31 @@ pub(crate) mod v128 {
                 // SAFETY: NEON is part of the target (the module's cfg).
                 unsafe { vfmaq_f32(c, a, b) }
             }
-            // SAFETY (the five below): NEON is part of the target.
             #[inline(always)]
             unsafe fn set(v: f32) -> Self {
+                // SAFETY: NEON is part of the target (the module's cfg); register operations only.
                 unsafe { vdupq_n_f32(v) }
             }
             #[inline(always)]
             unsafe fn mul(a: Self, b: Self) -> Self {
+                // SAFETY: NEON is part of the target (the module's cfg); register operations only.
                 unsafe { vmulq_f32(a, b) }
             }
             #[inline(always)]
             unsafe fn div(a: Self, b: Self) -> Self {
+                // SAFETY: NEON is part of the target (the module's cfg); register operations only.
                 unsafe { vdivq_f32(a, b) }
             }
             #[inline(always)]
             unsafe fn clamp(x: Self, c: f32) -> Self {
                 // fmin/fmax return NaN when either operand is NaN.
+                // SAFETY: NEON is part of the target (the module's cfg); register operations only.
                 unsafe { vminq_f32(vdupq_n_f32(c), vmaxq_f32(vdupq_n_f32(-c), x)) }
             }
             #[inline(always)]
             unsafe fn relu(v: Self) -> Self {
                 // fmaxnm: the number when the other operand is NaN.
+                // SAFETY: NEON is part of the target (the module's cfg); register operations only.
                 unsafe { vmaxnmq_f32(v, vdupq_n_f32(0.0)) }
             }
         }
@@ -1051,6 +1069,9 @@ pub(crate) mod x86 {
         c0: usize,
         act: super::Act,
     ) {
+        // SAFETY: the caller's contract: AVX-512F on this CPU; the bias loads read P·NR numbers of `bias`, the
+        // broadcasts rows i < R of k in `x`, the weight loads P panels of k·NR in `panels` (NR = 16·V, each
+        // load 16 in bounds), and `store_avx512` gets its own contract's `y`.
         unsafe {
             let nr = 16 * V;
             let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * nr + h * 16));
@@ -1079,6 +1100,10 @@ pub(crate) mod x86 {
     macro_rules! dot_driver {
         ($(#[$doc:meta])* $name:ident, $features:literal, $isa:expr, $tile:ident, [$($n:literal => $r:literal),*]) => {
             $(#[$doc])*
+            ///
+            /// # Safety
+            /// The CPU has the features this function enables (its `target_feature`). The lengths are asserted:
+            /// `w` holds n·kp (kp = k rounded up to 16), `bias` n, `x` m·k, `y` m·n, with 1 ≤ n ≤ `DOT_MAX_N`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn $name(
@@ -1125,29 +1150,24 @@ pub(crate) mod x86 {
         /// `y[m, n] = act(x[m, k] Wᵀ + b)` with W packed by output rows of `kp = k` rounded up to 16 (zeros past
         /// k): see [`super::DOT_MAX_N`]. Tiles of 4 rows (3 from 7 outputs on: within 32 registers); the rows'
         /// last partial group of 16 is a masked load (never past the row, and no NaN from what follows it).
-        ///
-        /// # Safety
-        /// AVX-512F; `w` holds n·kp, `bias` n, `x` m·k, `y` m·n; 1 ≤ n ≤ `DOT_MAX_N`.
+        /// AVX-512F.
         dot_avx512, "avx512f,avx2,fma", super::Isa::Avx512, dot_tile,
         [1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 4, 6 => 4, 7 => 3, 8 => 3]
     );
     dot_driver!(
         /// `dot_avx512` on AVX2 (16 YMM registers: R = 4, 3, 2 or 1 as N grows); the last partial group of 8 is
-        /// a masked load.
-        ///
-        /// # Safety
-        /// AVX2 + FMA; as for `dot_avx512`.
+        /// a masked load. AVX2 + FMA.
         dot_avx2, "avx2,fma", super::Isa::Avx2Fma, dot_tile_avx2,
         [1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 1, 7 => 1, 8 => 1]
     );
 
+    // Out of line, one register allocation per (R, N). The first version (inlined into the driver, lane sums by
+    // `_mm512_reduce_add_ps`) spilled its accumulators; the measured cause was the sums (see `sum_lanes`).
     /// Rows r..r + R of `dot_avx512`, without the activation.
     ///
     /// # Safety
     /// AVX-512F; as for `dot_avx512`, with r + R ≤ m.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    // Out of line, one register allocation per (R, N). The first version (inlined into the driver, lane sums by
-    // `_mm512_reduce_add_ps`) spilled its accumulators; the measured cause was the sums (see `sum_lanes`).
     #[inline(never)]
     unsafe fn dot_tile<const R: usize, const N: usize>(
         x: &[f32],
@@ -1258,7 +1278,8 @@ pub(crate) mod x86 {
     /// activation pass; tanh by `tanh_lanes_avx512`), and left to the caller's pass otherwise.
     ///
     /// # Safety
-    /// AVX-512F; `y` holds (R − 1)·n + min(n, c0 + P·16V).
+    /// AVX-512F with AVX2 and FMA (what `kernels::detect` requires for `Isa::Avx512`; `tanh_registers` enables
+    /// them); `y` holds (R − 1)·n + min(n, c0 + P·16V).
     #[inline(always)]
     pub(crate) unsafe fn store_avx512<const R: usize, const P: usize, const V: usize>(
         acc: &[[[__m512; V]; R]; P],
@@ -1270,11 +1291,11 @@ pub(crate) mod x86 {
         let mut acc = *acc;
         let flat = acc.as_flattened_mut().as_flattened_mut();
         match act {
-            // SAFETY: AVX-512F by the caller's contract.
-            super::Act::Relu => flat
-                .iter_mut()
-                .for_each(|v| *v = unsafe { _mm512_max_ps(*v, _mm512_setzero_ps()) }),
-            // SAFETY: as above.
+            super::Act::Relu => flat.iter_mut().for_each(|v| {
+                // SAFETY: AVX-512F by the caller's contract; register operations only.
+                *v = unsafe { _mm512_max_ps(*v, _mm512_setzero_ps()) }
+            }),
+            // SAFETY: AVX-512F, AVX2 and FMA by the caller's contract.
             super::Act::Tanh => unsafe { tanh_registers(flat) },
             _ => {}
         }
@@ -1372,6 +1393,12 @@ pub(crate) mod x86 {
     macro_rules! rows_driver {
         ($(#[$doc:meta])* $name:ident, $features:literal, $isa:expr, $mr:literal, $nr:expr, $tile:ident, [$($r:literal)*]) => {
             $(#[$doc])*
+            ///
+            /// # Safety
+            /// The CPU has the features this function enables (its `target_feature`); every row's runs lie inside
+            /// `x` (`run_rows` checks `row_map.bound(m)` plus the runs' span) and cover k (`seg.count · seg.len ==
+            /// d.k`); `y` holds m·n. (Which panel width `d` was packed in decides only the result: its panels and
+            /// bias are sliced with bounds checks.)
             #[target_feature(enable = $features)]
             pub(super) unsafe fn $name<const V: usize>(
                 d: &super::PackedDense,
@@ -1423,14 +1450,12 @@ pub(crate) mod x86 {
     }
 
     rows_driver!(
-        /// # Safety
-        /// AVX-512F; the layer packed 16V wide; every row's runs inside `x` (checked by the caller); `y` m·n.
+        /// AVX-512F, panels 16·V wide (V zmm per row).
         rows_avx512, "avx512f,avx2,fma", super::Isa::Avx512, 12, 16 * V, rows_tile,
         [1 2 3 4 5 6 7 8 9 10 11 12]
     );
     rows_driver!(
-        /// # Safety
-        /// AVX2 + FMA; the layer packed 16 wide (V = 2 ymm); every row's runs inside `x`; `y` m·n.
+        /// AVX2 + FMA, panels 16 wide (two ymm per row; V = 2).
         rows_avx2, "avx2,fma", super::Isa::Avx2Fma, 6, 16, rows_tile_avx2,
         [1 2 3 4 5 6]
     );
@@ -1489,6 +1514,9 @@ pub(crate) mod x86 {
         c0: usize,
         act: super::Act,
     ) {
+        // SAFETY: the caller's contract: AVX2 and FMA on this CPU; the bias loads read P·16 numbers of `bias`,
+        // the broadcasts rows i < R of k in `x`, the weight loads P panels of k·16 in `panels` (each load 8 in
+        // bounds), and `store_avx2` gets its own contract's `y`.
         unsafe {
             let b = |j: usize, h: usize| _mm256_loadu_ps(bias.as_ptr().add(j * 16 + h * 8));
             let mut acc: [[[__m256; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
@@ -1513,7 +1541,7 @@ pub(crate) mod x86 {
     /// others left to the caller's pass).
     ///
     /// # Safety
-    /// AVX2; `y` holds (R − 1)·n + min(n, c0 + P·16).
+    /// AVX2 and FMA (`tanh_registers_avx2` enables both); `y` holds (R − 1)·n + min(n, c0 + P·16).
     #[inline(always)]
     unsafe fn store_avx2<const R: usize, const P: usize>(
         acc: &[[[__m256; 2]; R]; P],
@@ -1525,11 +1553,11 @@ pub(crate) mod x86 {
         let mut acc = *acc;
         let flat = acc.as_flattened_mut().as_flattened_mut();
         match act {
-            // SAFETY: AVX2 by the caller's contract.
-            super::Act::Relu => flat
-                .iter_mut()
-                .for_each(|v| *v = unsafe { _mm256_max_ps(*v, _mm256_setzero_ps()) }),
-            // SAFETY: as above.
+            super::Act::Relu => flat.iter_mut().for_each(|v| {
+                // SAFETY: AVX2 by the caller's contract; register operations only.
+                *v = unsafe { _mm256_max_ps(*v, _mm256_setzero_ps()) }
+            }),
+            // SAFETY: AVX2 and FMA by the caller's contract.
             super::Act::Tanh => unsafe { tanh_registers_avx2(flat) },
             _ => {}
         }

@@ -189,8 +189,10 @@ pub(crate) fn run(
                 xp.resize(m * row, 0);
             }
             let xp = &mut xp[..m * row];
-            // SAFETY (every call): `available` saw AVX512-F and AVX512-BF16 on this CPU; the lengths were
-            // asserted above and `xp` was sized here.
+            // SAFETY: `available` (asserted above) saw AVX512-F and AVX512-BF16 on this CPU; `x[..m * k]` is m
+            // rows of k (asserted), `xp` was sized here to m rows of k2 pairs (`Vdpbf16ps`) or 2·k2 widened values
+            // (`Fma`), as `round_rows` / `widen_rows` write and `dense` reads; `y` (m·n) and `bias` (whole panels)
+            // were asserted, `panels.k2` checked against k.
             unsafe {
                 match by {
                     DotBy::Vdpbf16ps => {
@@ -388,6 +390,9 @@ mod x86 {
         c0: usize,
         act: Act,
     ) {
+        // SAFETY: the caller's contract: AVX512-F and AVX512-BF16 on this CPU; the bias loads read one panel's 32
+        // numbers; each step reads row i's pair (`FMA`: its two values) at an offset inside its runs, and 32
+        // pairs of `w`, which holds k2 = seg.count · seg.len steps of NR; `store_avx512` gets its contract's `y`.
         unsafe {
             let b = |h: usize| _mm512_loadu_ps(bias.as_ptr().add(h * 16));
             let mut acc: [[[__m512; 2]; R]; 1] = [[[b(0), b(1)]; R]];
@@ -556,6 +561,9 @@ mod x86 {
     ) {
         let width = if FMA { 2 } else { 1 };
         debug_assert!(x.len() >= R * k2 * width && w.len() >= P * k2 * NR && bias.len() >= P * NR);
+        // SAFETY: the caller's contract: AVX512-F and AVX512-BF16 on this CPU; the bias loads stay in P·32, each
+        // step reads row i < R's pair kk < k2 (`FMA`: two values) of `x` and 32 pairs of panel j < P of `w`;
+        // `store_avx512` gets the `y` this function's contract gives.
         unsafe {
             let b = |j: usize, h: usize| _mm512_loadu_ps(bias.as_ptr().add(j * NR + h * 16));
             let mut acc: [[[__m512; 2]; R]; P] = std::array::from_fn(|j| [[b(j, 0), b(j, 1)]; R]);
@@ -584,6 +592,8 @@ mod x86 {
         at: &[*const u32; R],
         wj: *const u32,
     ) {
+        // SAFETY: the caller's contract: the ISA, `wj` readable for 32 pairs (two 16-lane loads), each `at[i]` for
+        // one pair (`FMA`: two values); the transmutes are between 512-bit vector types of the same size.
         unsafe {
             let w0 = _mm512_loadu_si512(wj as *const __m512i);
             let w1 = _mm512_loadu_si512(wj.add(16) as *const __m512i);

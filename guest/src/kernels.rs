@@ -175,6 +175,9 @@ pub(crate) const TANH_Q: [f32; 4] = [
 ];
 
 /// `tanh_lanes_avx512` over a slice.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2 and FMA (what [`detect`] returns [`Isa::Avx512`] for).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn tanh_avx512(y: &mut [f32]) {
@@ -404,15 +407,21 @@ macro_rules! multiversion {
         pub(crate) fn $name(isa: Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU has AVX-512F, AVX2 and FMA.
                 #[target_feature(enable = "avx512f,avx2,fma")]
                 #[inline(never)]
                 unsafe fn avx512($($arg: $ty),*) { $generic::<true>($($arg),*) }
+                /// # Safety
+                /// The CPU has AVX2 and FMA.
                 #[target_feature(enable = "avx2,fma")]
                 #[inline(never)]
                 unsafe fn avx2($($arg: $ty),*) { $generic::<true>($($arg),*) }
                 match isa {
-                    // SAFETY: `detect` saw these features on this CPU.
+                    // SAFETY: `isa` came from `detect`, which returns `Avx512` only where this CPU has AVX-512F
+                    // and FMA (and so AVX2).
                     Isa::Avx512 => unsafe { avx512($($arg),*) },
+                    // SAFETY: `detect` returns `Avx2Fma` only where this CPU has AVX2 and FMA.
                     Isa::Avx2Fma => unsafe { avx2($($arg),*) },
                     Isa::Simd128 | Isa::Portable => $generic::<false>($($arg),*),
                 }

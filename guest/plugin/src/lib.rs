@@ -144,10 +144,18 @@ unsafe fn slice<'a, T>(ptr: *const T, len: usize) -> Option<&'a [T]> {
     if !valid_range(ptr, len) {
         return None;
     }
+    // SAFETY: `valid_range` checked non-null, aligned and (in wasm32) inside this module's memory, which never
+    // shrinks, so the range stays readable for the call and its size fits isize; natively (this crate's unit
+    // tests) the pointers are live Rust buffers. The caller's contract: the host's own buffer, which nothing in
+    // this instance writes while the slice lives. `T` is only ever u8, u32 or f32 here: every bit pattern is a
+    // value.
     Some(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 /// [`slice`], writable.
+///
+/// # Safety
+/// As for [`slice`], and the range is not read or written through anything else while the slice lives.
 unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T]> {
     if len == 0 {
         return Some(&mut []);
@@ -155,6 +163,8 @@ unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T]> {
     if !valid_range(ptr as *const T, len) {
         return None;
     }
+    // SAFETY: as in `slice` (non-null, aligned, inside the memory: checked), and the caller's contract: a host
+    // buffer that no other live reference in this instance reads or writes while this one lives.
     Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
@@ -204,6 +214,8 @@ pub unsafe extern "C" fn pp_free(ptr: *mut u8, len: u32) {
 /// `ptr .. ptr + len` is guest memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
+    // SAFETY: this function's contract: the host's artifact bytes, unchanged during the call (`read_artifact`
+    // copies what the policy keeps); `slice` checks the range.
     let Some(bytes) = (unsafe { slice(ptr, len as usize) }) else {
         return fail(ERR_CALL, "artifact pointer is null or out of range");
     };
@@ -239,6 +251,8 @@ pub unsafe extern "C" fn pp_load(ptr: *const u8, len: u32) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_info(handle: i32, out: *mut u32) -> i32 {
     with_slot(handle, |slot| {
+        // SAFETY: this function's contract: `out` is the host's buffer of INFO_WORDS words, written only here;
+        // `slice_mut` checks the range.
         let Some(out) = (unsafe { slice_mut(out, policyport_abi::INFO_WORDS) }) else {
             return Err(fail(
                 ERR_CALL,
@@ -357,9 +371,12 @@ pub unsafe extern "C" fn pp_act_masked(
         }
         let observations = match ObsDType::from_u32(obs_dtype) {
             Some(ObsDType::F32) => Observations::F32(
+                // SAFETY: the contract: a host buffer of `batch × obs_len` observations that only act() reads
+                // (the outputs are written after it); `slice` checks the range and its f32 alignment.
                 unsafe { slice(obs as *const f32, obs_n) }.ok_or_else(|| bad("obs"))?,
             ),
             Some(ObsDType::U8) => {
+                // SAFETY: as for f32, in bytes.
                 Observations::U8(unsafe { slice(obs, obs_n) }.ok_or_else(|| bad("obs"))?)
             }
             None => {
@@ -372,6 +389,7 @@ pub unsafe extern "C" fn pp_act_masked(
         let ids = if env_ids.is_null() {
             EnvIds::Range(env_offset)
         } else {
+            // SAFETY: the contract: a host buffer of `batch` ids, only read during the call; `slice` checks it.
             EnvIds::List(unsafe { slice(env_ids, b) }.ok_or_else(|| bad("env ids"))?)
         };
         let mode = match Mode::from_u32(mode) {
@@ -387,12 +405,15 @@ pub unsafe extern "C" fn pp_act_masked(
         };
         let mut req = Request::new(observations, b, mode).envs(ids);
         if !episode_starts.is_null() {
+            // SAFETY: the contract: `batch` host bytes, copied into `slot.starts` at once; `slice` checks them.
             let flags = unsafe { slice(episode_starts, b) }.ok_or_else(|| bad("episode starts"))?;
             slot.starts.clear();
             slot.starts.extend(flags.iter().map(|f| *f != 0));
             req = req.episode_starts(&slot.starts);
         }
         if !action_mask.is_null() {
+            // SAFETY: the contract: `batch × dist params` host bytes, copied into `slot.mask` at once; `slice`
+            // checks them.
             let flags = unsafe { slice(action_mask, dist_n) }.ok_or_else(|| bad("action mask"))?;
             slot.mask.clear();
             slot.mask.extend(flags.iter().map(|f| *f != 0));
@@ -404,20 +425,26 @@ pub unsafe extern "C" fn pp_act_masked(
         let out = slot.session.act(&req).map_err(|e| fail(code_of(&e), e))?;
         let n = action_n;
         if info.action.is_discrete() {
+            // SAFETY: the contract: the host's actions buffer (`batch × action_len` i32s), written only here after
+            // act() has returned (no input slice is used any more); `slice_mut` checks the range.
             let a = unsafe { slice_mut(actions as *mut i32, n) }.ok_or_else(|| bad("actions"))?;
             for (d, s) in a.iter_mut().zip(&out.discrete) {
                 *d = *s as i32;
             }
         } else {
+            // SAFETY: as for discrete actions, as f32s.
             let a = unsafe { slice_mut(actions as *mut f32, n) }.ok_or_else(|| bad("actions"))?;
             a.copy_from_slice(&out.continuous);
         }
         if !value.is_null() && info.has_value {
+            // SAFETY: the contract: the host's `batch` values, written only here; `slice_mut` checks the range.
             unsafe { slice_mut(value, b) }
                 .ok_or_else(|| bad("value"))?
                 .copy_from_slice(&out.value);
         }
         if !dist.is_null() {
+            // SAFETY: the contract: the host's `batch × dist params` numbers, written only here; `slice_mut`
+            // checks the range.
             unsafe { slice_mut(dist, dist_n) }
                 .ok_or_else(|| bad("dist"))?
                 .copy_from_slice(&out.dist_params);
@@ -432,6 +459,7 @@ pub unsafe extern "C" fn pp_act_masked(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_reset(handle: i32, env_ids: *const u32, n: u32) -> i32 {
     with_slot(handle, |slot| {
+        // SAFETY: this function's contract: `n` host ids, only read during the call; `slice` checks the range.
         let ids = unsafe { slice(env_ids, n as usize) }
             .ok_or_else(|| fail(ERR_CALL, "env ids pointer"))?;
         slot.session.reset(ids).map_err(|e| fail(code_of(&e), e))?;
@@ -467,6 +495,8 @@ pub unsafe extern "C" fn pp_state(handle: i32, k: u32, out: *mut f32, cap: u32) 
             None => return Err(fail(ERR_STATE, "recurrent state too large to report")),
         };
         if cap as usize >= total {
+            // SAFETY: the contract: `out` covers `cap` ≥ `total` host floats, written only here; `slice_mut`
+            // checks the range.
             let dst = unsafe { slice_mut(out, total) }.ok_or_else(|| {
                 fail(
                     ERR_CALL,
@@ -493,6 +523,7 @@ pub unsafe extern "C" fn pp_last_error(buf: *mut u8, len: u32) -> u32 {
     LAST_ERROR.with(|e| {
         let e = e.borrow();
         let n = e.len().min(len as usize);
+        // SAFETY: this function's contract: `buf` covers `len` ≥ n writable host bytes; `slice_mut` checks them.
         if let Some(dst) = unsafe { slice_mut(buf, n) } {
             dst.copy_from_slice(&e.as_bytes()[..n]);
         }

@@ -188,7 +188,8 @@ fn aligned<T>(p: *const T, what: &str) -> Result<(), (PpStatus, String)> {
 }
 
 /// # Safety
-/// `bytes` covers `len` bytes (or is null with `len` 0); `out` is writable.
+/// A non-null `bytes` is valid for reading `len` bytes, which nothing writes for the returned lifetime (null is
+/// refused unless `len` is 0).
 unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpStatus, String)> {
     if bytes.is_null() {
         return if len == 0 {
@@ -203,6 +204,8 @@ unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpSta
             format!("len {len} is larger than any object"),
         ));
     }
+    // SAFETY: non-null, `len` at most isize::MAX (checked above), and the caller's contract: `len` readable bytes
+    // (u8: any address is aligned) that stay unchanged while the slice lives.
     Ok(unsafe { std::slice::from_raw_parts(bytes, len) })
 }
 
@@ -210,9 +213,12 @@ unsafe fn bytes_arg<'a>(bytes: *const u8, len: usize) -> Result<&'a [u8], (PpSta
 /// nothing to copy (e.g. continuous actions of a discrete policy).
 ///
 /// # Safety
-/// A non-null `dst` covers `src.len()` elements.
+/// A non-null `dst` is aligned and valid for writing `src.len()` elements, and does not overlap `src` (a caller's
+/// buffer, never policyport's own).
 unsafe fn copy_out<T: Copy>(src: &[T], dst: *mut T) {
     if !dst.is_null() && !src.is_empty() {
+        // SAFETY: `src` is a live slice; `dst` is non-null here and, by the caller's contract, aligned, writable
+        // for `src.len()` elements and disjoint from `src`.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
     }
 }
@@ -245,6 +251,8 @@ pub unsafe extern "C" fn pp_policy_load(
         if out.is_null() {
             return Err(null("out"));
         }
+        // SAFETY: this function's contract: `bytes` covers `len` readable bytes, unchanged during the call (the
+        // slice does not outlive it: `load` copies what it keeps).
         let bytes = unsafe { bytes_arg(bytes, len) }?;
         let backend = PpBackend::from_code(backend).ok_or_else(|| {
             (
@@ -273,6 +281,7 @@ pub unsafe extern "C" fn pp_policy_load(
                 session: policy.session(),
             },
         });
+        // SAFETY: `out` is non-null (checked above) and writable (this function's contract).
         unsafe { *out = Box::into_raw(p) };
         Ok(())
     })
@@ -316,8 +325,12 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
         if plugin_path.is_null() {
             return Err(null("plugin_path"));
         }
+        // SAFETY: this function's contract: `bytes` covers `len` readable bytes, unchanged during the call (the
+        // slice does not outlive it).
         let bytes = unsafe { bytes_arg(bytes, len) }?;
         let path = std::path::PathBuf::from(
+            // SAFETY: non-null (checked above) and, by the contract, a NUL-terminated string, read here only
+            // (copied into the owned path before anything else runs).
             unsafe { CStr::from_ptr(plugin_path) }
                 .to_string_lossy()
                 .into_owned(),
@@ -363,6 +376,7 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
                 out: ActOutputs::default(),
             },
         });
+        // SAFETY: `out` is non-null (checked above) and writable (this function's contract).
         unsafe { *out = Box::into_raw(p) };
         Ok(())
     })
@@ -375,7 +389,11 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_policy_info(policy: *const PpPolicy, out: *mut PpInfo) -> PpStatus {
     guard(|| {
+        // SAFETY: the contract: `policy` is null (refused) or a live policy from a load function, not freed, and
+        // not used by another thread meanwhile (the module's rule), so a shared borrow for this call is valid.
         let p = unsafe { policy.as_ref() }.ok_or_else(|| null("policy"))?;
+        // SAFETY: the contract: `out` is null (refused) or an aligned, writable `PpInfo` the caller does not
+        // touch during the call.
         let out = unsafe { out.as_mut() }.ok_or_else(|| null("out"))?;
         *out = match &p.inner {
             Inner::Native { info: i, .. } => PpInfo {
@@ -590,6 +608,8 @@ unsafe fn act_with(
         dist_params,
     } = outputs;
     guard(|| {
+        // SAFETY: the contract: `policy` is null (refused) or a live policy from a load function that no other
+        // thread uses during the call, so this call may borrow it mutably.
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
         if obs.is_null() {
             return Err(null("obs"));
@@ -610,6 +630,8 @@ unsafe fn act_with(
         if !episode_starts.is_null() {
             p.starts.clear();
             p.starts.extend(
+                // SAFETY: non-null here; the contract: `batch` readable bytes (u8: always aligned); batch is in
+                // 1..=MAX_BATCH (checked above), far below isize::MAX.
                 unsafe { std::slice::from_raw_parts(episode_starts, batch) }
                     .iter()
                     .map(|f| *f != 0),
@@ -652,6 +674,8 @@ unsafe fn act_with(
                 let n = batch
                     .checked_mul(info.obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
+                // SAFETY: `obs` is non-null and aligned (both checked above); the contract: it covers `batch ×
+                // obs_len` = n readable floats, unchanged during the call.
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
                 let req = Request {
                     episode_starts: starts,
@@ -667,6 +691,8 @@ unsafe fn act_with(
                 let n = batch
                     .checked_mul(policy.info().obs_len)
                     .ok_or((PpStatus::BadCall, "batch too large".into()))?;
+                // SAFETY: as in the native arm: non-null and aligned (checked), `batch × obs_len` floats by the
+                // contract.
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
                 let req = Request {
                     episode_starts: starts,
@@ -702,6 +728,8 @@ pub unsafe extern "C" fn pp_policy_reset(
     n: usize,
 ) -> PpStatus {
     guard(|| {
+        // SAFETY: the contract: `policy` is null (refused) or live, and (the module's rule) used by one thread at
+        // a time, so this call may borrow it mutably.
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
         let ids = if n == 0 {
             &[][..]
@@ -714,6 +742,7 @@ pub unsafe extern "C" fn pp_policy_reset(
             ));
         } else {
             aligned(envs, "envs")?;
+            // SAFETY: non-null and aligned (checked above), n ≤ MAX_BATCH; the contract: `envs` covers n ids.
             unsafe { std::slice::from_raw_parts(envs, n) }
         };
         match &mut p.inner {
@@ -737,6 +766,8 @@ pub unsafe extern "C" fn pp_policy_reset(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_policy_set_threads(policy: *mut PpPolicy, threads: usize) -> PpStatus {
     guard(|| {
+        // SAFETY: the contract: `policy` is null (refused) or live, and (the module's rule) used by one thread at
+        // a time, so this call may borrow it mutably.
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
         match &mut p.inner {
             Inner::Native { session, .. } => session
@@ -758,6 +789,8 @@ pub unsafe extern "C" fn pp_policy_set_threads(policy: *mut PpPolicy, threads: u
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_policy_free(policy: *mut PpPolicy) {
     if !policy.is_null() {
+        // SAFETY: the contract: a non-null `policy` is the `Box` a load function leaked (`Box::into_raw`), not
+        // freed before and not used afterwards, so it is dropped exactly once.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(policy) })));
     }
 }
@@ -823,6 +856,8 @@ pub unsafe extern "C" fn pp_agents_new(
                 max_agents
             },
         };
+        // SAFETY: non-null (checked above); the contract: a live policy from a load function (a leaked `Box`)
+        // that no other thread uses; it is consumed here, as this function's docs tell the caller.
         let p = unsafe { Box::from_raw(policy) };
         let agents = match p.inner {
             Inner::Native { session, .. } => Agents::native(session.policy().clone(), config),
@@ -834,12 +869,18 @@ pub unsafe extern "C" fn pp_agents_new(
             ids: vec![],
             rows: RowOutputs::default(),
         });
+        // SAFETY: `out` is non-null (checked above) and writable (this function's contract).
         unsafe { *out = Box::into_raw(a) };
         Ok(())
     })
 }
 
-fn agents_mut<'a>(a: *mut PpAgents) -> Result<&'a mut PpAgents, (PpStatus, String)> {
+/// The caller's agents handle, or the typed refusal of a null one.
+///
+/// # Safety
+/// `a` is null or a live `PpAgents` from `pp_agents_new` that no other thread uses while the returned borrow lives.
+unsafe fn agents_mut<'a>(a: *mut PpAgents) -> Result<&'a mut PpAgents, (PpStatus, String)> {
+    // SAFETY: this function's contract.
     unsafe { a.as_mut() }.ok_or_else(|| null("agents"))
 }
 
@@ -850,11 +891,13 @@ fn agents_mut<'a>(a: *mut PpAgents) -> Result<&'a mut PpAgents, (PpStatus, Strin
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_agents_spawn(agents: *mut PpAgents, id: *mut u64) -> PpStatus {
     guard(|| {
-        let a = agents_mut(agents)?;
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        let a = unsafe { agents_mut(agents) }?;
         if id.is_null() {
             return Err(null("id"));
         }
         let new = a.agents.spawn().map_err(agents_err)?;
+        // SAFETY: `id` is non-null (checked above) and writable (this function's contract).
         unsafe { *id = new.to_bits() };
         Ok(())
     })
@@ -868,7 +911,8 @@ pub unsafe extern "C" fn pp_agents_spawn(agents: *mut PpAgents, id: *mut u64) ->
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_agents_despawn(agents: *mut PpAgents, id: u64) -> PpStatus {
     guard(|| {
-        agents_mut(agents)?
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        unsafe { agents_mut(agents) }?
             .agents
             .despawn(AgentId::from_bits(id))
             .map_err(agents_err)
@@ -882,7 +926,8 @@ pub unsafe extern "C" fn pp_agents_despawn(agents: *mut PpAgents, id: u64) -> Pp
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_agents_respawn(agents: *mut PpAgents, id: u64) -> PpStatus {
     guard(|| {
-        agents_mut(agents)?
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        unsafe { agents_mut(agents) }?
             .agents
             .respawn(AgentId::from_bits(id))
             .map_err(agents_err)
@@ -905,7 +950,8 @@ pub unsafe extern "C" fn pp_agents_observe(
     mask_len: usize,
 ) -> PpStatus {
     guard(|| {
-        let a = agents_mut(agents)?;
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        let a = unsafe { agents_mut(agents) }?;
         if obs.is_null() {
             return Err(null("obs"));
         }
@@ -913,6 +959,8 @@ pub unsafe extern "C" fn pp_agents_observe(
         if obs_len > isize::MAX as usize / 4 || mask_len > isize::MAX as usize {
             return Err((PpStatus::BadCall, "a length larger than any object".into()));
         }
+        // SAFETY: non-null and aligned (checked above), obs_len · 4 bytes within isize::MAX (checked); the
+        // contract: `obs` covers `obs_len` readable floats.
         let o = unsafe { std::slice::from_raw_parts(obs, obs_len) };
         let id = AgentId::from_bits(id);
         if action_mask.is_null() {
@@ -920,6 +968,8 @@ pub unsafe extern "C" fn pp_agents_observe(
         }
         a.mask.clear();
         a.mask.extend(
+            // SAFETY: non-null here, u8 (always aligned), mask_len within isize::MAX (checked); the contract: a
+            // non-null mask covers `mask_len` bytes.
             unsafe { std::slice::from_raw_parts(action_mask, mask_len) }
                 .iter()
                 .map(|f| *f != 0),
@@ -937,9 +987,11 @@ pub unsafe extern "C" fn pp_agents_observe(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_agents_act(agents: *mut PpAgents, acted: *mut usize) -> PpStatus {
     guard(|| {
-        let a = agents_mut(agents)?;
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        let a = unsafe { agents_mut(agents) }?;
         let n = a.agents.act().map_err(agents_err)?.len();
         if !acted.is_null() {
+            // SAFETY: non-null; the contract lets `acted` be null or a writable `usize` (the docs: "may be null").
             unsafe { *acted = n };
         }
         Ok(())
@@ -961,7 +1013,8 @@ pub unsafe extern "C" fn pp_agents_action(
     value: *mut f32,
 ) -> PpStatus {
     guard(|| {
-        let a = agents_mut(agents)?;
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        let a = unsafe { agents_mut(agents) }?;
         aligned(discrete_actions, "discrete_actions")?;
         aligned(continuous_actions, "continuous_actions")?;
         aligned(value, "value")?;
@@ -973,6 +1026,8 @@ pub unsafe extern "C" fn pp_agents_action(
                 format!("{id} did not act in the last act() (not observed, or not alive)"),
             )
         })?;
+        // SAFETY: the three buffers were checked aligned above; the contract: non-null ones cover one agent's
+        // outputs (`action_len` actions, one value), which is what `write_row` copies.
         unsafe {
             write_row(
                 &a.agents,
@@ -1001,6 +1056,8 @@ unsafe fn write_row(
 ) {
     let k = agents.action_len();
     let span = row * k..(row + 1) * k;
+    // SAFETY: each source is at most one row (`action_len` actions, one value; `get` yields an empty slice
+    // otherwise), which the caller's contract says a non-null buffer covers.
     unsafe {
         copy_out(
             out.discrete.get(span.clone()).unwrap_or(&[]),
@@ -1032,7 +1089,8 @@ pub unsafe extern "C" fn pp_agents_tick(
     value: *mut f32,
 ) -> PpStatus {
     guard(|| {
-        let a = agents_mut(agents)?;
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        let a = unsafe { agents_mut(agents) }?;
         if n > policyport::MAX_BATCH {
             return Err((
                 PpStatus::BadCall,
@@ -1051,16 +1109,22 @@ pub unsafe extern "C" fn pp_agents_tick(
         let ids = if n == 0 {
             &[][..]
         } else {
+            // SAFETY: non-null (checked above when n > 0) and aligned (checked), n ≤ MAX_BATCH; the contract:
+            // `ids` covers n ids.
             unsafe { std::slice::from_raw_parts(ids, n) }
         };
         let obs = if n == 0 {
             &[][..]
         } else {
+            // SAFETY: non-null (checked above when n > 0) and aligned (checked); the contract: `obs` covers
+            // n × obs_len floats.
             unsafe { std::slice::from_raw_parts(obs, n * o_len) }
         };
         if !action_mask.is_null() {
             a.mask.clear();
             a.mask.extend(
+                // SAFETY: non-null here, u8 (always aligned); the contract: a non-null mask covers n × mask_len
+                // bytes.
                 unsafe { std::slice::from_raw_parts(action_mask, n * m_len) }
                     .iter()
                     .map(|f| *f != 0),
@@ -1111,12 +1175,15 @@ pub unsafe extern "C" fn pp_agents_info(
     out: *mut PpAgentsInfo,
 ) -> PpStatus {
     guard(|| {
+        // SAFETY: the contract: `agents` is null (refused) or live, and (the module's rule) not used by another
+        // thread during the call, so a shared borrow for the call is valid.
         let a = unsafe { agents.as_ref() }.ok_or_else(|| null("agents"))?;
         if out.is_null() {
             return Err(null("out"));
         }
         let g = &a.agents;
         let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        // SAFETY: `out` is non-null (checked above) and, by the contract, an aligned, writable `PpAgentsInfo`.
         unsafe {
             *out = PpAgentsInfo {
                 obs_len: n(g.obs_len()),
@@ -1138,7 +1205,8 @@ pub unsafe extern "C" fn pp_agents_info(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_agents_set_sampling(agents: *mut PpAgents, sample: i32) -> PpStatus {
     guard(|| {
-        agents_mut(agents)?.agents.set_deterministic(sample == 0);
+        // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
+        unsafe { agents_mut(agents) }?.agents.set_deterministic(sample == 0);
         Ok(())
     })
 }
@@ -1150,6 +1218,8 @@ pub unsafe extern "C" fn pp_agents_set_sampling(agents: *mut PpAgents, sample: i
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pp_agents_free(agents: *mut PpAgents) {
     if !agents.is_null() {
+        // SAFETY: the contract: a non-null `agents` is the `Box` `pp_agents_new` leaked, not freed before and not
+        // used afterwards, so it is dropped exactly once.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(agents) })));
     }
 }

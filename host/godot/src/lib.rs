@@ -23,6 +23,11 @@ use policyport_agents::ScriptRunner;
 
 struct PolicyportExtension;
 
+// SAFETY: the trait's contract is on what Rust cannot check: the engine side (GDScript, other extensions) must use
+// the classes through Godot's object model. This library adds nothing that weakens it: it registers only its own
+// two classes (`PolicyRunner`, `PolicyAgents`, reached through their `#[func]` methods), depends on no other
+// GDExtension crate, keeps godot-rust's default safeguard levels (no `safeguards-release-disengaged`), and holds
+// no raw engine pointers of its own.
 #[gdextension]
 unsafe impl ExtensionLibrary for PolicyportExtension {}
 

@@ -102,10 +102,20 @@ pub unsafe extern "C" fn godot_nativescript_init(handle: *mut c_void) {
     }
 }
 
+/// NativeScript's constructor of a `PolicyRunner`: a new [`ScriptRunner`], boxed, as the instance's user data.
+///
+/// # Safety
+/// None of its own (it reads neither argument): `unsafe` because [`InstanceCreate`] takes an `unsafe extern "C"`
+/// function. The box it returns must be freed once, by [`runner_destroy`].
 unsafe extern "C" fn runner_create(_object: *mut c_void, _method_data: *mut c_void) -> *mut c_void {
     Box::into_raw(Box::new(ScriptRunner::default())).cast()
 }
 
+/// NativeScript's destructor of a `PolicyRunner`.
+///
+/// # Safety
+/// `user` is null or the pointer [`runner_create`] returned for this instance, not destroyed before and not used
+/// afterwards (Godot destroys each instance once, after its last method call).
 unsafe extern "C" fn runner_destroy(
     _object: *mut c_void,
     _method_data: *mut c_void,
@@ -131,6 +141,11 @@ macro_rules! methods {
                 };
                 NAME
             }, {
+                /// The NativeScript entry of this method: [`call`] with its body.
+                ///
+                /// # Safety
+                /// As for [`call`]: `user` is null or this instance's `ScriptRunner` (from `runner_create`, not
+                /// destroyed), used by no other call meanwhile; `argv` holds `argc` live variant pointers.
                 unsafe extern "C" fn $name(
                     _object: *mut c_void,
                     _method_data: *mut c_void,
@@ -246,8 +261,8 @@ mod load_bytes {
             })
         })();
         match parsed {
-            // SAFETY: `bytes` is a PoolByteArray variant.
             Ok((bytes, seed, sample)) => {
+                // SAFETY: `bytes` is a live argument variant of this call, checked to be a PoolByteArray by `arg`.
                 let ok = unsafe { api.with_bytes(bytes, |b| r.load_bytes(b, seed, sample)) };
                 api.bool_variant(ok)
             }

@@ -83,6 +83,9 @@ fn fma_peak_gflops(seconds: f64) -> Option<(f64, &'static str)> {
         /// 12 zmm chains (4-cycle latency x 2 ports = 8 needed). Not more: with 24 (an earlier version) LLVM
         /// kept only some of the chains in registers and cycled the rest through the stack every iteration, and
         /// the loop under-read the core by a third (154 GFLOP/s on a Zen 5 where onnxruntime's SGEMM ran at 205).
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F.
         #[target_feature(enable = "avx512f")]
         unsafe fn zmm(iters: u64) -> f32 {
             let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
@@ -95,6 +98,9 @@ fn fma_peak_gflops(seconds: f64) -> Option<(f64, &'static str)> {
             acc.iter().map(|c| _mm512_reduce_add_ps(*c)).sum()
         }
         /// 12 ymm chains (16 registers).
+        ///
+        /// # Safety
+        /// The CPU has AVX2 and FMA.
         #[target_feature(enable = "avx2,fma")]
         unsafe fn ymm(iters: u64) -> f32 {
             let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));

@@ -991,13 +991,14 @@ struct TorchProgram {
     width: usize,
 }
 
-// SAFETY: `tch::Tensor` is `Send` but not `Sync` only because it is a raw handle. Every tensor a `TorchProgram`
-// holds (weights, biases, affine and normalisation constants, the head's bounds and log-std, the Philox
-// constants) is created in `TorchBuilder::build` and never mutated afterwards: steps only read them as inputs of
-// libtorch ops (under `no_grad`, so no autograd metadata or version counter is touched), and libtorch's tensor
-// refcounts are atomic. Concurrent reads of one at::Tensor from several threads are what libtorch's own
+// Why sharing is sound: `tch::Tensor` is `Send` but not `Sync` only because it is a raw handle. Every tensor a
+// `TorchProgram` holds (weights, biases, affine and normalisation constants, the head's bounds and log-std, the
+// Philox constants) is created in `TorchBuilder::build` and never mutated afterwards: steps only read them as
+// inputs of libtorch ops (under `no_grad`, so no autograd metadata or version counter is touched), and libtorch's
+// tensor refcounts are atomic. Concurrent reads of one at::Tensor from several threads are what libtorch's own
 // multi-threaded inference (and tch's `Sync` `CModule`) rely on. Everything a step mutates lives in the
 // session's `TorchScratch`, behind `&mut`.
+// SAFETY: every tensor here is read-only after `build` (above), and concurrent reads of a tensor are sound.
 unsafe impl Sync for TorchProgram {}
 
 /// One session's mutable libtorch data.

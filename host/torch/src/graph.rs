@@ -56,26 +56,33 @@ impl CudaGraph {
         mut work: impl FnMut() -> Result<(), TorchError>,
     ) -> Result<Self, TorchError> {
         let mut ptr = std::ptr::null_mut();
-        // SAFETY: plain constructor; errors come back as a message.
         call(|e, c| {
+            // SAFETY: a plain constructor: `e` is `call`'s buffer of `c` bytes, where the shim writes at most `c`
+            // bytes of message (NUL included); every exception is caught there.
             ptr = unsafe { pp_graph_new(e, c) };
             (ptr.is_null()) as c_int
         })?;
+        // Non-null here (a null pointer was an error above): `g` owns it and frees it once, on drop.
         let g = CudaGraph { ptr };
-        // SAFETY (all below): `g.ptr` is a live graph owned by `g`.
+        // SAFETY: `g.ptr` is a live graph owned by `g`; `e`/`c` are `call`'s message buffer (as for `pp_graph_new`).
         call(|e, c| unsafe { pp_graph_enter_stream(g.ptr, device as c_int, e, c) })?;
         let captured = (|| {
             for _ in 0..3 {
                 work()?;
             }
+            // SAFETY: `g.ptr` is live (owned by `g`); `e`/`c` are `call`'s message buffer.
             call(|e, c| unsafe { pp_graph_sync_stream(g.ptr, e, c) })?;
+            // SAFETY: as above.
             call(|e, c| unsafe { pp_graph_capture_begin(g.ptr, e, c) })?;
             let r = work();
             // End the capture even when `work` failed, so the stream leaves capture mode.
+            // SAFETY: as above.
             let end = call(|e, c| unsafe { pp_graph_capture_end(g.ptr, e, c) });
             r.and(end)?;
+            // SAFETY: as above.
             call(|e, c| unsafe { pp_graph_sync_stream(g.ptr, e, c) })
         })();
+        // SAFETY: as above (`g` is still alive: it is returned or dropped below).
         let left = call(|e, c| unsafe { pp_graph_leave_stream(g.ptr, e, c) });
         captured.and(left)?;
         Ok(g)

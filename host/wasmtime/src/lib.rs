@@ -600,6 +600,8 @@ impl WasmPolicy {
         let (ptr, _) = self.buf.unwrap();
         let dtype = match obs {
             Observations::F32(x) => {
+                // SAFETY: the bytes of a live `&[f32]`: same address and extent (x.len() · 4 bytes), every byte
+                // initialised (f32 has no padding), u8 needs no alignment, and the borrow of `x` outlives `bytes`.
                 let bytes: &[u8] =
                     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) };
                 self.memory
@@ -716,6 +718,8 @@ impl WasmPolicy {
                         .into(),
                     ));
                 }
+                // SAFETY: the bytes of a live `&[u32]`: same address and extent (ids.len() · 4 bytes), every byte
+                // initialised (no padding), u8 needs no alignment, and the borrow of `ids` outlives `bytes`.
                 let bytes: &[u8] =
                     unsafe { std::slice::from_raw_parts(ids.as_ptr() as *const u8, ids.len() * 4) };
                 self.memory
@@ -786,6 +790,8 @@ impl WasmPolicy {
         self.ensure_capacity(envs.len().max(1))?;
         let (ptr, _) = self.buf.unwrap();
         let at = ptr + self.layout(self.capacity)[1] as u32;
+        // SAFETY: the bytes of a live `&[u32]`: same address and extent (envs.len() · 4 bytes), every byte
+        // initialised (no padding), u8 needs no alignment, and the borrow of `envs` outlives `bytes`.
         let bytes: &[u8] =
             unsafe { std::slice::from_raw_parts(envs.as_ptr() as *const u8, envs.len() * 4) };
         self.memory
