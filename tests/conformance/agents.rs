@@ -18,9 +18,7 @@ use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request
 use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError};
 use policyport_cli::demo::run_episodes_batched;
 use policyport_cli::envs::{CartPole, Env, Pendulum};
-use policyport_conformance::{
-    backends, compile_fixture, fixtures_dir, load_fixture, plugin_runtime,
-};
+use policyport_conformance::{compile_fixture, fixtures_dir, load_fixture, plugin_runtime};
 use policyport_import::{FixtureIo, Storage, compile_sb3};
 use policyport_wasmtime::{WasmLimits, WasmPolicy};
 
@@ -57,17 +55,17 @@ fn sandboxed(bytes: &[u8], config: AgentsConfig) -> Agents {
     )
 }
 
-/// Every way to make agents on `bytes`: each backend of the suite, and the raw sandbox.
-fn every_agents(bytes: &[u8], config: AgentsConfig) -> Vec<(String, Agents)> {
-    let mut v: Vec<(String, Agents)> = backends()
-        .into_iter()
-        .map(|b| {
+/// Agents on `bytes`, with their name for messages: on `Some(backend)`, one backend of the suite (each test that
+/// takes one is one test per backend, `per_backend!`), or with `None` in the raw sandbox (`Agents::sandboxed`, a
+/// `WasmPolicy`: each such test has a twin `..._in_the_sandbox`).
+fn agents_on(bytes: &[u8], backend: Option<Backend>, config: AgentsConfig) -> (String, Agents) {
+    match backend {
+        Some(b) => {
             let p = policyport_conformance::load(bytes, b).unwrap();
             (b.name().to_string(), Agents::native(p, config))
-        })
-        .collect();
-    v.push(("sandbox (WasmPolicy)".into(), sandboxed(bytes, config)));
-    v
+        }
+        None => ("sandbox (WasmPolicy)".into(), sandboxed(bytes, config)),
+    }
 }
 
 /// One agent per evaluation episode, spawned at tick 0 in episode order (so agent env ids are the episode
@@ -127,9 +125,10 @@ fn episode_returns<E: Env>(
 }
 
 /// The trained fixtures' evaluation episodes through agents in shuffled order equal the demo's own batched
-/// runner (`policyport demo`: one act() per step, rows in episode order) exactly, on every backend and in the
-/// sandbox; CartPole's equal the PyTorch policy's too.
-fn replay_through_agents<E: Env>(fixture: &str) {
+/// runner (`policyport demo`: one act() per step, rows in episode order) exactly, on `backend` (the demo on the
+/// same backend) or in the sandbox (`None`: the native cpu demo's, within rounding); CartPole's equal the PyTorch
+/// policy's too.
+fn replay_through_agents<E: Env>(fixture: &str, backend: Option<Backend>) {
     let f = load_fixture(fixture);
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
@@ -144,62 +143,56 @@ fn replay_through_agents<E: Env>(fixture: &str) {
             deterministic,
             ..Default::default()
         };
-        let fresh = |name: &str| match name {
-            "sandbox (WasmPolicy)" => sandboxed(&bytes, config),
-            _ => Agents::native(
-                policyport_conformance::load(&bytes, backend_named(name)).unwrap(),
-                config,
-            ),
-        };
-        for (name, _) in every_agents(&bytes, config) {
-            let demo = {
-                let p = match name.as_str() {
-                    "sandbox (WasmPolicy)" => CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
-                    _ => policyport_conformance::load(&bytes, backend_named(&name)).unwrap(),
-                };
-                run_episodes_batched::<E>(
-                    &mut p.session(),
-                    episodes,
-                    env_seed,
-                    policy_seed,
-                    !deterministic,
-                )
-                .unwrap()
-                .returns
+        let demo = {
+            let p = match backend {
+                None => CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
+                Some(b) => policyport_conformance::load(&bytes, b).unwrap(),
             };
-            for order_seed in [1, 0x9e37_79b9_7f4a_7c15] {
-                let got = episode_returns::<E>(&mut fresh(&name), episodes, env_seed, order_seed);
-                if name.starts_with("sandbox") {
-                    // The raw sandbox against the native cpu demo: the same episodes within rounding.
-                    for (g, d) in got.iter().zip(&demo) {
-                        assert!(
-                            (g - d).abs() <= 1e-3 * d.abs().max(1.0),
-                            "{fixture} {key} on {name}: {g} vs {d}"
-                        );
-                    }
-                } else {
-                    assert_eq!(
-                        got, demo,
-                        "{fixture} {key} on {name}, observation order {order_seed:#x}"
+            run_episodes_batched::<E>(
+                &mut p.session(),
+                episodes,
+                env_seed,
+                policy_seed,
+                !deterministic,
+            )
+            .unwrap()
+            .returns
+        };
+        for order_seed in [1, 0x9e37_79b9_7f4a_7c15] {
+            let (name, mut agents) = agents_on(&bytes, backend, config);
+            let got = episode_returns::<E>(&mut agents, episodes, env_seed, order_seed);
+            if backend.is_none() {
+                // The raw sandbox against the native cpu demo: the same episodes within rounding.
+                for (g, d) in got.iter().zip(&demo) {
+                    assert!(
+                        (g - d).abs() <= 1e-3 * d.abs().max(1.0),
+                        "{fixture} {key} on {name}: {g} vs {d}"
                     );
                 }
-                if fixture == "cartpole" {
-                    let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
-                    assert_eq!(got, want, "{key} on {name}: the PyTorch returns");
-                }
+            } else {
+                assert_eq!(
+                    got, demo,
+                    "{fixture} {key} on {name}, observation order {order_seed:#x}"
+                );
+            }
+            if fixture == "cartpole" {
+                let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
+                assert_eq!(got, want, "{key} on {name}: the PyTorch returns");
             }
         }
     }
 }
 
-#[test]
-fn agents_in_any_order_replay_the_demos_episodes_on_every_backend_and_in_the_sandbox() {
-    replay_through_agents::<CartPole>("cartpole");
-    replay_through_agents::<Pendulum>("pendulum");
+fn agents_in_any_order_replay_the_demos_episodes_on_every_backend(backend: Backend) {
+    replay_through_agents::<CartPole>("cartpole", Some(backend));
+    replay_through_agents::<Pendulum>("pendulum", Some(backend));
 }
+per_backend!(agents_in_any_order_replay_the_demos_episodes_on_every_backend);
 
-fn backend_named(name: &str) -> Backend {
-    backends().into_iter().find(|b| b.name() == name).unwrap()
+#[test]
+fn agents_in_any_order_replay_the_demos_episodes_in_the_sandbox() {
+    replay_through_agents::<CartPole>("cartpole", None);
+    replay_through_agents::<Pendulum>("pendulum", None);
 }
 
 /// What one agent did in one tick: (tick, its actions, its value).
@@ -276,8 +269,13 @@ fn churn(
         .collect()
 }
 
-#[test]
-fn churning_agents_keep_their_recurrent_rows_isolated_on_every_backend_and_in_the_sandbox() {
+/// The churn's policy (SB3 RecurrentPPO on CartPole), its agents' config, and the churn on the native cpu backend:
+/// the reference every backend and the sandbox are held to.
+fn churn_reference() -> (
+    Vec<u8>,
+    AgentsConfig,
+    Vec<(u32, Vec<[f32; 4]>, Vec<bool>, Vec<Step>)>,
+) {
     let dir = fixtures_dir().join("sb3").join("recurrent_ppo_cartpole");
     let io: FixtureIo =
         serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
@@ -293,8 +291,17 @@ fn churning_agents_keep_their_recurrent_rows_isolated_on_every_backend_and_in_th
         seed: 77,
         ..Default::default()
     };
+    let cpu = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let reference = churn(&mut Agents::native(cpu, config), 5, 60);
+    (bytes, config, reference)
+}
+
+/// The reference churn on the cpu backend: many lives, env ids reused, and each life acts as if it ran alone in its
+/// own session.
+#[test]
+fn churning_agents_keep_their_recurrent_rows_isolated() {
+    let (bytes, config, reference) = churn_reference();
     let cpu: Arc<CompiledPolicy> = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
-    let reference = churn(&mut Agents::native(cpu.clone(), config), 5, 60);
     assert!(reference.len() > 20, "{} lives", reference.len());
     let reused = {
         let mut ids: Vec<u32> = reference.iter().map(|l| l.0).collect();
@@ -328,119 +335,146 @@ fn churning_agents_keep_their_recurrent_rows_isolated_on_every_backend_and_in_th
             );
         }
     }
+}
+
+/// The same churn on every backend: the cpu reference's actions, and its values (bit for bit on the cpu backend
+/// itself).
+fn churning_agents_keep_their_recurrent_rows_isolated_on_every_backend(backend: Backend) {
+    churn_like_the_reference(Some(backend));
+}
+per_backend!(churning_agents_keep_their_recurrent_rows_isolated_on_every_backend);
+
+/// The same churn in the raw sandbox: the cpu reference's actions, and its values within rounding.
+#[test]
+fn churning_agents_keep_their_recurrent_rows_isolated_in_the_sandbox() {
+    churn_like_the_reference(None);
+}
+
+fn churn_like_the_reference(backend: Option<Backend>) {
+    let (bytes, config, reference) = churn_reference();
     // The same churn on every backend and in the raw sandbox: the same actions; the cpu-kernel sandboxes the
     // same bits.
-    for (name, mut agents) in every_agents(&bytes, config) {
-        let got = churn(&mut agents, 5, 60);
-        assert_eq!(got.len(), reference.len(), "{name}");
-        for (g, r) in got.iter().zip(&reference) {
-            for (gs, rs) in g.3.iter().zip(&r.3) {
-                assert_eq!((gs.0, &gs.1), (rs.0, &rs.1), "{name}: env {} actions", r.0);
-                // Bit for bit on the cpu backend itself; elsewhere (the sandbox's 128-bit kernels, flex, wgpu,
-                // libtorch) within rounding: their sums run in another order.
-                if name == "cpu" {
-                    assert_eq!(
-                        gs.2.to_bits(),
-                        rs.2.to_bits(),
-                        "{name}: env {} value bits",
-                        r.0
-                    );
-                } else {
-                    assert!(
-                        (gs.2 - rs.2).abs() <= 1e-4 * rs.2.abs().max(1.0),
-                        "{name}: value"
-                    );
-                }
+    let (name, mut agents) = agents_on(&bytes, backend, config);
+    let got = churn(&mut agents, 5, 60);
+    assert_eq!(got.len(), reference.len(), "{name}");
+    for (g, r) in got.iter().zip(&reference) {
+        for (gs, rs) in g.3.iter().zip(&r.3) {
+            assert_eq!((gs.0, &gs.1), (rs.0, &rs.1), "{name}: env {} actions", r.0);
+            // Bit for bit on the cpu backend itself; elsewhere (the sandbox's 128-bit kernels, flex, wgpu,
+            // libtorch) within rounding: their sums run in another order.
+            if name == "cpu" {
+                assert_eq!(
+                    gs.2.to_bits(),
+                    rs.2.to_bits(),
+                    "{name}: env {} value bits",
+                    r.0
+                );
+            } else {
+                assert!(
+                    (gs.2 - rs.2).abs() <= 1e-4 * rs.2.abs().max(1.0),
+                    "{name}: value"
+                );
             }
         }
     }
 }
 
+fn agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing(backend: Backend) {
+    calls_that_do_not_fit(Some(backend));
+}
+per_backend!(agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing);
+
 #[test]
-fn agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing() {
+fn agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing_in_the_sandbox() {
+    calls_that_do_not_fit(None);
+}
+
+fn calls_that_do_not_fit(backend: Option<Backend>) {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
-    for (name, mut agents) in every_agents(&bytes, AgentsConfig::default()) {
-        let a = agents.spawn().unwrap();
-        let b = agents.spawn().unwrap();
-        agents.observe(a, &[0.0; 4]).unwrap();
-        assert!(
-            matches!(agents.observe(a, &[0.0; 4]), Err(AgentsError::AlreadyObserved(x)) if x == a)
-        );
-        assert!(matches!(
-            agents.observe(b, &[0.0; 3]),
-            Err(AgentsError::ObservationLength {
-                expected: 4,
-                found: 3,
-                ..
-            })
-        ));
-        assert!(matches!(
-            agents.observe_masked(b, &[0.0; 4], &[true]),
-            Err(AgentsError::MaskLength {
-                expected: 2,
-                found: 1,
-                ..
-            })
-        ));
-        // A non-finite observation: the runtime refuses the act; the staging, ids and tick stay.
-        agents.observe(b, &[f32::NAN, 0.0, 0.0, 0.0]).unwrap();
-        assert!(
-            matches!(
-                agents.act(),
-                Err(AgentsError::Policy(_) | AgentsError::Sandbox(_))
-            ),
-            "{name}"
-        );
-        assert_eq!(
-            (agents.staged(), agents.tick(), agents.len()),
-            (2, 0, 2),
-            "{name}"
-        );
-        // Withdraw b's row by despawning it: a's row stays and acts.
-        agents.despawn(b).unwrap();
-        assert!(
-            matches!(agents.observe(b, &[0.0; 4]), Err(AgentsError::UnknownAgent(x)) if x == b)
-        );
-        let c = agents.spawn().unwrap();
-        assert_eq!(
-            c.env_id(),
-            b.env_id(),
-            "the free list gives b's env id to the next agent"
-        );
-        assert_ne!(c, b, "a new generation: b's stale id names nobody");
-        let tick = agents.act().unwrap();
-        assert_eq!(tick.agents(), &[a]);
-        assert!(
-            tick.discrete(a).is_some() && tick.discrete(c).is_none() && tick.discrete(b).is_none()
-        );
-        // Ids round-trip through an integer (C, C#, GDScript); a forged one is unknown.
-        assert_eq!(AgentId::from_bits(a.to_bits()), a);
-        assert!(!agents.contains(AgentId::from_bits(a.to_bits() + (7 << 32))));
-        // The limit on live agents.
-        let mut few = Agents::native(
-            CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
-            AgentsConfig {
-                max_agents: 2,
-                ..Default::default()
-            },
-        );
-        few.spawn().unwrap();
-        let y = few.spawn().unwrap();
-        assert!(matches!(
-            few.spawn(),
-            Err(AgentsError::TooManyAgents { max: 2 })
-        ));
-        few.despawn(y).unwrap();
-        few.spawn().unwrap();
-        // No agent observed: no call, an empty tick, no step.
-        assert!(few.act().unwrap().is_empty() && few.tick() == 0);
-    }
+    let (name, mut agents) = agents_on(&bytes, backend, AgentsConfig::default());
+    let a = agents.spawn().unwrap();
+    let b = agents.spawn().unwrap();
+    agents.observe(a, &[0.0; 4]).unwrap();
+    assert!(matches!(agents.observe(a, &[0.0; 4]), Err(AgentsError::AlreadyObserved(x)) if x == a));
+    assert!(matches!(
+        agents.observe(b, &[0.0; 3]),
+        Err(AgentsError::ObservationLength {
+            expected: 4,
+            found: 3,
+            ..
+        })
+    ));
+    assert!(matches!(
+        agents.observe_masked(b, &[0.0; 4], &[true]),
+        Err(AgentsError::MaskLength {
+            expected: 2,
+            found: 1,
+            ..
+        })
+    ));
+    // A non-finite observation: the runtime refuses the act; the staging, ids and tick stay.
+    agents.observe(b, &[f32::NAN, 0.0, 0.0, 0.0]).unwrap();
+    assert!(
+        matches!(
+            agents.act(),
+            Err(AgentsError::Policy(_) | AgentsError::Sandbox(_))
+        ),
+        "{name}"
+    );
+    assert_eq!(
+        (agents.staged(), agents.tick(), agents.len()),
+        (2, 0, 2),
+        "{name}"
+    );
+    // Withdraw b's row by despawning it: a's row stays and acts.
+    agents.despawn(b).unwrap();
+    assert!(matches!(agents.observe(b, &[0.0; 4]), Err(AgentsError::UnknownAgent(x)) if x == b));
+    let c = agents.spawn().unwrap();
+    assert_eq!(
+        c.env_id(),
+        b.env_id(),
+        "the free list gives b's env id to the next agent"
+    );
+    assert_ne!(c, b, "a new generation: b's stale id names nobody");
+    let tick = agents.act().unwrap();
+    assert_eq!(tick.agents(), &[a]);
+    assert!(tick.discrete(a).is_some() && tick.discrete(c).is_none() && tick.discrete(b).is_none());
+    // Ids round-trip through an integer (C, C#, GDScript); a forged one is unknown.
+    assert_eq!(AgentId::from_bits(a.to_bits()), a);
+    assert!(!agents.contains(AgentId::from_bits(a.to_bits() + (7 << 32))));
+    // The limit on live agents.
+    let mut few = Agents::native(
+        CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
+        AgentsConfig {
+            max_agents: 2,
+            ..Default::default()
+        },
+    );
+    few.spawn().unwrap();
+    let y = few.spawn().unwrap();
+    assert!(matches!(
+        few.spawn(),
+        Err(AgentsError::TooManyAgents { max: 2 })
+    ));
+    few.despawn(y).unwrap();
+    few.spawn().unwrap();
+    // No agent observed: no call, an empty tick, no step.
+    assert!(few.act().unwrap().is_empty() && few.tick() == 0);
 }
 
 /// A mask per agent: forbidden actions are never chosen; agents without one in the same tick act unmasked.
+fn agents_masks_reach_the_runtime_per_agent(backend: Backend) {
+    masks_per_agent(Some(backend));
+}
+per_backend!(agents_masks_reach_the_runtime_per_agent);
+
 #[test]
-fn agents_masks_reach_the_runtime_per_agent() {
+fn agents_masks_reach_the_runtime_per_agent_in_the_sandbox() {
+    masks_per_agent(None);
+}
+
+fn masks_per_agent(backend: Option<Backend>) {
     let dir = fixtures_dir().join("sb3").join("maskable_ppo_discrete");
     let io: FixtureIo =
         serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
@@ -452,46 +486,45 @@ fn agents_masks_reach_the_runtime_per_agent() {
         Storage::F32,
     )
     .unwrap();
-    for (name, mut agents) in every_agents(&bytes, AgentsConfig::default()) {
-        let n = agents.mask_len();
-        let obs_len = agents.obs_len();
-        let ids: Vec<AgentId> = (0..8).map(|_| agents.spawn().unwrap()).collect();
-        let mut rng = Rng(3);
-        for t in 0..50 {
-            let mut only = vec![None; ids.len()];
-            for (k, id) in ids.iter().enumerate() {
-                let obs: Vec<f32> = (0..obs_len).map(|_| rng.below(4) as f32).collect();
-                // Odd ticks stage an unmasked row before the first masked one (the rows before it are filled
-                // all-allowed when the first mask arrives).
-                if (k + t) % 2 == 0 {
-                    let allowed = rng.below(n);
-                    let mask: Vec<bool> = (0..n).map(|i| i == allowed).collect();
-                    agents.observe_masked(*id, &obs, &mask).unwrap();
-                    only[k] = Some(allowed as i64);
-                } else {
-                    agents.observe(*id, &obs).unwrap();
-                }
-            }
-            // Every fifth tick a masked row and an unmasked row are withdrawn again (the last rows move into
-            // their places, masks with them).
-            let withdrawn = if t % 5 == 0 {
-                vec![t % 2, 1 - t % 2]
+    let (name, mut agents) = agents_on(&bytes, backend, AgentsConfig::default());
+    let n = agents.mask_len();
+    let obs_len = agents.obs_len();
+    let ids: Vec<AgentId> = (0..8).map(|_| agents.spawn().unwrap()).collect();
+    let mut rng = Rng(3);
+    for t in 0..50 {
+        let mut only = vec![None; ids.len()];
+        for (k, id) in ids.iter().enumerate() {
+            let obs: Vec<f32> = (0..obs_len).map(|_| rng.below(4) as f32).collect();
+            // Odd ticks stage an unmasked row before the first masked one (the rows before it are filled
+            // all-allowed when the first mask arrives).
+            if (k + t) % 2 == 0 {
+                let allowed = rng.below(n);
+                let mask: Vec<bool> = (0..n).map(|i| i == allowed).collect();
+                agents.observe_masked(*id, &obs, &mask).unwrap();
+                only[k] = Some(allowed as i64);
             } else {
-                vec![]
-            };
-            for &k in &withdrawn {
-                assert!(agents.unobserve(ids[k]));
+                agents.observe(*id, &obs).unwrap();
             }
-            let tick = agents.act().unwrap();
-            for (k, id) in ids.iter().enumerate() {
-                if withdrawn.contains(&k) {
-                    assert!(
-                        tick.discrete(*id).is_none(),
-                        "{name}: agent {k} was withdrawn"
-                    );
-                } else if let Some(a) = only[k] {
-                    assert_eq!(tick.discrete(*id).unwrap()[0], a, "{name}: agent {k}");
-                }
+        }
+        // Every fifth tick a masked row and an unmasked row are withdrawn again (the last rows move into
+        // their places, masks with them).
+        let withdrawn = if t % 5 == 0 {
+            vec![t % 2, 1 - t % 2]
+        } else {
+            vec![]
+        };
+        for &k in &withdrawn {
+            assert!(agents.unobserve(ids[k]));
+        }
+        let tick = agents.act().unwrap();
+        for (k, id) in ids.iter().enumerate() {
+            if withdrawn.contains(&k) {
+                assert!(
+                    tick.discrete(*id).is_none(),
+                    "{name}: agent {k} was withdrawn"
+                );
+            } else if let Some(a) = only[k] {
+                assert_eq!(tick.discrete(*id).unwrap()[0], a, "{name}: agent {k}");
             }
         }
     }

@@ -112,8 +112,7 @@ fn reference_interpreter_matches_pytorch_float64() {
 }
 
 /// Without oracle outputs the compiler embeds reference-interpreter goldens; they pass on every backend.
-#[test]
-fn compile_without_golden_uses_the_reference_interpreter() {
+fn compile_without_golden_uses_the_reference_interpreter(b: Backend) {
     let f = load_fixture("pendulum");
     let bytes = compile_onnx(&f.onnx, &f.spec, "pendulum", None, Storage::F32).unwrap();
     let art = read_artifact(&bytes).unwrap();
@@ -123,14 +122,13 @@ fn compile_without_golden_uses_the_reference_interpreter() {
             .iter()
             .all(|g| g.name.starts_with("reference_"))
     );
-    for b in policyport_conformance::backends() {
-        let reports = policyport_conformance::load(&bytes, b)
-            .unwrap()
-            .verify()
-            .unwrap();
-        assert!(reports.iter().all(|r| r.passed), "{reports:?}");
-    }
+    let reports = policyport_conformance::load(&bytes, b)
+        .unwrap()
+        .verify()
+        .unwrap();
+    assert!(reports.iter().all(|r| r.passed), "{reports:?}");
 }
+per_backend!(compile_without_golden_uses_the_reference_interpreter);
 
 #[test]
 fn half_precision_storage_round_trips_within_its_tolerance() {
@@ -228,8 +226,7 @@ fn info_describes_the_policy() {
 /// the same lowering on every backend that can build one: the runtime's own, and libtorch. The plugin's ABI
 /// returns act() outputs only, so there it is a typed "unsupported" error, never a silent pass. (Until this test
 /// no fixture named an intermediate value, so no backend's probe path ever ran.)
-#[test]
-fn golden_values_inside_the_graph_are_probed_on_every_backend() {
+fn golden_values_inside_the_graph_are_probed_on_every_backend(b: Backend) {
     for name in ["cartpole", "pendulum"] {
         let mut art = read_artifact(&compile_fixture(&load_fixture(name))).unwrap();
         let head: Vec<String> = art
@@ -262,31 +259,30 @@ fn golden_values_inside_the_graph_are_probed_on_every_backend() {
             policyport_format::container::StorageDType::F32
         })
         .unwrap();
-        for b in policyport_conformance::backends() {
-            let p = policyport_conformance::load(&bytes, b).unwrap();
-            match (b, p.verify()) {
-                (Backend::Wasmtime, Err(e)) => assert!(
-                    matches!(
-                        e,
-                        PolicyError::Backend(policyport::BackendError::Unsupported(_))
-                    ),
-                    "{name} on {b:?}: {e}"
+        let p = policyport_conformance::load(&bytes, b).unwrap();
+        match (b, p.verify()) {
+            (Backend::Wasmtime, Err(e)) => assert!(
+                matches!(
+                    e,
+                    PolicyError::Backend(policyport::BackendError::Unsupported(_))
                 ),
-                (_, Ok(reports)) => {
-                    assert_eq!(reports.len(), art.manifest.golden.len());
-                    for r in reports {
-                        assert!(r.passed, "{name} on {b:?}: {r:?}");
-                        for v in &inner {
-                            let err = r.values.iter().find(|(n, _)| n == v).map(|(_, e)| *e);
-                            assert!(
-                                err.is_some_and(|e| e <= 1e-5),
-                                "{name} on {b:?}: {v} probed with error {err:?}"
-                            );
-                        }
+                "{name} on {b:?}: {e}"
+            ),
+            (_, Ok(reports)) => {
+                assert_eq!(reports.len(), art.manifest.golden.len());
+                for r in reports {
+                    assert!(r.passed, "{name} on {b:?}: {r:?}");
+                    for v in &inner {
+                        let err = r.values.iter().find(|(n, _)| n == v).map(|(_, e)| *e);
+                        assert!(
+                            err.is_some_and(|e| e <= 1e-5),
+                            "{name} on {b:?}: {v} probed with error {err:?}"
+                        );
                     }
                 }
-                (_, other) => panic!("{name} on {b:?}: {other:?}"),
             }
+            (_, other) => panic!("{name} on {b:?}: {other:?}"),
         }
     }
 }
+per_backend!(golden_values_inside_the_graph_are_probed_on_every_backend);

@@ -3,7 +3,8 @@
 //! backend: logits / mean / log-std / value within 1e-5 of the agent run in float64, Philox samples equal to the
 //! Python sampler's. A wrong layout or wrong spaces is a typed error naming the key or shape that does not fit.
 
-use policyport_conformance::{backends, fixtures_dir};
+use policyport::Backend;
+use policyport_conformance::fixtures_dir;
 use policyport_format::{ActionSpace, ObservationSpace};
 use policyport_import::{CleanrlLayout, FixtureIo, Storage, compile_cleanrl};
 
@@ -47,8 +48,7 @@ fn spaces(dir: &str) -> (ObservationSpace, ActionSpace) {
     )
 }
 
-#[test]
-fn every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend() {
+fn every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend(backend: Backend) {
     let mut table = vec![];
     for c in &CASES {
         let (obs, act) = spaces(c.dir);
@@ -63,23 +63,22 @@ fn every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend() {
             Storage::F32,
         )
         .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
-        for backend in backends() {
-            let p = policyport_conformance::load(&bytes, backend)
-                .unwrap_or_else(|e| panic!("{} on {}: {e}", c.dir, backend.name()));
-            for r in p.verify().unwrap() {
-                let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
-                table.push(format!(
-                    "{:<24} {:<8} {:<22} max rel err {worst:.2e}",
-                    c.dir,
-                    backend.name(),
-                    r.name
-                ));
-                assert!(r.passed, "{} on {}: {r:?}", c.dir, backend.name());
-            }
+        let p = policyport_conformance::load(&bytes, backend)
+            .unwrap_or_else(|e| panic!("{} on {}: {e}", c.dir, backend.name()));
+        for r in p.verify().unwrap() {
+            let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
+            table.push(format!(
+                "{:<24} {:<8} {:<22} max rel err {worst:.2e}",
+                c.dir,
+                backend.name(),
+                r.name
+            ));
+            assert!(r.passed, "{} on {}: {r:?}", c.dir, backend.name());
         }
     }
     println!("{}", table.join("\n"));
 }
+per_backend!(every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend);
 
 #[test]
 fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {

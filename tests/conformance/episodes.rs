@@ -1,44 +1,41 @@
+use policyport::Backend;
 use policyport_cli::demo::{EpisodeStats, run_episodes_batched};
 use policyport_cli::envs::{CartPole, Env, Pendulum};
-use policyport_conformance::{backends, compile_fixture, load_fixture};
+use policyport_conformance::{compile_fixture, load_fixture};
 
-/// Replay a trained fixture's evaluation episodes on every backend; `check(key, backend, want, got)` per mode.
-fn replay<E: Env>(fixture: &str, check: impl Fn(&str, &str, &[f64], &EpisodeStats)) {
+/// Replay a trained fixture's evaluation episodes on backend `b`; `check(key, backend, want, got)` per mode.
+fn replay<E: Env>(fixture: &str, b: Backend, check: impl Fn(&str, &str, &[f64], &EpisodeStats)) {
     let f = load_fixture(fixture);
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
-    for b in backends() {
-        let mut p = policyport_conformance::load(&bytes, b).unwrap().session();
-        for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
-            let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
-            let seeds = (
-                eval["env_seed"].as_u64().unwrap(),
-                eval["policy_seed"].as_u64().unwrap(),
-            );
-            // All episodes as one batch per time step (the same sampling streams as one by one).
-            let got =
-                run_episodes_batched::<E>(&mut p, want.len() as u32, seeds.0, seeds.1, sampled)
-                    .unwrap();
-            check(key, b.name(), &want, &got);
-        }
+    let mut p = policyport_conformance::load(&bytes, b).unwrap().session();
+    for (sampled, key) in [(true, "sampled_returns"), (false, "deterministic_returns")] {
+        let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
+        let seeds = (
+            eval["env_seed"].as_u64().unwrap(),
+            eval["policy_seed"].as_u64().unwrap(),
+        );
+        // All episodes as one batch per time step (the same sampling streams as one by one).
+        let got = run_episodes_batched::<E>(&mut p, want.len() as u32, seeds.0, seeds.1, sampled)
+            .unwrap();
+        check(key, b.name(), &want, &got);
     }
 }
 
 /// The compiled CartPole policy replays the PyTorch policy's seeded evaluation episodes (same resets, same
 /// Philox draws): identical returns, episode by episode, and the task solved.
-#[test]
-fn cartpole_replays_the_pytorch_episodes() {
-    replay::<CartPole>("cartpole", |key, backend, want, got| {
+fn cartpole_replays_the_pytorch_episodes(b: Backend) {
+    replay::<CartPole>("cartpole", b, |key, backend, want, got| {
         assert_eq!(got.returns, want, "{key} on {backend}");
         assert!(got.mean_return() >= 475.0);
     });
 }
+per_backend!(cartpole_replays_the_pytorch_episodes);
 
 /// Continuous control: actions are computed in f32 here and f64 in the script, so trajectories may drift by
 /// rounding; returns must agree closely.
-#[test]
-fn pendulum_matches_the_pytorch_returns() {
-    replay::<Pendulum>("pendulum", |key, backend, want, got| {
+fn pendulum_matches_the_pytorch_returns(b: Backend) {
+    replay::<Pendulum>("pendulum", b, |key, backend, want, got| {
         let want_mean = want.iter().sum::<f64>() / want.len() as f64;
         let rel = (got.mean_return() - want_mean).abs() / want_mean.abs();
         assert!(
@@ -59,3 +56,4 @@ fn pendulum_matches_the_pytorch_returns() {
         );
     });
 }
+per_backend!(pendulum_matches_the_pytorch_returns);

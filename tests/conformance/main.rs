@@ -19,6 +19,86 @@
 //! - `torch`: the libtorch executor (feature `tch`): parity on CPU in f32 / f16 / bf16, the guest's samples,
 //!   bucket padding, device state; CUDA and CUDA graphs when a GPU is present (`POLICYPORT_REQUIRE_CUDA=1`
 //!   makes their absence a failure).
+//!
+//! A check that runs on every backend is one test per backend (`per_backend!`): `parity::<check>::on_wgpu`, ...
+//! so a failure names its backend and `cargo test -- ::on_wgpu` runs one backend's checks alone.
+
+/// One `#[test]` per backend (issue 37): `per_backend!(check)` turns `fn check(backend: Backend)` into the tests
+/// `check::on_cpu`, `check::on_flex`, `check::on_wgpu`, `check::on_torch`, `check::on_wasmtime`, so
+/// `cargo test -- ::on_wgpu` runs the wgpu backend's checks alone and a failure names its backend. A backend this
+/// build lacks is an ignored test with its reason (counted as skipped), never a pass.
+macro_rules! per_backend {
+    ($check:ident) => {
+        mod $check {
+            #[test]
+            fn on_cpu() {
+                crate::on_backend(policyport::Backend::Cpu, super::$check)
+            }
+            #[test]
+            fn on_flex() {
+                crate::on_backend(policyport::Backend::Flex, super::$check)
+            }
+            #[test]
+            #[cfg_attr(
+                not(feature = "wgpu"),
+                ignore = "built without the wgpu feature (policyport-conformance/wgpu)"
+            )]
+            fn on_wgpu() {
+                crate::on_backend(policyport::Backend::Wgpu, super::$check)
+            }
+            #[test]
+            #[cfg_attr(
+                not(feature = "tch"),
+                ignore = "built without the tch feature (policyport-conformance/tch)"
+            )]
+            fn on_torch() {
+                crate::on_backend(policyport::Backend::Torch, super::$check)
+            }
+            #[test]
+            fn on_wasmtime() {
+                crate::on_backend(policyport::Backend::Wasmtime, super::$check)
+            }
+        }
+    };
+}
+
+/// [`per_backend!`] for a check of the runtime's built-in backends only (`CompiledPolicy::load`: cpu, flex, wgpu),
+/// e.g. one that needs `load_with_limits`: the tests `check::on_cpu`, `check::on_flex`, `check::on_wgpu`. Torch and
+/// wasmtime have no such test at all (not a passing one).
+macro_rules! per_builtin_backend {
+    ($check:ident) => {
+        mod $check {
+            #[test]
+            fn on_cpu() {
+                crate::on_backend(policyport::Backend::Cpu, super::$check)
+            }
+            #[test]
+            fn on_flex() {
+                crate::on_backend(policyport::Backend::Flex, super::$check)
+            }
+            #[test]
+            #[cfg_attr(
+                not(feature = "wgpu"),
+                ignore = "built without the wgpu feature (policyport-conformance/wgpu)"
+            )]
+            fn on_wgpu() {
+                crate::on_backend(policyport::Backend::Wgpu, super::$check)
+            }
+        }
+    };
+}
+
+/// Run `check` on `backend`, which must be one this run tests (`policyport_conformance::backends()`): the reruns of
+/// test.sh under POLICYPORT_CPU_BASELINE / _AVX2 / _SIMD128 (cpu only) and POLICYPORT_WASM_LEND (wasmtime only)
+/// select their backend's tests by name; a test of another backend run there fails loudly instead of passing.
+pub(crate) fn on_backend(backend: policyport::Backend, check: fn(policyport::Backend)) {
+    let run = policyport_conformance::backends();
+    assert!(
+        run.contains(&backend),
+        "this run tests {run:?} only (POLICYPORT_CPU_* / POLICYPORT_WASM_LEND): select its tests by name, e.g. -- ::on_cpu"
+    );
+    check(backend)
+}
 
 mod agents;
 mod artifact;

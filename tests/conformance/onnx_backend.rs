@@ -5,15 +5,14 @@
 //! every backend on the model's stored input, compared with its stored output (relative to the output's largest
 //! magnitude, SPEC.md §6).
 //!
-//! Each model lands in one of three bins: **passed** (every backend within 1e-5), **refused** (the import gave a
-//! typed "unsupported" error naming the op or layout — 1-D/3-D convolutions, average pooling, BatchNorm, ...), or
-//! **failed** (a wrong answer, a load error, anything else). The test fails on any failed model and prints the
-//! table the README quotes.
+//! On each backend (one test per backend) each model lands in one of three bins: **passed** (within 1e-5),
+//! **refused** (the import gave a typed "unsupported" error naming the op or layout — 1-D/3-D convolutions, average
+//! pooling, BatchNorm, ...), or **failed** (a wrong answer, a load error, anything else). Each backend's test fails
+//! on any failed model and prints its table (the README quotes it).
 
 use std::path::{Path, PathBuf};
 
 use policyport::{ActMode, Backend, Observations, Request};
-use policyport_conformance::backends;
 use policyport_import::{DistSpec, ImportError, ImportSpec, Storage, compile_onnx};
 
 /// The onnx package's backend test data, in the venv test.sh runs the suite with (`VIRTUAL_ENV`).
@@ -43,7 +42,7 @@ enum Outcome {
     Failed(String),
 }
 
-fn run_model(dir: &Path) -> Outcome {
+fn run_model(dir: &Path, backend: Backend) -> Outcome {
     let model = std::fs::read(dir.join("model.onnx")).unwrap();
     let set = dir.join("test_data_set_0");
     let read = |f: &str| std::fs::read(set.join(f)).ok();
@@ -78,28 +77,24 @@ fn run_model(dir: &Path) -> Outcome {
     };
     let batch = in_dims[0];
     let obs: Vec<f32> = x.iter().map(|v| *v as f32).collect();
-    let mut worst = 0.0f64;
-    for backend in backends() {
-        let p = match policyport_conformance::load(&bytes, backend) {
-            Ok(p) => p,
-            Err(e) => return Outcome::Failed(format!("load on {}: {e}", backend.name())),
-        };
-        let mut s = p.session();
-        let out = match s.act(&Request::new(
-            Observations::F32(&obs),
-            batch,
-            ActMode::Deterministic,
-        )) {
-            Ok(o) => o,
-            Err(e) => return Outcome::Failed(format!("act on {}: {e}", backend.name())),
-        };
-        let e = policyport::rel_err(&out.dist_params, &want);
-        worst = worst.max(e);
-        if e > 1e-5 {
-            return Outcome::Failed(format!("{}: max rel err {e:.2e}", backend.name()));
-        }
+    let p = match policyport_conformance::load(&bytes, backend) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Failed(format!("load on {}: {e}", backend.name())),
+    };
+    let mut s = p.session();
+    let out = match s.act(&Request::new(
+        Observations::F32(&obs),
+        batch,
+        ActMode::Deterministic,
+    )) {
+        Ok(o) => o,
+        Err(e) => return Outcome::Failed(format!("act on {}: {e}", backend.name())),
+    };
+    let e = policyport::rel_err(&out.dist_params, &want);
+    if e > 1e-5 {
+        return Outcome::Failed(format!("{}: max rel err {e:.2e}", backend.name()));
     }
-    Outcome::Passed(worst)
+    Outcome::Passed(e)
 }
 
 /// Models with a known defect on one backend, each with what is wrong: asserted to still fail where that backend
@@ -113,8 +108,7 @@ fn run_model(dir: &Path) -> Outcome {
 /// regression test.
 const KNOWN_FAILING: &[(&str, Backend, &str)] = &[];
 
-#[test]
-fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend() {
+fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend(backend: Backend) {
     let data = data_dir();
     let mut table = vec![];
     let (mut passed, mut refused, mut failed, mut known) = (vec![], vec![], vec![], vec![]);
@@ -127,7 +121,7 @@ fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend() {
         dirs.sort();
         for d in dirs {
             let name = format!("{suite}/{}", d.file_name().unwrap().to_string_lossy());
-            match run_model(&d) {
+            match run_model(&d, backend) {
                 Outcome::Passed(e) => {
                     table.push(format!("passed   {name:<60} max rel err {e:.1e}"));
                     passed.push(name);
@@ -142,7 +136,7 @@ fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend() {
                 Outcome::Failed(why)
                     if KNOWN_FAILING
                         .iter()
-                        .any(|(n, b, _)| *n == name && why.contains(b.name())) =>
+                        .any(|(n, b, _)| *n == name && *b == backend && why.contains(b.name())) =>
                 {
                     table.push(format!("known    {name:<60} {why}"));
                     known.push(name);
@@ -156,23 +150,31 @@ fn onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend() {
     }
     println!("{}", table.join("\n"));
     println!(
-        "onnx backend test models: {} passed on every backend, {} refused with a typed error, {} failed, {} known failing",
+        "onnx backend test models on {}: {} passed, {} refused with a typed error, {} failed, {} known failing",
+        backend.name(),
         passed.len(),
         refused.len(),
         failed.len(),
         known.len()
     );
-    for (name, backend, why) in KNOWN_FAILING {
-        if backends().contains(backend) {
+    for (name, b, why) in KNOWN_FAILING {
+        if *b == backend {
             assert!(
                 known.iter().any(|k| k == name),
-                "{name} no longer fails ({why}): remove it from KNOWN_FAILING"
+                "{name} no longer fails on {} ({why}): remove it from KNOWN_FAILING",
+                b.name()
             );
         }
     }
-    assert!(passed.len() >= 20, "too few models pass: {passed:?}");
+    assert!(
+        passed.len() >= 20,
+        "too few models pass on {}: {passed:?}",
+        backend.name()
+    );
     assert!(
         failed.is_empty(),
-        "wrong answers or untyped errors: {failed:?}"
+        "wrong answers or untyped errors on {}: {failed:?}",
+        backend.name()
     );
 }
+per_backend!(onnx_backend_test_models_pass_or_are_refused_by_name_on_every_backend);

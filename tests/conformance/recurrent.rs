@@ -4,10 +4,9 @@
 use std::collections::BTreeMap;
 
 use policyport::{
-    ActMode, ActOutputs, CompiledPolicy, EnvIdError, EnvIds, Observations, PolicyError, Request,
-    StateError,
+    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIdError, EnvIds, Observations, PolicyError,
+    Request, StateError,
 };
-use policyport_conformance::backends;
 use policyport_format::container::{StorageDType, Tensor};
 use policyport_format::*;
 
@@ -130,113 +129,115 @@ pub(crate) fn step64(t: &BTreeMap<String, Tensor>, x: &[f32], h: &[f64]) -> (Vec
     (h1, logits)
 }
 
-#[test]
-fn recurrent_state_is_per_env_and_carried_between_steps() {
+fn recurrent_state_is_per_env_and_carried_between_steps(backend: Backend) {
     let (bytes, t) = elman();
-    for backend in backends() {
-        let policy = policyport_conformance::load(&bytes, backend).unwrap();
-        assert_eq!(policy.info().recurrent_states, 1);
-        let mut s = policy.session();
-        s.set_max_envs(3);
-        let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
-        // Env ids past the session's limit: a typed error, nothing allocated.
-        assert!(matches!(
-            s.act(
-                &Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)
-                    .envs(EnvIds::List(&[0, 3]))
-            ),
-            Err(PolicyError::EnvIds(EnvIdError::BeyondLimit {
-                env: 3,
-                limit: 3
-            }))
-        ));
-        assert_eq!(s.num_envs(), 0);
-        let mut h = [vec![0.0f64; 4], vec![0.0f64; 4], vec![0.0f64; 4]];
-        for step in 0..4u64 {
-            let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
-            let out = s
-                .act(
-                    &Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step })
-                        .envs(EnvIds::List(&[2, 0])),
-                )
-                .unwrap()
-                .clone();
-            for (row, env) in [(0usize, 2usize), (1, 0)] {
-                let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
-                h[env] = h1;
-                for a in 0..2 {
-                    assert!(
-                        (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
-                        "{backend:?} step {step}"
-                    );
-                }
-                for i in 0..4 {
-                    assert!((s.state(0, env as u32).unwrap()[i] as f64 - h[env][i]).abs() < 1e-5);
-                }
+    let policy = policyport_conformance::load(&bytes, backend).unwrap();
+    assert_eq!(policy.info().recurrent_states, 1);
+    let mut s = policy.session();
+    s.set_max_envs(3);
+    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
+    // Env ids past the session's limit: a typed error, nothing allocated.
+    assert!(matches!(
+        s.act(
+            &Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)
+                .envs(EnvIds::List(&[0, 3]))
+        ),
+        Err(PolicyError::EnvIds(EnvIdError::BeyondLimit {
+            env: 3,
+            limit: 3
+        }))
+    ));
+    assert_eq!(s.num_envs(), 0);
+    let mut h = [vec![0.0f64; 4], vec![0.0f64; 4], vec![0.0f64; 4]];
+    for step in 0..4u64 {
+        let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+        let out = s
+            .act(
+                &Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step })
+                    .envs(EnvIds::List(&[2, 0])),
+            )
+            .unwrap()
+            .clone();
+        for (row, env) in [(0usize, 2usize), (1, 0)] {
+            let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h[env]);
+            h[env] = h1;
+            for a in 0..2 {
+                assert!(
+                    (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
+                    "{backend:?} step {step}"
+                );
             }
-            assert_eq!(s.state(0, 1).unwrap(), &[0.0; 4], "env 1 never stepped");
+            for i in 0..4 {
+                assert!((s.state(0, env as u32).unwrap()[i] as f64 - h[env][i]).abs() < 1e-5);
+            }
         }
-        s.reset(&[2]).unwrap();
-        assert_eq!(s.state(0, 2).unwrap(), &[0.0; 4]);
-        assert_ne!(s.state(0, 0).unwrap(), &[0.0; 4]);
-        assert!(matches!(
-            s.reset(&[7]),
-            Err(PolicyError::EnvIds(EnvIdError::BeyondLimit { .. }))
-        ));
-        assert!(matches!(
-            s.state(1, 0),
-            Err(PolicyError::State(StateError::NoSuchTensor { .. }))
-        ));
+        assert_eq!(s.state(0, 1).unwrap(), &[0.0; 4], "env 1 never stepped");
     }
+    s.reset(&[2]).unwrap();
+    assert_eq!(s.state(0, 2).unwrap(), &[0.0; 4]);
+    assert_ne!(s.state(0, 0).unwrap(), &[0.0; 4]);
+    assert!(matches!(
+        s.reset(&[7]),
+        Err(PolicyError::EnvIds(EnvIdError::BeyondLimit { .. }))
+    ));
+    assert!(matches!(
+        s.state(1, 0),
+        Err(PolicyError::State(StateError::NoSuchTensor { .. }))
+    ));
 }
+per_backend!(recurrent_state_is_per_env_and_carried_between_steps);
 
 /// The state model's episode-start mask (SB3's `episode_starts`): a flagged row's state is zeroed before the
 /// step, the others carry on, exactly as if `reset` had been called first — on every backend.
-#[test]
-fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
+fn episode_starts_zero_the_state_before_the_step_on_every_backend(backend: Backend) {
     let (bytes, t) = elman();
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
-    for backend in backends() {
-        let policy = policyport_conformance::load(&bytes, backend).unwrap();
-        let (mut masked, mut reset) = (policy.session(), policy.session());
-        let mut h = [vec![0.0f64; 4], vec![0.0f64; 4]];
-        for step in 0..5u64 {
-            let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
-            // Env 1 starts an episode at steps 2 and 4, env 0 at step 3.
-            let starts = [step == 3, step == 2 || step == 4];
-            let req = Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 9, step })
-                .envs(EnvIds::List(&[0, 1]));
-            let a = masked.act(&req.episode_starts(&starts)).unwrap().clone();
-            let ids: Vec<u32> = (0..2u32).filter(|e| starts[*e as usize]).collect();
-            reset.reset(&ids).unwrap();
-            let b = reset.act(&req).unwrap().clone();
-            assert_eq!(a, b, "{backend:?} step {step}: mask and reset disagree");
-            for env in 0..2 {
-                if starts[env] {
-                    h[env] = vec![0.0; 4];
-                }
-                let (h1, logits) = step64(&t, &x[env * 3..env * 3 + 3], &h[env]);
-                h[env] = h1;
-                for k in 0..2 {
-                    assert!(
-                        (a.dist_params[env * 2 + k] as f64 - logits[k]).abs() < 1e-5,
-                        "{backend:?} step {step} env {env}"
-                    );
-                }
+    let policy = policyport_conformance::load(&bytes, backend).unwrap();
+    let (mut masked, mut reset) = (policy.session(), policy.session());
+    let mut h = [vec![0.0f64; 4], vec![0.0f64; 4]];
+    for step in 0..5u64 {
+        let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
+        // Env 1 starts an episode at steps 2 and 4, env 0 at step 3.
+        let starts = [step == 3, step == 2 || step == 4];
+        let req = Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 9, step })
+            .envs(EnvIds::List(&[0, 1]));
+        let a = masked.act(&req.episode_starts(&starts)).unwrap().clone();
+        let ids: Vec<u32> = (0..2u32).filter(|e| starts[*e as usize]).collect();
+        reset.reset(&ids).unwrap();
+        let b = reset.act(&req).unwrap().clone();
+        assert_eq!(a, b, "{backend:?} step {step}: mask and reset disagree");
+        for env in 0..2 {
+            if starts[env] {
+                h[env] = vec![0.0; 4];
+            }
+            let (h1, logits) = step64(&t, &x[env * 3..env * 3 + 3], &h[env]);
+            h[env] = h1;
+            for k in 0..2 {
+                assert!(
+                    (a.dist_params[env * 2 + k] as f64 - logits[k]).abs() < 1e-5,
+                    "{backend:?} step {step} env {env}"
+                );
             }
         }
-        // The mask must have one flag per row.
-        let req = Request::new(Observations::F32(&obs), 2, ActMode::Deterministic);
-        assert!(matches!(
-            masked.act(&req.episode_starts(&[true])),
-            Err(PolicyError::State(StateError::EpisodeStarts {
-                found: 1,
-                batch: 2
-            }))
-        ));
     }
-    // The same mask through the sandboxed plugin (ABI v2): the cpu session's answers. (libtorch is one of
-    // `backends()` above.)
+    // The mask must have one flag per row.
+    let req = Request::new(Observations::F32(&obs), 2, ActMode::Deterministic);
+    assert!(matches!(
+        masked.act(&req.episode_starts(&[true])),
+        Err(PolicyError::State(StateError::EpisodeStarts {
+            found: 1,
+            batch: 2
+        }))
+    ));
+}
+per_backend!(episode_starts_zero_the_state_before_the_step_on_every_backend);
+
+/// The same episode-start mask through the sandboxed plugin's ABI (v2, `WasmPolicy` directly): the cpu session's
+/// answers. (Every backend of `backends()`, libtorch and wasmtime included, runs the test above.)
+#[test]
+fn episode_starts_through_the_plugin_abi_give_the_cpu_answers() {
+    let (bytes, _) = elman();
+    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
     let cpu = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
     let rt = policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut plugin =
@@ -261,40 +262,47 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend() {
 
 /// Regression (one env-id rule for every runtime): a recurrent batch naming one env twice was refused on wgpu and
 /// libtorch, but on cpu, flex and the wasm plugin the second row's next state silently overwrote the first's.
-/// Now every runtime refuses it with the same typed error and changes no state: every backend of `backends()`
-/// (cpu, flex, wgpu, libtorch), then the sandboxed plugin through its ABI.
-#[test]
-fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere() {
+/// Now every runtime refuses it with the same typed error and changes no state: one test per backend of
+/// `backends()` (cpu, flex, wgpu, libtorch, wasmtime), and the sandboxed plugin through its ABI (the next test).
+fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere(backend: Backend) {
     let (bytes, _) = elman();
     let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7, 0.1, 0.2, 0.3];
     let dup = [2u32, 0, 2];
-    for backend in backends() {
-        let mut p = policyport_conformance::load(&bytes, backend)
-            .unwrap()
-            .session();
-        p.act(
-            &Request::new(Observations::F32(&obs[..6]), 2, ActMode::Deterministic)
-                .envs(EnvIds::List(&[2, 0])),
+    let mut p = policyport_conformance::load(&bytes, backend)
+        .unwrap()
+        .session();
+    p.act(
+        &Request::new(Observations::F32(&obs[..6]), 2, ActMode::Deterministic)
+            .envs(EnvIds::List(&[2, 0])),
+    )
+    .unwrap();
+    let before: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
+    let err = p
+        .act(
+            &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic)
+                .envs(EnvIds::List(&dup)),
         )
-        .unwrap();
-        let before: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
-        let err = p
-            .act(
-                &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic)
-                    .envs(EnvIds::List(&dup)),
-            )
-            .unwrap_err();
-        assert!(
-            matches!(&err, PolicyError::EnvIds(EnvIdError::Duplicate { env: 2 })),
-            "{backend:?}: {err}"
-        );
-        assert!(err.to_string().contains("env 2 appears twice"), "{err}");
-        let after: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
-        assert_eq!(
-            before, after,
-            "{backend:?}: a refused batch changed the state"
-        );
-    }
+        .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::EnvIds(EnvIdError::Duplicate { env: 2 })),
+        "{backend:?}: {err}"
+    );
+    assert!(err.to_string().contains("env 2 appears twice"), "{err}");
+    let after: Vec<Vec<f32>> = (0..3u32).map(|e| p.state(0, e).unwrap().to_vec()).collect();
+    assert_eq!(
+        before, after,
+        "{backend:?}: a refused batch changed the state"
+    );
+}
+per_backend!(a_recurrent_batch_naming_one_env_twice_is_refused_everywhere);
+
+/// The duplicate-env rule of the test above through the sandboxed plugin's ABI (`WasmPolicy` directly): a bad
+/// call.
+#[test]
+fn a_recurrent_batch_naming_one_env_twice_is_a_bad_call_through_the_plugin_abi() {
+    let (bytes, _) = elman();
+    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7, 0.1, 0.2, 0.3];
+    let dup = [2u32, 0, 2];
     // The sandboxed plugin: the same rule through the ABI (bad call).
     let rt = policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
     let mut w = policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
@@ -386,8 +394,15 @@ struct RolloutStep {
     trainer_actions: Vec<f64>,
 }
 
-/// Every recurrent trainer fixture compiled by its own route: (name, artifact bytes, rollout).
-fn recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
+/// Every recurrent trainer fixture compiled by its own route: (name, artifact bytes, rollout). Compiled once for
+/// the whole run: the two tests that step them run once per backend.
+fn recurrent_trainer_fixtures() -> &'static [(String, Vec<u8>, Rollout)] {
+    static FIXTURES: std::sync::OnceLock<Vec<(String, Vec<u8>, Rollout)>> =
+        std::sync::OnceLock::new();
+    FIXTURES.get_or_init(compile_recurrent_trainer_fixtures)
+}
+
+fn compile_recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
     use policyport_import::{CleanrlLayout, Storage, compile_cleanrl, compile_sb3};
     let dir = policyport_conformance::fixtures_dir();
     let mut out = vec![];
@@ -453,8 +468,7 @@ fn recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
 /// whole sequence (SB3: `nn.LSTM` over each episode segment; CleanRL: its `get_states` loop), on every backend,
 /// within the fixture's tolerance at every step — and the deterministic actions equal the trainer's own
 /// (RecurrentPPO's `predict(obs, state, episode_start)`, CleanRL's argmax) at every step.
-#[test]
-fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
+fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend(backend: Backend) {
     let fixtures = recurrent_trainer_fixtures();
     let names: Vec<&str> = fixtures.iter().map(|f| f.0.as_str()).collect();
     for want in [
@@ -472,74 +486,72 @@ fn trainer_rollouts_step_like_the_trainers_sequences_on_every_backend() {
         );
     }
     let mut table = vec![];
-    for (name, bytes, rollout) in &fixtures {
-        for backend in backends() {
-            let policy = policyport_conformance::load(bytes, backend)
-                .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
-            assert!(policy.info().recurrent_states > 0, "{name}");
-            let mut s = policy.session();
-            let (mut worst_params, mut worst_value) = (0.0f64, 0.0f64);
-            for (t, step) in rollout.steps.iter().enumerate() {
-                let req = Request::new(
-                    Observations::F32(&step.obs),
-                    rollout.envs,
-                    ActMode::Deterministic,
-                )
-                .episode_starts(&step.episode_starts);
-                let out = s
-                    .act(&req)
-                    .unwrap_or_else(|e| panic!("{name} step {t}: {e}"));
-                let want_params: Vec<f64> = ["logits", "mean", "log_std"]
-                    .iter()
-                    .filter_map(|k| step.expected.get(*k))
-                    .fold(vec![], |mut v, p| {
-                        v.extend(p);
-                        v
-                    });
-                // dist_params is per row [mean.., log_std..]; the fixture has all means, then all log-stds.
-                let got_params: Vec<f32> = if step.expected.contains_key("mean") {
-                    let k = out.dist_params.len() / rollout.envs / 2;
-                    let rows = out.dist_params.chunks(2 * k);
-                    rows.clone()
-                        .flat_map(|r| r[..k].to_vec())
-                        .chain(rows.flat_map(|r| r[k..].to_vec()))
-                        .collect()
-                } else {
-                    out.dist_params.clone()
-                };
-                let e = policyport::rel_err(&got_params, &want_params);
-                let v = policyport::rel_err(&out.value, &step.expected["value"]);
-                worst_params = worst_params.max(e);
-                worst_value = worst_value.max(v);
-                assert!(
-                    e <= rollout.tolerance && v <= rollout.tolerance,
-                    "{name} on {} step {t} (starts {:?}): params rel err {e:.2e}, value {v:.2e}",
-                    backend.name(),
-                    step.episode_starts
-                );
-                policyport_conformance::assert_trainer_actions(
-                    out,
-                    &step.trainer_actions,
-                    &format!("{name} on {} step {t}", backend.name()),
-                );
-            }
-            table.push(format!(
-                "{name:<44} {:<8} {} steps x {} envs  params max rel err {worst_params:.2e}  value {worst_value:.2e}",
+    for (name, bytes, rollout) in fixtures {
+        let policy = policyport_conformance::load(bytes, backend)
+            .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
+        assert!(policy.info().recurrent_states > 0, "{name}");
+        let mut s = policy.session();
+        let (mut worst_params, mut worst_value) = (0.0f64, 0.0f64);
+        for (t, step) in rollout.steps.iter().enumerate() {
+            let req = Request::new(
+                Observations::F32(&step.obs),
+                rollout.envs,
+                ActMode::Deterministic,
+            )
+            .episode_starts(&step.episode_starts);
+            let out = s
+                .act(&req)
+                .unwrap_or_else(|e| panic!("{name} step {t}: {e}"));
+            let want_params: Vec<f64> = ["logits", "mean", "log_std"]
+                .iter()
+                .filter_map(|k| step.expected.get(*k))
+                .fold(vec![], |mut v, p| {
+                    v.extend(p);
+                    v
+                });
+            // dist_params is per row [mean.., log_std..]; the fixture has all means, then all log-stds.
+            let got_params: Vec<f32> = if step.expected.contains_key("mean") {
+                let k = out.dist_params.len() / rollout.envs / 2;
+                let rows = out.dist_params.chunks(2 * k);
+                rows.clone()
+                    .flat_map(|r| r[..k].to_vec())
+                    .chain(rows.flat_map(|r| r[k..].to_vec()))
+                    .collect()
+            } else {
+                out.dist_params.clone()
+            };
+            let e = policyport::rel_err(&got_params, &want_params);
+            let v = policyport::rel_err(&out.value, &step.expected["value"]);
+            worst_params = worst_params.max(e);
+            worst_value = worst_value.max(v);
+            assert!(
+                e <= rollout.tolerance && v <= rollout.tolerance,
+                "{name} on {} step {t} (starts {:?}): params rel err {e:.2e}, value {v:.2e}",
                 backend.name(),
-                rollout.steps.len(),
-                rollout.envs
-            ));
+                step.episode_starts
+            );
+            policyport_conformance::assert_trainer_actions(
+                out,
+                &step.trainer_actions,
+                &format!("{name} on {} step {t}", backend.name()),
+            );
         }
+        table.push(format!(
+            "{name:<44} {:<8} {} steps x {} envs  params max rel err {worst_params:.2e}  value {worst_value:.2e}",
+            backend.name(),
+            rollout.steps.len(),
+            rollout.envs
+        ));
     }
     println!("{}", table.join("\n"));
 }
+per_backend!(trainer_rollouts_step_like_the_trainers_sequences_on_every_backend);
 
 /// Random episode boundaries, env ids in shuffled subsets and orders, on every backend: each step's outputs and
 /// each env's state equal the float64 reference interpreter stepped env by env with its own state map (a start
 /// zeroes that env's state first). Seeded, 6 patterns × 10 steps, on two real recurrent policies (one LSTM per
 /// head over 1 layer; a 2-layer LSTM shared by both heads).
-#[test]
-fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
+fn random_episode_boundaries_step_like_the_reference_on_every_backend(backend: Backend) {
     use policyport_format::philox::{Stream, u01};
     let fixtures = recurrent_trainer_fixtures();
     for (name, bytes, _) in fixtures
@@ -550,82 +562,78 @@ fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
         let m = &art.manifest;
         let specs = &m.recurrent.as_ref().unwrap().states;
         let raw = m.observation.raw_len();
-        for backend in backends() {
-            let policy = policyport_conformance::load(bytes, backend).unwrap();
-            let mut s = policy.session();
-            s.set_max_envs(6);
-            // Per env: its states (float64), zeros until stepped.
-            let mut state: Vec<Vec<Vec<f64>>> = (0..6)
-                .map(|_| {
-                    specs
-                        .iter()
-                        .map(|sp| vec![0.0; sp.shape.iter().product()])
-                        .collect()
-                })
-                .collect();
-            for pattern in 0..6u64 {
-                for step in 0..10u64 {
-                    let mut rs = Stream::new(pattern, step as u32, 77);
-                    let mut w = 0;
-                    let mut draw = || {
-                        w += 1;
-                        u01(rs.word(w))
-                    };
-                    // A shuffled subset of the 6 envs, 1..=6 rows.
-                    let mut ids: Vec<u32> = (0..6).collect();
-                    for i in (1..ids.len()).rev() {
-                        ids.swap(i, (draw() * (i + 1) as f32) as usize % (i + 1));
+        let policy = policyport_conformance::load(bytes, backend).unwrap();
+        let mut s = policy.session();
+        s.set_max_envs(6);
+        // Per env: its states (float64), zeros until stepped.
+        let mut state: Vec<Vec<Vec<f64>>> = (0..6)
+            .map(|_| {
+                specs
+                    .iter()
+                    .map(|sp| vec![0.0; sp.shape.iter().product()])
+                    .collect()
+            })
+            .collect();
+        for pattern in 0..6u64 {
+            for step in 0..10u64 {
+                let mut rs = Stream::new(pattern, step as u32, 77);
+                let mut w = 0;
+                let mut draw = || {
+                    w += 1;
+                    u01(rs.word(w))
+                };
+                // A shuffled subset of the 6 envs, 1..=6 rows.
+                let mut ids: Vec<u32> = (0..6).collect();
+                for i in (1..ids.len()).rev() {
+                    ids.swap(i, (draw() * (i + 1) as f32) as usize % (i + 1));
+                }
+                ids.truncate(1 + (draw() * 6.0) as usize % 6);
+                let batch = ids.len();
+                let starts: Vec<bool> = ids.iter().map(|_| draw() < 0.3).collect();
+                let obs: Vec<f32> = (0..batch * raw).map(|_| (draw() - 0.5) * 4.0).collect();
+                let req = Request::new(Observations::F32(&obs), batch, ActMode::Deterministic)
+                    .envs(EnvIds::List(&ids))
+                    .episode_starts(&starts);
+                let out = s.act(&req).unwrap().clone();
+                for (row, &env) in ids.iter().enumerate() {
+                    if starts[row] {
+                        state[env as usize]
+                            .iter_mut()
+                            .for_each(|v| v.iter_mut().for_each(|x| *x = 0.0));
                     }
-                    ids.truncate(1 + (draw() * 6.0) as usize % 6);
-                    let batch = ids.len();
-                    let starts: Vec<bool> = ids.iter().map(|_| draw() < 0.3).collect();
-                    let obs: Vec<f32> = (0..batch * raw).map(|_| (draw() - 0.5) * 4.0).collect();
-                    let req = Request::new(Observations::F32(&obs), batch, ActMode::Deterministic)
-                        .envs(EnvIds::List(&ids))
-                        .episode_starts(&starts);
-                    let out = s.act(&req).unwrap().clone();
-                    for (row, &env) in ids.iter().enumerate() {
-                        if starts[row] {
-                            state[env as usize]
-                                .iter_mut()
-                                .for_each(|v| v.iter_mut().for_each(|x| *x = 0.0));
+                    let vals = policyport_import::reference::eval_step(
+                        m,
+                        &art.tensors,
+                        &obs[row * raw..(row + 1) * raw],
+                        1,
+                        &state[env as usize],
+                    )
+                    .unwrap();
+                    state[env as usize] = specs.iter().map(|sp| vals[&sp.next].clone()).collect();
+                    // One number: its error relative to max(|value|, 1) (a value can pass near zero).
+                    let want_value = vals[m.value.as_deref().unwrap()][0];
+                    let e = (out.value[row] as f64 - want_value).abs() / want_value.abs().max(1.0);
+                    assert!(
+                        e < 1e-5,
+                        "{name} on {} pattern {pattern} step {step}: value {e:.2e}",
+                        backend.name()
+                    );
+                }
+                // Every env's state, stepped or not, equals the reference's.
+                for env in 0..6u32 {
+                    for (k, want) in state[env as usize].iter().enumerate() {
+                        if (env as usize) >= s.num_envs() {
+                            assert!(want.iter().all(|v| *v == 0.0));
+                            continue;
                         }
-                        let vals = policyport_import::reference::eval_step(
-                            m,
-                            &art.tensors,
-                            &obs[row * raw..(row + 1) * raw],
-                            1,
-                            &state[env as usize],
-                        )
-                        .unwrap();
-                        state[env as usize] =
-                            specs.iter().map(|sp| vals[&sp.next].clone()).collect();
-                        // One number: its error relative to max(|value|, 1) (a value can pass near zero).
-                        let want_value = vals[m.value.as_deref().unwrap()][0];
-                        let e =
-                            (out.value[row] as f64 - want_value).abs() / want_value.abs().max(1.0);
-                        assert!(
-                            e < 1e-5,
-                            "{name} on {} pattern {pattern} step {step}: value {e:.2e}",
-                            backend.name()
-                        );
-                    }
-                    // Every env's state, stepped or not, equals the reference's.
-                    for env in 0..6u32 {
-                        for (k, want) in state[env as usize].iter().enumerate() {
-                            if (env as usize) >= s.num_envs() {
-                                assert!(want.iter().all(|v| *v == 0.0));
-                                continue;
-                            }
-                            let got = s.state(k, env).unwrap();
-                            let scale = want.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
-                            for (g, w) in got.iter().zip(want) {
-                                assert!(
-                                    (*g as f64 - w).abs() <= 1e-5 * scale,
-                                    "{name} on {} pattern {pattern} step {step} env {env} state {k}: {g} vs {w}",
-                                    backend.name()
-                                );
-                            }
+                        let got = s.state(k, env).unwrap();
+                        let scale = want.iter().fold(1e-3f64, |a, v| a.max(v.abs()));
+                        for (g, w) in got.iter().zip(want) {
+                            assert!(
+                                (*g as f64 - w).abs() <= 1e-5 * scale,
+                                "{name} on {} pattern {pattern} step {step} env {env} state {k}: {g} vs {w}",
+                                backend.name()
+                            );
                         }
                     }
                 }
@@ -633,86 +641,90 @@ fn random_episode_boundaries_step_like_the_reference_on_every_backend() {
         }
     }
 }
+per_backend!(random_episode_boundaries_step_like_the_reference_on_every_backend);
 
 /// Caller-owned state (`Session::write_state` / `states_of`, what RLlib's STATE_IN / STATE_OUT and SB3's
 /// `predict(obs, state)` need): writing an env's state and stepping equals stepping the float64 loop from that
 /// state, on every backend that keeps state where it can be written (host rows, wgpu, libtorch); the sandboxed
 /// plugin, whose state lives inside the guest, refuses with a typed error and changes nothing. Bad writes (count,
 /// widths, duplicates, NaN, the env limit, a feed-forward policy) are typed errors that change nothing.
-#[test]
-fn caller_owned_state_is_written_and_read_back_on_every_backend() {
+fn caller_owned_state_is_written_and_read_back_on_every_backend(backend: Backend) {
     let (bytes, t) = elman();
     let x = [0.4f32, -0.3, 0.2, -0.1, 0.6, 0.05];
     let h_in = [vec![0.3f32, -0.2, 0.1, 0.5], vec![-0.6f32, 0.25, 0.0, -0.1]];
-    for backend in backends() {
-        let policy = policyport_conformance::load(&bytes, backend).unwrap();
-        let mut s = policy.session();
-        s.set_max_envs(8);
-        let flat: Vec<f32> = h_in.concat();
-        let w = s.write_state(&[5, 1], &[&flat]);
-        if backend == policyport::Backend::Wasmtime {
-            assert!(
-                matches!(
-                    w,
-                    Err(PolicyError::Backend(policyport::BackendError::Unsupported(
-                        _
-                    )))
-                ),
-                "{w:?}"
-            );
-            assert_eq!(
-                s.states_of(&[5]).unwrap(),
-                vec![vec![0.0; 4]],
-                "a refused write changed the state"
-            );
-            continue;
-        }
-        w.unwrap();
-        assert_eq!(
-            s.states_of(&[5, 1, 3]).unwrap(),
-            vec![[flat.clone(), vec![0.0; 4]].concat()]
+    let policy = policyport_conformance::load(&bytes, backend).unwrap();
+    let mut s = policy.session();
+    s.set_max_envs(8);
+    let flat: Vec<f32> = h_in.concat();
+    let w = s.write_state(&[5, 1], &[&flat]);
+    if backend == Backend::Wasmtime {
+        assert!(
+            matches!(
+                w,
+                Err(PolicyError::Backend(policyport::BackendError::Unsupported(
+                    _
+                )))
+            ),
+            "{w:?}"
         );
-        let out = s
-            .act(
-                &Request::new(Observations::F32(&x), 2, ActMode::Deterministic)
-                    .envs(EnvIds::List(&[5, 1])),
-            )
-            .unwrap()
-            .clone();
-        let next = s.states_of(&[5, 1]).unwrap();
-        for row in 0..2 {
-            let h64: Vec<f64> = h_in[row].iter().map(|v| *v as f64).collect();
-            let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h64);
-            for a in 0..2 {
-                assert!(
-                    (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
-                    "{backend:?}"
-                );
-            }
-            for i in 0..4 {
-                assert!(
-                    (next[0][row * 4 + i] as f64 - h1[i]).abs() < 1e-5,
-                    "{backend:?} row {row}"
-                );
-            }
-        }
-        let before = s.states_of(&[5, 1]).unwrap();
-        let bad: [(&[u32], Vec<&[f32]>); 5] = [
-            (&[5], vec![]),                               // no tensor
-            (&[5], vec![&flat[..3]]),                     // too short
-            (&[5, 5], vec![&flat[..]]),                   // duplicate env
-            (&[8], vec![&flat[..4]]),                     // beyond the session's limit
-            (&[5], vec![&[f32::NAN, 0.0, 0.0, 0.0][..]]), // not finite
-        ];
-        for (envs, vals) in bad {
-            assert!(s.write_state(envs, &vals).is_err(), "{backend:?} {envs:?}");
-        }
         assert_eq!(
-            s.states_of(&[5, 1]).unwrap(),
-            before,
-            "{backend:?}: a refused write changed the state"
+            s.states_of(&[5]).unwrap(),
+            vec![vec![0.0; 4]],
+            "a refused write changed the state"
         );
+        return;
     }
+    w.unwrap();
+    assert_eq!(
+        s.states_of(&[5, 1, 3]).unwrap(),
+        vec![[flat.clone(), vec![0.0; 4]].concat()]
+    );
+    let out = s
+        .act(
+            &Request::new(Observations::F32(&x), 2, ActMode::Deterministic)
+                .envs(EnvIds::List(&[5, 1])),
+        )
+        .unwrap()
+        .clone();
+    let next = s.states_of(&[5, 1]).unwrap();
+    for row in 0..2 {
+        let h64: Vec<f64> = h_in[row].iter().map(|v| *v as f64).collect();
+        let (h1, logits) = step64(&t, &x[row * 3..row * 3 + 3], &h64);
+        for a in 0..2 {
+            assert!(
+                (out.dist_params[row * 2 + a] as f64 - logits[a]).abs() < 1e-5,
+                "{backend:?}"
+            );
+        }
+        for i in 0..4 {
+            assert!(
+                (next[0][row * 4 + i] as f64 - h1[i]).abs() < 1e-5,
+                "{backend:?} row {row}"
+            );
+        }
+    }
+    let before = s.states_of(&[5, 1]).unwrap();
+    let bad: [(&[u32], Vec<&[f32]>); 5] = [
+        (&[5], vec![]),                               // no tensor
+        (&[5], vec![&flat[..3]]),                     // too short
+        (&[5, 5], vec![&flat[..]]),                   // duplicate env
+        (&[8], vec![&flat[..4]]),                     // beyond the session's limit
+        (&[5], vec![&[f32::NAN, 0.0, 0.0, 0.0][..]]), // not finite
+    ];
+    for (envs, vals) in bad {
+        assert!(s.write_state(envs, &vals).is_err(), "{backend:?} {envs:?}");
+    }
+    assert_eq!(
+        s.states_of(&[5, 1]).unwrap(),
+        before,
+        "{backend:?}: a refused write changed the state"
+    );
+}
+per_backend!(caller_owned_state_is_written_and_read_back_on_every_backend);
+
+/// A feed-forward policy has no state to write: a typed error (the cpu backend).
+#[test]
+fn caller_owned_state_on_a_feed_forward_policy_is_a_typed_error() {
     let mlp =
         policyport_conformance::compile_fixture(&policyport_conformance::load_fixture("mlp64"));
     let ff = policyport_conformance::load(&mlp, policyport::Backend::Cpu).unwrap();

@@ -5,7 +5,7 @@
 //! nothing: the recurrent state of every env stays bit-identical, and the next good call answers bit for bit what
 //! a session that never saw the refusals answers (issue 36: "a refused call changes nothing", for every API).
 
-use policyport::{ActMode, EnvIds, ErrorKind, Observations, Request};
+use policyport::{ActMode, Backend, EnvIds, ErrorKind, Observations, Request};
 use policyport_capi::*;
 use serde::Deserialize;
 
@@ -123,54 +123,52 @@ fn state_bits(s: &mut policyport::Session, envs: &[u32]) -> Vec<u32> {
     bits
 }
 
-#[test]
-fn refused_calls_report_one_kind_and_change_nothing_on_every_backend() {
+fn refused_calls_report_one_kind_and_change_nothing_on_every_backend(backend: Backend) {
     let (t, bytes) = table();
-    for backend in policyport_conformance::backends() {
-        for l in &t.load {
-            let e = policyport_conformance::load(l.bytes.as_bytes(), backend).unwrap_err();
-            assert_eq!(e.kind(), kind_named(&l.kind), "{backend:?} {}: {e}", l.name);
-        }
-        let policy = policyport_conformance::load(&bytes, backend).unwrap();
-        let control = {
-            let mut s = policy.session();
-            good_bits(&mut s, &t.good[0]);
-            good_bits(&mut s, &t.good[1])
-        };
+    for l in &t.load {
+        let e = policyport_conformance::load(l.bytes.as_bytes(), backend).unwrap_err();
+        assert_eq!(e.kind(), kind_named(&l.kind), "{backend:?} {}: {e}", l.name);
+    }
+    let policy = policyport_conformance::load(&bytes, backend).unwrap();
+    let control = {
         let mut s = policy.session();
         good_bits(&mut s, &t.good[0]);
-        let envs = [0u32, 1, 2];
-        let state = state_bits(&mut s, &envs);
-        for c in &t.cases {
-            let obs = c.obs();
-            let starts = c.starts();
-            let mask = c.mask();
-            let mut req = Request::new(Observations::F32(&obs), c.batch, ActMode::Deterministic);
-            if let Some(ids) = &c.env_ids {
-                req = req.envs(EnvIds::List(ids));
-            }
-            req.episode_starts = starts.as_deref();
-            req.action_mask = mask.as_deref();
-            req.epsilon = c.epsilon;
-            let e = s
-                .act(&req)
-                .map(|_| ())
-                .expect_err(&format!("{backend:?} {}: accepted", c.name));
-            assert_eq!(e.kind(), kind_named(&c.kind), "{backend:?} {}: {e}", c.name);
-            assert_eq!(
-                state_bits(&mut s, &envs),
-                state,
-                "{backend:?} {}: the refused call changed the state",
-                c.name
-            );
+        good_bits(&mut s, &t.good[1])
+    };
+    let mut s = policy.session();
+    good_bits(&mut s, &t.good[0]);
+    let envs = [0u32, 1, 2];
+    let state = state_bits(&mut s, &envs);
+    for c in &t.cases {
+        let obs = c.obs();
+        let starts = c.starts();
+        let mask = c.mask();
+        let mut req = Request::new(Observations::F32(&obs), c.batch, ActMode::Deterministic);
+        if let Some(ids) = &c.env_ids {
+            req = req.envs(EnvIds::List(ids));
         }
+        req.episode_starts = starts.as_deref();
+        req.action_mask = mask.as_deref();
+        req.epsilon = c.epsilon;
+        let e = s
+            .act(&req)
+            .map(|_| ())
+            .expect_err(&format!("{backend:?} {}: accepted", c.name));
+        assert_eq!(e.kind(), kind_named(&c.kind), "{backend:?} {}: {e}", c.name);
         assert_eq!(
-            good_bits(&mut s, &t.good[1]),
-            control,
-            "{backend:?}: the next good call differs from a session that saw no refusal"
+            state_bits(&mut s, &envs),
+            state,
+            "{backend:?} {}: the refused call changed the state",
+            c.name
         );
     }
+    assert_eq!(
+        good_bits(&mut s, &t.good[1]),
+        control,
+        "{backend:?}: the next good call differs from a session that saw no refusal"
+    );
 }
+per_backend!(refused_calls_report_one_kind_and_change_nothing_on_every_backend);
 
 /// The kind of a C status (the statuses a policy error maps to; `status_of_kind` in the C ABI).
 fn kind_of_status(s: PpStatus) -> Option<ErrorKind> {
@@ -401,9 +399,9 @@ fn refused_calls_in_the_plugin_answer_their_kinds_code() {
 /// allocate infallibly (an abort inside burn); the policy reserves their estimate first, and the cpu backend's
 /// buffers grow fallibly. An env id near u32::MAX in a session allowed 2^32 envs asks for recurrent state of
 /// 2^32 envs x the LSTM's state (512 GiB: more than this machine's memory and swap, checked first, so the
-/// allocator refuses it): a typed `too_large` refusal, and the session acts on as before.
-#[test]
-fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() {
+/// allocator refuses it): a typed `too_large` refusal, and the session acts on as before. One test per built-in
+/// backend (`per_builtin_backend!`: cpu, flex, wgpu, loaded with `CompiledPolicy::load_with_limits`).
+fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend(backend: Backend) {
     // SB3's RecurrentPPO fixture: 128 bytes of LSTM state per env, so 2^32 envs are 512 GiB.
     let dir = policyport_conformance::fixtures_dir().join("sb3/recurrent_ppo_cartpole");
     let bytes = policyport_import::compile_sb3(
@@ -418,16 +416,6 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() 
         max_memory_bytes: u64::MAX,
         ..Default::default()
     };
-    let backends: Vec<_> = policyport_conformance::backends()
-        .into_iter()
-        .filter(|b| {
-            matches!(
-                b,
-                policyport::Backend::Cpu | policyport::Backend::Flex | policyport::Backend::Wgpu
-            )
-        })
-        .collect();
-    assert!(backends.len() >= 2, "{backends:?}");
     // The request must be more than the machine can give, or the allocator would grant it (and the act touch it).
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let kib = |key: &str| -> u64 {
@@ -443,40 +431,38 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend() 
         machine > 0 && machine < 1 << 38,
         "this machine holds {machine} bytes of memory and swap: the test's 512 GiB request would not be refused"
     );
-    for backend in backends {
-        let policy =
-            policyport::CompiledPolicy::load_with_limits(&bytes, backend, limits.clone()).unwrap();
-        let obs_len = policy.info().obs_len;
-        let obs: Vec<f32> = (0..obs_len).map(|i| (i as f32 * 0.3).sin()).collect();
-        let act = |s: &mut policyport::Session, env: u32| {
-            s.act(
-                &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic)
-                    .envs(EnvIds::List(&[env])),
-            )
-            .map(|o| {
-                o.dist_params
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect::<Vec<u32>>()
-            })
-        };
-        let mut control = policy.session();
-        act(&mut control, 3).unwrap();
-        let want = act(&mut control, 3).unwrap();
-        let mut s = policy.session();
-        s.set_max_envs(1 << 32);
-        act(&mut s, 3).unwrap();
-        let e = act(&mut s, u32::MAX - 1).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::TooLarge, "{backend:?}: {e}");
-        println!("{backend:?}: {e}");
-        assert!(
-            matches!(e, policyport::PolicyError::Allocation { bytes, .. } if bytes > 1 << 38),
-            "{backend:?}: {e}"
-        );
-        assert_eq!(
-            act(&mut s, 3).unwrap(),
-            want,
-            "{backend:?}: the refusal changed the session"
-        );
-    }
+    let policy = policyport::CompiledPolicy::load_with_limits(&bytes, backend, limits).unwrap();
+    let obs_len = policy.info().obs_len;
+    let obs: Vec<f32> = (0..obs_len).map(|i| (i as f32 * 0.3).sin()).collect();
+    let act = |s: &mut policyport::Session, env: u32| {
+        s.act(
+            &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic)
+                .envs(EnvIds::List(&[env])),
+        )
+        .map(|o| {
+            o.dist_params
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<u32>>()
+        })
+    };
+    let mut control = policy.session();
+    act(&mut control, 3).unwrap();
+    let want = act(&mut control, 3).unwrap();
+    let mut s = policy.session();
+    s.set_max_envs(1 << 32);
+    act(&mut s, 3).unwrap();
+    let e = act(&mut s, u32::MAX - 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{backend:?}: {e}");
+    println!("{backend:?}: {e}");
+    assert!(
+        matches!(e, policyport::PolicyError::Allocation { bytes, .. } if bytes > 1 << 38),
+        "{backend:?}: {e}"
+    );
+    assert_eq!(
+        act(&mut s, 3).unwrap(),
+        want,
+        "{backend:?}: the refusal changed the session"
+    );
 }
+per_builtin_backend!(an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend);

@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
-use policyport::{ActMode, Observations, Request};
-use policyport_conformance::{backends, fixtures_dir};
+use policyport::{ActMode, Backend, Observations, Request};
+use policyport_conformance::fixtures_dir;
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
 const FIXTURES: [&str; 14] = [
@@ -32,8 +32,7 @@ fn dir(name: &str) -> PathBuf {
     fixtures_dir().join("rllib").join(name)
 }
 
-#[test]
-fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
+fn every_rllib_checkpoint_reproduces_rllib_on_every_backend(backend: Backend) {
     let mut table = vec![];
     for name in FIXTURES {
         let io: FixtureIo =
@@ -41,10 +40,49 @@ fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
         let trainer: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir(name).join("trainer.json")).unwrap())
                 .unwrap();
+        let bytes = compile_rllib(&dir(name).join("checkpoint"), name, Some(&io), Storage::F32)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let p = policyport_conformance::load(&bytes, backend)
+            .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
+        for r in p.verify().unwrap() {
+            let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
+            table.push(format!(
+                "{name:<22} {:<8} {:<22} max rel err {worst:.2e}",
+                backend.name(),
+                r.name
+            ));
+            assert!(r.passed, "{name} on {}: {r:?}", backend.name());
+        }
+        for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
+            let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
+            let mut s = p.session();
+            let out = s
+                .act(&Request::new(
+                    Observations::F32(&case.obs),
+                    case.batch,
+                    ActMode::Deterministic,
+                ))
+                .unwrap();
+            policyport_conformance::assert_trainer_actions(
+                out,
+                &want,
+                &format!("{name} on {} case {}", backend.name(), case.name),
+            );
+        }
+    }
+    println!("{}", table.join("\n"));
+}
+per_backend!(every_rllib_checkpoint_reproduces_rllib_on_every_backend);
+
+/// The same module from its own directory and from the MultiRLModule's: the same artifact as from the checkpoint.
+#[test]
+fn every_rllib_checkpoint_compiles_the_same_from_its_module_directories() {
+    for name in FIXTURES {
+        let io: FixtureIo =
+            serde_json::from_slice(&std::fs::read(dir(name).join("io.json")).unwrap()).unwrap();
         let ckpt = dir(name).join("checkpoint");
         let bytes = compile_rllib(&ckpt, name, Some(&io), Storage::F32)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        // The same module from its own directory and from the MultiRLModule's: the same artifact.
         let module = ckpt.join("learner_group/learner/rl_module/default_policy");
         assert!(
             compile_rllib(&module, name, Some(&io), Storage::F32).unwrap() == bytes,
@@ -54,37 +92,7 @@ fn every_rllib_checkpoint_reproduces_rllib_on_every_backend() {
             compile_rllib(&module.parent().unwrap(), name, Some(&io), Storage::F32).unwrap()
                 == bytes
         );
-        for backend in backends() {
-            let p = policyport_conformance::load(&bytes, backend)
-                .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
-            for r in p.verify().unwrap() {
-                let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
-                table.push(format!(
-                    "{name:<22} {:<8} {:<22} max rel err {worst:.2e}",
-                    backend.name(),
-                    r.name
-                ));
-                assert!(r.passed, "{name} on {}: {r:?}", backend.name());
-            }
-            for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
-                let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
-                let mut s = p.session();
-                let out = s
-                    .act(&Request::new(
-                        Observations::F32(&case.obs),
-                        case.batch,
-                        ActMode::Deterministic,
-                    ))
-                    .unwrap();
-                policyport_conformance::assert_trainer_actions(
-                    out,
-                    &want,
-                    &format!("{name} on {} case {}", backend.name(), case.name),
-                );
-            }
-        }
     }
-    println!("{}", table.join("\n"));
 }
 
 /// RLlib's SAC: a squashed Gaussian whose deterministic action is the un-squashed mean rescaled and clipped

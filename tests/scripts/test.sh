@@ -142,17 +142,21 @@ cargo_test "$CARGO_TARGET_DIR/cargo-test.log" --release --workspace "${FEATURES[
 step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX-512)"
 # Only what the portable kernels change: the suite on the cpu backend (backends() returns just cpu under this
 # variable). The wgpu, libtorch and plugin tests ran in the step before and do not use these kernels, so they are
-# filtered out here (cargo reports them as filtered, not run: they are not counted twice, nor as skipped).
+# filtered out here (cargo reports them as filtered, not run: they are not counted twice, nor as skipped), and so
+# are the other backends' per-backend tests (`<check>::on_flex` ...: on_backend() fails them where only cpu runs).
 POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance \
-  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+  --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 
 step "conformance suite again on the cpu backend's AVX2 kernels (a CPU with AVX-512 runs those in the first pass)"
 # POLICYPORT_CPU_AVX2 caps the kernels at AVX2 + FMA: the AVX2 family (dense tiles, in-place convolutions,
 # activations) passes the whole suite, not just its unit tests. On a CPU without AVX-512 the first pass already
-# ran the AVX2 kernels (or the portable ones), so the rerun would repeat it: said, not counted.
+# ran the AVX2 kernels (or the portable ones), so the rerun would repeat it: said, not counted. The cpu backend's
+# per-backend tests only, as in the rerun before.
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
   POLICYPORT_CPU_AVX2=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-avx2.log" --release --workspace "${FEATURES[@]}" --test conformance \
-    -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
+    -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+    --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 else
   echo "no AVX-512 here: the first pass ran the cpu backend on its AVX2 (or portable) kernels already"
 fi
@@ -160,16 +164,19 @@ fi
 step "conformance suite again on the cpu backend's 128-bit kernels (SSE; the tile NEON runs on aarch64)"
 # POLICYPORT_CPU_SIMD128 caps the kernels at 128-bit vectors: SSE with FMA on this CPU (the plain SSE2 tile, for
 # CPUs without FMA, is held to f64 in the unit tests). The same generic tile is the NEON one on aarch64 (the
-# qemu step below) and the plugin's SIMD128 one.
+# qemu step below) and the plugin's SIMD128 one. The cpu backend's per-backend tests only, as in the reruns before.
 POLICYPORT_CPU_SIMD128=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-simd128.log" --release --workspace "${FEATURES[@]}" --test conformance \
-  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+  --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 
 step "conformance suite again on the wasm sandbox with the host-lent dense kernel (WasmLimits::lend_dense)"
 # backends() returns just wasmtime under this variable, loaded with the host lending its native dense kernel: a
 # second configuration of the sandbox, so the whole suite runs on it. wasm.rs tests the lending host itself (and
-# the plain sandbox) in the first pass; gpu/torch/wasm tests do not read the variable, so they are filtered out.
+# the plain sandbox) in the first pass; gpu/torch/wasm tests do not read the variable, so they are filtered out, and
+# so are the other backends' per-backend tests (`<check>::on_cpu` ...: only `<check>::on_wasmtime` runs here).
 POLICYPORT_WASM_LEND=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-lend.log" --release --workspace "${FEATURES[@]}" --test conformance \
-  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+  --skip ::on_cpu --skip ::on_flex --skip ::on_wgpu --skip ::on_torch
 
 step "without tch, flex and wasmtime: the same API, typed 'not compiled' errors (host crates' tests, lean graph)"
 # --no-default-features: the libtorch and wasmtime host crates without libtorch and wasmtime, on the runtime
@@ -181,6 +188,10 @@ for t in tests::torch_compiled_out_is_a_typed_error compiled_out::tests::wasm_co
   grep -q "$t ... ok" "$CARGO_TARGET_DIR/cargo-test-lean.log" ||
     { echo "FAILED: $t did not run and pass in the lean build" >&2; failed=$((failed + 1)); failures+=("lean build: $t"); }
 done
+
+# Every unsafe block, impl and fn in the library code says why it is sound (the workspace's clippy lints ask the
+# same; this check needs no compile, where a clippy pass over the full graph would add minutes to a cold run).
+check "every unsafe has its SAFETY reason (tests/scripts/unsafe_audit.py)" python3 tests/scripts/unsafe_audit.py
 
 step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
 out="$CARGO_TARGET_DIR/cli-test"
@@ -394,7 +405,7 @@ PY
 python_tests
 # The hostile-input table (bad_input.rs: Rust, plugin, C ABI, CLI) joined with the browser's column and the Python
 # wheel's (test_api.py's python-hostile.json), then the trainer-file table (trainer_files.rs: import crate, CLI)
-# with its Python column; the README's tables are this file.
+# with its Python column; SECURITY.md's tables are this file.
 hostile_table() {
   python3 tests/scripts/hostile_table.py "$CARGO_TARGET_DIR/hostile-inputs.md" "$out/browser/browser-results.json" \
     "$CARGO_TARGET_DIR/python-hostile.json" "$CARGO_TARGET_DIR/hostile-trainer-files.md" \

@@ -1206,7 +1206,9 @@ pub unsafe extern "C" fn pp_agents_info(
 pub unsafe extern "C" fn pp_agents_set_sampling(agents: *mut PpAgents, sample: i32) -> PpStatus {
     guard(|| {
         // SAFETY: the entry point's contract: `agents` is null or live and this thread's for the call.
-        unsafe { agents_mut(agents) }?.agents.set_deterministic(sample == 0);
+        unsafe { agents_mut(agents) }?
+            .agents
+            .set_deterministic(sample == 0);
         Ok(())
     })
 }
