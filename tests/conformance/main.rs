@@ -29,36 +29,7 @@
 /// build lacks is an ignored test with its reason (counted as skipped), never a pass.
 macro_rules! per_backend {
     ($check:ident) => {
-        mod $check {
-            #[test]
-            fn on_cpu() {
-                crate::on_backend(policyport::Backend::Cpu, super::$check)
-            }
-            #[test]
-            fn on_flex() {
-                crate::on_backend(policyport::Backend::Flex, super::$check)
-            }
-            #[test]
-            #[cfg_attr(
-                not(feature = "wgpu"),
-                ignore = "built without the wgpu feature (policyport-conformance/wgpu)"
-            )]
-            fn on_wgpu() {
-                crate::on_backend(policyport::Backend::Wgpu, super::$check)
-            }
-            #[test]
-            #[cfg_attr(
-                not(feature = "tch"),
-                ignore = "built without the tch feature (policyport-conformance/tch)"
-            )]
-            fn on_torch() {
-                crate::on_backend(policyport::Backend::Torch, super::$check)
-            }
-            #[test]
-            fn on_wasmtime() {
-                crate::on_backend(policyport::Backend::Wasmtime, super::$check)
-            }
-        }
+        backend_tests!($check: cpu, flex, wgpu, torch, wasmtime);
     };
 }
 
@@ -67,23 +38,57 @@ macro_rules! per_backend {
 /// wasmtime have no such test at all (not a passing one).
 macro_rules! per_builtin_backend {
     ($check:ident) => {
+        backend_tests!($check: cpu, flex, wgpu);
+    };
+}
+
+/// The module of `check`'s tests, one per backend named.
+macro_rules! backend_tests {
+    ($check:ident: $($backend:ident),+) => {
         mod $check {
-            #[test]
-            fn on_cpu() {
-                crate::on_backend(policyport::Backend::Cpu, super::$check)
-            }
-            #[test]
-            fn on_flex() {
-                crate::on_backend(policyport::Backend::Flex, super::$check)
-            }
-            #[test]
-            #[cfg_attr(
-                not(feature = "wgpu"),
-                ignore = "built without the wgpu feature (policyport-conformance/wgpu)"
-            )]
-            fn on_wgpu() {
-                crate::on_backend(policyport::Backend::Wgpu, super::$check)
-            }
+            $(backend_test!($check, $backend);)+
+        }
+    };
+}
+
+/// One backend's test of `check`: `on_<backend>`, ignored with its reason where the build lacks the backend.
+macro_rules! backend_test {
+    ($check:ident, cpu) => {
+        #[test]
+        fn on_cpu() {
+            crate::on_backend(policyport::Backend::Cpu, super::$check)
+        }
+    };
+    ($check:ident, flex) => {
+        #[test]
+        fn on_flex() {
+            crate::on_backend(policyport::Backend::Flex, super::$check)
+        }
+    };
+    ($check:ident, wgpu) => {
+        #[test]
+        #[cfg_attr(
+            not(feature = "wgpu"),
+            ignore = "built without the wgpu feature (policyport-conformance/wgpu)"
+        )]
+        fn on_wgpu() {
+            crate::on_backend(policyport::Backend::Wgpu, super::$check)
+        }
+    };
+    ($check:ident, torch) => {
+        #[test]
+        #[cfg_attr(
+            not(feature = "tch"),
+            ignore = "built without the tch feature (policyport-conformance/tch)"
+        )]
+        fn on_torch() {
+            crate::on_backend(policyport::Backend::Torch, super::$check)
+        }
+    };
+    ($check:ident, wasmtime) => {
+        #[test]
+        fn on_wasmtime() {
+            crate::on_backend(policyport::Backend::Wasmtime, super::$check)
         }
     };
 }

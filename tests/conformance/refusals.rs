@@ -62,6 +62,21 @@ impl Case {
             .as_ref()
             .map(|s| s.iter().map(|b| *b != 0).collect())
     }
+
+    /// `f` on this case's deterministic request (its observations, env ids, flags, mask and epsilon).
+    fn with_request<R>(&self, f: impl FnOnce(&Request<'_>) -> R) -> R {
+        let obs = self.obs();
+        let starts = self.starts();
+        let mask = self.mask();
+        let mut req = Request::new(Observations::F32(&obs), self.batch, ActMode::Deterministic);
+        if let Some(ids) = &self.env_ids {
+            req = req.envs(EnvIds::List(ids));
+        }
+        req.episode_starts = starts.as_deref();
+        req.action_mask = mask.as_deref();
+        req.epsilon = self.epsilon;
+        f(&req)
+    }
 }
 
 pub(crate) fn table() -> (Table, Vec<u8>) {
@@ -140,19 +155,8 @@ fn refused_calls_report_one_kind_and_change_nothing_on_every_backend(backend: Ba
     let envs = [0u32, 1, 2];
     let state = state_bits(&mut s, &envs);
     for c in &t.cases {
-        let obs = c.obs();
-        let starts = c.starts();
-        let mask = c.mask();
-        let mut req = Request::new(Observations::F32(&obs), c.batch, ActMode::Deterministic);
-        if let Some(ids) = &c.env_ids {
-            req = req.envs(EnvIds::List(ids));
-        }
-        req.episode_starts = starts.as_deref();
-        req.action_mask = mask.as_deref();
-        req.epsilon = c.epsilon;
-        let e = s
-            .act(&req)
-            .map(|_| ())
+        let e = c
+            .with_request(|req| s.act(req).map(|_| ()))
             .expect_err(&format!("{backend:?} {}: accepted", c.name));
         assert_eq!(e.kind(), kind_named(&c.kind), "{backend:?} {}: {e}", c.name);
         assert_eq!(
@@ -367,18 +371,8 @@ fn refused_calls_in_the_plugin_answer_their_kinds_code() {
     let mut w = policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
     act(&mut w, &t.good[0]);
     for c in &t.cases {
-        let obs = c.obs();
-        let starts = c.starts();
-        let mask = c.mask();
-        let mut req = Request::new(Observations::F32(&obs), c.batch, ActMode::Deterministic);
-        if let Some(ids) = &c.env_ids {
-            req = req.envs(EnvIds::List(ids));
-        }
-        req.episode_starts = starts.as_deref();
-        req.action_mask = mask.as_deref();
-        req.epsilon = c.epsilon;
         let mut out = policyport::ActOutputs::default();
-        let kind = match w.act(&req, &mut out) {
+        let kind = match c.with_request(|req| w.act(req, &mut out)) {
             Err(policyport_wasmtime::WasmError::Guest { code, .. }) => {
                 ErrorKind::from_code(code.code())
             }

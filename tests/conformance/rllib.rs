@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use policyport::{ActMode, Backend, Observations, Request};
+use policyport::Backend;
 use policyport_conformance::fixtures_dir;
 use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
 
@@ -53,22 +53,12 @@ fn every_rllib_checkpoint_reproduces_rllib_on_every_backend(backend: Backend) {
             ));
             assert!(r.passed, "{name} on {}: {r:?}", backend.name());
         }
-        for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
-            let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
-            let mut s = p.session();
-            let out = s
-                .act(&Request::new(
-                    Observations::F32(&case.obs),
-                    case.batch,
-                    ActMode::Deterministic,
-                ))
-                .unwrap();
-            policyport_conformance::assert_trainer_actions(
-                out,
-                &want,
-                &format!("{name} on {} case {}", backend.name(), case.name),
-            );
-        }
+        policyport_conformance::assert_trainer_cases(
+            &p,
+            &io,
+            &trainer,
+            &format!("{name} on {}", backend.name()),
+        );
     }
     println!("{}", table.join("\n"));
 }

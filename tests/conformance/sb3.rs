@@ -4,7 +4,7 @@
 //! 1e-5 of SB3's modules run in float64, Philox samples equal to the Python sampler's, and the deterministic
 //! actions SB3's own `predict(obs, deterministic=True)` returned.
 
-use policyport::{ActMode, Backend, Observations, Request};
+use policyport::Backend;
 use policyport_conformance::fixtures_dir;
 use policyport_import::{FixtureIo, ImportError, Storage, compile_sb3};
 
@@ -99,24 +99,13 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend(backend: Backend) {
             ));
             assert!(r.passed, "{name} on {}: {r:?}", backend.name());
         }
-        // SB3's own predict(deterministic=True), float32 end to end (a fresh session per case: a recurrent
-        // policy's predict without a state starts from zeros).
-        for (case, want) in io.cases.iter().zip(trainer["cases"].as_array().unwrap()) {
-            let mut s = p.session();
-            let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
-            let out = s
-                .act(&Request::new(
-                    Observations::F32(&case.obs),
-                    case.batch,
-                    ActMode::Deterministic,
-                ))
-                .unwrap();
-            policyport_conformance::assert_trainer_actions(
-                out,
-                &want,
-                &format!("{name} on {} case {}", backend.name(), case.name),
-            );
-        }
+        // SB3's own predict(deterministic=True), float32 end to end.
+        policyport_conformance::assert_trainer_cases(
+            &p,
+            &io,
+            &trainer,
+            &format!("{name} on {}", backend.name()),
+        );
     }
     println!("{}", table.join("\n"));
 }
@@ -170,25 +159,7 @@ fn hostile_sb3_archives_are_typed_errors() {
     assert!(e.to_string().contains("outside its storage"), "{e}");
     // Issue 36: a state dict of dicts that each reference the one below twice (2^60 key paths) used to hang
     // the importer; its walk is now counted and refused at once.
-    let mut bomb = b"\x80\x02}q\x00(X\x01\x00\x00\x00wK\x01u".to_vec();
-    for level in 1..=60u8 {
-        bomb.extend_from_slice(&[
-            b'}',
-            b'q',
-            level,
-            b'(',
-            b'X',
-            1,
-            0,
-            0,
-            0,
-            b'a',
-            b'h',
-            level - 1,
-        ]);
-        bomb.extend_from_slice(&[b'X', 1, 0, 0, 0, b'b', b'h', level - 1, b'u']);
-    }
-    bomb.push(b'.');
+    let bomb = crate::trainer_files::shared_dict_bomb();
     let bomb = zip_of(&[
         ("data", &data),
         ("policy.pth", &zip_of(&[("archive/data.pkl", &bomb)])),

@@ -43,22 +43,12 @@ fn replace(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The hostile files: (row name, bytes).
-fn corpus() -> Vec<(&'static str, Vec<u8>)> {
-    let fx = policyport_conformance::fixtures_dir().join("sb3");
-    let ppo = std::fs::read(fx.join("ppo_cartpole/model.zip")).unwrap();
-    let sac = std::fs::read(fx.join("sac_pendulum/model.zip")).unwrap();
-    let data = Zip::open(&ppo)
-        .unwrap()
-        .get("data")
-        .unwrap()
-        .unwrap()
-        .to_vec();
-    let pth =
-        |pkl: &[u8]| stored_zip(&[("archive/data.pkl", pkl), ("archive/byteorder", b"little")]);
-    // Dicts that each reference the one below twice through the memo: 2^60 key paths from ~1 KB.
+/// A state-dict pickle of dicts that each reference the one below twice through the memo: 2^60 key paths from
+/// ~1 KB (issue 36: the walk used to hang).
+pub(crate) fn shared_dict_bomb() -> Vec<u8> {
     let mut bomb = b"\x80\x02}q\x00(X\x01\x00\x00\x00wK\x01u".to_vec();
     for level in 1..=60u8 {
+        // {'a': memo[level - 1], 'b': memo[level - 1]}, memoised as `level`.
         bomb.extend_from_slice(&[
             b'}',
             b'q',
@@ -76,6 +66,23 @@ fn corpus() -> Vec<(&'static str, Vec<u8>)> {
         bomb.extend_from_slice(&[b'X', 1, 0, 0, 0, b'b', b'h', level - 1, b'u']);
     }
     bomb.push(b'.');
+    bomb
+}
+
+/// The hostile files: (row name, bytes).
+fn corpus() -> Vec<(&'static str, Vec<u8>)> {
+    let fx = policyport_conformance::fixtures_dir().join("sb3");
+    let ppo = std::fs::read(fx.join("ppo_cartpole/model.zip")).unwrap();
+    let sac = std::fs::read(fx.join("sac_pendulum/model.zip")).unwrap();
+    let data = Zip::open(&ppo)
+        .unwrap()
+        .get("data")
+        .unwrap()
+        .unwrap()
+        .to_vec();
+    let pth =
+        |pkl: &[u8]| stored_zip(&[("archive/data.pkl", pkl), ("archive/byteorder", b"little")]);
+    let bomb = shared_dict_bomb();
     let policy_pth = Zip::open(&ppo)
         .unwrap()
         .get("policy.pth")

@@ -259,6 +259,31 @@ pub fn actions_f64(out: &policyport::ActOutputs) -> Vec<f64> {
     }
 }
 
+/// Every golden case of `io` acted deterministically on `policy` (a fresh session per case: a recurrent policy's
+/// trainer predict without a state starts from zeros) equals the trainer's own actions, `trainer["cases"][i]
+/// ["actions"]` (SB3's `predict`, RLlib's env-runner path with `explore=False`).
+pub fn assert_trainer_cases(
+    policy: &Arc<CompiledPolicy>,
+    io: &FixtureIo,
+    trainer: &serde_json::Value,
+    what: &str,
+) {
+    let cases = trainer["cases"].as_array().expect("trainer.json: cases");
+    assert_eq!(cases.len(), io.cases.len(), "{what}: trainer cases");
+    for (case, want) in io.cases.iter().zip(cases) {
+        let want: Vec<f64> = serde_json::from_value(want["actions"].clone()).unwrap();
+        let mut s = policy.session();
+        let out = s
+            .act(&policyport::Request::new(
+                policyport::Observations::F32(&case.obs),
+                case.batch,
+                policyport::ActMode::Deterministic,
+            ))
+            .unwrap();
+        assert_trainer_actions(out, &want, &format!("{what} case {}", case.name));
+    }
+}
+
 /// A step's actions equal a trainer's own deterministic actions (continuous ones to float32 rounding).
 pub fn assert_trainer_actions(out: &policyport::ActOutputs, want: &[f64], what: &str) {
     let got = actions_f64(out);
