@@ -49,14 +49,12 @@ pub use error::{
     BackendError, EnvIdError, ErrorKind, HeadControlError, ObservationError, PolicyError,
     StateError,
 };
-pub use executor::{
-    ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
-};
-pub use golden::{GoldenReport, GoldenShape, compare_golden, golden_modes, rel_err};
-pub use lower::act_of as activation_of;
+// The backend SPI (what an executor outside this crate implements: libtorch in `policyport-torch`, the sandbox in
+// `policyport-wasmtime`) stays in its modules, `policyport::executor` and `policyport::lower`, not at the root,
+// which is the API a user runs policies with (issue 37).
+pub use golden::{GoldenReport, rel_err};
 pub use observations::{
-    ObsLayout, Observations, batch_of_shape, channels_last_to_first, check_observations, env_shape,
-    layout_of_shape, one_hot_width,
+    ObsLayout, Observations, batch_of_shape, channels_last_to_first, layout_of_shape,
 };
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;

@@ -18,7 +18,7 @@ const ERR_HANDLE: i32 = ErrorCode::Handle.code();
 /// The `cpu` backend, its dense layers offered to the host (the host-lent kernel, ABI.md): a host that declines
 /// them all leaves the plain sandbox.
 #[cfg(target_arch = "wasm32")]
-fn builder() -> std::sync::Arc<dyn policyport::ExecutorBuilder> {
+fn builder() -> std::sync::Arc<dyn policyport::executor::ExecutorBuilder> {
     std::sync::Arc::new(policyport::lend::CpuWithLender::new(std::sync::Arc::new(
         host_lent::HostLender,
     )))
@@ -26,7 +26,7 @@ fn builder() -> std::sync::Arc<dyn policyport::ExecutorBuilder> {
 
 /// Natively (this crate's own unit builds) there is no host to lend: the plain `cpu` backend.
 #[cfg(not(target_arch = "wasm32"))]
-fn builder() -> std::sync::Arc<dyn policyport::ExecutorBuilder> {
+fn builder() -> std::sync::Arc<dyn policyport::executor::ExecutorBuilder> {
     std::sync::Arc::new(policyport::Backend::Cpu)
 }
 

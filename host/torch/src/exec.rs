@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex};
 use policyport::format::sampling::ActMode;
 use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, ValidatedPlan};
 use policyport::lower::{affine_group, expand_affine, lower, transpose_index};
-use policyport::{
-    Activation, Backend, BackendError, ExecScratch, Executor, ExecutorBuilder, MAX_BATCH, Pending,
-    Placement, PolicyError, StepInput, activation_of, scratch_of,
+use policyport::executor::{
+    ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
 };
+use policyport::lower::act_of as activation_of;
+use policyport::{Activation, Backend, BackendError, MAX_BATCH, PolicyError};
 use tch::{Device, Kind, Tensor};
 
 use super::buckets::{BucketPlan, padded_env_ids};

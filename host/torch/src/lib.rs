@@ -1,5 +1,5 @@
 //! The native libtorch executor: an artifact's submodules built as libtorch ops (no TorchScript), on CPU or CUDA.
-//! It implements the runtime's `Executor` trait ([`policyport::Executor`]) and loads through
+//! It implements the runtime's `Executor` trait ([`policyport::executor::Executor`]) and loads through
 //! [`CompiledPolicy::with_builder`]: a libtorch policy is a `CompiledPolicy` on `Backend::Torch`, and its sessions
 //! run the same request check, state model (per-env state, resets, episode starts), host sampler and golden
 //! verification as every other backend. The executor does preprocessing and keeps recurrent state on the device,

@@ -18,9 +18,11 @@
 use std::sync::Arc;
 
 use policyport::format::{Artifact, ValidatedPlan, read_artifact};
+use policyport::executor::{
+    ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
+};
 use policyport::{
-    ActOutputs, Backend, BackendError, CompiledPolicy, EnvIds, ExecScratch, Executor,
-    ExecutorBuilder, Observations, Pending, Placement, PolicyError, Request, StepInput, scratch_of,
+    ActOutputs, Backend, BackendError, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
 };
 
 use crate::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
