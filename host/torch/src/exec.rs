@@ -15,13 +15,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use policyport::format::sampling::ActMode;
-use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, ValidatedPlan};
-use policyport::lower::{affine_group, expand_affine, lower, transpose_index};
 use policyport::executor::{
     ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
 };
+use policyport::format::sampling::ActMode;
+use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, ValidatedPlan};
 use policyport::lower::act_of as activation_of;
+use policyport::lower::{affine_group, expand_affine, lower, transpose_index};
 use policyport::{Activation, Backend, BackendError, MAX_BATCH, PolicyError};
 use tch::{Device, Kind, Tensor};
 

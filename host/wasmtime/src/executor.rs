@@ -17,10 +17,10 @@
 
 use std::sync::Arc;
 
-use policyport::format::{Artifact, ValidatedPlan, read_artifact};
 use policyport::executor::{
     ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
 };
+use policyport::format::{Artifact, ValidatedPlan, read_artifact};
 use policyport::{
     ActOutputs, Backend, BackendError, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
 };
