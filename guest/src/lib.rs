@@ -59,7 +59,9 @@ pub use observations::{
 pub use policyport_format as format;
 pub use policyport_format::sampling::ActMode;
 pub use policyport_shaders::Activation;
-pub use session::{ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, MAX_THREADS, Request, Session};
+pub use session::{
+    ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, MAX_THREADS, Request, Session, flags_into,
+};
 
 /// The instruction set of the `cpu` backend's f32 kernels on this machine, as a policy loaded now would use it:
 /// `"avx512"`, `"avx2+fma"`, `"sse+fma"` or `"sse2"` (x86-64), `"neon"` (aarch64), `"simd128"` (wasm), or

@@ -23,6 +23,15 @@ pub const MAX_BATCH: usize = 1 << 20;
 /// Default limit on the envs one recurrent session holds state for ([`Session::set_max_envs`]).
 pub const DEFAULT_MAX_ENVS: usize = 1 << 16;
 
+/// Per-row flags as every boundary receives them — bytes, non-zero meaning true (the C ABI's and the plugin's
+/// `episode_starts` and `action_mask`, the browser's `Uint8Array`s) — written into `out` (cleared first, its
+/// allocation reused across calls) for [`Request::episode_starts`] / [`Request::action_mask`]. One reading of the
+/// bytes for every boundary (issue 37).
+pub fn flags_into(bytes: &[u8], out: &mut Vec<bool>) {
+    out.clear();
+    out.extend(bytes.iter().map(|b| *b != 0));
+}
+
 /// Which env each row of a batch is (for sampling streams and recurrent state).
 #[derive(Debug, Clone, Copy)]
 pub enum EnvIds<'a> {
@@ -709,5 +718,19 @@ impl Session {
                 off += *n;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every boundary read its flag bytes with its own loop (C twice, the plugin, the browser); one reading now:
+    /// any non-zero byte is true, and the buffer is cleared first (a longer earlier call leaves nothing behind).
+    #[test]
+    fn flag_bytes_read_nonzero_as_true_into_a_cleared_buffer() {
+        let mut flags = vec![true; 8];
+        super::flags_into(&[0, 1, 7, 255, 0], &mut flags);
+        assert_eq!(flags, [false, true, true, true, false]);
+        super::flags_into(&[], &mut flags);
+        assert!(flags.is_empty());
     }
 }

@@ -407,16 +407,14 @@ pub unsafe extern "C" fn pp_act_masked(
         if !episode_starts.is_null() {
             // SAFETY: the contract: `batch` host bytes, copied into `slot.starts` at once; `slice` checks them.
             let flags = unsafe { slice(episode_starts, b) }.ok_or_else(|| bad("episode starts"))?;
-            slot.starts.clear();
-            slot.starts.extend(flags.iter().map(|f| *f != 0));
+            policyport::flags_into(flags, &mut slot.starts);
             req = req.episode_starts(&slot.starts);
         }
         if !action_mask.is_null() {
             // SAFETY: the contract: `batch × dist params` host bytes, copied into `slot.mask` at once; `slice`
             // checks them.
             let flags = unsafe { slice(action_mask, dist_n) }.ok_or_else(|| bad("action mask"))?;
-            slot.mask.clear();
-            slot.mask.extend(flags.iter().map(|f| *f != 0));
+            policyport::flags_into(flags, &mut slot.mask);
             req = req.action_mask(&slot.mask);
         }
         if !epsilon.is_nan() {

@@ -303,14 +303,15 @@ fn error(name: &str, kind: ErrorKind, message: impl std::fmt::Display) -> JsValu
 fn flags_field(options: &JsValue, name: &'static str) -> Result<Option<Vec<bool>>, JsValue> {
     match field(options, name)? {
         None => Ok(None),
-        Some(v) => Ok(Some(
-            v.dyn_ref::<Uint8Array>()
+        Some(v) => {
+            let bytes = v
+                .dyn_ref::<Uint8Array>()
                 .ok_or_else(|| arg_error(format!("{name} must be a Uint8Array (non-zero = true)")))?
-                .to_vec()
-                .into_iter()
-                .map(|b| b != 0)
-                .collect(),
-        )),
+                .to_vec();
+            let mut flags = Vec::with_capacity(bytes.len());
+            policyport::flags_into(&bytes, &mut flags);
+            Ok(Some(flags))
+        }
     }
 }
 

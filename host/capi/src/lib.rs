@@ -628,13 +628,11 @@ unsafe fn act_with(
         aligned(value, "value")?;
         aligned(dist_params, "dist_params")?;
         if !episode_starts.is_null() {
-            p.starts.clear();
-            p.starts.extend(
+            policyport::flags_into(
                 // SAFETY: non-null here; the contract: `batch` readable bytes (u8: always aligned); batch is in
                 // 1..=MAX_BATCH (checked above), far below isize::MAX.
-                unsafe { std::slice::from_raw_parts(episode_starts, batch) }
-                    .iter()
-                    .map(|f| *f != 0),
+                unsafe { std::slice::from_raw_parts(episode_starts, batch) },
+                &mut p.starts,
             );
         }
         let starts = (!episode_starts.is_null()).then_some(&p.starts[..]);
@@ -646,12 +644,10 @@ unsafe fn act_with(
             let n = batch
                 .checked_mul(mask_len)
                 .ok_or((PpStatus::BadCall, "batch too large".into()))?;
-            p.mask.clear();
-            // SAFETY: the caller's contract: a non-null mask covers batch × dist_params_len bytes.
-            p.mask.extend(
-                unsafe { std::slice::from_raw_parts(action_mask, n) }
-                    .iter()
-                    .map(|f| *f != 0),
+            policyport::flags_into(
+                // SAFETY: the caller's contract: a non-null mask covers batch × dist_params_len bytes.
+                unsafe { std::slice::from_raw_parts(action_mask, n) },
+                &mut p.mask,
             );
         }
         let mask = (!action_mask.is_null()).then_some(&p.mask[..]);
@@ -966,13 +962,11 @@ pub unsafe extern "C" fn pp_agents_observe(
         if action_mask.is_null() {
             return a.agents.observe(id, o).map_err(agents_err);
         }
-        a.mask.clear();
-        a.mask.extend(
+        policyport::flags_into(
             // SAFETY: non-null here, u8 (always aligned), mask_len within isize::MAX (checked); the contract: a
             // non-null mask covers `mask_len` bytes.
-            unsafe { std::slice::from_raw_parts(action_mask, mask_len) }
-                .iter()
-                .map(|f| *f != 0),
+            unsafe { std::slice::from_raw_parts(action_mask, mask_len) },
+            &mut a.mask,
         );
         let PpAgents { agents, mask, .. } = a;
         agents.observe_masked(id, o, mask).map_err(agents_err)
@@ -1121,13 +1115,11 @@ pub unsafe extern "C" fn pp_agents_tick(
             unsafe { std::slice::from_raw_parts(obs, n * o_len) }
         };
         if !action_mask.is_null() {
-            a.mask.clear();
-            a.mask.extend(
+            policyport::flags_into(
                 // SAFETY: non-null here, u8 (always aligned); the contract: a non-null mask covers n × mask_len
                 // bytes.
-                unsafe { std::slice::from_raw_parts(action_mask, n * m_len) }
-                    .iter()
-                    .map(|f| *f != 0),
+                unsafe { std::slice::from_raw_parts(action_mask, n * m_len) },
+                &mut a.mask,
             );
         }
         let PpAgents {
