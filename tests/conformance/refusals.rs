@@ -448,7 +448,6 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend(ba
     act(&mut s, 3).unwrap();
     let e = act(&mut s, u32::MAX - 1).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TooLarge, "{backend:?}: {e}");
-    println!("{backend:?}: {e}");
     assert!(
         matches!(e, policyport::PolicyError::Allocation { bytes, .. } if bytes > 1 << 38),
         "{backend:?}: {e}"

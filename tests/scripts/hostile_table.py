@@ -30,16 +30,14 @@ def error_name(text):
     return f"{name} ({msg[:48]}{'…' if len(msg) > 48 else ''})" if msg else name
 
 
-def python_cell(name, python, broken):
-    """The Python column's cell of a row: the artifact's file (by the row's slug) or the bad call (by its name)."""
-    got = python.get(f"{slug(name)}.policy", python.get(name))
+def python_cell(name, got, broken):
+    """The Python column's cell of a row from what the wheel answered (None: the row is not in its results)."""
     if got is None:
         broken.append(f"{name}: not in the Python results")
         return "MISSING"
     if got == "accepted" or got.startswith("untyped"):
         broken.append(f"{name}: Python {got}")
-    kind, _, msg = got.partition(": ")
-    return f"{kind} ({msg[:48]}{'…' if len(msg) > 48 else ''})" if msg else kind
+    return error_name(got)
 
 
 def trainer_table(path, python, broken):
@@ -50,15 +48,7 @@ def trainer_table(path, python, broken):
         if set(row.replace("|", "").strip()) <= {"-"}:
             continue
         name = row.split("|")[1].strip()
-        got = python.get(f"{slug(name)}.model")
-        if got is None:
-            broken.append(f"{name}: not in the Python results")
-            cell = "MISSING"
-        else:
-            if got == "accepted" or got.startswith("untyped"):
-                broken.append(f"{name}: Python {got}")
-            kind, _, msg = got.partition(": ")
-            cell = f"{kind} ({msg[:48]}{'…' if len(msg) > 48 else ''})" if msg else kind
+        cell = python_cell(name, python.get(f"{slug(name)}.model"), broken)
         out.append(f"{row} {cell.replace('|', '/')} |")
     return out
 
@@ -110,7 +100,8 @@ def main(table_path, results_path, python_path=None, trainer_path=None):
             broken.append(f"{name}: not in the browser results")
         line = f"{row} {cell.replace('|', '/')} |"
         if python is not None:
-            line += f" {python_cell(name, python, broken).replace('|', '/')} |"
+            got = python.get(f"{slug(name)}.policy", python.get(name))
+            line += f" {python_cell(name, got, broken).replace('|', '/')} |"
         out.append(line)
     if trainer_path:
         out.append("")
