@@ -620,6 +620,56 @@ try {
     await plain.close();
   }
 
+  // 6. The npm package as a user installs it (tests/scripts/npm-pack.sh: packed, installed from the tarball into a
+  //    consumer project, its main.ts type-checked by TypeScript against the shipped .d.ts): the consumer page,
+  //    served from its own root, imports each entry point by the package's name and must act as the native CLI
+  //    does on the same observations and seed (discrete actions equal, values within 1e-5).
+  const consumerDir = process.env.POLICYPORT_NPM_CONSUMER;
+  if (!consumerDir) {
+    console.log("skip the npm package's consumer page: POLICYPORT_NPM_CONSUMER is not set (test.sh sets it after tests/scripts/npm-pack.sh)");
+  } else if (!fs.existsSync(path.join(consumerDir, "index.html")) || !fs.existsSync(path.join(consumerDir, "main.js"))) {
+    check("npm package: the consumer project is there", false, `${consumerDir} has no index.html / main.js (tests/scripts/npm-pack.sh failed or did not run)`);
+  } else {
+    fs.copyFileSync(path.join(outDir, "cartpole.policy"), path.join(consumerDir, "cartpole.policy"));
+    const rows = Array.from({ length: 37 }, (_, i) => [0.05 * Math.sin(i), 0.3 * Math.cos(3 * i), 0.04 * Math.sin(7 * i), 0.5 * Math.cos(i)]);
+    fs.writeFileSync(path.join(consumerDir, "obs.json"), JSON.stringify(rows));
+    const native = JSON.parse(execFileSync(bin, ["run", path.join(consumerDir, "cartpole.policy"), "--obs", path.join(consumerDir, "obs.json"), "--seed", "7"], { encoding: "utf8" }));
+    const consumerServer = spawn(bin, ["serve-web", "--port", "0", "--root", consumerDir], { stdio: ["ignore", "pipe", "inherit"] });
+    try {
+      const consumerBase = await new Promise((resolve, reject) => {
+        let buf = "";
+        consumerServer.stdout.on("data", (d) => {
+          buf += d;
+          const m = buf.match(/on (http:\/\/[0-9.:]+)\//);
+          if (m) resolve(m[1]);
+        });
+        consumerServer.on("exit", (code) => reject(new Error(`serve-web (consumer) exited with ${code}`)));
+        setTimeout(() => reject(new Error("serve-web (consumer) did not start in 60 s")), 60000);
+      });
+      const cp = await context.newPage();
+      const cpErrors = [];
+      cp.on("pageerror", (e) => cpErrors.push(String(e)));
+      cp.on("console", (m) => { if (m.type() === "error") cpErrors.push(m.text()); });
+      await cp.goto(`${consumerBase}/index.html`);
+      await cp.waitForFunction(() => window.consumer?.done, null, { timeout: 120000 });
+      const c = await cp.evaluate(() => window.consumer);
+      check("npm package: the consumer page ran (import map from the package's exports, main.ts compiled by tsc)", !c.error && c.results.length === 3, c.error ?? cpErrors.slice(0, 2).join(" | "));
+      const want = { "policyport/cpu": ["cpu", "cpu"], "policyport/cpu-threads": ["cpu-threads", "cpu"], "policyport/webgpu": ["webgpu", "webgpu"] };
+      for (const r of c.results) {
+        const [bundle, backend] = want[r.entry] ?? [];
+        const same = !r.error && r.bundle === bundle && r.backend === backend && r.actions.length === native.actions.length &&
+          r.actions.every((a, i) => a === native.actions[i]) &&
+          (native.value.length === 0 ? r.value === null :
+            r.value?.length === native.value.length && r.value.every((v, i) => Math.abs(v - native.value[i]) <= 1e-5 * Math.max(1, Math.abs(native.value[i]))));
+        check(`npm package: ${r.entry} (installed from the tarball) acts as the native CLI does (37 rows, seed 7)`, same,
+          r.error ?? `${r.bundle}/${r.backend}: ${r.actions.slice(0, 8)} vs native ${native.actions.slice(0, 8)}`);
+      }
+      await cp.close();
+    } finally {
+      consumerServer.kill();
+    }
+  }
+
   check("no uncaught errors in the page", consoleErrors.filter((e) => !/favicon/.test(e)).length === 0, consoleErrors.slice(0, 3).join(" | "));
 } catch (e) {
   check("browser tests ran to the end", false, String(e?.stack || e));

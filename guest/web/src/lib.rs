@@ -615,7 +615,7 @@ impl Policy {
     /// no pipeline compilation). Rejects with a typed Error on a bad artifact or an unavailable backend.
     pub async fn load(
         bytes: Vec<u8>,
-        #[wasm_bindgen(unchecked_param_type = "LoadOptions")] options: Option<Object>,
+        #[wasm_bindgen(unchecked_optional_param_type = "LoadOptions")] options: Option<Object>,
     ) -> Result<Policy, JsValue> {
         let options: JsValue = options.map_or(JsValue::UNDEFINED, JsValue::from);
         let t0 = performance_now();
@@ -671,7 +671,7 @@ impl Policy {
             unchecked_param_type = "Float32Array | Uint8Array | Float64Array | number[]"
         )]
         obs: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "ActOptions")] options: Option<Object>,
+        #[wasm_bindgen(unchecked_optional_param_type = "ActOptions")] options: Option<Object>,
     ) -> Promise {
         let options: JsValue = options.map_or(JsValue::UNDEFINED, JsValue::from);
         let inner = self.inner.clone();
@@ -704,7 +704,7 @@ impl Policy {
             unchecked_param_type = "Float32Array | Uint8Array | Float64Array | number[]"
         )]
         obs: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "ActOptions")] options: Option<Object>,
+        #[wasm_bindgen(unchecked_optional_param_type = "ActOptions")] options: Option<Object>,
     ) -> Result<JsValue, JsValue> {
         let options: JsValue = options.map_or(JsValue::UNDEFINED, JsValue::from);
         let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
