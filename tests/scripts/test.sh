@@ -352,9 +352,15 @@ check "aarch64: the cpu backend runs its NEON kernels" \
 check "aarch64: the demo (trained CartPole and Pendulum policies against PyTorch's returns)" \
   "${A64[@]}" demo --out-dir "$CARGO_TARGET_DIR/policyport-demo-aarch64"
 
+step "npm package: packed from the three bundles, installed from its tarball into a consumer project, typed by tsc"
+check "npm package (tests/scripts/npm-pack.sh: npm pack, npm install of the tarball, exports resolved, tsc --strict)" \
+  bash tests/scripts/npm-pack.sh
+
 step "browser: headless Chromium (WebGPU on SwiftShader) against policyport serve-web"
 # Each check of run.mjs is counted from its own "ok  " / "FAIL" line; a crash before any check is one failure.
-node tests/browser/run.mjs "$PP_BIN" "$out/browser" 2>&1 | tee "$out/browser.log" || true
+# The npm consumer page (section 6) runs on the project npm-pack.sh installed, which must be there: test.sh never
+# lets run.mjs skip it.
+POLICYPORT_NPM_CONSUMER="$CARGO_TARGET_DIR/npm-consumer" node tests/browser/run.mjs "$PP_BIN" "$out/browser" 2>&1 | tee "$out/browser.log" || true
 b_ok=$(grep -c '^ok  ' "$out/browser.log" || true)
 b_fail=$(grep -c '^FAIL' "$out/browser.log" || true)
 passed=$((passed + b_ok)) failed=$((failed + b_fail))
@@ -466,6 +472,26 @@ csharp_tests
 
 step "demo: README command 1 exactly (bash tests/scripts/demo.sh: the lean CLI, its own small graph)"
 check "demo (tests/scripts/demo.sh)" bash tests/scripts/demo.sh --episodes 20
+# The CLI a user installs (`cargo install --path host/cli`: default features flex + wasm, the README's line) links
+# no libtorch, so it starts on a machine without torch; asked for the libtorch backend it says what is missing.
+# The default features' graph is read with cargo tree (no second build of it), and the demo's binary (the same CLI
+# without flex and wasm, built just above) runs with the torch venv off the loader path.
+cli_without_torch() {
+  local tree bin="$CARGO_TARGET_DIR/demo/policyport" d="$CARGO_TARGET_DIR/cli-without-torch" rc=0
+  tree=$(cargo tree -p policyport-cli -e normal --prefix none)
+  grep -q '^burn-flex v' <<<"$tree" && grep -q '^wasmtime v' <<<"$tree" ||
+    { echo "cargo tree of the default CLI lists no burn-flex / wasmtime: the check reads the wrong graph"; return 1; }
+  ! grep -Eq '^(tch|torch-sys) v' <<<"$tree" || { echo "the default CLI build depends on tch / torch-sys"; return 1; }
+  ! ldd "$bin" | grep -Eq 'libtorch|libc10' || { echo "the lean CLI links libtorch"; ldd "$bin"; return 1; }
+  rm -rf "$d" && mkdir -p "$d"
+  env -u LD_LIBRARY_PATH "$bin" compile tests/fixtures/cartpole/policy.onnx --spec tests/fixtures/cartpole/import.json \
+    -o "$d/cartpole.policy"
+  env -u LD_LIBRARY_PATH "$bin" verify "$d/cartpole.policy"
+  env -u LD_LIBRARY_PATH "$bin" verify "$d/cartpole.policy" --backend torch 2> "$d/err.txt" || rc=$?
+  [ "$rc" = 1 ] && grep -q 'cargo install --path host/cli --features tch' "$d/err.txt" ||
+    { echo "--backend torch without libtorch: want exit 1 and the install line, got $rc"; cat "$d/err.txt"; return 1; }
+}
+check "the installed CLI starts without torch (default features link no libtorch; --backend torch names the feature)" cli_without_torch
 
 step "the C ABI library a game ships: native only (--no-default-features, the demo's graph), size enforced <= 5 MB stripped"
 # The same header and functions without burn and wasmtime: the agents example runs natively on it, and asking it
