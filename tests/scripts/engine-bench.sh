@@ -39,16 +39,17 @@ for model in dict.fromkeys(r["model"] for r in rows):
     ort1 = next(r["us_per_run"] for r in rows if r["model"] == model and r.get("runtime") == "onnxruntime-native")
     counts = sorted({r["agents"] for r in rows if r["model"] == model and "agents" in r})
     print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run)")
-    print("| agents | Session::act | agents layer | Bevy Act set | Bevy update | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| agents | Session::act | Session::act, env-id list | agents layer | Bevy Act set | Bevy update | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in counts:
         get = lambda p: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n)
-        s, a, b, u, c = get("session_act"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
+        s, si, a, b, u, c = get("session_act"), get("session_act_ids"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
         g = get("godot3_tick")
         loop = ort1 * n
-        print(f"| {n} | {s:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
+        print(f"| {n} | {s:.1f} | {si:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
               f"{100 * (c - s) / s:+.1f} % | {100 * (g - s) / s:+.1f} % | **{loop / b:.1f}x** |")
-print("\nBevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act (Godot 3: tick() + discrete_actions() "
+print("\nSession::act, env-id list: the same act with the request the agents layer sends (an env id per row, "
+      "episode-start flags). Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act (Godot 3: tick() + discrete_actions() "
       "from GDScript, the ids an Array, the observations a PoolRealArray). The per-agent loop: N × onnxruntime's batch-1 Run "
       "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set.")
 PY

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bevy_app::{App, Update};
 use bevy_ecs::prelude::*;
-use policyport::{ActMode, Backend, CompiledPolicy, Observations, Request};
+use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_agents::{AgentId, Agents, AgentsConfig};
 use policyport_bevy::{Agent, Observation, Policies, PolicyportPlugin, PolicyportSet};
 
@@ -88,6 +88,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         n,
                         ActMode::Sample { seed: 1, step },
                     ))
+                    .unwrap();
+            }),
+        );
+        // 1b. The same act with the request the agents layer sends (an env id per row, episode-start flags), so
+        // the agents layer's own cost is told apart from the request's.
+        let mut session = policy.session();
+        let env_ids: Vec<u32> = (0..n as u32).rev().collect();
+        let starts = vec![false; n];
+        let mut step = 0u64;
+        emit(
+            "session_act_ids",
+            median(budget, || {
+                step += 1;
+                session
+                    .act(
+                        &Request::new(
+                            Observations::F32(&obs),
+                            n,
+                            ActMode::Sample { seed: 1, step },
+                        )
+                        .envs(EnvIds::List(&env_ids))
+                        .episode_starts(&starts),
+                    )
                     .unwrap();
             }),
         );
