@@ -16,7 +16,10 @@ use crate::onnx_proto::{self as pb, data_type};
 use crate::spec::{DistSpec, ImportSpec, LogStdSpec};
 
 mod layout;
+mod ops;
 mod recurrent;
+
+use ops::{NodeIn, OpRegistry};
 
 /// A value during import: known at compile time, or computed per step with this feature shape.
 #[derive(Debug, Clone)]
@@ -277,12 +280,6 @@ impl Importer<'_> {
                 }
             }
         }
-        let runtime = |v: &Val| -> Option<(String, Vec<usize>)> {
-            match v {
-                Val::Runtime { name, shape } => Some((name.clone(), shape.clone())),
-                Val::Const(_) | Val::Stacked { .. } => None,
-            }
-        };
         let op = node.op_type.as_str();
         if op == "LSTM" || op == "GRU" {
             return self.rnn(node, idx);
@@ -302,492 +299,521 @@ impl Importer<'_> {
                 "index the recurrent op's outputs back to [batch, features] first",
             ));
         }
-        // The inputs each handler reads unconditionally: checked once here, so no handler indexes past them.
-        let min_inputs = match op {
-            "Constant" => 0,
-            "Gemm" | "MatMul" | "Add" | "Sub" | "Mul" | "Div" | "Reshape" => 2,
-            "Slice" => 3,
-            _ => 1,
+        // The op's registered handler (ops/, one registration per family): the inputs it reads unconditionally
+        // are checked here first, so no handler indexes past them.
+        let Some(def) = ops::registry().get(op) else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "not supported by the ONNX importer",
+                &format!(
+                    "supported: {}; re-export without it or open an issue",
+                    ops::registry().names().join(" ")
+                ),
+            ));
         };
-        if ins.len() < min_inputs {
+        if ins.len() < def.min_inputs {
             return Err(ImportError::Malformed(format!(
-                "node {label} ({op}) has {} input(s), needs {min_inputs}",
-                ins.len()
+                "node {label} ({op}) has {} input(s), needs {}",
+                ins.len(),
+                def.min_inputs
             )));
         }
-        match op {
-            "Constant" => {
-                let t = attr(node, "value")
-                    .and_then(|a| a.t.as_ref())
-                    .map(tensor_to_const)
-                    .transpose()?
-                    .or_else(|| {
-                        attr(node, "value_float").map(|a| Const {
-                            dims: vec![],
-                            data: vec![a.f as f64],
-                        })
-                    })
-                    .or_else(|| {
-                        attr(node, "value_floats").map(|a| Const {
-                            dims: vec![a.floats.len()],
-                            data: a.floats.iter().map(|v| *v as f64).collect(),
-                        })
-                    })
-                    .or_else(|| {
-                        attr(node, "value_int").map(|a| Const {
-                            dims: vec![],
-                            data: vec![a.i as f64],
-                        })
-                    })
-                    .or_else(|| {
-                        attr(node, "value_ints").map(|a| Const {
-                            dims: vec![a.ints.len()],
-                            data: a.ints.iter().map(|v| *v as f64).collect(),
-                        })
-                    })
-                    .ok_or_else(|| {
-                        self.unsupported(
-                            node,
-                            idx,
-                            "no supported value attribute",
-                            "use a tensor, float(s) or int(s) constant",
-                        )
-                    })?;
-                self.vals.insert(out, Val::Const(t));
-            }
-            "Identity" | "Dropout" => {
-                self.vals.insert(out, ins[0].clone());
-            }
-            "Gemm" | "MatMul" => {
-                let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "first input is constant",
-                        "constant-fold the graph before export",
-                    ));
-                };
-                let Val::Const(w) = &ins[1] else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "weight input is computed at run time",
-                        "only constant weights are supported",
-                    ));
-                };
-                if xs.len() != 1 || w.dims.len() != 2 {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        &format!("input {xs:?} x weight {:?}", w.dims),
-                        "flatten the input first; weights must be 2-D",
-                    ));
-                }
-                let geti = |n: &str, d: i64| attr(node, n).map(|a| a.i).unwrap_or(d);
-                let getf = |n: &str| attr(node, n).map(|a| a.f as f64).unwrap_or(1.0);
-                let (trans_a, trans_b) = if op == "Gemm" {
-                    (geti("transA", 0), geti("transB", 0))
+        (def.handler)(
+            self,
+            &NodeIn {
+                node,
+                idx,
+                ins,
+                out,
+            },
+        )
+    }
+
+    fn op_constant(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, _) = n.parts();
+        let out = n.out.clone();
+        let t = attr(node, "value")
+            .and_then(|a| a.t.as_ref())
+            .map(tensor_to_const)
+            .transpose()?
+            .or_else(|| {
+                attr(node, "value_float").map(|a| Const {
+                    dims: vec![],
+                    data: vec![a.f as f64],
+                })
+            })
+            .or_else(|| {
+                attr(node, "value_floats").map(|a| Const {
+                    dims: vec![a.floats.len()],
+                    data: a.floats.iter().map(|v| *v as f64).collect(),
+                })
+            })
+            .or_else(|| {
+                attr(node, "value_int").map(|a| Const {
+                    dims: vec![],
+                    data: vec![a.i as f64],
+                })
+            })
+            .or_else(|| {
+                attr(node, "value_ints").map(|a| Const {
+                    dims: vec![a.ints.len()],
+                    data: a.ints.iter().map(|v| *v as f64).collect(),
+                })
+            })
+            .ok_or_else(|| {
+                self.unsupported(
+                    node,
+                    idx,
+                    "no supported value attribute",
+                    "use a tensor, float(s) or int(s) constant",
+                )
+            })?;
+        self.vals.insert(out, Val::Const(t));
+        Ok(())
+    }
+
+    fn op_identity(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let ins = &n.ins[..];
+        let out = n.out.clone();
+        self.vals.insert(out, ins[0].clone());
+        Ok(())
+    }
+
+    fn op_gemm(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        let op = n.node.op_type.as_str();
+        let label = node_label(n.node, n.idx);
+        let Some((x, xs)) = runtime(&ins[0]) else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "first input is constant",
+                "constant-fold the graph before export",
+            ));
+        };
+        let Val::Const(w) = &ins[1] else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "weight input is computed at run time",
+                "only constant weights are supported",
+            ));
+        };
+        if xs.len() != 1 || w.dims.len() != 2 {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("input {xs:?} x weight {:?}", w.dims),
+                "flatten the input first; weights must be 2-D",
+            ));
+        }
+        let geti = |n: &str, d: i64| attr(node, n).map(|a| a.i).unwrap_or(d);
+        let getf = |n: &str| attr(node, n).map(|a| a.f as f64).unwrap_or(1.0);
+        let (trans_a, trans_b) = if op == "Gemm" {
+            (geti("transA", 0), geti("transB", 0))
+        } else {
+            (0, 0)
+        };
+        if trans_a != 0 {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "transA=1",
+                "export without transposing the activations",
+            ));
+        }
+        let (alpha, beta) = if op == "Gemm" {
+            (getf("alpha"), getf("beta"))
+        } else {
+            (1.0, 1.0)
+        };
+        // PyTorch layout [out, in].
+        let (o, i) = if trans_b != 0 {
+            (w.dims[0], w.dims[1])
+        } else {
+            (w.dims[1], w.dims[0])
+        };
+        if i != xs[0] {
+            return Err(ImportError::Malformed(format!(
+                "node {label}: input has {} features, weight expects {i}",
+                xs[0]
+            )));
+        }
+        let mut wd = vec![0.0f32; o * i];
+        for r in 0..o {
+            for c in 0..i {
+                let v = if trans_b != 0 {
+                    w.data[r * i + c]
                 } else {
-                    (0, 0)
+                    w.data[c * o + r]
                 };
-                if trans_a != 0 {
+                wd[r * i + c] = (alpha * v) as f32;
+            }
+        }
+        let wname = self.add_tensor(&format!("{}.weight", node.input[1]), vec![o, i], wd);
+        let bias = match ins.get(2) {
+            Some(Val::Stacked { .. }) => return Err(self.stacked_input(node, idx)),
+            Some(Val::Const(c)) => {
+                if c.numel() != o && c.numel() != 1 {
                     return Err(self.unsupported(
                         node,
                         idx,
-                        "transA=1",
-                        "export without transposing the activations",
+                        &format!("bias of {} values for {o} outputs", c.numel()),
+                        "use a per-output bias",
                     ));
                 }
-                let (alpha, beta) = if op == "Gemm" {
-                    (getf("alpha"), getf("beta"))
-                } else {
-                    (1.0, 1.0)
-                };
-                // PyTorch layout [out, in].
-                let (o, i) = if trans_b != 0 {
-                    (w.dims[0], w.dims[1])
-                } else {
-                    (w.dims[1], w.dims[0])
-                };
-                if i != xs[0] {
-                    return Err(ImportError::Malformed(format!(
-                        "node {label}: input has {} features, weight expects {i}",
-                        xs[0]
-                    )));
-                }
-                let mut wd = vec![0.0f32; o * i];
-                for r in 0..o {
-                    for c in 0..i {
-                        let v = if trans_b != 0 {
-                            w.data[r * i + c]
-                        } else {
-                            w.data[c * o + r]
-                        };
-                        wd[r * i + c] = (alpha * v) as f32;
-                    }
-                }
-                let wname = self.add_tensor(&format!("{}.weight", node.input[1]), vec![o, i], wd);
-                let bias = match ins.get(2) {
-                    Some(Val::Stacked { .. }) => return Err(self.stacked_input(node, idx)),
-                    Some(Val::Const(c)) => {
-                        if c.numel() != o && c.numel() != 1 {
-                            return Err(self.unsupported(
-                                node,
-                                idx,
-                                &format!("bias of {} values for {o} outputs", c.numel()),
-                                "use a per-output bias",
-                            ));
-                        }
-                        let b: Vec<f32> = (0..o)
-                            .map(|k| (beta * c.data[if c.numel() == 1 { 0 } else { k }]) as f32)
-                            .collect();
-                        Some(self.add_tensor(&format!("{}.bias", node.input[2]), vec![o], b))
-                    }
-                    Some(Val::Runtime { .. }) => {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "bias computed at run time",
-                            "only constant biases are supported",
-                        ));
-                    }
-                    None => None,
-                };
-                self.emit(
-                    &label,
-                    Op::Dense {
-                        weight: wname,
-                        bias,
-                    },
-                    vec![x],
-                    &out,
-                    vec![o],
-                );
+                let b: Vec<f32> = (0..o)
+                    .map(|k| (beta * c.data[if c.numel() == 1 { 0 } else { k }]) as f32)
+                    .collect();
+                Some(self.add_tensor(&format!("{}.bias", node.input[2]), vec![o], b))
             }
-            "Add" | "Sub" | "Mul" | "Div" => self.binary(node, idx, &ins, &out)?,
-            "Relu" | "Tanh" | "Sigmoid" | "Erf" | "Elu" | "LeakyRelu" | "Gelu" | "Softmax"
-            | "LogSoftmax" | "Flatten" => {
-                let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "constant input",
-                        "constant-fold the graph before export",
-                    ));
-                };
-                let ir = match op {
-                    "Relu" => Op::Relu,
-                    "Tanh" => Op::Tanh,
-                    "Sigmoid" => Op::Sigmoid,
-                    "Erf" => Op::Erf,
-                    "Elu" => Op::Elu {
-                        alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(1.0),
-                    },
-                    "LeakyRelu" => Op::LeakyRelu {
-                        alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(0.01),
-                    },
-                    "Gelu" => {
-                        let approx = attr(node, "approximate")
-                            .map(|a| a.s.as_slice())
-                            .unwrap_or(b"none");
-                        Op::Gelu {
-                            approximate: approx == b"tanh",
-                        }
-                    }
-                    "Softmax" | "LogSoftmax" => {
-                        let axis = attr(node, "axis").map(|a| a.i).unwrap_or(-1);
-                        if Self::feature_axis(axis, xs.len()) != Some(xs.len() - 1) {
-                            return Err(self.unsupported(
-                                node,
-                                idx,
-                                &format!("axis {axis}"),
-                                "softmax over the last axis only",
-                            ));
-                        }
-                        if op == "Softmax" {
-                            Op::Softmax
-                        } else {
-                            Op::LogSoftmax
-                        }
-                    }
-                    _ => {
-                        if attr(node, "axis").map(|a| a.i).unwrap_or(1) != 1 {
-                            return Err(self.unsupported(
-                                node,
-                                idx,
-                                "axis != 1",
-                                "flatten everything but the batch axis",
-                            ));
-                        }
-                        Op::Flatten
-                    }
-                };
-                let shape = if ir == Op::Flatten {
-                    vec![xs.iter().product()]
-                } else {
-                    xs
-                };
-                self.emit(&label, ir, vec![x], &out, shape);
+            Some(Val::Runtime { .. }) => {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "bias computed at run time",
+                    "only constant biases are supported",
+                ));
             }
-            "Reshape" => {
-                let Some((x, xs)) = runtime(&ins[0]) else {
-                    let Val::Const(c) = &ins[0] else {
-                        unreachable!()
-                    };
-                    // Constant reshape (shape arithmetic): same data, the target's dims.
-                    let Some(Val::Const(t)) = ins.get(1) else {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "shape computed at run time",
-                            "use a static target shape",
-                        ));
-                    };
-                    let mut dims: Vec<i64> = t.data.iter().map(|v| *v as i64).collect();
-                    // Checked: a product of hostile target dims wrapped (then `-1` was inferred from it).
-                    let Some(known) = dims
-                        .iter()
-                        .filter(|d| **d > 0)
-                        .try_fold(1i64, |a, &d| a.checked_mul(d))
-                    else {
-                        return Err(ImportError::Malformed(format!(
-                            "node {label}: reshape target {dims:?}"
-                        )));
-                    };
-                    for (i, d) in dims.iter_mut().enumerate() {
-                        if *d == 0 {
-                            *d = c.dims.get(i).copied().unwrap_or(1) as i64;
-                        }
-                    }
-                    if let Some(d) = dims.iter_mut().find(|d| **d == -1) {
-                        *d = c.numel() as i64 / known.max(1);
-                    }
-                    let dims: Vec<usize> = dims.iter().map(|d| (*d).max(0) as usize).collect();
-                    if dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(c.numel()) {
-                        return Err(ImportError::Malformed(format!(
-                            "node {label}: reshape of {:?} to {dims:?}",
-                            c.dims
-                        )));
-                    }
-                    self.vals.insert(
-                        out,
-                        Val::Const(Const {
-                            dims,
-                            data: c.data.clone(),
-                        }),
-                    );
-                    return Ok(());
-                };
-                let Some(Val::Const(target)) = ins.get(1) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "shape computed at run time",
-                        "use a static target shape",
-                    ));
-                };
-                let shape = self.reshape_target(node, idx, &xs, target)?;
-                if shape == xs {
-                    self.vals.insert(out, Val::Runtime { name: x, shape });
-                } else if shape.len() == 1 {
-                    self.emit(&label, Op::Flatten, vec![x], &out, shape);
-                } else {
-                    self.emit(
-                        &label,
-                        Op::Reshape {
-                            shape: shape.clone(),
-                        },
-                        vec![x],
-                        &out,
-                        shape,
-                    );
+            None => None,
+        };
+        self.emit(
+            &label,
+            Op::Dense {
+                weight: wname,
+                bias,
+            },
+            vec![x],
+            &out,
+            vec![o],
+        );
+        Ok(())
+    }
+
+    fn op_binary(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        self.binary(node, idx, &ins, &out)?;
+        Ok(())
+    }
+
+    fn op_activation(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        let op = n.node.op_type.as_str();
+        let label = node_label(n.node, n.idx);
+        let Some((x, xs)) = runtime(&ins[0]) else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "constant input",
+                "constant-fold the graph before export",
+            ));
+        };
+        let ir = match op {
+            "Relu" => Op::Relu,
+            "Tanh" => Op::Tanh,
+            "Sigmoid" => Op::Sigmoid,
+            "Erf" => Op::Erf,
+            "Elu" => Op::Elu {
+                alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(1.0),
+            },
+            "LeakyRelu" => Op::LeakyRelu {
+                alpha: attr(node, "alpha").map(|a| a.f).unwrap_or(0.01),
+            },
+            "Gelu" => {
+                let approx = attr(node, "approximate")
+                    .map(|a| a.s.as_slice())
+                    .unwrap_or(b"none");
+                Op::Gelu {
+                    approximate: approx == b"tanh",
                 }
             }
-            "Concat" if ins.iter().all(|v| matches!(v, Val::Const(_))) => {
-                // Shape arithmetic: 1-D constants concatenated (axis 0).
-                let mut data = vec![];
-                for v in &ins {
-                    let Val::Const(c) = v else { unreachable!() };
-                    if c.dims.len() > 1 {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "concatenation of multi-axis constants",
-                            "fold constants before export",
-                        ));
-                    }
-                    data.extend_from_slice(&c.data);
-                }
-                self.vals.insert(
-                    out,
-                    Val::Const(Const {
-                        dims: vec![data.len()],
-                        data,
-                    }),
-                );
-            }
-            "Concat" => {
-                let mut xs = vec![];
-                let mut shapes = vec![];
-                for v in &ins {
-                    let Some((x, s)) = runtime(v) else {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "constant input",
-                            "concatenate run-time values only",
-                        ));
-                    };
-                    xs.push(x);
-                    shapes.push(s);
-                }
-                let axis = attr(node, "axis").map(|a| a.i).unwrap_or(1);
-                let r = shapes[0].len();
-                // Same rank and the same leading dims, or [2,3] ++ [4,3] became [2,7] silently (and a lower-rank
-                // input was indexed past its end).
-                if r == 0
-                    || shapes
-                        .iter()
-                        .any(|s| s.len() != r || s[..r - 1] != shapes[0][..r - 1])
-                {
-                    return Err(ImportError::Malformed(format!(
-                        "node {label}: Concat of shapes {shapes:?} (they must differ in the last axis only)"
-                    )));
-                }
-                if Self::feature_axis(axis, r) != Some(r - 1) {
+            "Softmax" | "LogSoftmax" => {
+                let axis = attr(node, "axis").map(|a| a.i).unwrap_or(-1);
+                if Self::feature_axis(axis, xs.len()) != Some(xs.len() - 1) {
                     return Err(self.unsupported(
                         node,
                         idx,
                         &format!("axis {axis}"),
-                        "concatenate along the last axis",
+                        "softmax over the last axis only",
                     ));
                 }
-                let mut shape = shapes[0].clone();
-                shape[r - 1] = shapes.iter().map(|s| s[r - 1]).sum();
-                self.emit(&label, Op::Concat, xs, &out, shape);
-            }
-            "Slice" if matches!(&ins[0], Val::Const(c) if c.dims.len() <= 1) => {
-                let Val::Const(c) = &ins[0] else {
-                    unreachable!()
-                };
-                let arg = |i: usize| match ins.get(i) {
-                    Some(Val::Const(c)) if c.numel() == 1 => Some(c.data[0] as i64),
-                    _ => None,
-                };
-                let (Some(s0), Some(e0)) = (arg(1), arg(2)) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "dynamic bounds",
-                        "use constant slice bounds",
-                    ));
-                };
-                let step = arg(4).unwrap_or(1);
-                let n = c.numel() as i64;
-                if step != 1 {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "step != 1 on a constant",
-                        "fold constants before export",
-                    ));
+                if op == "Softmax" {
+                    Op::Softmax
+                } else {
+                    Op::LogSoftmax
                 }
-                let clampi = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
-                let (a, b) = (clampi(s0) as usize, clampi(e0) as usize);
-                let data = c.data[a..b.max(a)].to_vec();
-                self.vals.insert(
-                    out,
-                    Val::Const(Const {
-                        dims: vec![data.len()],
-                        data,
-                    }),
-                );
-            }
-            "Slice" => {
-                let Some((x, xs)) = runtime(&ins[0]) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "constant input",
-                        "constant-fold the graph",
-                    ));
-                };
-                let c = |i: usize| match ins.get(i) {
-                    Some(Val::Const(c)) => {
-                        Some(c.data.iter().map(|v| *v as i64).collect::<Vec<_>>())
-                    }
-                    _ => None,
-                };
-                let (Some(starts), Some(ends)) = (c(1), c(2)) else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "dynamic bounds",
-                        "use constant slice bounds",
-                    ));
-                };
-                let axes = c(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
-                let steps = c(4).unwrap_or_else(|| vec![1; starts.len()]);
-                let last = *xs.last().unwrap() as i64;
-                if starts.len() != 1
-                    || ends.len() != 1
-                    || axes.len() != 1
-                    || steps.len() != 1
-                    || steps[0] != 1
-                    || Self::feature_axis(axes[0], xs.len()) != Some(xs.len() - 1)
-                {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "not a unit-step slice of the last axis",
-                        "slice the last axis only",
-                    ));
-                }
-                let clampi = |v: i64| {
-                    if v < 0 {
-                        (v + last).max(0)
-                    } else {
-                        v.min(last)
-                    }
-                };
-                let (s, e) = (clampi(starts[0]), clampi(ends[0]));
-                if e <= s {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "empty slice",
-                        "slices must keep at least one element",
-                    ));
-                }
-                let mut shape = xs.clone();
-                *shape.last_mut().unwrap() = (e - s) as usize;
-                self.emit(
-                    &label,
-                    Op::Slice {
-                        start: s as usize,
-                        len: (e - s) as usize,
-                    },
-                    vec![x],
-                    &out,
-                    shape,
-                );
             }
             _ => {
-                if !self.layout_op(node, idx, &ins, &out)? {
+                if attr(node, "axis").map(|a| a.i).unwrap_or(1) != 1 {
                     return Err(self.unsupported(
                         node,
                         idx,
-                        "not supported by the ONNX importer",
-                        "supported: Gemm MatMul Add Sub Mul Div Neg Relu Tanh Sigmoid Erf Elu LeakyRelu Gelu Exp \
-                         Clip Softmax LogSoftmax Conv MaxPool LayerNormalization Transpose Concat Reshape Flatten \
-                         Squeeze Unsqueeze Slice Split Shape Gather Cast Constant Identity Dropout; re-export \
-                         without it \
-                         or open an issue",
+                        "axis != 1",
+                        "flatten everything but the batch axis",
                     ));
                 }
+                Op::Flatten
             }
+        };
+        let shape = if ir == Op::Flatten {
+            vec![xs.iter().product()]
+        } else {
+            xs
+        };
+        self.emit(&label, ir, vec![x], &out, shape);
+        Ok(())
+    }
+
+    fn op_reshape(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        let label = node_label(n.node, n.idx);
+        let Some((x, xs)) = runtime(&ins[0]) else {
+            let Val::Const(c) = &ins[0] else {
+                unreachable!()
+            };
+            // Constant reshape (shape arithmetic): same data, the target's dims.
+            let Some(Val::Const(t)) = ins.get(1) else {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "shape computed at run time",
+                    "use a static target shape",
+                ));
+            };
+            let mut dims: Vec<i64> = t.data.iter().map(|v| *v as i64).collect();
+            // Checked: a product of hostile target dims wrapped (then `-1` was inferred from it).
+            let Some(known) = dims
+                .iter()
+                .filter(|d| **d > 0)
+                .try_fold(1i64, |a, &d| a.checked_mul(d))
+            else {
+                return Err(ImportError::Malformed(format!(
+                    "node {label}: reshape target {dims:?}"
+                )));
+            };
+            for (i, d) in dims.iter_mut().enumerate() {
+                if *d == 0 {
+                    *d = c.dims.get(i).copied().unwrap_or(1) as i64;
+                }
+            }
+            if let Some(d) = dims.iter_mut().find(|d| **d == -1) {
+                *d = c.numel() as i64 / known.max(1);
+            }
+            let dims: Vec<usize> = dims.iter().map(|d| (*d).max(0) as usize).collect();
+            if dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(c.numel()) {
+                return Err(ImportError::Malformed(format!(
+                    "node {label}: reshape of {:?} to {dims:?}",
+                    c.dims
+                )));
+            }
+            self.vals.insert(
+                out,
+                Val::Const(Const {
+                    dims,
+                    data: c.data.clone(),
+                }),
+            );
+            return Ok(());
+        };
+        let Some(Val::Const(target)) = ins.get(1) else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "shape computed at run time",
+                "use a static target shape",
+            ));
+        };
+        let shape = self.reshape_target(node, idx, &xs, target)?;
+        if shape == xs {
+            self.vals.insert(out, Val::Runtime { name: x, shape });
+        } else if shape.len() == 1 {
+            self.emit(&label, Op::Flatten, vec![x], &out, shape);
+        } else {
+            self.emit(
+                &label,
+                Op::Reshape {
+                    shape: shape.clone(),
+                },
+                vec![x],
+                &out,
+                shape,
+            );
         }
         Ok(())
+    }
+
+    fn op_concat_const(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        // Shape arithmetic: 1-D constants concatenated (axis 0).
+        let mut data = vec![];
+        for v in ins {
+            let Val::Const(c) = v else { unreachable!() };
+            if c.dims.len() > 1 {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "concatenation of multi-axis constants",
+                    "fold constants before export",
+                ));
+            }
+            data.extend_from_slice(&c.data);
+        }
+        self.set_vector(&out, data);
+        Ok(())
+    }
+
+    fn op_concat(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        let label = node_label(n.node, n.idx);
+        let mut xs = vec![];
+        let mut shapes = vec![];
+        for v in ins {
+            let Some((x, s)) = runtime(v) else {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "constant input",
+                    "concatenate run-time values only",
+                ));
+            };
+            xs.push(x);
+            shapes.push(s);
+        }
+        let axis = attr(node, "axis").map(|a| a.i).unwrap_or(1);
+        let r = shapes[0].len();
+        // Same rank and the same leading dims, or [2,3] ++ [4,3] became [2,7] silently (and a lower-rank
+        // input was indexed past its end).
+        if r == 0
+            || shapes
+                .iter()
+                .any(|s| s.len() != r || s[..r - 1] != shapes[0][..r - 1])
+        {
+            return Err(ImportError::Malformed(format!(
+                "node {label}: Concat of shapes {shapes:?} (they must differ in the last axis only)"
+            )));
+        }
+        if Self::feature_axis(axis, r) != Some(r - 1) {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("axis {axis}"),
+                "concatenate along the last axis",
+            ));
+        }
+        let mut shape = shapes[0].clone();
+        shape[r - 1] = shapes.iter().map(|s| s[r - 1]).sum();
+        self.emit(&label, Op::Concat, xs, &out, shape);
+        Ok(())
+    }
+
+    fn op_slice_const(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        let Val::Const(c) = &ins[0] else {
+            unreachable!()
+        };
+        let arg = |i: usize| match ins.get(i) {
+            Some(Val::Const(c)) if c.numel() == 1 => Some(c.data[0] as i64),
+            _ => None,
+        };
+        let (Some(s0), Some(e0)) = (arg(1), arg(2)) else {
+            return Err(self.unsupported(node, idx, "dynamic bounds", "use constant slice bounds"));
+        };
+        let step = arg(4).unwrap_or(1);
+        let n = c.numel() as i64;
+        if step != 1 {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "step != 1 on a constant",
+                "fold constants before export",
+            ));
+        }
+        let clampi = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+        let (a, b) = (clampi(s0) as usize, clampi(e0) as usize);
+        let data = c.data[a..b.max(a)].to_vec();
+        self.set_vector(&out, data);
+        Ok(())
+    }
+
+    fn op_slice(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.clone();
+        let label = node_label(n.node, n.idx);
+        let Some((x, xs)) = runtime(&ins[0]) else {
+            return Err(self.unsupported(node, idx, "constant input", "constant-fold the graph"));
+        };
+        let c = |i: usize| match ins.get(i) {
+            Some(Val::Const(c)) => Some(c.data.iter().map(|v| *v as i64).collect::<Vec<_>>()),
+            _ => None,
+        };
+        let (Some(starts), Some(ends)) = (c(1), c(2)) else {
+            return Err(self.unsupported(node, idx, "dynamic bounds", "use constant slice bounds"));
+        };
+        let axes = c(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = c(4).unwrap_or_else(|| vec![1; starts.len()]);
+        let last = *xs.last().unwrap() as i64;
+        if starts.len() != 1
+            || ends.len() != 1
+            || axes.len() != 1
+            || steps.len() != 1
+            || steps[0] != 1
+            || Self::feature_axis(axes[0], xs.len()) != Some(xs.len() - 1)
+        {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "not a unit-step slice of the last axis",
+                "slice the last axis only",
+            ));
+        }
+        let clampi = |v: i64| {
+            if v < 0 {
+                (v + last).max(0)
+            } else {
+                v.min(last)
+            }
+        };
+        let (s, e) = (clampi(starts[0]), clampi(ends[0]));
+        if e <= s {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "empty slice",
+                "slices must keep at least one element",
+            ));
+        }
+        let mut shape = xs.clone();
+        *shape.last_mut().unwrap() = (e - s) as usize;
+        self.emit(
+            &label,
+            Op::Slice {
+                start: s as usize,
+                len: (e - s) as usize,
+            },
+            vec![x],
+            &out,
+            shape,
+        );
+        Ok(())
+    }
+
+    /// `out` is the 1-D constant `data` (the results of folded shape arithmetic).
+    fn set_vector(&mut self, out: &str, data: Vec<f64>) {
+        self.vals.insert(
+            out.to_string(),
+            Val::Const(Const {
+                dims: vec![data.len()],
+                data,
+            }),
+        );
     }
 
     fn binary(
@@ -1617,6 +1643,54 @@ fn dict_inputs(
         off += n;
     }
     Ok(vec![off])
+}
+
+/// A value computed per step: its IR name and feature shape (None for constants and stacked values).
+fn runtime(v: &Val) -> Option<(String, Vec<usize>)> {
+    match v {
+        Val::Runtime { name, shape } => Some((name.clone(), shape.clone())),
+        Val::Const(_) | Val::Stacked { .. } => None,
+    }
+}
+
+/// The core family: constants, identities, dense layers, elementwise arithmetic, activations, and the reshapes,
+/// concatenations and slices of run-time values.
+fn register_core(reg: &mut OpRegistry) {
+    reg.insert(&["Constant"], 0, |imp, n| imp.op_constant(n));
+    reg.insert(&["Identity", "Dropout"], 1, |imp, n| imp.op_identity(n));
+    reg.insert(&["Gemm", "MatMul"], 2, |imp, n| imp.op_gemm(n));
+    reg.insert(&["Add", "Sub", "Mul", "Div"], 2, |imp, n| imp.op_binary(n));
+    reg.insert(
+        &[
+            "Relu",
+            "Tanh",
+            "Sigmoid",
+            "Erf",
+            "Elu",
+            "LeakyRelu",
+            "Gelu",
+            "Softmax",
+            "LogSoftmax",
+            "Flatten",
+        ],
+        1,
+        |imp, n| imp.op_activation(n),
+    );
+    reg.insert(&["Reshape"], 2, |imp, n| imp.op_reshape(n));
+    reg.insert(&["Concat"], 1, |imp, n| {
+        let ins = &n.ins[..];
+        if ins.iter().all(|v| matches!(v, Val::Const(_))) {
+            return imp.op_concat_const(n);
+        }
+        imp.op_concat(n)
+    });
+    reg.insert(&["Slice"], 3, |imp, n| {
+        let ins = &n.ins[..];
+        if matches!(&ins[0], Val::Const(c) if c.dims.len() <= 1) {
+            return imp.op_slice_const(n);
+        }
+        imp.op_slice(n)
+    });
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 use policyport_format::Op;
 use policyport_format::validate::window_count;
 
-use super::{Const, Importer, Val, attr, node_label};
+use super::{Const, Importer, NodeIn, Val, attr, node_label};
 use crate::ImportError;
 use crate::onnx_proto::{self as pb, data_type};
 
@@ -47,349 +47,387 @@ fn pair(v: &[i64], what: &str, label: &str) -> Result<[usize; 2], ImportError> {
 
 impl Importer<'_> {
     /// Handles the op if it is one of this module's; `Ok(false)` if not.
-    pub(super) fn layout_op(
-        &mut self,
-        node: &pb::NodeProto,
-        idx: usize,
-        ins: &[Val],
-        out: &str,
-    ) -> Result<bool, ImportError> {
-        let label = node_label(node, idx);
-        match node.op_type.as_str() {
-            "Cast" => {
-                let to = int(node, "to", data_type::FLOAT as i64) as i32;
-                let v = match self.arg(ins, 0, node, idx)? {
-                    Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
-                    Val::Const(c) => Val::Const(cast_const(c, to)),
-                    // Run-time values are f32 here (uint8 observations arrive as exact f32 bytes), so a cast
-                    // to a float type is the identity; to an integer type it would truncate.
-                    v @ Val::Runtime { .. } => {
-                        if !matches!(
-                            to,
-                            data_type::FLOAT
-                                | data_type::DOUBLE
-                                | data_type::FLOAT16
-                                | data_type::BFLOAT16
-                        ) {
-                            return Err(self.unsupported(
-                                node,
-                                idx,
-                                &format!("cast of a run-time value to ONNX type {to}"),
-                                "only casts to float types are supported on values computed per step",
-                            ));
-                        }
-                        v.clone()
-                    }
-                };
-                self.vals.insert(out.to_string(), v);
-            }
-            "Neg" => match self.arg(ins, 0, node, idx)? {
-                Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
-                Val::Const(c) => {
-                    let c = Const {
-                        dims: c.dims.clone(),
-                        data: c.data.iter().map(|v| -v).collect(),
-                    };
-                    self.vals.insert(out.to_string(), Val::Const(c));
-                }
-                Val::Runtime { name, shape } => {
-                    let (name, shape) = (name.clone(), shape.clone());
-                    let neg = self.add_tensor(&format!("{label}.neg"), vec![1], vec![-1.0]);
-                    self.emit(
-                        &label,
-                        Op::Affine {
-                            scale: Some(neg),
-                            shift: None,
-                        },
-                        vec![name],
-                        out,
-                        shape,
-                    );
-                }
-            },
-            "Exp" => {
-                let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
-                self.emit(&label, Op::Exp, vec![x], out, xs);
-            }
-            "Clip" => {
-                let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
-                // Opset >= 11: bounds are (optional, constant) inputs; before: attributes.
-                let bound = |i: usize, a: &str| -> Result<Option<f32>, ImportError> {
-                    let named = node.input.get(i).is_some_and(|n| !n.is_empty());
-                    if named {
-                        match self.vals.get(&node.input[i]) {
-                            Some(Val::Const(c)) if c.numel() == 1 => Ok(Some(c.data[0] as f32)),
-                            _ => Err(self.unsupported(
-                                node,
-                                idx,
-                                "bounds computed at run time",
-                                "clip to constant bounds",
-                            )),
-                        }
-                    } else {
-                        Ok(attr(node, a).map(|a| a.f))
-                    }
-                };
-                let (min, max) = (bound(1, "min")?, bound(2, "max")?);
-                self.emit(&label, Op::Clip { min, max }, vec![x], out, xs);
-            }
-            "Transpose" if matches!(ins.first(), Some(Val::Const(_))) => {
-                // A constant transposed (a weight the exporter left as `W^T`): folded.
-                let Some(Val::Const(c)) = ins.first() else {
-                    unreachable!()
-                };
-                let rank = c.dims.len();
-                let perm = ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
-                let mut seen = vec![false; rank];
-                let ok = perm.len() == rank
-                    && perm.iter().all(|&p| {
-                        usize::try_from(p)
-                            .ok()
-                            .filter(|p| *p < rank)
-                            .is_some_and(|p| !std::mem::replace(&mut seen[p], true))
-                    });
-                if !ok {
-                    return Err(ImportError::Malformed(format!(
-                        "node {label}: perm {perm:?} for rank {rank}"
-                    )));
-                }
-                let perm: Vec<usize> = perm.iter().map(|p| *p as usize).collect();
-                let odims: Vec<usize> = perm.iter().map(|&p| c.dims[p]).collect();
-                let mut strides = vec![1usize; rank];
-                for d in (0..rank.saturating_sub(1)).rev() {
-                    strides[d] = strides[d + 1] * c.dims[d + 1];
-                }
-                let mut data = Vec::with_capacity(c.numel());
-                let mut at = vec![0usize; rank];
-                for _ in 0..c.numel() {
-                    data.push(
-                        c.data[at
-                            .iter()
-                            .zip(&perm)
-                            .map(|(i, &p)| i * strides[p])
-                            .sum::<usize>()],
-                    );
-                    for d in (0..rank).rev() {
-                        at[d] += 1;
-                        if at[d] < odims[d] {
-                            break;
-                        }
-                        at[d] = 0;
-                    }
-                }
-                self.vals
-                    .insert(out.to_string(), Val::Const(Const { dims: odims, data }));
-            }
-            "Transpose" => {
-                let v = self.arg(ins, 0, node, idx)?.clone();
-                let Val::Runtime { name, shape } = v else {
+    fn op_cast(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let to = int(node, "to", data_type::FLOAT as i64) as i32;
+        let v = match self.arg(ins, 0, node, idx)? {
+            Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
+            Val::Const(c) => Val::Const(cast_const(c, to)),
+            // Run-time values are f32 here (uint8 observations arrive as exact f32 bytes), so a cast
+            // to a float type is the identity; to an integer type it would truncate.
+            v @ Val::Runtime { .. } => {
+                if !matches!(
+                    to,
+                    data_type::FLOAT | data_type::DOUBLE | data_type::FLOAT16 | data_type::BFLOAT16
+                ) {
                     return Err(self.unsupported(
                         node,
                         idx,
-                        "constant input",
-                        "constant-fold the graph",
-                    ));
-                };
-                let rank = shape.len() + 1;
-                let perm = ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
-                if perm.len() != rank || perm[0] != 0 {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        &format!("perm {perm:?} on a rank-{rank} value"),
-                        "the batch axis must stay first",
+                        &format!("cast of a run-time value to ONNX type {to}"),
+                        "only casts to float types are supported on values computed per step",
                     ));
                 }
-                let fperm: Vec<usize> = perm[1..]
-                    .iter()
-                    .map(|&p| {
-                        usize::try_from(p - 1)
-                            .ok()
-                            .filter(|p| *p < shape.len())
-                            .ok_or_else(|| {
-                                ImportError::Malformed(format!("node {label}: perm {perm:?}"))
-                            })
-                    })
-                    .collect::<Result<_, _>>()?;
-                if fperm.iter().enumerate().all(|(i, p)| i == *p) {
-                    self.vals
-                        .insert(out.to_string(), Val::Runtime { name, shape });
-                } else {
-                    let oshape = fperm.iter().map(|&p| shape[p]).collect();
-                    self.emit(
-                        &label,
-                        Op::Transpose { perm: fperm },
-                        vec![name],
-                        out,
-                        oshape,
-                    );
-                }
+                v.clone()
             }
-            "Shape" => {
-                let dims: Vec<f64> = match self.arg(ins, 0, node, idx)? {
-                    Val::Runtime { shape, .. } => std::iter::once(BATCH)
-                        .chain(shape.iter().map(|d| *d as f64))
-                        .collect(),
-                    Val::Const(c) => c.dims.iter().map(|d| *d as f64).collect(),
-                    // (Stacked inputs reach recurrent.rs, which reads Shape through this handler: see there.)
-                    Val::Stacked { parts, shape, dir } => std::iter::once(parts.len() as f64)
-                        .chain(dir.then_some(1.0))
-                        .chain(std::iter::once(BATCH))
-                        .chain(shape.iter().map(|d| *d as f64))
-                        .collect(),
+        };
+        self.vals.insert(out.to_string(), v);
+        Ok(())
+    }
+
+    fn op_neg(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        match self.arg(ins, 0, node, idx)? {
+            Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
+            Val::Const(c) => {
+                let c = Const {
+                    dims: c.dims.clone(),
+                    data: c.data.iter().map(|v| -v).collect(),
                 };
-                let r = dims.len() as i64;
-                let norm = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-                let (s, e) = (norm(int(node, "start", 0)), norm(int(node, "end", r)));
-                let data = dims[s..e.max(s)].to_vec();
-                self.vals.insert(
-                    out.to_string(),
-                    Val::Const(Const {
-                        dims: vec![data.len()],
-                        data,
-                    }),
-                );
-            }
-            "Gather" => {
-                let axis = int(node, "axis", 0);
-                let (Val::Const(data), Some(Val::Const(index))) =
-                    (self.arg(ins, 0, node, idx)?, ins.get(1))
-                else {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "gather from a run-time value or with run-time indices",
-                        "only shape arithmetic (constants) is folded",
-                    ));
-                };
-                let c = gather_const(data, index, axis)
-                    .map_err(|e| ImportError::Malformed(format!("node {label}: {e}")))?;
                 self.vals.insert(out.to_string(), Val::Const(c));
             }
-            "Unsqueeze" | "Squeeze" => {
-                let axes = match ins.get(1) {
-                    Some(Val::Const(c)) => Some(c.data.iter().map(|v| *v as i64).collect()),
-                    Some(Val::Runtime { .. } | Val::Stacked { .. }) => {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "axes computed at run time",
-                            "use constant axes",
-                        ));
-                    }
-                    None => ints(node, "axes"),
-                };
-                let squeeze = node.op_type == "Squeeze";
-                match self.arg(ins, 0, node, idx)?.clone() {
-                    Val::Const(c) => {
-                        let dims = squeeze_dims(&c.dims, axes.as_deref(), squeeze)
-                            .map_err(|e| ImportError::Malformed(format!("node {label}: {e}")))?;
-                        self.vals
-                            .insert(out.to_string(), Val::Const(Const { dims, data: c.data }));
-                    }
-                    Val::Runtime { name, shape } if !squeeze && axes.as_deref() == Some(&[0]) => {
-                        // A time axis of one in front (a recurrent op's input): see recurrent.rs.
-                        self.vals.insert(
-                            out.to_string(),
-                            Val::Stacked {
-                                parts: vec![name],
-                                shape,
-                                dir: false,
-                            },
-                        );
-                    }
-                    Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
-                    Val::Runtime { name, shape } => {
-                        let full: Vec<usize> = std::iter::once(0).chain(shape.clone()).collect();
-                        let dims = squeeze_dims(&full, axes.as_deref(), squeeze).ok();
-                        // Only the feature axes may change: the batch axis must stay axis 0.
-                        let keeps_batch = axes.as_ref().is_some_and(|a| {
-                            let r = (full.len() + if squeeze { 0 } else { a.len() }) as i64;
-                            a.iter().all(|&x| (if x < 0 { x + r } else { x }) != 0)
-                        });
-                        let Some(dims) = dims.filter(|d| keeps_batch && d.len() >= 2) else {
-                            return Err(self.unsupported(
-                                node,
-                                idx,
-                                &format!("axes {axes:?} on a value of shape [batch] + {shape:?}"),
-                                "squeeze/unsqueeze feature axes only, keeping at least one",
-                            ));
-                        };
-                        let fshape = dims[1..].to_vec();
-                        self.emit(
-                            &label,
-                            Op::Reshape {
-                                shape: fshape.clone(),
-                            },
-                            vec![name],
-                            out,
-                            fshape,
-                        );
-                    }
-                }
-            }
-            "Split" => self.split(node, idx, ins)?,
-            "Conv" => self.conv(node, idx, ins, out)?,
-            "MaxPool" => self.max_pool(node, idx, ins, out)?,
-            "LayerNormalization" => {
-                let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
-                let axis = int(node, "axis", -1);
-                if Self::feature_axis(axis, xs.len()) != Some(xs.len() - 1) {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        &format!("axis {axis}"),
-                        "normalise over the last axis only",
-                    ));
-                }
-                if node.output.iter().skip(1).any(|o| !o.is_empty()) {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "mean / inv-std-dev outputs are used",
-                        "use only the normalised output",
-                    ));
-                }
-                let last = *xs.last().expect("feature rank >= 1");
-                let mut param = |i: usize, what: &str| -> Result<Option<String>, ImportError> {
-                    match ins.get(i) {
-                        None => Ok(None),
-                        Some(Val::Const(c)) if c.numel() == last || c.numel() == 1 => {
-                            let d: Vec<f32> = (0..last)
-                                .map(|k| c.data[if c.numel() == 1 { 0 } else { k }] as f32)
-                                .collect();
-                            Ok(Some(self.add_tensor(
-                                &format!("{label}.{what}"),
-                                vec![last],
-                                d,
-                            )))
-                        }
-                        Some(_) => Err(self.unsupported(
-                            node,
-                            idx,
-                            &format!("{what} is not a constant of {last} values"),
-                            "use constant per-feature parameters",
-                        )),
-                    }
-                };
-                let scale = param(1, "scale")?;
-                let bias = param(2, "bias")?;
-                let epsilon = attr(node, "epsilon").map_or(1e-5, |a| a.f);
+            Val::Runtime { name, shape } => {
+                let (name, shape) = (name.clone(), shape.clone());
+                let neg = self.add_tensor(&format!("{label}.neg"), vec![1], vec![-1.0]);
                 self.emit(
                     &label,
-                    Op::LayerNorm {
-                        scale,
-                        bias,
-                        epsilon,
+                    Op::Affine {
+                        scale: Some(neg),
+                        shift: None,
                     },
-                    vec![x],
+                    vec![name],
                     out,
-                    xs,
+                    shape,
                 );
             }
-            _ => return Ok(false),
+        };
+        Ok(())
+    }
+
+    fn op_exp(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
+        self.emit(&label, Op::Exp, vec![x], out, xs);
+        Ok(())
+    }
+
+    fn op_clip(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
+        // Opset >= 11: bounds are (optional, constant) inputs; before: attributes.
+        let bound = |i: usize, a: &str| -> Result<Option<f32>, ImportError> {
+            let named = node.input.get(i).is_some_and(|n| !n.is_empty());
+            if named {
+                match self.vals.get(&node.input[i]) {
+                    Some(Val::Const(c)) if c.numel() == 1 => Ok(Some(c.data[0] as f32)),
+                    _ => Err(self.unsupported(
+                        node,
+                        idx,
+                        "bounds computed at run time",
+                        "clip to constant bounds",
+                    )),
+                }
+            } else {
+                Ok(attr(node, a).map(|a| a.f))
+            }
+        };
+        let (min, max) = (bound(1, "min")?, bound(2, "max")?);
+        self.emit(&label, Op::Clip { min, max }, vec![x], out, xs);
+        Ok(())
+    }
+
+    fn op_transpose_const(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let node = n.node;
+        let ins = &n.ins[..];
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        // A constant transposed (a weight the exporter left as `W^T`): folded.
+        let Some(Val::Const(c)) = ins.first() else {
+            unreachable!()
+        };
+        let rank = c.dims.len();
+        let perm = ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
+        let mut seen = vec![false; rank];
+        let ok = perm.len() == rank
+            && perm.iter().all(|&p| {
+                usize::try_from(p)
+                    .ok()
+                    .filter(|p| *p < rank)
+                    .is_some_and(|p| !std::mem::replace(&mut seen[p], true))
+            });
+        if !ok {
+            return Err(ImportError::Malformed(format!(
+                "node {label}: perm {perm:?} for rank {rank}"
+            )));
         }
-        Ok(true)
+        let perm: Vec<usize> = perm.iter().map(|p| *p as usize).collect();
+        let odims: Vec<usize> = perm.iter().map(|&p| c.dims[p]).collect();
+        let mut strides = vec![1usize; rank];
+        for d in (0..rank.saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * c.dims[d + 1];
+        }
+        let mut data = Vec::with_capacity(c.numel());
+        let mut at = vec![0usize; rank];
+        for _ in 0..c.numel() {
+            data.push(
+                c.data[at
+                    .iter()
+                    .zip(&perm)
+                    .map(|(i, &p)| i * strides[p])
+                    .sum::<usize>()],
+            );
+            for d in (0..rank).rev() {
+                at[d] += 1;
+                if at[d] < odims[d] {
+                    break;
+                }
+                at[d] = 0;
+            }
+        }
+        self.vals
+            .insert(out.to_string(), Val::Const(Const { dims: odims, data }));
+        Ok(())
+    }
+
+    fn op_transpose(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        let v = self.arg(ins, 0, node, idx)?.clone();
+        let Val::Runtime { name, shape } = v else {
+            return Err(self.unsupported(node, idx, "constant input", "constant-fold the graph"));
+        };
+        let rank = shape.len() + 1;
+        let perm = ints(node, "perm").unwrap_or_else(|| (0..rank as i64).rev().collect());
+        if perm.len() != rank || perm[0] != 0 {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("perm {perm:?} on a rank-{rank} value"),
+                "the batch axis must stay first",
+            ));
+        }
+        let fperm: Vec<usize> = perm[1..]
+            .iter()
+            .map(|&p| {
+                usize::try_from(p - 1)
+                    .ok()
+                    .filter(|p| *p < shape.len())
+                    .ok_or_else(|| ImportError::Malformed(format!("node {label}: perm {perm:?}")))
+            })
+            .collect::<Result<_, _>>()?;
+        if fperm.iter().enumerate().all(|(i, p)| i == *p) {
+            self.vals
+                .insert(out.to_string(), Val::Runtime { name, shape });
+        } else {
+            let oshape = fperm.iter().map(|&p| shape[p]).collect();
+            self.emit(
+                &label,
+                Op::Transpose { perm: fperm },
+                vec![name],
+                out,
+                oshape,
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn op_shape(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let dims: Vec<f64> = match self.arg(ins, 0, node, idx)? {
+            Val::Runtime { shape, .. } => std::iter::once(BATCH)
+                .chain(shape.iter().map(|d| *d as f64))
+                .collect(),
+            Val::Const(c) => c.dims.iter().map(|d| *d as f64).collect(),
+            // (Stacked inputs reach recurrent.rs, which reads Shape through this handler: see there.)
+            Val::Stacked { parts, shape, dir } => std::iter::once(parts.len() as f64)
+                .chain(dir.then_some(1.0))
+                .chain(std::iter::once(BATCH))
+                .chain(shape.iter().map(|d| *d as f64))
+                .collect(),
+        };
+        let r = dims.len() as i64;
+        let norm = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let (s, e) = (norm(int(node, "start", 0)), norm(int(node, "end", r)));
+        let data = dims[s..e.max(s)].to_vec();
+        self.set_vector(out, data);
+        Ok(())
+    }
+
+    fn op_gather(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        let axis = int(node, "axis", 0);
+        let (Val::Const(data), Some(Val::Const(index))) =
+            (self.arg(ins, 0, node, idx)?, ins.get(1))
+        else {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "gather from a run-time value or with run-time indices",
+                "only shape arithmetic (constants) is folded",
+            ));
+        };
+        let c = gather_const(data, index, axis)
+            .map_err(|e| ImportError::Malformed(format!("node {label}: {e}")))?;
+        self.vals.insert(out.to_string(), Val::Const(c));
+        Ok(())
+    }
+
+    fn op_squeeze_unsqueeze(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        let axes = match ins.get(1) {
+            Some(Val::Const(c)) => Some(c.data.iter().map(|v| *v as i64).collect()),
+            Some(Val::Runtime { .. } | Val::Stacked { .. }) => {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "axes computed at run time",
+                    "use constant axes",
+                ));
+            }
+            None => ints(node, "axes"),
+        };
+        let squeeze = node.op_type == "Squeeze";
+        match self.arg(ins, 0, node, idx)?.clone() {
+            Val::Const(c) => {
+                let dims = squeeze_dims(&c.dims, axes.as_deref(), squeeze)
+                    .map_err(|e| ImportError::Malformed(format!("node {label}: {e}")))?;
+                self.vals
+                    .insert(out.to_string(), Val::Const(Const { dims, data: c.data }));
+            }
+            Val::Runtime { name, shape } if !squeeze && axes.as_deref() == Some(&[0]) => {
+                // A time axis of one in front (a recurrent op's input): see recurrent.rs.
+                self.vals.insert(
+                    out.to_string(),
+                    Val::Stacked {
+                        parts: vec![name],
+                        shape,
+                        dir: false,
+                    },
+                );
+            }
+            Val::Stacked { .. } => return Err(self.stacked_input(node, idx)),
+            Val::Runtime { name, shape } => {
+                let full: Vec<usize> = std::iter::once(0).chain(shape.clone()).collect();
+                let dims = squeeze_dims(&full, axes.as_deref(), squeeze).ok();
+                // Only the feature axes may change: the batch axis must stay axis 0.
+                let keeps_batch = axes.as_ref().is_some_and(|a| {
+                    let r = (full.len() + if squeeze { 0 } else { a.len() }) as i64;
+                    a.iter().all(|&x| (if x < 0 { x + r } else { x }) != 0)
+                });
+                let Some(dims) = dims.filter(|d| keeps_batch && d.len() >= 2) else {
+                    return Err(self.unsupported(
+                        node,
+                        idx,
+                        &format!("axes {axes:?} on a value of shape [batch] + {shape:?}"),
+                        "squeeze/unsqueeze feature axes only, keeping at least one",
+                    ));
+                };
+                let fshape = dims[1..].to_vec();
+                self.emit(
+                    &label,
+                    Op::Reshape {
+                        shape: fshape.clone(),
+                    },
+                    vec![name],
+                    out,
+                    fshape,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn op_split(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        self.split(node, idx, ins)?;
+        Ok(())
+    }
+
+    fn op_conv(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        self.conv(node, idx, ins, out)?;
+        Ok(())
+    }
+
+    fn op_max_pool(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        self.max_pool(node, idx, ins, out)?;
+        Ok(())
+    }
+
+    fn op_layer_normalization(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
+        let (node, idx, ins) = n.parts();
+        let out = n.out.as_str();
+        let label = node_label(n.node, n.idx);
+        let (x, xs) = self.runtime_arg(ins, 0, node, idx)?;
+        let axis = int(node, "axis", -1);
+        if Self::feature_axis(axis, xs.len()) != Some(xs.len() - 1) {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("axis {axis}"),
+                "normalise over the last axis only",
+            ));
+        }
+        if node.output.iter().skip(1).any(|o| !o.is_empty()) {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "mean / inv-std-dev outputs are used",
+                "use only the normalised output",
+            ));
+        }
+        let last = *xs.last().expect("feature rank >= 1");
+        let mut param = |i: usize, what: &str| -> Result<Option<String>, ImportError> {
+            match ins.get(i) {
+                None => Ok(None),
+                Some(Val::Const(c)) if c.numel() == last || c.numel() == 1 => {
+                    let d: Vec<f32> = (0..last)
+                        .map(|k| c.data[if c.numel() == 1 { 0 } else { k }] as f32)
+                        .collect();
+                    Ok(Some(self.add_tensor(
+                        &format!("{label}.{what}"),
+                        vec![last],
+                        d,
+                    )))
+                }
+                Some(_) => Err(self.unsupported(
+                    node,
+                    idx,
+                    &format!("{what} is not a constant of {last} values"),
+                    "use constant per-feature parameters",
+                )),
+            }
+        };
+        let scale = param(1, "scale")?;
+        let bias = param(2, "bias")?;
+        let epsilon = attr(node, "epsilon").map_or(1e-5, |a| a.f);
+        self.emit(
+            &label,
+            Op::LayerNorm {
+                scale,
+                bias,
+                epsilon,
+            },
+            vec![x],
+            out,
+            xs,
+        );
+        Ok(())
     }
 
     fn arg<'v>(
@@ -950,4 +988,31 @@ fn squeeze_dims(dims: &[usize], axes: Option<&[i64]>, squeeze: bool) -> Result<V
         }
         Ok(out)
     }
+}
+
+/// The layout family: casts and elementwise ops the exporters emit around shapes, transposes, shape arithmetic
+/// (Shape, Gather, Squeeze / Unsqueeze, Split), convolutions, pooling and layer normalisation.
+pub(super) fn register(reg: &mut super::OpRegistry) {
+    reg.insert(&["Cast"], 1, |imp, n| imp.op_cast(n));
+    reg.insert(&["Neg"], 1, |imp, n| imp.op_neg(n));
+    reg.insert(&["Exp"], 1, |imp, n| imp.op_exp(n));
+    reg.insert(&["Clip"], 1, |imp, n| imp.op_clip(n));
+    reg.insert(&["Transpose"], 1, |imp, n| {
+        let ins = &n.ins[..];
+        if matches!(ins.first(), Some(Val::Const(_))) {
+            return imp.op_transpose_const(n);
+        }
+        imp.op_transpose(n)
+    });
+    reg.insert(&["Shape"], 1, |imp, n| imp.op_shape(n));
+    reg.insert(&["Gather"], 1, |imp, n| imp.op_gather(n));
+    reg.insert(&["Unsqueeze", "Squeeze"], 1, |imp, n| {
+        imp.op_squeeze_unsqueeze(n)
+    });
+    reg.insert(&["Split"], 1, |imp, n| imp.op_split(n));
+    reg.insert(&["Conv"], 1, |imp, n| imp.op_conv(n));
+    reg.insert(&["MaxPool"], 1, |imp, n| imp.op_max_pool(n));
+    reg.insert(&["LayerNormalization"], 1, |imp, n| {
+        imp.op_layer_normalization(n)
+    });
 }

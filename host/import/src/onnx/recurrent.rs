@@ -64,7 +64,14 @@ impl Importer<'_> {
             |parts: Vec<String>, shape: Vec<usize>, dir: bool| Val::Stacked { parts, shape, dir };
         let v = match node.op_type.as_str() {
             "Identity" => ins[0].clone(),
-            "Shape" => return Ok(self.layout_op(node, idx, ins, out).map(|_| ())?),
+            "Shape" => {
+                return self.op_shape(&super::NodeIn {
+                    node,
+                    idx,
+                    ins: ins.to_vec(),
+                    out: out.to_string(),
+                });
+            }
             "Squeeze" => match (axes.as_deref(), dir, parts.len()) {
                 (Some([1]), true, _) => stacked(parts, shape, false),
                 (Some([0]), false, 1) => Val::Runtime {
