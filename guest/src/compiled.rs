@@ -15,7 +15,7 @@ use crate::backend::{Backend, CpuOptions};
 use crate::error::{BackendError, PolicyError};
 use crate::executor::{Executor, ExecutorBuilder, StepInput};
 use crate::golden::{GoldenReport, GoldenShape, compare_golden, golden_modes};
-use crate::observations::{Observations, Preprocessor, one_hot_width};
+use crate::observations::{Observations, Preprocessor};
 use crate::session::{ActOutputs, EnvIds, MAX_BATCH, Request, Session};
 
 /// What a loaded policy is.
@@ -169,9 +169,13 @@ impl CompiledPolicy {
     ) -> Result<Self, PolicyError> {
         let plan = validate(&artifact, &limits)?;
         let exec = builder.build(&artifact, &plan, None)?;
-        let pre = Preprocessor::new(&artifact, plan.obs_shape.iter().product());
+        let pre = Preprocessor::new(
+            &artifact.manifest.observation,
+            &plan.preprocess,
+            plan.obs_shape.iter().product(),
+        );
         Ok(CompiledPolicy {
-            one_hot: one_hot_width(&artifact),
+            one_hot: plan.preprocess.one_hot_width(),
             artifact,
             plan,
             exec,

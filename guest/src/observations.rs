@@ -1,7 +1,7 @@
 //! Observation checks and preprocessing (scale, normalise + clip, one-hot), done on the host side into a
 //! reused buffer before upload: cheap, exact, and the same on every backend.
 
-use policyport_format::{Artifact, ObsDType, ObservationSpace, Preprocess};
+use policyport_format::{ObsDType, ObservationSpace, PreprocessPlan, PreprocessStep};
 
 use crate::error::ObservationError;
 
@@ -14,43 +14,18 @@ pub enum Observations<'a> {
 }
 
 #[derive(Debug, Clone)]
-enum Step {
-    Scale(f32),
-    Normalize {
-        mean: Vec<f32>,
-        std: Vec<f32>,
-        clip: Option<f32>,
-    },
-    OneHot(usize),
-}
-
-#[derive(Debug, Clone)]
 pub(crate) struct Preprocessor {
     out_len: usize,
     space: ObservationSpace,
-    steps: Vec<Step>,
+    plan: PreprocessPlan,
 }
 
 impl Preprocessor {
-    pub(crate) fn new(art: &Artifact, out_len: usize) -> Self {
-        let m = &art.manifest;
-        let steps = m
-            .preprocess
-            .iter()
-            .map(|p| match p {
-                Preprocess::Scale { factor } => Step::Scale(*factor),
-                Preprocess::Normalize { mean, std, clip } => Step::Normalize {
-                    mean: art.tensors[mean].data.clone(),
-                    std: art.tensors[std].data.clone(),
-                    clip: *clip,
-                },
-                Preprocess::OneHot { n } => Step::OneHot(*n),
-            })
-            .collect();
+    pub(crate) fn new(space: &ObservationSpace, plan: &PreprocessPlan, out_len: usize) -> Self {
         Preprocessor {
             out_len,
-            space: m.observation.clone(),
-            steps,
+            space: space.clone(),
+            plan: plan.clone(),
         }
     }
 
@@ -61,16 +36,16 @@ impl Preprocessor {
         batch: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), ObservationError> {
-        check_observations(&self.space, &self.steps_one_hot(), obs, batch)?;
+        check_observations(&self.space, &self.plan.one_hot_width(), obs, batch)?;
         out.clear();
         match obs {
             Observations::F32(x) => out.extend_from_slice(x),
             Observations::U8(x) => out.extend(x.iter().map(|&b| b as f32)),
         }
-        for step in &self.steps {
+        for step in &self.plan.steps {
             match step {
-                Step::Scale(f) => out.iter_mut().for_each(|v| *v *= f),
-                Step::Normalize { mean, std, clip } => {
+                PreprocessStep::Scale(f) => out.iter_mut().for_each(|v| *v *= f),
+                PreprocessStep::Normalize { mean, std, clip } => {
                     let n = mean.len();
                     for row in out.chunks_exact_mut(n) {
                         for ((v, m), s) in row.iter_mut().zip(mean).zip(std) {
@@ -82,7 +57,7 @@ impl Preprocessor {
                         }
                     }
                 }
-                Step::OneHot(n) => {
+                PreprocessStep::OneHot(n) => {
                     // Discrete spaces have raw_len 1: expand in place from the back.
                     let n = *n;
                     out.resize(batch * n, 0.0);
@@ -97,16 +72,6 @@ impl Preprocessor {
         }
         debug_assert_eq!(out.len(), batch * self.out_len);
         Ok(())
-    }
-}
-
-impl Preprocessor {
-    /// The one-hot width, if preprocessing expands discrete observations.
-    fn steps_one_hot(&self) -> Option<usize> {
-        self.steps.iter().find_map(|s| match s {
-            Step::OneHot(n) => Some(*n),
-            _ => None,
-        })
     }
 }
 
@@ -294,14 +259,6 @@ pub(crate) fn first_non_finite(x: &[f32]) -> Option<usize> {
         }
     }
     None
-}
-
-/// The one-hot width of an artifact's preprocessing, if any (argument of [`check_observations`]).
-pub fn one_hot_width(art: &Artifact) -> Option<usize> {
-    art.manifest.preprocess.iter().find_map(|p| match p {
-        Preprocess::OneHot { n } => Some(*n),
-        _ => None,
-    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! come from the artifact's [`HeadPlan`](policyport_format::HeadPlan), the one decoder of the distribution.
 
 use burn::tensor::Device;
-use policyport_format::{Artifact, HeadKind, Preprocess, ValidatedPlan};
+use policyport_format::{Artifact, HeadKind, PreprocessStep, ValidatedPlan};
 use policyport_shaders::PreStep;
 
 use crate::exec::{GpuParts, Program};
@@ -16,33 +16,30 @@ pub(crate) fn program(
     device: &Device,
 ) -> Program {
     let mut p = Program::build(art, plan, readback, device, crate::Backend::Wgpu, true);
-    let m = &art.manifest;
     // Preprocessing on the device unless a step needs the host (one-hot of discrete observations).
-    let preprocess = if m.preprocess.is_empty()
-        || m.preprocess
-            .iter()
-            .any(|s| matches!(s, Preprocess::OneHot { .. }))
-    {
+    let preprocess = if !plan.preprocess.runs_on_device() {
         None
     } else {
         let mut stats = vec![];
-        let steps: Vec<PreStep> = m
+        let steps: Vec<PreStep> = plan
             .preprocess
+            .steps
             .iter()
-            .map(|s| match s {
-                Preprocess::Scale { factor } => PreStep::Scale(*factor),
-                Preprocess::Normalize { mean, std, clip } => {
+            .filter_map(|s| match s {
+                PreprocessStep::Scale(factor) => Some(PreStep::Scale(*factor)),
+                PreprocessStep::Normalize { mean, std, clip } => {
                     let mean_offset = stats.len();
-                    stats.extend_from_slice(&art.tensors[mean].data);
+                    stats.extend_from_slice(mean);
                     let std_offset = stats.len();
-                    stats.extend_from_slice(&art.tensors[std].data);
-                    PreStep::Normalize {
+                    stats.extend_from_slice(std);
+                    Some(PreStep::Normalize {
                         mean_offset,
                         std_offset,
                         clip: *clip,
-                    }
+                    })
                 }
-                Preprocess::OneHot { .. } => unreachable!("handled on the host"),
+                // Never here: runs_on_device() is false with a one-hot.
+                PreprocessStep::OneHot(_) => None,
             })
             .collect();
         Some(PreprocessKernel::new(&steps, &stats, device))

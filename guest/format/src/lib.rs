@@ -9,6 +9,7 @@ pub mod error;
 pub mod head;
 pub mod manifest;
 pub mod philox;
+pub mod preprocess;
 pub mod sampling;
 pub mod validate;
 
@@ -16,6 +17,7 @@ pub use container::{Artifact, FORMAT_MAJOR, FORMAT_MINOR, MAGIC, read_artifact, 
 pub use error::FormatError;
 pub use head::{HeadControlError, HeadKind, HeadPlan, LogStdSource, MASKED_LOGIT, RowControls};
 pub use manifest::*;
+pub use preprocess::{PreprocessPlan, PreprocessStep};
 pub use validate::{
     DEFAULT_MAX_MEMORY_BYTES, Limits, MAX_GOLDEN_TOLERANCE, MemoryEstimate, ValidatedPlan, validate,
 };

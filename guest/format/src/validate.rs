@@ -61,6 +61,8 @@ pub struct ValidatedPlan {
     pub dist_params_len: usize,
     /// The action head, decoded once (the only decoder of the distribution: every sampler is built from it).
     pub head: crate::head::HeadPlan,
+    /// The observation's preprocessing, resolved once (every executor builds its own from it).
+    pub preprocess: crate::preprocess::PreprocessPlan,
     /// What a runtime allocates to run it (an upper estimate, the same for every executor).
     pub memory: MemoryEstimate,
 }
@@ -1046,6 +1048,7 @@ impl Checker<'_> {
         let head = crate::head::HeadPlan::new(self.art, &shapes);
         Ok(ValidatedPlan {
             head,
+            preprocess: crate::preprocess::PreprocessPlan::new(self.art),
             memory: mem,
             shapes,
             obs_shape,

@@ -19,7 +19,7 @@ use policyport::executor::{
     ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
 };
 use policyport::format::sampling::ActMode;
-use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, Preprocess, ValidatedPlan};
+use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, PreprocessStep, ValidatedPlan};
 use policyport::lower::act_of as activation_of;
 use policyport::lower::{affine_group, expand_affine, lower, transpose_index};
 use policyport::{Activation, Backend, BackendError, MAX_BATCH, PolicyError};
@@ -174,7 +174,6 @@ impl Program {
         compute: Kind,
         device: Device,
     ) -> R<Self> {
-        let m = &art.manifest;
         let low = lower(art, plan, readback);
         let readback: Vec<usize> = low.readback.iter().map(|(s, _)| *s).collect();
         // Next-state slots follow the head's values in a step's readback (none in a probe's).
@@ -350,21 +349,22 @@ impl Program {
                 },
             });
         }
-        let pre = m
+        let pre = plan
             .preprocess
+            .steps
             .iter()
             .map(|p| {
                 Ok(match p {
-                    Preprocess::Scale { factor } => PreStep::Scale(*factor as f64),
-                    Preprocess::Normalize { mean, std, clip } => {
-                        let n = art.tensors[mean].data.len() as i64;
+                    PreprocessStep::Scale(factor) => PreStep::Scale(*factor as f64),
+                    PreprocessStep::Normalize { mean, std, clip } => {
+                        let n = mean.len() as i64;
                         PreStep::Normalize {
-                            mean: upload(&art.tensors[mean].data, &[1, n], Kind::Float, device)?,
-                            std: upload(&art.tensors[std].data, &[1, n], Kind::Float, device)?,
+                            mean: upload(mean, &[1, n], Kind::Float, device)?,
+                            std: upload(std, &[1, n], Kind::Float, device)?,
                             clip: clip.map(|c| c as f64),
                         }
                     }
-                    Preprocess::OneHot { n } => PreStep::OneHot(*n as i64),
+                    PreprocessStep::OneHot(n) => PreStep::OneHot(*n as i64),
                 })
             })
             .collect::<R<Vec<_>>>()?;
