@@ -158,11 +158,7 @@ impl DenseKernels {
             n as u32,
             b.is_some() as u32,
         ]));
-        let variant = match std::env::var("POLICYPORT_WGPU_DENSE").as_deref() {
-            Ok("small") => DenseVariant::Small,
-            Ok("tiled") => DenseVariant::Tiled,
-            _ => DenseVariant::for_rows(rows),
-        };
+        let variant = forced_dense_variant().unwrap_or(DenseVariant::for_rows(rows));
         let kernel = match variant {
             DenseVariant::Small => &self.small,
             DenseVariant::Tiled => &self.tiled,
@@ -187,6 +183,17 @@ impl DenseKernels {
         );
         wrap(&x, out, [rows, n])
     }
+}
+
+/// `POLICYPORT_WGPU_DENSE=small|tiled` forces one dense kernel for every batch (to time or test one variant);
+/// read once per process, not per dispatch (it was read on every dense layer of every act()).
+fn forced_dense_variant() -> Option<DenseVariant> {
+    static FORCED: std::sync::OnceLock<Option<DenseVariant>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var("POLICYPORT_WGPU_DENSE").as_deref() {
+        Ok("small") => Some(DenseVariant::Small),
+        Ok("tiled") => Some(DenseVariant::Tiled),
+        _ => None,
+    })
 }
 
 /// Conv2d + bias + activation over `[rows, C*H*W]` values: one dispatch (`shaders/conv2d.wgsl`). The geometry
