@@ -151,26 +151,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 }
 
 pub fn bench_torch(args: BenchTorchArgs) -> Result<()> {
-    let BenchTorchArgs {
-        artifact,
-        batches,
-        device,
-        precision,
-        launch,
-        threads,
-        sampling,
-        seconds,
-    } = args;
-    torch(
-        &read(&artifact)?,
-        &batches,
-        device,
-        precision,
-        launch,
-        threads,
-        sampling,
-        seconds,
-    )
+    torch(&read(&args.artifact)?, &args)
 }
 
 /// A benchmark's random observations, in the element type users pass: a uint8 space (Atari frames) as bytes,
@@ -219,17 +200,20 @@ fn median_us(seconds: f64, mut f: impl FnMut(u64) -> Result<()>) -> Result<f64> 
     Ok(per_call[per_call.len() / 2])
 }
 
-fn torch(
-    bytes: &[u8],
-    batches: &str,
-    device: policyport_torch::TorchDevice,
-    precision: policyport_torch::Precision,
-    launch: LaunchArg,
-    threads: i32,
-    sampling: SamplingArg,
-    seconds: f64,
-) -> Result<()> {
+fn torch(bytes: &[u8], args: &BenchTorchArgs) -> Result<()> {
     use policyport_torch::{Launch, Sampling, TorchOptions, TorchPolicy};
+    let BenchTorchArgs {
+        batches,
+        device,
+        precision,
+        launch,
+        threads,
+        sampling,
+        seconds,
+        ..
+    } = args;
+    let (device, precision, launch, threads, sampling, seconds) =
+        (*device, *precision, *launch, *threads, *sampling, *seconds);
     let sampling = match sampling {
         SamplingArg::Host => Sampling::Host,
         SamplingArg::Device => Sampling::Device,
