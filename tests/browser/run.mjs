@@ -653,7 +653,7 @@ try {
       await cp.goto(`${consumerBase}/index.html`);
       await cp.waitForFunction(() => window.consumer?.done, null, { timeout: 120000 });
       const c = await cp.evaluate(() => window.consumer);
-      check("npm package: the consumer page ran (import map from the package's exports, main.ts compiled by tsc)", !c.error && c.results.length === 3, c.error ?? cpErrors.slice(0, 2).join(" | "));
+      check("npm package: the consumer page ran (import map from the package's exports, main.ts compiled by tsc), no console errors", !c.error && c.results.length === 3 && cpErrors.length === 0, c.error ?? (cpErrors.length ? `console errors: ${cpErrors.slice(0, 2).join(" | ")}` : ""));
       const want = { "policyport/cpu": ["cpu", "cpu"], "policyport/cpu-threads": ["cpu-threads", "cpu"], "policyport/webgpu": ["webgpu", "webgpu"] };
       for (const r of c.results) {
         const [bundle, backend] = want[r.entry] ?? [];
