@@ -285,7 +285,7 @@ per_backend!(mutated_manifests_never_panic);
 // error, on every backend. Built from JSON + tensors with the unvalidated encoder, as a hostile writer would.
 
 /// A manifest from JSON plus named tensors, encoded without validation.
-fn hostile_artifact(
+pub(crate) fn hostile_artifact(
     manifest: serde_json::Value,
     tensors: &[(&str, Vec<usize>, Vec<f32>)],
 ) -> Vec<u8> {
@@ -308,7 +308,7 @@ fn hostile_artifact(
 
 /// A one-module policy: `obs` (the given space and preprocessing) -> nodes -> `logits` for a Discrete(n) action
 /// (or the given action / distribution), no golden cases.
-fn policy_json(
+pub(crate) fn policy_json(
     observation: serde_json::Value,
     preprocess: serde_json::Value,
     nodes: serde_json::Value,
@@ -323,7 +323,7 @@ fn policy_json(
     })
 }
 
-fn dense(input: &str, weight: &str, output: &str) -> serde_json::Value {
+pub(crate) fn dense(input: &str, weight: &str, output: &str) -> serde_json::Value {
     serde_json::json!({"name": output, "op": {"kind": "dense", "weight": weight, "bias": null},
                        "inputs": [input], "output": output})
 }

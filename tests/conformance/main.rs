@@ -119,6 +119,7 @@ mod gpu;
 mod masks;
 mod onnx_backend;
 mod parity;
+mod preprocess;
 mod recurrent;
 mod refusals;
 mod rllib;
