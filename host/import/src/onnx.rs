@@ -385,14 +385,7 @@ impl Importer<'_> {
         let out = n.out.clone();
         let op = n.node.op_type.as_str();
         let label = node_label(n.node, n.idx);
-        let Some((x, xs)) = runtime(&ins[0]) else {
-            return Err(self.unsupported(
-                node,
-                idx,
-                "first input is constant",
-                "constant-fold the graph before export",
-            ));
-        };
+        let (x, xs) = self.runtime_input(n)?;
         let Val::Const(w) = &ins[1] else {
             return Err(self.unsupported(
                 node,
@@ -500,18 +493,11 @@ impl Importer<'_> {
     }
 
     fn op_activation(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
-        let (node, idx, ins) = n.parts();
+        let (node, idx, _) = n.parts();
         let out = n.out.clone();
         let op = n.node.op_type.as_str();
         let label = node_label(n.node, n.idx);
-        let Some((x, xs)) = runtime(&ins[0]) else {
-            return Err(self.unsupported(
-                node,
-                idx,
-                "constant input",
-                "constant-fold the graph before export",
-            ));
-        };
+        let (x, xs) = self.runtime_input(n)?;
         let ir = match op {
             "Relu" => Op::Relu,
             "Tanh" => Op::Tanh,
@@ -747,9 +733,7 @@ impl Importer<'_> {
         let (node, idx, ins) = n.parts();
         let out = n.out.clone();
         let label = node_label(n.node, n.idx);
-        let Some((x, xs)) = runtime(&ins[0]) else {
-            return Err(self.unsupported(node, idx, "constant input", "constant-fold the graph"));
-        };
+        let (x, xs) = self.runtime_input(n)?;
         let c = |i: usize| match ins.get(i) {
             Some(Val::Const(c)) => Some(c.data.iter().map(|v| *v as i64).collect::<Vec<_>>()),
             _ => None,
@@ -803,6 +787,18 @@ impl Importer<'_> {
             shape,
         );
         Ok(())
+    }
+
+    /// The node's first input, which must be computed per step (a constant one is left for export-time folding).
+    fn runtime_input(&self, n: &NodeIn<'_>) -> Result<(String, Vec<usize>), ImportError> {
+        n.ins.first().and_then(runtime).ok_or_else(|| {
+            self.unsupported(
+                n.node,
+                n.idx,
+                "a constant first input",
+                "constant-fold the graph before export",
+            )
+        })
     }
 
     /// `out` is the 1-D constant `data` (the results of folded shape arithmetic).
