@@ -74,9 +74,12 @@ if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
   echo "== wasm-opt -O2 on the full bundle (binaryen from web/node_modules)"
   ensure_node
   ensure_node_modules
+  # The producers and target_features custom sections (~280 bytes) are for linkers, not browsers: stripped, as
+  # the threads bundle's are (the full bundle sat 52 bytes over its 3 MB goal on 2026-12-05 without this).
   web/node_modules/.bin/wasm-opt -O2 --enable-simd --enable-relaxed-simd --enable-bulk-memory \
     --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals --enable-multivalue \
-    --enable-reference-types web/pkg/webgpu/policyport_web_bg.wasm -o web/pkg/webgpu/policyport_web_bg.opt.wasm
+    --enable-reference-types --strip-debug --strip-producers --strip-target-features \
+    web/pkg/webgpu/policyport_web_bg.wasm -o web/pkg/webgpu/policyport_web_bg.opt.wasm
   mv web/pkg/webgpu/policyport_web_bg.opt.wasm web/pkg/webgpu/policyport_web_bg.wasm
 fi
 
