@@ -75,45 +75,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 )
             );
         };
-        // 1. A bare Session::act of the batch.
-        let mut session = policy.session();
-        let mut step = 0u64;
-        emit(
-            "session_act",
-            median(budget, || {
-                step += 1;
-                session
-                    .act(&Request::new(
+        // 1. A bare Session::act of the batch; 1b. the same act with the request the agents layer sends (an env
+        // id per row, episode-start flags), so the agents layer's own cost is told apart from the request's.
+        let env_ids: Vec<u32> = (0..n as u32).rev().collect();
+        let starts = vec![false; n];
+        for (path, with_ids) in [("session_act", false), ("session_act_ids", true)] {
+            let mut session = policy.session();
+            let mut step = 0u64;
+            emit(
+                path,
+                median(budget, || {
+                    step += 1;
+                    let req = Request::new(
                         Observations::F32(&obs),
                         n,
                         ActMode::Sample { seed: 1, step },
-                    ))
-                    .unwrap();
-            }),
-        );
-        // 1b. The same act with the request the agents layer sends (an env id per row, episode-start flags), so
-        // the agents layer's own cost is told apart from the request's.
-        let mut session = policy.session();
-        let env_ids: Vec<u32> = (0..n as u32).rev().collect();
-        let starts = vec![false; n];
-        let mut step = 0u64;
-        emit(
-            "session_act_ids",
-            median(budget, || {
-                step += 1;
-                session
-                    .act(
-                        &Request::new(
-                            Observations::F32(&obs),
-                            n,
-                            ActMode::Sample { seed: 1, step },
-                        )
-                        .envs(EnvIds::List(&env_ids))
-                        .episode_starts(&starts),
-                    )
-                    .unwrap();
-            }),
-        );
+                    );
+                    let req = match with_ids {
+                        true => req.envs(EnvIds::List(&env_ids)).episode_starts(&starts),
+                        false => req,
+                    };
+                    session.act(&req).unwrap();
+                }),
+            );
+        }
         // 2. The agents layer: N observations by id (in reverse order), one act.
         let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
         let ids: Vec<AgentId> = (0..n).map(|_| agents.spawn().unwrap()).collect();
