@@ -126,3 +126,108 @@ fn bevy_a_tick_the_policy_refuses_is_an_error_entry_never_a_panic() {
         errors[0].1
     );
 }
+
+/// Regression for the Act system's row bookkeeping (the staging pass notes each agent's row; the action pass reads
+/// it back in the query's order): every agent must get its own row's action and value whatever else is in the
+/// world. Twelve agents on two policies, each with its own observation (so its value names its row) and most with
+/// a mask that allows one action (its own), one agent without an `Observation`, one with an empty one (it sits the
+/// tick out), and an agent moved to the other policy between ticks.
+#[test]
+fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch() {
+    use policyport::{ActMode, Observations, Request};
+    use policyport_bevy::{Action, ActionMask, Agent};
+    let bytes = sb3("ppo_cartpole");
+    let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let obs_of = |k: usize| {
+        let k = k as f32;
+        vec![
+            0.05 * k - 0.3,
+            0.1 - 0.02 * k,
+            0.03 * k - 0.15,
+            0.2 - 0.01 * k,
+        ]
+    };
+    // The value of each agent's observation, from a bare session (what the agent's Action must say).
+    let n = 12;
+    let all_obs: Vec<f32> = (0..n).flat_map(obs_of).collect();
+    let mut session = policy.session();
+    let want_values = session
+        .act(&Request::new(
+            Observations::F32(&all_obs),
+            n,
+            ActMode::Deterministic,
+        ))
+        .unwrap()
+        .value
+        .clone();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let config = |seed| AgentsConfig {
+        seed,
+        ..Default::default()
+    };
+    let (a, b) = {
+        let mut p = app.world_mut().resource_mut::<Policies>();
+        (
+            p.add(Agents::native(policy.clone(), config(1))),
+            p.add(Agents::native(policy.clone(), config(2))),
+        )
+    };
+    let allowed = |k: usize| k % 2;
+    let masked = |k: usize| k % 4 != 3;
+    let mut entities = vec![];
+    for k in 0..n {
+        let mut e = app.world_mut().spawn((
+            Agent::new(if k % 3 == 0 { b } else { a }),
+            Observation(if k == 5 { vec![] } else { obs_of(k) }),
+        ));
+        if masked(k) {
+            e.insert(ActionMask((0..2).map(|j| j == allowed(k)).collect()));
+        }
+        entities.push(e.id());
+    }
+    // An agent with no Observation component at all: never staged, never written.
+    let bare = app.world_mut().spawn(Agent::new(a)).id();
+    for tick in 1..=3u64 {
+        if tick == 3 {
+            // Entity 1 moves from policy a to policy b.
+            app.world_mut()
+                .get_mut::<Agent>(entities[1])
+                .unwrap()
+                .policy = b;
+        }
+        app.update();
+        let errors = &app.world().resource::<PolicyportErrors>().0;
+        assert!(errors.is_empty(), "tick {tick}: {errors:?}");
+        for (k, &e) in entities.iter().enumerate() {
+            let action = app.world().get::<Action>(e).unwrap();
+            if k == 5 {
+                assert_eq!(*action, Action::default(), "the empty observation sat out");
+                continue;
+            }
+            assert_eq!(action.discrete.len(), 1, "agent {k}, tick {tick}");
+            if masked(k) {
+                assert_eq!(
+                    action.discrete[0],
+                    allowed(k) as i64,
+                    "agent {k}, tick {tick}: its own mask"
+                );
+            }
+            let v = action.value.unwrap();
+            assert!(
+                (v - want_values[k]).abs() <= 1e-5 * want_values[k].abs().max(1.0),
+                "agent {k}, tick {tick}: value {v}, its row's {}",
+                want_values[k]
+            );
+            // Ticks count per policy (both act every tick here: entity 1's first tick on b is b's third).
+            assert_eq!(action.tick, tick, "agent {k}");
+        }
+        assert_eq!(*app.world().get::<Action>(bare).unwrap(), Action::default());
+    }
+    // Entity 1 is now b's: a released its old id.
+    let id = app.world().get::<Agent>(entities[1]).unwrap().id().unwrap();
+    let mut p = app.world_mut().resource_mut::<Policies>();
+    assert!(p.get_mut(b).unwrap().contains(id));
+    // a: entities 1, 2, 4, 5 (its empty observation registered it all the same), 7, 8, 10, 11, less entity 1.
+    assert_eq!(p.get_mut(a).unwrap().len(), 7);
+}

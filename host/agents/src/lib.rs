@@ -442,7 +442,40 @@ impl Agents {
     }
 
     /// Stage `obs` (the policy's observation for this agent, [`Agents::obs_len`] numbers) for the next act().
+    ///
+    /// Inlined into the caller (an engine's per-agent loop): the checks and four pushes are a few dozen
+    /// instructions; anything else (a refusal, a tick that already has masks) takes the general path.
+    #[inline]
     pub fn observe(&mut self, id: AgentId, obs: &[f32]) -> Result<(), AgentsError> {
+        let (slot, o) = (id.slot as usize, self.shape.obs_len);
+        match self.slots.get(slot) {
+            Some(s)
+                if s.alive
+                    && s.generation == id.generation
+                    && s.staged == 0
+                    && obs.len() == o
+                    && !self.masked =>
+            {
+                let start = s.start;
+                self.ids.push(id);
+                self.env_ids.push(id.slot);
+                self.starts.push(start);
+                // Observations are a handful of numbers: an element loop, not a `memcpy` call per agent.
+                match o {
+                    1..=8 => obs.iter().for_each(|&v| self.obs.push(v)),
+                    _ => self.obs.extend_from_slice(obs),
+                }
+                self.slots[slot].staged = self.ids.len() as u32;
+                Ok(())
+            }
+            _ => self.stage_general(id, obs),
+        }
+    }
+
+    /// `observe`'s general path, out of line so `observe` stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn stage_general(&mut self, id: AgentId, obs: &[f32]) -> Result<(), AgentsError> {
         self.stage(id, obs, None)
     }
 

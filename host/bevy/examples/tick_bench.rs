@@ -57,6 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|v| v.trim().parse())
         .collect::<Result<_, _>>()?;
     let budget: f64 = arg(&args, "--seconds").map_or(Ok(0.3), |v| v.parse())?;
+    // `--paths session,agents,bevy` (default all): one path alone, e.g. under a profiler.
+    let paths = arg(&args, "--paths").unwrap_or_else(|| "session,agents,bevy".into());
+    let run = |p: &str| paths.split(',').any(|x| x.trim() == p);
     let bytes = std::fs::read(&path)?;
     let policy = CompiledPolicy::load(&bytes, Backend::Cpu)?;
     let obs_len = policy.info().obs_len;
@@ -80,6 +83,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let env_ids: Vec<u32> = (0..n as u32).rev().collect();
         let starts = vec![false; n];
         for (path, with_ids) in [("session_act", false), ("session_act_ids", true)] {
+            if !run("session") {
+                break;
+            }
             let mut session = policy.session();
             let mut step = 0u64;
             emit(
@@ -100,19 +106,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         // 2. The agents layer: N observations by id (in reverse order), one act.
+        if !run("agents") && !run("bevy") {
+            continue;
+        }
         let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
         let ids: Vec<AgentId> = (0..n).map(|_| agents.spawn().unwrap()).collect();
-        emit(
-            "agents",
-            median(budget, || {
-                for (k, id) in ids.iter().enumerate().rev() {
-                    agents
-                        .observe(*id, &obs[k * obs_len..(k + 1) * obs_len])
-                        .unwrap();
-                }
-                agents.act().unwrap();
-            }),
-        );
+        if run("agents") {
+            emit(
+                "agents",
+                median(budget, || {
+                    for (k, id) in ids.iter().enumerate().rev() {
+                        agents
+                            .observe(*id, &obs[k * obs_len..(k + 1) * obs_len])
+                            .unwrap();
+                    }
+                    agents.act().unwrap();
+                }),
+            );
+        }
+        if !run("bevy") {
+            continue;
+        }
         // 3. The Bevy plugin: entities with an Observation copied from a component, the Act set timed.
         let mut app = App::new();
         app.add_plugins(PolicyportPlugin::in_schedule(Update));

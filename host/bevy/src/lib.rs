@@ -56,9 +56,14 @@ impl Policies {
 
     /// Every policy's agents, shared (the Act set's action writing reads them all at once).
     fn all(&mut self) -> Vec<&Agents> {
+        self.all_mut().into_iter().map(|a| &*a).collect()
+    }
+
+    /// Every policy's agents (the Act set's staging pass holds them all at once).
+    fn all_mut(&mut self) -> Vec<&mut Agents> {
         self.agents
             .iter_mut()
-            .map(|m| &*m.get_mut().unwrap_or_else(|p| p.into_inner()))
+            .map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()))
             .collect()
     }
 
@@ -185,43 +190,102 @@ impl Plugin for PolicyportPlugin {
     }
 }
 
-type AgentRow<'a> = (
-    Entity,
-    &'a mut Agent,
-    &'a Observation,
-    Option<&'a ActionMask>,
-    &'a mut Action,
-);
+/// What the staging pass reads of an agent (read-only: a respawned agent's flag is cleared after the pass).
+type StagingRow<'a> = (Entity, &'a Agent, &'a Observation, Option<&'a ActionMask>);
 
-/// Stage one registered agent's observation (and mask) with its policy; a refusal withdraws that policy's rows
-/// for this tick and records the error.
+/// A new agent (or one that changed policy) being registered.
+type FreshRow<'a> = (&'a mut Agent, &'a Observation, Option<&'a ActionMask>);
+
+/// What the action pass writes: the same entities as [`StagingRow`] (hence `With<Observation>` where it is
+/// used), visited in the same order.
+type ActionRow<'a> = (&'a Agent, &'a mut Action);
+
+/// Stage one registered agent's observation (and mask) with its policy `a`; a refusal withdraws that policy's
+/// rows for this tick and records the error. Returns the agent's row in its policy's tick + 1 (0: not staged).
+/// The common case (no respawn, no mask, nothing refused yet this tick) is the inlined `Agents::observe` alone.
+#[inline]
+#[allow(clippy::too_many_arguments)]
 fn stage(
-    policies: &mut Policies,
-    agent: &mut Mut<'_, Agent>,
+    a: &mut Agents,
+    policy: PolicyHandle,
+    id: AgentId,
+    episode_start: bool,
     obs: &Observation,
     mask: Option<&ActionMask>,
     failed: &mut Vec<PolicyHandle>,
     errors: &mut Vec<(PolicyHandle, AgentsError)>,
-) {
-    let Some(id) = agent.id else { return };
-    if obs.0.is_empty() || failed.contains(&agent.policy) {
-        return;
+) -> u32 {
+    if obs.0.is_empty() {
+        return 0;
     }
-    let Some(a) = policies.get_mut(agent.policy) else {
-        return;
-    };
-    if agent.episode_start {
+    if !episode_start
+        && mask.is_none_or(|m| m.0.is_empty())
+        && failed.is_empty()
+        && a.observe(id, &obs.0).is_ok()
+    {
+        return a.staged() as u32;
+    }
+    stage_general(a, policy, id, episode_start, obs, mask, failed, errors)
+}
+
+/// [`stage`] for a respawn, a mask, a policy that refused this tick or an observation `Agents` refuses. A
+/// respawn is done unless the policy already refused this tick (then the agent's flag stays set for the next).
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn stage_general(
+    a: &mut Agents,
+    policy: PolicyHandle,
+    id: AgentId,
+    episode_start: bool,
+    obs: &Observation,
+    mask: Option<&ActionMask>,
+    failed: &mut Vec<PolicyHandle>,
+    errors: &mut Vec<(PolicyHandle, AgentsError)>,
+) -> u32 {
+    if failed.contains(&policy) {
+        return 0;
+    }
+    if episode_start {
         let _ = a.respawn(id);
-        agent.episode_start = false;
     }
     let staged = match mask {
         Some(m) if !m.0.is_empty() => a.observe_masked(id, &obs.0, &m.0),
         _ => a.observe(id, &obs.0),
     };
-    if let Err(err) = staged {
-        a.clear_staged();
-        failed.push(agent.policy);
-        errors.push((agent.policy, err));
+    match staged {
+        Ok(()) => a.staged() as u32,
+        Err(err) => {
+            a.clear_staged();
+            failed.push(policy);
+            errors.push((policy, err));
+            0
+        }
+    }
+}
+
+/// The Act system's per-tick lists, kept across ticks so a tick allocates nothing once they have grown.
+#[derive(Default)]
+struct ActScratch {
+    failed: Vec<PolicyHandle>,
+    /// New agents (and agents that changed policy): their place in the query's order, the entity.
+    fresh: Vec<(usize, Entity)>,
+    /// Per agent, in the query's order: its row in its policy's tick + 1 (0: it did not act this tick).
+    rows: Vec<u32>,
+    /// Agents whose episode start was taken this tick (their `Agent::episode_start` is cleared after staging).
+    respawned: Vec<Entity>,
+}
+
+/// `dst = src`, reusing `dst`'s buffer (a policy's action is one or a few numbers: no `memcpy` call for one).
+#[inline]
+fn write_row<T: Copy>(dst: &mut Vec<T>, src: &[T]) {
+    match (dst.as_mut_slice(), src) {
+        ([], []) => {}
+        ([d], [s]) => *d = *s,
+        (d, s) if d.len() == s.len() => d.copy_from_slice(s),
+        _ => {
+            dst.clear();
+            dst.extend_from_slice(src);
+        }
     }
 }
 
@@ -232,35 +296,71 @@ fn act_system(
     mut errors: ResMut<PolicyportErrors>,
     mut registered: ResMut<Registered>,
     mut removed: RemovedComponents<Agent>,
-    mut q: Query<AgentRow<'_>>,
+    mut scratch: Local<ActScratch>,
+    mut queries: ParamSet<(
+        Query<StagingRow<'_>>,
+        Query<ActionRow<'_>, With<Observation>>,
+        Query<FreshRow<'_>>,
+    )>,
 ) {
     errors.0.clear();
     for e in removed.read() {
         registered.release(e, &mut policies);
     }
-    // One pass stages every registered agent with an observation and sets the new ones (and agents whose
-    // policy changed: the component remembers its registration, so no map lookup per agent per tick) aside; those
-    // are registered in entity-index order after it, then staged.
-    let mut failed: Vec<PolicyHandle> = vec![];
-    let mut fresh: Vec<Entity> = vec![];
-    for (e, mut agent, obs, mask, _) in q.iter_mut() {
-        if agent.id.is_none() || agent.registered != Some(agent.policy) {
-            fresh.push(e);
-            continue;
+    let ActScratch {
+        failed,
+        fresh,
+        rows,
+        respawned,
+    } = &mut *scratch;
+    failed.clear();
+    fresh.clear();
+    rows.clear();
+    respawned.clear();
+    // One pass stages every registered agent with an observation, noting each agent's row (so the action pass
+    // below needs no lookup by id), and sets the new ones (and agents whose policy changed: the component
+    // remembers its registration, so no map lookup per agent per tick) aside; those are registered in
+    // entity-index order after it, then staged.
+    {
+        // Each policy's agents unlocked once per tick, not once per agent.
+        let mut all = policies.all_mut();
+        for (e, agent, obs, mask) in queries.p0().iter() {
+            let policy = agent.policy;
+            let Some(id) = agent.id.filter(|_| agent.registered == Some(policy)) else {
+                fresh.push((rows.len(), e));
+                rows.push(0);
+                continue;
+            };
+            let Some(a) = all.get_mut(policy.0) else {
+                rows.push(0);
+                continue;
+            };
+            let start = agent.episode_start;
+            if start && !obs.0.is_empty() && !failed.contains(&policy) {
+                respawned.push(e);
+            }
+            rows.push(stage(
+                a,
+                policy,
+                id,
+                start,
+                obs,
+                mask,
+                failed,
+                &mut errors.0,
+            ));
         }
-        stage(
-            &mut policies,
-            &mut agent,
-            obs,
-            mask,
-            &mut failed,
-            &mut errors.0,
-        );
+    }
+    for &e in respawned.iter() {
+        if let Ok((mut agent, _, _)) = queries.p2().get_mut(e) {
+            agent.episode_start = false;
+        }
     }
     // By index (Entity's own Ord compares its bit pattern, whose index part is stored inverted: newest first).
-    fresh.sort_unstable_by_key(|e| (e.index_u32(), e.generation().to_bits()));
-    for e in fresh {
-        let Ok((_, mut agent, obs, mask, _)) = q.get_mut(e) else {
+    fresh.sort_unstable_by_key(|(_, e)| (e.index_u32(), e.generation().to_bits()));
+    for &(i, e) in fresh.iter() {
+        let mut q = queries.p2();
+        let Ok((mut agent, obs, mask)) = q.get_mut(e) else {
             continue;
         };
         registered.release(e, &mut policies);
@@ -278,14 +378,10 @@ fn act_system(
                 agent.id = Some(id);
                 agent.registered = Some(policy);
                 registered.0.insert(e, (policy, id));
-                stage(
-                    &mut policies,
-                    &mut agent,
-                    obs,
-                    mask,
-                    &mut failed,
-                    &mut errors.0,
-                );
+                let start = std::mem::take(&mut agent.episode_start);
+                if let Some(a) = policies.get_mut(policy) {
+                    rows[i] = stage(a, policy, id, start, obs, mask, failed, &mut errors.0);
+                }
             }
             Err(err) => {
                 agent.id = None;
@@ -310,8 +406,11 @@ fn act_system(
             failed.push(handle);
         }
     }
-    // Write actions: each policy's tick looked up once (not per agent), then one row lookup per agent and plain
-    // slices of the tick's outputs.
+    // Write actions: each policy's tick looked up once (not per agent); each agent's row is the one staging
+    // gave it, checked against the tick's list of who acted in that row. Both queries match the entities with
+    // an Agent and an Observation (Agent requires Action) and visit them in table order, which nothing changes
+    // inside a system; an entity whose Action a game removed would shift the pairing, and the check then falls
+    // back to the lookup by id.
     let ticks: Vec<Option<(policyport_agents::Tick<'_>, usize, u64)>> = policies
         .all()
         .into_iter()
@@ -320,27 +419,32 @@ fn act_system(
             (!failed.contains(&PolicyHandle(p))).then(|| (a.last(), a.action_len(), a.tick()))
         })
         .collect();
-    for (_, agent, _, _, mut action) in q.iter_mut() {
-        let Some(id) = agent.id else { continue };
+    for ((agent, action), &row) in queries.p1().iter_mut().zip(rows.iter()) {
+        let (Some(id), Some(r)) = (agent.id, (row as usize).checked_sub(1)) else {
+            continue;
+        };
         let Some(Some((tick, k, now))) = ticks.get(agent.policy.0) else {
             continue;
         };
-        let (k, now) = (*k, *now);
-        let Some(r) = tick.row(id) else { continue };
-        let out = tick.outputs();
-        action.discrete.clear();
-        action.continuous.clear();
-        if !out.discrete.is_empty() {
-            action
-                .discrete
-                .extend_from_slice(&out.discrete[r * k..(r + 1) * k]);
-        }
-        if !out.continuous.is_empty() {
-            action
-                .continuous
-                .extend_from_slice(&out.continuous[r * k..(r + 1) * k]);
-        }
+        // The staging pass's row, checked; were the two queries' orders ever to differ, the lookup by id.
+        let r = match tick.agents().get(r) == Some(&id) {
+            true => r,
+            false => match tick.row(id) {
+                Some(r) => r,
+                None => continue,
+            },
+        };
+        let (k, out) = (*k, tick.outputs());
+        let action = action.into_inner();
+        write_row(
+            &mut action.discrete,
+            out.discrete.get(r * k..(r + 1) * k).unwrap_or_default(),
+        );
+        write_row(
+            &mut action.continuous,
+            out.continuous.get(r * k..(r + 1) * k).unwrap_or_default(),
+        );
         action.value = out.value.get(r).copied();
-        action.tick = now;
+        action.tick = *now;
     }
 }
