@@ -150,6 +150,13 @@ struct Threads {
 /// the benchmark MLP, see the README's thread table).
 const MIN_ROWS_PER_THREAD: usize = 8;
 
+/// Parts per thread of a split step (see `launch`): enough that a worker waking late leaves the caller little
+/// to wait for, few enough that the per-part costs stay small.
+const PARTS_PER_THREAD: usize = 4;
+
+/// Fewest rows in a part of a split step, unless the batch gives a thread fewer (four AVX-512 dense tiles).
+const PART_MIN_ROWS: usize = 48;
+
 /// The step's output rows, shared by the parts: each part writes only its own disjoint row range.
 #[derive(Clone, Copy)]
 struct RowsPtr(*mut f32);
@@ -684,6 +691,12 @@ impl Executor for CpuProgram {
             .map_or(1, |t| t.pool.threads())
     }
 
+    fn wake_threads(&self, scratch: &mut ExecScratch) {
+        if let Some(t) = &scratch_of::<CpuScratch>(scratch).threads {
+            t.pool.wake();
+        }
+    }
+
     fn launch(
         &self,
         scratch: &mut ExecScratch,
@@ -699,38 +712,42 @@ impl Executor for CpuProgram {
             0.0,
             "the act's output rows",
         )?;
-        let parts = s.threads.as_ref().map_or(1, |t| {
+        let threads = s.threads.as_ref().map_or(1, |t| {
             t.pool.threads().min(batch / MIN_ROWS_PER_THREAD).max(1)
         });
-        let (Some(Threads { pool, bufs }), true) = (&mut s.threads, parts > 1) else {
+        let (Some(Threads { pool, bufs }), true) = (&mut s.threads, threads > 1) else {
             self.reserve(&mut s.main, batch)?;
             self.run(&mut s.main, 0, batch, batch, step.obs, step.states, rows);
             return Ok(Pending::Ready);
         };
-        // Equal parts; large ones in whole 12-row tiles (the AVX-512 dense tile), the last part shorter.
-        let per = match batch.div_ceil(parts) {
+        // Parts of the batch that the threads take in turn (see `RowPool::run`: a worker that wakes late takes
+        // what is left): the same number per thread, up to PARTS_PER_THREAD and none under PART_MIN_ROWS rows
+        // unless a thread's share is smaller (a part runs the whole program: its per-layer costs are paid per
+        // part), large ones in whole 12-row tiles (the AVX-512 dense tile) with the last part shorter.
+        let per_thread = (batch / (threads * PART_MIN_ROWS)).clamp(1, PARTS_PER_THREAD);
+        let per = match batch.div_ceil(threads * per_thread) {
             p if p >= 96 => p.next_multiple_of(12),
             p => p,
         };
         let parts = batch.div_ceil(per);
         self.reserve(&mut s.main, per)?;
-        for b in bufs.iter().take(parts - 1) {
+        for b in bufs.iter().take(threads - 1) {
             self.reserve(&mut lock(b), per)?;
         }
         let main = Mutex::new(&mut s.main);
         let out = RowsPtr(rows.as_mut_ptr());
-        pool.run(parts, &|i| {
+        pool.run(parts, &|thread, i| {
             let (r0, r1) = (i * per, ((i + 1) * per).min(batch));
             // SAFETY: `rows` holds `batch x width` numbers and outlives the job (`pool.run` returns after every
             // part); the parts' row ranges are disjoint.
             let out = unsafe { out.slice(r0 * width, (r1 - r0) * width) };
-            // Part 0 runs on the caller with the session's own buffers, part i on worker i with its own.
+            // The caller (thread 0) runs its parts with the session's own buffers, worker t with its own.
             let (mut caller, mut worker);
-            let b: &mut Bufs = if i == 0 {
+            let b: &mut Bufs = if thread == 0 {
                 caller = lock(&main);
                 &mut caller
             } else {
-                worker = lock(&bufs[i - 1]);
+                worker = lock(&bufs[thread - 1]);
                 &mut worker
             };
             self.run(b, r0, r1 - r0, batch, step.obs, step.states, out);

@@ -180,6 +180,12 @@ pub trait Executor: Send + Sync {
         1
     }
 
+    /// Wake this session's worker threads ahead of its next step (see [`crate::Session::wake_threads`]); none:
+    /// nothing to do.
+    fn wake_threads(&self, scratch: &mut ExecScratch) {
+        let _ = scratch;
+    }
+
     /// Device-state executors: zero the state rows of these envs (episode starts, resets).
     fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
         let _ = (scratch, envs);

@@ -260,11 +260,13 @@ impl Session {
 
     /// Split this session's act() over `threads` threads by batch rows: the calling thread and `threads - 1`
     /// worker threads the session owns (they spin briefly after a step, then sleep; dropped with the session).
-    /// 0 means one per core the OS reports; 1 (the default) runs on the calling thread only. Only the cpu backend
+    /// 0 means one per core the OS reports; 1 (the default) runs on the calling thread only. The batch is cut into
+    /// up to four parts per thread that the threads take in turn, so a worker that is slow to start (asleep since
+    /// the last act) delays the call by at most the part it runs. Only the cpu backend
     /// has intra-op threads (others accept 1 and refuse more with [`BackendError::Unsupported`]); a platform
     /// without threads (wasm) refuses with [`BackendError::Threads`]. Results are the same whatever the count:
-    /// every row is computed by the same kernels in the same order. Small batches stay on the calling thread
-    /// (fewer than 16 rows per thread).
+    /// every row is computed by the same kernels in the same order. Small batches use fewer threads (at least 8
+    /// rows per thread: a batch under 16 stays on the calling thread).
     ///
     /// [`BackendError::Unsupported`]: crate::BackendError::Unsupported
     /// [`BackendError::Threads`]: crate::BackendError::Threads
@@ -287,6 +289,17 @@ impl Session {
     /// The threads this session's act() uses (see [`Session::set_threads`]).
     pub fn threads(&mut self) -> usize {
         self.policy.executor().threads(&mut self.scratch)
+    }
+
+    /// Wake this session's worker threads now, so that an act() in the next few tens of µs finds them awake.
+    /// Why: a worker spins ~60 µs after each act() and then sleeps, and an act() that comes later starts before
+    /// its workers are running again (the caller then takes the parts they have not started: see
+    /// [`Session::set_threads`]). An engine calls this when a tick starts gathering its observations, so the
+    /// wake-up overlaps with the gathering (`policyport-agents` does, on a tick's first observation). Measured on
+    /// a 2-core VM, 1 000 CartPole agents on 2 threads in Bevy, ticks back to back: ~190 → ~182 µs per tick.
+    /// Cheap (one wake per worker); a no-op without threads.
+    pub fn wake_threads(&mut self) {
+        self.policy.executor().wake_threads(&mut self.scratch);
     }
 
     /// One step for `req.batch` envs: observations in, actions (+ value, distribution parameters) out, recurrent

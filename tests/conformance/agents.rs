@@ -393,6 +393,17 @@ fn calls_that_do_not_fit(backend: Option<Backend>) {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
     let (name, mut agents) = agents_on(&bytes, backend, AgentsConfig::default());
+    // Intra-op threads: one is every runner's; more only on the cpu backend (a typed refusal elsewhere, in the
+    // sandbox too). The rest of this test then runs with them on the cpu backend.
+    agents.set_threads(1).unwrap();
+    let more = agents.set_threads(2);
+    match backend {
+        Some(Backend::Cpu) => more.unwrap(),
+        _ => assert!(
+            matches!(more, Err(AgentsError::Policy(_))),
+            "{name}: {more:?}"
+        ),
+    }
     let a = agents.spawn().unwrap();
     let b = agents.spawn().unwrap();
     agents.observe(a, &[0.0; 4]).unwrap();

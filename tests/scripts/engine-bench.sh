@@ -25,7 +25,7 @@ for spec in "cartpole 1,100,1000,10000" "nature_cnn 1,100,1000"; do
   read -r name counts <<<"$spec"
   fx="tests/fixtures/$name"
   "$PP_BIN" compile "$fx/policy.onnx" --spec "$fx/import.json" -o "$d/$name.policy" >/dev/null
-  "$rel/examples/tick_bench" --policy "$d/$name.policy" --agents "$counts" --seconds "$seconds" | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
+  "$rel/examples/tick_bench" --policy "$d/$name.policy" --agents "$counts" --seconds "$seconds" --threads 2 | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
   (cd "$d" && LD_LIBRARY_PATH="$rel" mono Bench.exe "$name.policy" "$counts" "$seconds") | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
   XDG_DATA_HOME="$g3/.xdg" POLICYPORT_POLICY="$d/$name.policy" POLICYPORT_BENCH_AGENTS="$counts" POLICYPORT_BENCH_SECONDS="$seconds" \
     godot3-server --path "$g3" res://bench.tscn 2>/dev/null | grep '^{' | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
@@ -39,17 +39,22 @@ for model in dict.fromkeys(r["model"] for r in rows):
     ort1 = next(r["us_per_run"] for r in rows if r["model"] == model and r.get("runtime") == "onnxruntime-native")
     counts = sorted({r["agents"] for r in rows if r["model"] == model and "agents" in r})
     print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run)")
-    print("| agents | Session::act | Session::act, env-id list | agents layer | Bevy Act set | Bevy update | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| agents | Session::act | Session::act, env-id list | agents layer | Bevy Act set | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in counts:
-        get = lambda p: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n)
+        get = lambda p, t=1: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n and r.get("threads", 1) == t)
         s, si, a, b, u, c = get("session_act"), get("session_act_ids"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
-        g = get("godot3_tick")
+        g, alone = get("godot3_tick"), get("session_act_alone")
+        s2, b2 = get("session_act", 2), get("bevy_act_set", 2)
         loop = ort1 * n
-        print(f"| {n} | {s:.1f} | {si:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
-              f"{100 * (c - s) / s:+.1f} % | {100 * (g - s) / s:+.1f} % | **{loop / b:.1f}x** |")
-print("\nSession::act, env-id list: the same act with the request the agents layer sends (an env id per row, "
+        print(f"| {n} | {s:.1f} | {si:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {alone:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
+              f"{100 * (c - alone) / alone:+.1f} % | {100 * (g - alone) / alone:+.1f} % | **{loop / b:.1f}x** | {s2:.1f} | {b2:.1f} | **{loop / b2:.1f}x** |")
+print("\nOne thread: the paths of tick_bench ticked in turn (interleaved, so drift and cache state hit all alike). "
+      "Session::act alone: the same act back to back, as the C# and Godot processes run theirs (their overheads are against it; "
+      "Bevy's against the interleaved Session::act). Session::act, env-id list: the same act with the request the agents layer sends (an env id per row, "
       "episode-start flags). Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act (Godot 3: tick() + discrete_actions() "
       "from GDScript, the ids an Array, the observations a PoolRealArray). The per-agent loop: N × onnxruntime's batch-1 Run "
-      "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set.")
+      "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set. 2 threads: the "
+      "act() split over the caller and one worker (Session::set_threads, Agents::set_threads), ticks back to back (a worker "
+      "asleep after a whole game frame wakes late: tick_bench --gap-us shows it; the caller then takes its parts).")
 PY

@@ -89,6 +89,15 @@ impl Default for AgentsConfig {
     }
 }
 
+/// `dst.extend_from_slice(src)` for `src` of N numbers, the length known at compile time.
+#[inline(always)]
+fn extend_fixed<const N: usize>(dst: &mut Vec<f32>, src: &[f32]) {
+    match <&[f32; N]>::try_from(src) {
+        Ok(a) => dst.extend_from_slice(a),
+        Err(_) => dst.extend_from_slice(src),
+    }
+}
+
 /// Why an agents call was refused. Nothing changed.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentsError {
@@ -369,6 +378,24 @@ impl Agents {
         self.config.deterministic = deterministic;
     }
 
+    /// Split each act() over `threads` threads by rows (the calling thread and `threads - 1` workers the policy's
+    /// session owns; 0: one per core): [`policyport::Session::set_threads`], with its rules (the cpu backend only,
+    /// small batches stay on the calling thread, the same actions whatever the count). A game's frame then waits
+    /// for the slowest share instead of the whole batch. The sandboxed plugin runs on the calling thread only:
+    /// more than one is refused there ([`BackendError::Unsupported`](policyport::BackendError::Unsupported)).
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), AgentsError> {
+        match &mut self.runner {
+            Runner::Native(session) => Ok(session.set_threads(threads)?),
+            Runner::Sandboxed { .. } if threads == 1 => Ok(()),
+            Runner::Sandboxed { .. } => {
+                Err(PolicyError::from(policyport::BackendError::Unsupported(
+                    "intra-op threads in the sandboxed plugin (it runs on the calling thread)",
+                ))
+                .into())
+            }
+        }
+    }
+
     /// A new agent: a free env id (a despawned agent's, else the next unused one); its first act() starts a new
     /// episode.
     pub fn spawn(&mut self) -> Result<AgentId, AgentsError> {
@@ -445,7 +472,8 @@ impl Agents {
     ///
     /// Inlined into the caller (an engine's per-agent loop): the checks and four pushes are a few dozen
     /// instructions; anything else (a refusal, a tick that already has masks) takes the general path.
-    #[inline]
+    /// (`#[inline]` alone left it a call in the Bevy plugin's loop.)
+    #[inline(always)]
     pub fn observe(&mut self, id: AgentId, obs: &[f32]) -> Result<(), AgentsError> {
         let (slot, o) = (id.slot as usize, self.shape.obs_len);
         match self.slots.get(slot) {
@@ -457,18 +485,37 @@ impl Agents {
                     && !self.masked =>
             {
                 let start = s.start;
+                if self.ids.is_empty() {
+                    self.tick_starts();
+                }
                 self.ids.push(id);
                 self.env_ids.push(id.slot);
                 self.starts.push(start);
-                // Observations are a handful of numbers: an element loop, not a `memcpy` call per agent.
+                // Observations are often a handful of numbers: copied as a fixed-size array (a few register
+                // moves), not by a `memcpy` call or an element loop (which stores the length at every push).
                 match o {
-                    1..=8 => obs.iter().for_each(|&v| self.obs.push(v)),
+                    1 => self.obs.push(obs[0]),
+                    2 => extend_fixed::<2>(&mut self.obs, obs),
+                    3 => extend_fixed::<3>(&mut self.obs, obs),
+                    4 => extend_fixed::<4>(&mut self.obs, obs),
+                    6 => extend_fixed::<6>(&mut self.obs, obs),
+                    8 => extend_fixed::<8>(&mut self.obs, obs),
                     _ => self.obs.extend_from_slice(obs),
                 }
                 self.slots[slot].staged = self.ids.len() as u32;
                 Ok(())
             }
             _ => self.stage_general(id, obs),
+        }
+    }
+
+    /// The first observation of a tick: the policy's worker threads (if it has any) are woken now, so their
+    /// wake-up overlaps with the rest of the tick's observations instead of delaying its act().
+    #[cold]
+    #[inline(never)]
+    fn tick_starts(&mut self) {
+        if let Runner::Native(session) = &mut self.runner {
+            session.wake_threads();
         }
     }
 
@@ -517,6 +564,9 @@ impl Agents {
                     found: m.len(),
                 });
             }
+        }
+        if self.ids.is_empty() {
+            self.tick_starts();
         }
         self.ids.push(id);
         self.env_ids.push(id.slot);

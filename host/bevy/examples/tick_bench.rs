@@ -1,10 +1,13 @@
 //! Per-tick cost of driving N agents through one policy (issue 35's benchmark; numbers, never a timed test):
 //! a bare `Session::act` of the batch, the agents layer (N observations staged by id, one act), and the Bevy
-//! plugin (the Act set of a headless app whose agents are entities), median µs per tick over ~0.3 s each.
+//! plugin (the Act set of a headless app whose agents are entities), median µs per tick over ~0.3 s each, the
+//! paths ticked in turn (so they share whatever the machine does meanwhile, and each runs after the others
+//! touched their memory, as a game's systems do).
 //!
-//!     cargo run -p policyport-bevy --example tick_bench --release -- --policy p.policy --agents 1,100,1000,10000
+//!     cargo run -p policyport-bevy --example tick_bench --release -- --policy p.policy --agents 1,100,1000,10000 \
+//!         --threads 2
 //!
-//! Prints one JSON line per (path, agents). tests/scripts/engine-bench.sh runs it next to the C# binding and
+//! Prints one JSON line per (path, agents, threads). tests/scripts/engine-bench.sh runs it next to the C# binding and
 //! onnxruntime's batch-1 loop and prints the ratios.
 
 use std::time::Instant;
@@ -21,25 +24,12 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-/// Median seconds of `f` over repeated calls for about `budget` seconds (at least 5 calls).
-fn median(budget: f64, mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut v = vec![];
-    while v.len() < 5 || (start.elapsed().as_secs_f64() < budget && v.len() < 10_000) {
-        let t0 = Instant::now();
-        f();
-        v.push(t0.elapsed().as_secs_f64());
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[derive(Component)]
 struct Source(Vec<f32>);
 
+/// The last tick's Act set in seconds, and when the running one started.
 #[derive(Resource, Default)]
-struct ActTimer(Option<Instant>, Vec<f64>);
+struct ActTimer(Option<f64>, Option<Instant>);
 
 fn observe(mut q: Query<(&Source, &mut Observation)>) {
     for (s, mut o) in q.iter_mut() {
@@ -60,6 +50,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `--paths session,agents,bevy` (default all): one path alone, e.g. under a profiler.
     let paths = arg(&args, "--paths").unwrap_or_else(|| "session,agents,bevy".into());
     let run = |p: &str| paths.split(',').any(|x| x.trim() == p);
+    // `--threads 2` (default 1): the bare act and the Bevy Act set again with the session's act() split over that
+    // many threads (`Session::set_threads`, `Agents::set_threads`); those lines carry `"threads": 2`.
+    let threads: usize = arg(&args, "--threads").map_or(Ok(1), |v| v.parse())?;
+    // `--gap-us 2000`: the Bevy app sleeps that long after each tick (outside the timed Act set), as a game's
+    // frame does; back to back (0, the default) a worker thread is still awake at the next tick.
+    let gap_us: u64 = arg(&args, "--gap-us").map_or(Ok(0), |v| v.parse())?;
     let bytes = std::fs::read(&path)?;
     let policy = CompiledPolicy::load(&bytes, Backend::Cpu)?;
     let obs_len = policy.info().obs_len;
@@ -69,100 +65,182 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let obs: Vec<f32> = (0..n * obs_len)
             .map(|i| ((i * 7919) % 256) as f32)
             .collect();
-        let emit = |path: &str, s: f64| {
-            println!(
-                "{}",
-                format_args!(
-                    "{{\"policy\": \"{name}\", \"path\": \"{path}\", \"agents\": {n}, \"us_per_tick\": {:.2}}}",
-                    s * 1e6
-                )
-            );
-        };
-        // 1. A bare Session::act of the batch; 1b. the same act with the request the agents layer sends (an env
-        // id per row, episode-start flags), so the agents layer's own cost is told apart from the request's.
         let env_ids: Vec<u32> = (0..n as u32).rev().collect();
         let starts = vec![false; n];
-        for (path, with_ids) in [("session_act", false), ("session_act_ids", true)] {
-            if !run("session") {
-                break;
+        // One thread first, the paths interleaved; then (with --threads) the split act: a worker spinning after
+        // its part would share the machine with the one-thread paths.
+        for t in std::iter::once(1).chain((threads > 1).then_some(threads)) {
+            let mut paths: Vec<TickFn<'_>> = vec![];
+            // 1. A bare Session::act of the batch; 1b. the same act with the request the agents layer sends (an
+            // env id per row, episode-start flags), so the agents layer's own cost is told apart from the
+            // request's.
+            if run("session") {
+                for (path, with_ids) in [("session_act", false), ("session_act_ids", true)] {
+                    if with_ids && t > 1 {
+                        continue;
+                    }
+                    let mut session = policy.session();
+                    session.set_threads(t)?;
+                    let mut step = 0u64;
+                    let (obs, env_ids, starts) = (&obs, &env_ids, &starts);
+                    paths.push(Box::new(move |out| {
+                        step += 1;
+                        let req = Request::new(
+                            Observations::F32(obs),
+                            n,
+                            ActMode::Sample { seed: 1, step },
+                        );
+                        let req = match with_ids {
+                            true => req.envs(EnvIds::List(env_ids)).episode_starts(starts),
+                            false => req,
+                        };
+                        let t0 = Instant::now();
+                        session.act(&req).unwrap();
+                        out.push((path, t0.elapsed().as_secs_f64()));
+                    }));
+                }
             }
-            let mut session = policy.session();
-            let mut step = 0u64;
-            emit(
-                path,
-                median(budget, || {
-                    step += 1;
-                    let req = Request::new(
-                        Observations::F32(&obs),
-                        n,
-                        ActMode::Sample { seed: 1, step },
-                    );
-                    let req = match with_ids {
-                        true => req.envs(EnvIds::List(&env_ids)).episode_starts(&starts),
-                        false => req,
-                    };
-                    session.act(&req).unwrap();
-                }),
-            );
-        }
-        // 2. The agents layer: N observations by id (in reverse order), one act.
-        if !run("agents") && !run("bevy") {
-            continue;
-        }
-        let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
-        let ids: Vec<AgentId> = (0..n).map(|_| agents.spawn().unwrap()).collect();
-        if run("agents") {
-            emit(
-                "agents",
-                median(budget, || {
+            // 2. The agents layer: N observations by id (in reverse order), one act.
+            if run("agents") && t == 1 {
+                let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
+                let ids: Vec<AgentId> = (0..n).map(|_| agents.spawn().unwrap()).collect();
+                let obs = &obs;
+                paths.push(Box::new(move |out| {
+                    let t0 = Instant::now();
                     for (k, id) in ids.iter().enumerate().rev() {
                         agents
                             .observe(*id, &obs[k * obs_len..(k + 1) * obs_len])
                             .unwrap();
                     }
                     agents.act().unwrap();
-                }),
-            );
-        }
-        if !run("bevy") {
-            continue;
-        }
-        // 3. The Bevy plugin: entities with an Observation copied from a component, the Act set timed.
-        let mut app = App::new();
-        app.add_plugins(PolicyportPlugin::in_schedule(Update));
-        app.init_resource::<ActTimer>();
-        let h = app
-            .world_mut()
-            .resource_mut::<Policies>()
-            .add(Agents::native(policy.clone(), AgentsConfig::default()));
-        app.add_systems(
-            Update,
-            (
-                observe.in_set(PolicyportSet::Observe),
-                (|mut t: ResMut<ActTimer>| t.0 = Some(Instant::now()))
-                    .after(PolicyportSet::Observe)
-                    .before(PolicyportSet::Act),
-                (|mut t: ResMut<ActTimer>| {
-                    if let Some(s) = t.0.take() {
-                        t.1.push(s.elapsed().as_secs_f64());
+                    out.push(("agents", t0.elapsed().as_secs_f64()));
+                }));
+            }
+            // 3. The Bevy plugin: entities with an Observation copied from a component, the Act set timed.
+            if run("bevy") {
+                let mut app = bevy_app(&policy, &obs, n, t)?;
+                paths.push(Box::new(move |out| {
+                    let t0 = Instant::now();
+                    app.update();
+                    let update = t0.elapsed().as_secs_f64();
+                    if let Some(act) = app.world_mut().resource_mut::<ActTimer>().0.take() {
+                        out.push(("bevy_act_set", act));
                     }
-                })
-                .after(PolicyportSet::Act)
-                .before(PolicyportSet::Apply),
-            ),
-        );
-        for k in 0..n {
-            app.world_mut().spawn((
-                Agent::new(h),
-                Observation::default(),
-                Source(obs[k * obs_len..(k + 1) * obs_len].to_vec()),
-            ));
+                    out.push(("bevy_update", update));
+                    if gap_us > 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(gap_us));
+                    }
+                }));
+            }
+            // Split acts one path at a time: each has its own worker, and two spinning workers would compete for
+            // the cores (as two threaded policies in one game would: `RowPool::run` keeps that from costing more
+            // than one thread, but it is not what this row measures).
+            let mut results: Vec<(&'static str, f64)> = match t {
+                1 => interleaved(budget, &mut paths),
+                _ => paths
+                    .iter_mut()
+                    .flat_map(|p| interleaved(budget, std::slice::from_mut(p)))
+                    .collect(),
+            };
+            // The bare act alone too, back to back (its memory stays in cache): the reference for paths measured
+            // in processes of their own (the C# binding, Godot), which run back to back as well.
+            if t == 1 && run("session") {
+                let alone = interleaved(budget, &mut paths[..1]);
+                results.extend(
+                    alone
+                        .into_iter()
+                        .map(|(_, secs)| ("session_act_alone", secs)),
+                );
+            }
+            for (path, secs) in results {
+                println!(
+                    "{}",
+                    format_args!(
+                        "{{\"policy\": \"{name}\", \"path\": \"{path}\", \"agents\": {n}, \"threads\": {t}, \"us_per_tick\": {:.2}}}",
+                        secs * 1e6
+                    )
+                );
+            }
         }
-        let update = median(budget, || app.update());
-        let mut acts = app.world().resource::<ActTimer>().1.clone();
-        acts.sort_by(f64::total_cmp);
-        emit("bevy_act_set", acts[acts.len() / 2]);
-        emit("bevy_update", update);
     }
     Ok(())
+}
+
+/// One tick of a measured path: it appends (path, seconds) for what it timed.
+type TickFn<'a> = Box<dyn FnMut(&mut Vec<(&'static str, f64)>) + 'a>;
+
+/// Median seconds per path of `paths` ticked in turn, round after round, for about `budget` seconds per path (at
+/// least 5 rounds, after one untimed): interleaved, so that whatever drifts during the run (the clock, the other
+/// tenants of a VM) drifts for every path alike and the ratios between paths hold.
+fn interleaved(budget: f64, paths: &mut [TickFn<'_>]) -> Vec<(&'static str, f64)> {
+    let mut scratch = vec![];
+    for f in paths.iter_mut() {
+        f(&mut scratch);
+    }
+    let mut samples: Vec<(&'static str, Vec<f64>)> = vec![];
+    let start = Instant::now();
+    let mut rounds = 0;
+    while rounds < 5
+        || (start.elapsed().as_secs_f64() < budget * paths.len() as f64 && rounds < 10_000)
+    {
+        for f in paths.iter_mut() {
+            scratch.clear();
+            f(&mut scratch);
+            for &(path, secs) in &scratch {
+                match samples.iter_mut().find(|(p, _)| *p == path) {
+                    Some((_, v)) => v.push(secs),
+                    None => samples.push((path, vec![secs])),
+                }
+            }
+        }
+        rounds += 1;
+    }
+    samples
+        .into_iter()
+        .map(|(path, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (path, v[v.len() / 2])
+        })
+        .collect()
+}
+
+/// A headless Bevy app whose `n` entities' Observations are copied from a component each tick, with systems just
+/// before and after the Act set that time it (into [`ActTimer`]); the policy's act split over `threads`.
+fn bevy_app(
+    policy: &std::sync::Arc<CompiledPolicy>,
+    obs: &[f32],
+    n: usize,
+    threads: usize,
+) -> Result<App, Box<dyn std::error::Error>> {
+    let obs_len = policy.info().obs_len;
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    app.init_resource::<ActTimer>();
+    let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
+    agents.set_threads(threads)?;
+    let h = app.world_mut().resource_mut::<Policies>().add(agents);
+    app.add_systems(
+        Update,
+        (
+            observe.in_set(PolicyportSet::Observe),
+            (|mut t: ResMut<ActTimer>| t.1 = Some(Instant::now()))
+                .after(PolicyportSet::Observe)
+                .before(PolicyportSet::Act),
+            (|mut t: ResMut<ActTimer>| {
+                if let Some(s) = t.1.take() {
+                    t.0 = Some(s.elapsed().as_secs_f64());
+                }
+            })
+            .after(PolicyportSet::Act)
+            .before(PolicyportSet::Apply),
+        ),
+    );
+    for k in 0..n {
+        app.world_mut().spawn((
+            Agent::new(h),
+            Observation::default(),
+            Source(obs[k * obs_len..(k + 1) * obs_len].to_vec()),
+        ));
+    }
+    Ok(app)
 }

@@ -130,8 +130,7 @@ fn tensor_to_const(t: &pb::TensorProto) -> Result<Const, ImportError> {
     Ok(Const { dims, data })
 }
 
-struct Importer<'a> {
-    spec: &'a ImportSpec,
+struct Importer {
     vals: HashMap<String, Val>,
     nodes: Vec<Node>,
     tensors: BTreeMap<String, Tensor>,
@@ -155,7 +154,7 @@ fn node_label(node: &pb::NodeProto, index: usize) -> String {
     }
 }
 
-impl Importer<'_> {
+impl Importer {
     fn unsupported(
         &self,
         node: &pb::NodeProto,
@@ -1002,7 +1001,10 @@ pub struct Imported {
     pub tensors: BTreeMap<String, Tensor>,
 }
 
-/// Import an ONNX model according to `spec`.
+/// Import an ONNX model according to `spec`: the graph's inputs (recurrent state, then the observation) become
+/// run-time values, every node is lowered through the op registry, the spec's outputs become the distribution's
+/// and the value's inputs, the IR is split into modules by what each output needs, and the observation's space
+/// and preprocessing are recorded.
 pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Imported, ImportError> {
     let model = pb::ModelProto::decode(bytes)
         .map_err(|e| ImportError::Malformed(format!("not an ONNX model: {e}")))?;
@@ -1010,29 +1012,108 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         .graph
         .as_ref()
         .ok_or_else(|| ImportError::Malformed("ONNX model has no graph".into()))?;
-    let mut imp = Importer {
-        spec,
-        vals: HashMap::new(),
-        nodes: vec![],
-        tensors: BTreeMap::new(),
-        uses: HashMap::new(),
-        producer: HashMap::new(),
-        oversize: None,
-    };
-    for n in &graph.node {
-        for i in &n.input {
-            *imp.uses.entry(i.clone()).or_default() += 1;
+    let mut imp = Importer::for_graph(graph)?;
+    let state_inputs = recurrent_inputs(&mut imp, graph, spec)?;
+    let (feat, input_u8) = observation_input(&mut imp, graph, spec)?;
+    for (i, n) in graph.node.iter().enumerate() {
+        imp.node(n, i)?;
+        if let Some(what) = imp.oversize.take() {
+            return Err(ImportError::Malformed(what));
         }
     }
-    for o in &graph.output {
-        *imp.uses.entry(o.name.clone()).or_default() += 1;
+    let states = recurrent_outputs(&imp, spec, &state_inputs)?;
+    let heads = heads(&mut imp, graph, spec)?;
+    let value = spec
+        .value
+        .as_ref()
+        .map(|v| runtime_out(&imp, graph, v, "value").map(|(n, _)| n))
+        .transpose()?;
+    let action = spec.action.clone().or(heads.default_action).ok_or_else(|| {
+        ImportError::Spec("a Gaussian policy needs \"action\": {\"kind\": \"box\", \"shape\": [..], \"low\": [..], \"high\": [..]}".into())
+    })?;
+    let modules = split_modules(&imp.nodes, &heads.policy_values, value.as_ref(), &states);
+    let mut tensors = BTreeMap::new();
+    for m in &modules {
+        for n in &m.nodes {
+            for t in n.op.tensors() {
+                tensors.insert(t.to_string(), imp.tensors[t].clone());
+            }
+        }
     }
-    for init in &graph.initializer {
-        imp.vals
-            .insert(init.name.clone(), Val::Const(tensor_to_const(init)?));
-    }
+    tensors.extend(heads.tensors);
+    let (observation, preprocess) = observation_preprocess(spec, &feat, input_u8, &mut tensors)?;
+    let manifest = Manifest {
+        name: spec.name.clone().unwrap_or_else(|| graph.name.clone()),
+        producer: Producer {
+            tool: "policyport".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            source: format!("onnx:{source}"),
+            notes: format!(
+                "{} {}, ir {}{}",
+                model.producer_name,
+                model.producer_version,
+                model.ir_version,
+                spec.source
+                    .as_ref()
+                    .map(|s| format!("; {s}"))
+                    .unwrap_or_default()
+            ),
+        },
+        observation,
+        action,
+        preprocess,
+        modules,
+        distribution: heads.distribution,
+        value,
+        recurrent: (!states.is_empty()).then_some(policyport_format::RecurrentSpec { states }),
+        golden: vec![],
+        action_masks: false,
+    };
+    Ok(Imported { manifest, tensors })
+}
 
-    // Recurrent state inputs: `[layers, batch, features...]` (one state per layer) or `[batch, features...]`.
+impl Importer {
+    /// An importer for `graph`: each value's readers counted, the initializers as constants.
+    fn for_graph(graph: &pb::GraphProto) -> Result<Self, ImportError> {
+        let mut imp = Importer {
+            vals: HashMap::new(),
+            nodes: vec![],
+            tensors: BTreeMap::new(),
+            uses: HashMap::new(),
+            producer: HashMap::new(),
+            oversize: None,
+        };
+        for n in &graph.node {
+            for i in &n.input {
+                *imp.uses.entry(i.clone()).or_default() += 1;
+            }
+        }
+        for o in &graph.output {
+            *imp.uses.entry(o.name.clone()).or_default() += 1;
+        }
+        for init in &graph.initializer {
+            imp.vals
+                .insert(init.name.clone(), Val::Const(tensor_to_const(init)?));
+        }
+        Ok(imp)
+    }
+}
+
+/// One recurrent state input of the graph as the artifact holds it: a state per layer (`names`), each of
+/// per-env `shape`; `stacked` when the graph input is `[layers, batch, ...]` rather than `[batch, ...]`.
+struct StateInput {
+    names: Vec<String>,
+    shape: Vec<usize>,
+    stacked: bool,
+}
+
+/// The recurrent state inputs the spec names (`[layers, batch, features...]`: one state per layer, or `[batch,
+/// features...]`), registered as run-time values of `imp`.
+fn recurrent_inputs(
+    imp: &mut Importer,
+    graph: &pb::GraphProto,
+    spec: &ImportSpec,
+) -> Result<Vec<StateInput>, ImportError> {
     let dims_of = |i: &pb::ValueInfoProto| -> Vec<Option<i64>> {
         i.r#type
             .as_ref()
@@ -1054,8 +1135,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                 ))
             })
     };
-    // Per pair: the state names and per-env shapes (one per layer).
-    let mut state_inputs: Vec<(Vec<String>, Vec<usize>, bool)> = vec![];
+    let mut state_inputs = vec![];
     for pair in &spec.recurrent {
         let gi = graph
             .input
@@ -1118,18 +1198,30 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                 }
             },
         );
-        state_inputs.push((names, shape, stacked));
+        state_inputs.push(StateInput {
+            names,
+            shape,
+            stacked,
+        });
     }
+    Ok(state_inputs)
+}
 
-    // The observation input.
+/// The observation input (the one the spec names, the only run-time input, or a dict observation's inputs),
+/// registered as `imp`'s observation value: its feature shape, and whether it is uint8.
+fn observation_input(
+    imp: &mut Importer,
+    graph: &pb::GraphProto,
+    spec: &ImportSpec,
+) -> Result<(Vec<usize>, bool), ImportError> {
     let runtime_inputs: Vec<&pb::ValueInfoProto> = graph
         .input
         .iter()
         .filter(|i| !imp.vals.contains_key(&i.name))
         .collect();
-    let (feat, input_u8) = match &spec.observation {
+    Ok(match &spec.observation {
         Some(ObservationSpace::Dict { spaces }) => {
-            (dict_inputs(&mut imp, spaces, &runtime_inputs, spec)?, false)
+            (dict_inputs(imp, spaces, &runtime_inputs, spec)?, false)
         }
         _ => {
             let input = match &spec.input {
@@ -1163,16 +1255,18 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             );
             (feat, elem == data_type::UINT8)
         }
-    };
+    })
+}
 
-    for (i, n) in graph.node.iter().enumerate() {
-        imp.node(n, i)?;
-        if let Some(what) = imp.oversize.take() {
-            return Err(ImportError::Malformed(what));
-        }
-    }
+/// The recurrent states of the artifact: each input's next value is the spec's output of the same shape.
+fn recurrent_outputs(
+    imp: &Importer,
+    spec: &ImportSpec,
+    state_inputs: &[StateInput],
+) -> Result<Vec<policyport_format::StateSpec>, ImportError> {
     let mut states = vec![];
-    for (pair, (names, shape, stacked)) in spec.recurrent.iter().zip(&state_inputs) {
+    for (pair, input) in spec.recurrent.iter().zip(state_inputs) {
+        let (names, shape, stacked) = (&input.names, &input.shape, &input.stacked);
         let next: Vec<String> = match (imp.vals.get(&pair.output), stacked) {
             (
                 Some(Val::Stacked {
@@ -1206,30 +1300,49 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             });
         }
     }
+    Ok(states)
+}
 
-    // Outputs named by the spec.
-    let runtime_out = |imp: &Importer,
-                       name: &str,
-                       what: &str|
-     -> Result<(String, Vec<usize>), ImportError> {
-        match imp.vals.get(name) {
-            Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
-            Some(Val::Const(_)) => Err(ImportError::Spec(format!(
-                "{what} '{name}' is a constant, not a function of the observation"
-            ))),
-            Some(Val::Stacked { .. }) => Err(ImportError::Spec(format!(
-                "{what} '{name}' still has the time or layer axis of a recurrent op in front of the batch"
-            ))),
-            None => Err(ImportError::Spec(format!(
-                "{what} '{name}' is not a value of the graph (outputs: {:?})",
-                graph.output.iter().map(|o| &o.name).collect::<Vec<_>>()
-            ))),
-        }
-    };
+/// `name`'s run-time value (its IR name and per-env shape), or why it cannot be an output (`what`: its role).
+fn runtime_out(
+    imp: &Importer,
+    graph: &pb::GraphProto,
+    name: &str,
+    what: &str,
+) -> Result<(String, Vec<usize>), ImportError> {
+    match imp.vals.get(name) {
+        Some(Val::Runtime { name, shape }) => Ok((name.clone(), shape.clone())),
+        Some(Val::Const(_)) => Err(ImportError::Spec(format!(
+            "{what} '{name}' is a constant, not a function of the observation"
+        ))),
+        Some(Val::Stacked { .. }) => Err(ImportError::Spec(format!(
+            "{what} '{name}' still has the time or layer axis of a recurrent op in front of the batch"
+        ))),
+        None => Err(ImportError::Spec(format!(
+            "{what} '{name}' is not a value of the graph (outputs: {:?})",
+            graph.output.iter().map(|o| &o.name).collect::<Vec<_>>()
+        ))),
+    }
+}
+
+/// What the spec's distribution reads: the distribution, the action space it implies (discrete ones), the
+/// values the policy head must compute, and tensors it adds (a constant log-std).
+struct Heads {
+    distribution: Distribution,
+    default_action: Option<ActionSpace>,
+    policy_values: Vec<String>,
+    tensors: Vec<(String, Tensor)>,
+}
+
+fn heads(
+    imp: &mut Importer,
+    graph: &pb::GraphProto,
+    spec: &ImportSpec,
+) -> Result<Heads, ImportError> {
     let mut tensors_extra: Vec<(String, Tensor)> = vec![];
     let (distribution, default_action, policy_values) = match &spec.distribution {
         DistSpec::Categorical { logits } => {
-            let (v, s) = runtime_out(&imp, logits, "logits")?;
+            let (v, s) = runtime_out(imp, graph, logits, "logits")?;
             let n = s.iter().product();
             // Logits of several axes (a spatial action map, a conv layer's output): one categorical over all of
             // them, row-major.
@@ -1247,7 +1360,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             )
         }
         DistSpec::MultiCategorical { logits, nvec } => {
-            let (v, _) = runtime_out(&imp, logits, "logits")?;
+            let (v, _) = runtime_out(imp, graph, logits, "logits")?;
             (
                 Distribution::MultiCategorical { logits: v.clone() },
                 Some(ActionSpace::MultiDiscrete { nvec: nvec.clone() }),
@@ -1266,7 +1379,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             log_std_range,
             ..
         } => {
-            let (m, ms) = runtime_out(&imp, mean, "mean")?;
+            let (m, ms) = runtime_out(imp, graph, mean, "mean")?;
             let k: usize = ms.iter().product();
             let mut values = vec![m.clone()];
             let ls = match log_std {
@@ -1287,7 +1400,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
                         }
                     }
                     _ => {
-                        let (v, _) = runtime_out(&imp, o, "log_std")?;
+                        let (v, _) = runtime_out(imp, graph, o, "log_std")?;
                         values.push(v.clone());
                         LogStd::Value { value: v }
                     }
@@ -1339,32 +1452,39 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             (dist, None, values)
         }
     };
-    let value = spec
-        .value
-        .as_ref()
-        .map(|v| runtime_out(&imp, v, "value").map(|(n, _)| n))
-        .transpose()?;
-    let action = spec.action.clone().or(default_action).ok_or_else(|| {
-        ImportError::Spec("a Gaussian policy needs \"action\": {\"kind\": \"box\", \"shape\": [..], \"low\": [..], \"high\": [..]}".into())
-    })?;
+    Ok(Heads {
+        distribution,
+        default_action,
+        policy_values,
+        tensors: tensors_extra,
+    })
+}
 
-    // Split into encoder / policy head / value head by reachability from the outputs (dead nodes dropped).
-    let n_nodes = imp.nodes.len();
+/// The IR nodes split into modules by what reaches them: encoder (both heads), policy head, value head, and what
+/// only the next recurrent state needs, each with the values it reads and those later modules or the artifact
+/// read from it (nodes nothing reads are dropped).
+fn split_modules(
+    nodes: &[Node],
+    policy_values: &[String],
+    value: Option<&String>,
+    states: &[policyport_format::StateSpec],
+) -> Vec<Module> {
+    let n_nodes = nodes.len();
     let reach = |targets: &[String]| -> Vec<bool> {
         let mut need: HashSet<&str> = targets.iter().map(|s| s.as_str()).collect();
         let mut keep = vec![false; n_nodes];
         for i in (0..n_nodes).rev() {
-            if need.contains(imp.nodes[i].output.as_str()) {
+            if need.contains(nodes[i].output.as_str()) {
                 keep[i] = true;
-                for x in &imp.nodes[i].inputs {
+                for x in &nodes[i].inputs {
                     need.insert(x);
                 }
             }
         }
         keep
     };
-    let pi = reach(&policy_values);
-    let vf = reach(&value.iter().cloned().collect::<Vec<_>>());
+    let pi = reach(policy_values);
+    let vf = reach(&value.into_iter().cloned().collect::<Vec<_>>());
     let next_states: Vec<String> = states.iter().map(|s| s.next.clone()).collect();
     let st = reach(&next_states);
     let mut groups: Vec<(&str, ModuleRole, Vec<Node>)> = vec![
@@ -1374,7 +1494,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         // What only the next recurrent state needs (e.g. the last layer's cell state), after the heads.
         ("recurrent_state", ModuleRole::RecurrentCore, vec![]),
     ];
-    for (i, node) in imp.nodes.iter().enumerate() {
+    for (i, node) in nodes.iter().enumerate() {
         let g = match (pi[i], vf[i], st[i]) {
             (true, true, _) => 0,
             (true, false, _) => 1,
@@ -1386,18 +1506,18 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
     }
     let final_reads: Vec<String> = policy_values
         .iter()
-        .chain(value.iter())
+        .chain(value)
         .chain(next_states.iter())
         .cloned()
         .collect();
     let mut modules = vec![];
-    for (gi, (name, role, nodes)) in groups.iter().enumerate() {
-        if nodes.is_empty() {
+    for (gi, (name, role, group)) in groups.iter().enumerate() {
+        if group.is_empty() {
             continue;
         }
-        let defined: HashSet<&str> = nodes.iter().map(|n| n.output.as_str()).collect();
+        let defined: HashSet<&str> = group.iter().map(|n| n.output.as_str()).collect();
         let mut inputs: Vec<String> = vec![];
-        for n in nodes {
+        for n in group {
             for x in &n.inputs {
                 if !defined.contains(x.as_str()) && !inputs.contains(x) {
                     inputs.push(x.clone());
@@ -1409,7 +1529,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             .flat_map(|g| g.2.iter())
             .flat_map(|n| n.inputs.iter().map(|s| s.as_str()))
             .collect();
-        let outputs: Vec<String> = nodes
+        let outputs: Vec<String> = group
             .iter()
             .map(|n| n.output.clone())
             .filter(|o| later.contains(o.as_str()) || final_reads.contains(o))
@@ -1419,25 +1539,22 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             role: *role,
             inputs,
             outputs,
-            nodes: nodes.clone(),
+            nodes: group.clone(),
         });
     }
+    modules
+}
 
-    let mut tensors = BTreeMap::new();
-    for m in &modules {
-        for n in &m.nodes {
-            for t in n.op.tensors() {
-                tensors.insert(t.to_string(), imp.tensors[t].clone());
-            }
-        }
-    }
-    for (k, t) in tensors_extra {
-        tensors.insert(k, t);
-    }
-
-    // Observation space and preprocessing.
+/// The observation space (the spec's, else a box of the input's shape and type) and its preprocessing (one-hot,
+/// scale, normalization, whose tensors go into `tensors`).
+fn observation_preprocess(
+    spec: &ImportSpec,
+    feat: &[usize],
+    input_u8: bool,
+    tensors: &mut BTreeMap<String, Tensor>,
+) -> Result<(ObservationSpace, Vec<Preprocess>), ImportError> {
     let observation = spec.observation.clone().unwrap_or(ObservationSpace::Box {
-        shape: feat.clone(),
+        shape: feat.to_vec(),
         dtype: if input_u8 {
             ObsDType::U8
         } else {
@@ -1462,11 +1579,11 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
         }
         tensors.insert(
             "obs_norm.mean".into(),
-            Tensor::new(feat.clone(), norm.mean.clone()),
+            Tensor::new(feat.to_vec(), norm.mean.clone()),
         );
         tensors.insert(
             "obs_norm.std".into(),
-            Tensor::new(feat.clone(), norm.std.clone()),
+            Tensor::new(feat.to_vec(), norm.std.clone()),
         );
         preprocess.push(Preprocess::Normalize {
             mean: "obs_norm.mean".into(),
@@ -1483,36 +1600,7 @@ pub fn import_onnx(bytes: &[u8], spec: &ImportSpec, source: &str) -> Result<Impo
             feat.iter().product::<usize>()
         )));
     }
-
-    let manifest = Manifest {
-        name: spec.name.clone().unwrap_or_else(|| graph.name.clone()),
-        producer: Producer {
-            tool: "policyport".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            source: format!("onnx:{source}"),
-            notes: format!(
-                "{} {}, ir {}{}",
-                model.producer_name,
-                model.producer_version,
-                model.ir_version,
-                spec.source
-                    .as_ref()
-                    .map(|s| format!("; {s}"))
-                    .unwrap_or_default()
-            ),
-        },
-        observation,
-        action,
-        preprocess,
-        modules,
-        distribution,
-        value,
-        recurrent: (!states.is_empty()).then_some(policyport_format::RecurrentSpec { states }),
-        golden: vec![],
-        action_masks: false,
-    };
-    let _ = imp.spec;
-    Ok(Imported { manifest, tensors })
+    Ok((observation, preprocess))
 }
 
 /// A graph input's feature shape (`[batch, features...]` with static features within the value limit) and

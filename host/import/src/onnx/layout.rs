@@ -45,7 +45,7 @@ fn pair(v: &[i64], what: &str, label: &str) -> Result<[usize; 2], ImportError> {
     }
 }
 
-impl Importer<'_> {
+impl Importer {
     /// Handles the op if it is one of this module's; `Ok(false)` if not.
     fn op_cast(&mut self, n: &NodeIn<'_>) -> Result<(), ImportError> {
         let (node, idx, ins) = n.parts();

@@ -22,7 +22,7 @@ use crate::onnx_proto as pb;
 /// Names the reshapes that turn a recurrent op's num-directions axis into a feature axis.
 const DIRECTION_AXIS: &str = "direction_axis";
 
-impl Importer<'_> {
+impl Importer {
     /// The error for a handler that met a [`Val::Stacked`] input (the dispatch routes those here first, so this
     /// is the typed answer should one slip through, never a panic).
     pub(super) fn stacked_input(&self, node: &pb::NodeProto, idx: usize) -> ImportError {
