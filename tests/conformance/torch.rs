@@ -304,6 +304,40 @@ fn static_buckets_pad_and_chunk_like_eager() {
     }
 }
 
+/// The eager path writes each dense layer into its output of the last call of the same batch (no fresh tensor per
+/// layer and call): a session that alternates batches and observations must answer every call as a fresh session
+/// does — a stale or shared buffer would carry one call's numbers into the next.
+#[test]
+#[cfg_attr(
+    not(feature = "tch"),
+    ignore = "built without the libtorch executor (feature tch)"
+)]
+fn reused_dense_outputs_never_leak_between_calls() {
+    let f = load_fixture("mlp64");
+    let bytes = compile_fixture(&f);
+    let o = opts(Precision::F32, Launch::Eager, Sampling::Host);
+    let mut warm = TorchPolicy::load(&bytes, &o).unwrap();
+    let mut out = ActOutputs::default();
+    for (call, batch) in [64usize, 64, 64, 17, 17, 64, 1, 1, 64].into_iter().enumerate() {
+        let obs: Vec<f32> = (0..batch * 64)
+            .map(|i| ((i * 31 + call * 7) as f32 * 0.013).sin())
+            .collect();
+        let req = Request::new(
+            Observations::F32(&obs),
+            batch,
+            ActMode::Sample {
+                seed: 5,
+                step: call as u64,
+            },
+        );
+        warm.act(&req, &mut out).unwrap();
+        let mut fresh = TorchPolicy::load(&bytes, &o).unwrap();
+        let mut want = ActOutputs::default();
+        fresh.act(&req, &mut want).unwrap();
+        assert_eq!(out, want, "call {call} (batch {batch})");
+    }
+}
+
 /// Per-env recurrent state kept on the device: carried between steps, only for the rows' envs, reset to zero,
 /// grown on demand; padded bucket rows never touch a real env.
 #[test]

@@ -404,8 +404,14 @@ impl Program {
         Ok(x)
     }
 
-    /// Run the ops; returns every slot (values are `[batch, numel]`).
-    fn run(&self, obs: Tensor, states: Vec<Tensor>) -> Result<Vec<Option<Tensor>>, tch::TchError> {
+    /// Run the ops; returns every slot (values are `[batch, numel]`). `outs`: per slot, a dense layer's output of
+    /// an earlier call to write into again (the eager path's; see [`TorchScratch::dense_out`]), refilled here.
+    fn run(
+        &self,
+        obs: Tensor,
+        states: Vec<Tensor>,
+        mut outs: Option<&mut Vec<Option<Tensor>>>,
+    ) -> Result<Vec<Option<Tensor>>, tch::TchError> {
         let mut s: Vec<Option<Tensor>> = (0..self.n_slots).map(|_| None).collect();
         s[self.obs_slot] = Some(obs);
         for ((slot, _, _), t) in self.states.iter().zip(states) {
@@ -418,9 +424,20 @@ impl Program {
             let (out, t) = match instr {
                 Instr::Dense { x, w, b, act, out } => {
                     let x = get(&s, *x).f_to_kind(w.kind())?;
-                    let mut y = match b {
-                        Some(b) => b.f_addmm(&x, w)?,
-                        None => x.f_matmul(w)?,
+                    // Into last call's output when it has this call's shape: a fresh `[batch, out]` tensor per
+                    // layer and call is memory the allocator maps and the kernel zero-fills again (at batch 1 024
+                    // ~100 µs of a 3.3 ms act() went to page faults).
+                    let shape = [x.size()[0], w.size()[1]];
+                    let reuse = outs
+                        .as_deref_mut()
+                        .and_then(|o| o.get_mut(*out))
+                        .and_then(Option::take)
+                        .filter(|t| t.size() == shape && t.kind() == w.kind());
+                    let mut y = match (b, reuse) {
+                        (Some(b), Some(o)) => b.f_addmm_out(&o, &x, w)?,
+                        (None, Some(o)) => x.f_mm_out(&o, w)?,
+                        (Some(b), None) => b.f_addmm(&x, w)?,
+                        (None, None) => x.f_matmul(w)?,
                     };
                     // The GEMM's result is this instruction's own tensor: the common activations run in place,
                     // one fresh `[batch, out]` tensor less per layer and call (at batch 1024 each is 1 MB the
@@ -431,6 +448,10 @@ impl Program {
                         Activation::Sigmoid => y.f_sigmoid_()?,
                         other => activate(*other, &y)?,
                     };
+                    if let Some(slot) = outs.as_deref_mut().and_then(|o| o.get_mut(*out)) {
+                        // The same storage, for the next call (this call's readback copies out of it first).
+                        *slot = Some(y.shallow_clone());
+                    }
                     (*out, y)
                 }
                 Instr::Act { x, f, out } => (*out, activate(*f, get(&s, *x))?),
@@ -1013,6 +1034,9 @@ struct TorchScratch {
     runs: Vec<Option<BucketRun>>,
     /// Env ids (+ rng input) of one call, reused.
     ids: Vec<i64>,
+    /// The eager path: per program slot, the dense layer output of the last call, written into again by a call
+    /// of the same batch (no fresh allocation per layer and call). The static paths have their own buffers.
+    dense_out: Vec<Option<Tensor>>,
 }
 
 impl Executor for TorchProgram {
@@ -1053,6 +1077,7 @@ impl Executor for TorchProgram {
             num_envs: 0,
             runs: (0..self.buckets.sizes().len()).map(|_| None).collect(),
             ids: vec![],
+            dense_out: vec![],
         })
     }
 
@@ -1227,7 +1252,10 @@ impl TorchProgram {
         } else {
             None
         };
-        let packed = self.step(&s.state, &x, &env_t, rng_t.as_ref())?;
+        if s.dense_out.len() != self.program.n_slots {
+            s.dense_out = (0..self.program.n_slots).map(|_| None).collect();
+        }
+        let packed = self.step(&s.state, &x, &env_t, rng_t.as_ref(), Some(&mut s.dense_out))?;
         read_into(&packed, rows)
     }
 
@@ -1251,7 +1279,7 @@ impl TorchProgram {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(te)?;
-        let slots = self.program.run(x, states).map_err(te)?;
+        let slots = self.program.run(x, states, None).map_err(te)?;
         let parts = self
             .program
             .readback
@@ -1381,7 +1409,7 @@ impl TorchProgram {
         let b = run.bucket as i64;
         let envs = run.idx.f_narrow(0, 0, b).map_err(te)?;
         let rng = run.idx.f_narrow(0, b, RNG_LEN as i64).map_err(te)?;
-        self.step(state, &run.obs, &envs, sample.then_some(&rng))
+        self.step(state, &run.obs, &envs, sample.then_some(&rng), None)
     }
 
     /// One step on the device: raw obs `[batch, raw_len]`, env ids `[batch]` int64 (rows of the state tensors),
@@ -1394,6 +1422,7 @@ impl TorchProgram {
         obs: &Tensor,
         envs: &Tensor,
         rng: Option<&Tensor>,
+        outs: Option<&mut Vec<Option<Tensor>>>,
     ) -> R<Tensor> {
         let x = self.program.preprocess(obs).map_err(te)?;
         let states = state
@@ -1405,7 +1434,7 @@ impl TorchProgram {
             .head
             .as_ref()
             .ok_or_else(|| TorchError::Torch("a probe program cannot run a step".into()))?;
-        let slots = self.program.run(x, states).map_err(te)?;
+        let slots = self.program.run(x, states, outs).map_err(te)?;
         let mut parts = vec![];
         if self.placement.sampling {
             let params = head.params(&slots).map_err(te)?;
