@@ -133,6 +133,7 @@ namespace Policyport
         [DllImport(Lib)] internal static extern Status pp_policy_info(PolicyHandle policy, out PolicyInfo info);
         [DllImport(Lib)] internal static extern unsafe Status pp_policy_act_ids(PolicyHandle policy, float* obs, UIntPtr batch, uint* envIds, int sample, ulong seed, ulong step, long* discrete, float* continuous, float* value, float* distParams, byte* episodeStarts, byte* actionMask, float epsilon);
         [DllImport(Lib)] internal static extern unsafe Status pp_policy_reset(PolicyHandle policy, uint* envs, UIntPtr n);
+        [DllImport(Lib)] internal static extern Status pp_policy_set_threads(PolicyHandle policy, UIntPtr threads);
         [DllImport(Lib)] internal static extern void pp_policy_free(IntPtr policy);
         [DllImport(Lib)] internal static extern Status pp_agents_new(IntPtr policy, ulong seed, int sample, UIntPtr maxAgents, out AgentsHandle agents);
         [DllImport(Lib)] internal static extern Status pp_agents_spawn(AgentsHandle agents, out ulong id);
@@ -253,6 +254,16 @@ namespace Policyport
                     discreteActions.IsEmpty ? null : d, continuousActions.IsEmpty ? null : c, values.IsEmpty ? null : v,
                     null, episodeStarts.IsEmpty ? null : s, null, float.NaN));
             }
+        }
+
+        /// <summary>Split each act() over <paramref name="threads"/> threads by rows (the calling thread and
+        /// threads - 1 workers the policy owns; 0: one per core; 1: the default). The native cpu backend only
+        /// (a <c>PolicyportException</c> with <c>Status.Backend</c> elsewhere); the same actions whatever the count.
+        /// Agents made from this policy keep it: call it before <c>Agents.FromPolicy</c>.</summary>
+        public void SetThreads(int threads)
+        {
+            if (threads < 0) throw new ArgumentOutOfRangeException(nameof(threads));
+            Native.Check(Native.pp_policy_set_threads(Handle, (UIntPtr)threads));
         }
 
         public void Dispose() { Handle.Dispose(); }

@@ -398,11 +398,26 @@ fn calls_that_do_not_fit(backend: Option<Backend>) {
     agents.set_threads(1).unwrap();
     let more = agents.set_threads(2);
     match backend {
-        Some(Backend::Cpu) => more.unwrap(),
-        _ => assert!(
-            matches!(more, Err(AgentsError::Policy(_))),
-            "{name}: {more:?}"
-        ),
+        Some(Backend::Cpu) => {
+            more.unwrap();
+            assert_eq!(agents.threads(), 2);
+            // A session set up by the caller keeps its threads (what the C ABI's pp_agents_new hands over).
+            let mut session = policyport_conformance::load(&bytes, Backend::Cpu)
+                .unwrap()
+                .session();
+            session.set_threads(2).unwrap();
+            assert_eq!(
+                Agents::from_session(session, AgentsConfig::default()).threads(),
+                2
+            );
+        }
+        _ => {
+            assert!(
+                matches!(more, Err(AgentsError::Policy(_))),
+                "{name}: {more:?}"
+            );
+            assert_eq!(agents.threads(), 1, "{name}");
+        }
     }
     let a = agents.spawn().unwrap();
     let b = agents.spawn().unwrap();

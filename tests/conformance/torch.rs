@@ -318,7 +318,10 @@ fn reused_dense_outputs_never_leak_between_calls() {
     let o = opts(Precision::F32, Launch::Eager, Sampling::Host);
     let mut warm = TorchPolicy::load(&bytes, &o).unwrap();
     let mut out = ActOutputs::default();
-    for (call, batch) in [64usize, 64, 64, 17, 17, 64, 1, 1, 64].into_iter().enumerate() {
+    for (call, batch) in [64usize, 64, 64, 17, 17, 64, 1, 1, 64]
+        .into_iter()
+        .enumerate()
+    {
         let obs: Vec<f32> = (0..batch * 64)
             .map(|i| ((i * 31 + call * 7) as f32 * 0.013).sin())
             .collect();

@@ -220,6 +220,13 @@ impl fmt::Debug for Agents {
 impl Agents {
     /// Agents acting through a session on `policy` (any native backend).
     pub fn native(policy: Arc<CompiledPolicy>, config: AgentsConfig) -> Self {
+        Self::from_session(Session::new(policy), config)
+    }
+
+    /// [`Agents::native`] on a session the caller set up (its intra-op threads: `Session::set_threads`, kept).
+    /// Its recurrent state rows are not: every agent starts a new episode at its first act().
+    pub fn from_session(mut session: Session, config: AgentsConfig) -> Self {
+        let policy = session.policy().clone();
         let info = policy.info();
         let discrete = policy.head().is_discrete();
         let shape = Shape {
@@ -233,7 +240,6 @@ impl Agents {
             discrete,
             has_value: info.has_value,
         };
-        let mut session = Session::new(policy);
         session.set_max_envs(config.max_agents);
         Self::with(Runner::Native(Box::new(session)), shape, config)
     }
@@ -378,10 +384,18 @@ impl Agents {
         self.config.deterministic = deterministic;
     }
 
+    /// The threads each act() uses (1 in the sandbox).
+    pub fn threads(&mut self) -> usize {
+        match &mut self.runner {
+            Runner::Native(session) => session.threads(),
+            Runner::Sandboxed { .. } => 1,
+        }
+    }
+
     /// Split each act() over `threads` threads by rows (the calling thread and `threads - 1` workers the policy's
     /// session owns; 0: one per core): [`policyport::Session::set_threads`], with its rules (the cpu backend only,
     /// small batches stay on the calling thread, the same actions whatever the count). A game's frame then waits
-    /// for the slowest share instead of the whole batch. The sandboxed plugin runs on the calling thread only:
+    /// for its share instead of the whole batch. The sandboxed plugin runs on the calling thread only:
     /// more than one is refused there ([`BackendError::Unsupported`](policyport::BackendError::Unsupported)).
     pub fn set_threads(&mut self, threads: usize) -> Result<(), AgentsError> {
         match &mut self.runner {

@@ -823,7 +823,8 @@ fn agents_err(e: AgentsError) -> (PpStatus, String) {
 }
 
 /// Turn a loaded policy (native or sandboxed) into agents. On success `*policy` is consumed (freed: do not use
-/// or free it again) and `*out` holds the agents; on error nothing changes. `sample` 0: deterministic actions;
+/// or free it again) and `*out` holds the agents; on error nothing changes. Its intra-op threads
+/// (`pp_policy_set_threads`) carry over: set them before this call. `sample` 0: deterministic actions;
 /// else sampled from the Philox stream (`seed`, the agent's env id, the tick). `max_agents` 0: 65536.
 ///
 /// # Safety
@@ -856,7 +857,8 @@ pub unsafe extern "C" fn pp_agents_new(
         // that no other thread uses; it is consumed here, as this function's docs tell the caller.
         let p = unsafe { Box::from_raw(policy) };
         let agents = match p.inner {
-            Inner::Native { session, .. } => Agents::native(session.policy().clone(), config),
+            // The policy's session itself: what `pp_policy_set_threads` set carries over.
+            Inner::Native { session, .. } => Agents::from_session(session, config),
             Inner::Wasm { policy, .. } => Agents::sandboxed(policy, config),
         };
         let a = Box::new(PpAgents {

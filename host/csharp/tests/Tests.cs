@@ -23,10 +23,10 @@ static class Tests
 
     static void Assert(bool cond, string what) { if (!cond) throw new Exception("assertion failed: " + what); }
 
-    static void Throws<T>(Action body, string what) where T : Exception
+    static T Throws<T>(Action body, string what) where T : Exception
     {
         try { body(); }
-        catch (T) { return; }
+        catch (T e) { return e; }
         catch (Exception e) { throw new Exception(what + ": expected " + typeof(T).Name + ", got " + e.GetType().Name + ": " + e.Message); }
         throw new Exception(what + ": expected " + typeof(T).Name + ", nothing was thrown");
     }
@@ -189,6 +189,23 @@ static class Tests
             {
                 string got = AgentsGame(agents, true, 32, 1200);
                 Assert(got == cAgents.Replace("native:", "sandboxed:"), "sandboxed agents differ");
+            }
+        });
+        Test("agents from a policy on 2 threads play the same game; the sandbox refuses threads, typed", () =>
+        {
+            var threaded = Policy.Load(artifact);
+            threaded.SetThreads(2);
+            using (var agents = Agents.FromPolicy(threaded, 7))
+            {
+                string got = AgentsGame(agents, false, 32, 1200);
+                Assert(got == cAgents, "2 threads: C# and C agents outputs differ:\nC#: " + got + "\nC:  " + cAgents);
+            }
+            using (var p = Policy.LoadSandboxed(artifact, plugin, 0, 1000))
+            {
+                p.SetThreads(1);
+                var e = Throws<PolicyportException>(() => p.SetThreads(2), "2 threads in the sandbox");
+                Assert(e.Status == Status.Backend, "status " + e.Status);
+                Throws<ArgumentOutOfRangeException>(() => p.SetThreads(-1), "-1 threads");
             }
         });
         Test("bad input is a typed exception, and the handle stays usable", () =>
