@@ -200,48 +200,56 @@ type FreshRow<'a> = (&'a mut Agent, &'a Observation, Option<&'a ActionMask>);
 /// used), visited in the same order.
 type ActionRow<'a> = (&'a Agent, &'a mut Action);
 
+/// One registered agent to stage this tick.
+#[derive(Clone, Copy)]
+struct Staging<'a> {
+    policy: PolicyHandle,
+    id: AgentId,
+    /// Its `Agent::episode_start` (a respawn the game asked for).
+    episode_start: bool,
+    obs: &'a Observation,
+    mask: Option<&'a ActionMask>,
+}
+
 /// Stage one registered agent's observation (and mask) with its policy `a`; a refusal withdraws that policy's
 /// rows for this tick and records the error. Returns the agent's row in its policy's tick + 1 (0: not staged).
 /// The common case (no respawn, no mask, nothing refused yet this tick) is the inlined `Agents::observe` alone.
 #[inline]
-#[allow(clippy::too_many_arguments)]
 fn stage(
     a: &mut Agents,
-    policy: PolicyHandle,
-    id: AgentId,
-    episode_start: bool,
-    obs: &Observation,
-    mask: Option<&ActionMask>,
+    s: Staging<'_>,
     failed: &mut Vec<PolicyHandle>,
     errors: &mut Vec<(PolicyHandle, AgentsError)>,
 ) -> u32 {
-    if obs.0.is_empty() {
+    if s.obs.0.is_empty() {
         return 0;
     }
-    if !episode_start
-        && mask.is_none_or(|m| m.0.is_empty())
+    if !s.episode_start
+        && s.mask.is_none_or(|m| m.0.is_empty())
         && failed.is_empty()
-        && a.observe(id, &obs.0).is_ok()
+        && a.observe(s.id, &s.obs.0).is_ok()
     {
         return a.staged() as u32;
     }
-    stage_general(a, policy, id, episode_start, obs, mask, failed, errors)
+    stage_general(a, s, failed, errors)
 }
 
 /// [`stage`] for a respawn, a mask, a policy that refused this tick or an observation `Agents` refuses. A
 /// respawn is done unless the policy already refused this tick (then the agent's flag stays set for the next).
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
 fn stage_general(
     a: &mut Agents,
-    policy: PolicyHandle,
-    id: AgentId,
-    episode_start: bool,
-    obs: &Observation,
-    mask: Option<&ActionMask>,
+    s: Staging<'_>,
     failed: &mut Vec<PolicyHandle>,
     errors: &mut Vec<(PolicyHandle, AgentsError)>,
 ) -> u32 {
+    let Staging {
+        policy,
+        id,
+        episode_start,
+        obs,
+        mask,
+    } = s;
     if failed.contains(&policy) {
         return 0;
     }
@@ -339,16 +347,14 @@ fn act_system(
             if start && !obs.0.is_empty() && !failed.contains(&policy) {
                 respawned.push(e);
             }
-            rows.push(stage(
-                a,
+            let staging = Staging {
                 policy,
                 id,
-                start,
+                episode_start: start,
                 obs,
                 mask,
-                failed,
-                &mut errors.0,
-            ));
+            };
+            rows.push(stage(a, staging, failed, &mut errors.0));
         }
     }
     for &e in respawned.iter() {
@@ -380,7 +386,14 @@ fn act_system(
                 registered.0.insert(e, (policy, id));
                 let start = std::mem::take(&mut agent.episode_start);
                 if let Some(a) = policies.get_mut(policy) {
-                    rows[i] = stage(a, policy, id, start, obs, mask, failed, &mut errors.0);
+                    let staging = Staging {
+                        policy,
+                        id,
+                        episode_start: start,
+                        obs,
+                        mask,
+                    };
+                    rows[i] = stage(a, staging, failed, &mut errors.0);
                 }
             }
             Err(err) => {
