@@ -83,7 +83,6 @@ pub struct CompiledPolicy {
     /// What built `exec` (golden probes build one-off programs with it).
     builder: Arc<dyn ExecutorBuilder>,
     pre: Preprocessor,
-    one_hot: Option<usize>,
     selection: Option<Selection>,
     /// The limits it was validated under; act() checks its memory against them.
     limits: Limits,
@@ -175,7 +174,6 @@ impl CompiledPolicy {
             plan.obs_shape.iter().product(),
         );
         Ok(CompiledPolicy {
-            one_hot: plan.preprocess.one_hot_width(),
             artifact,
             plan,
             exec,
@@ -449,7 +447,7 @@ impl CompiledPolicy {
     }
 
     pub(crate) fn one_hot_width(&self) -> Option<usize> {
-        self.one_hot
+        self.plan.preprocess.one_hot_width()
     }
 
     pub fn info(&self) -> PolicyInfo {

@@ -16,7 +16,7 @@ use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
 use crate::lend::DenseLender;
 use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
-use crate::pool::RowPool;
+use crate::pool::{RowPool, Split};
 
 #[derive(Debug, Clone)]
 enum Instr {
@@ -149,10 +149,6 @@ struct Threads {
 /// Fewest batch rows worth a thread of their own: below this the hand-off costs more than the rows (measured on
 /// the benchmark MLP, see the README's thread table).
 const MIN_ROWS_PER_THREAD: usize = 8;
-
-/// Parts per thread of a split step (see `launch`): enough that a worker waking late leaves the caller little
-/// to wait for, few enough that the per-part costs stay small.
-const PARTS_PER_THREAD: usize = 4;
 
 /// Fewest rows in a part of a split step, unless the batch gives a thread fewer (four AVX-512 dense tiles).
 const PART_MIN_ROWS: usize = 48;
@@ -720,24 +716,25 @@ impl Executor for CpuProgram {
             self.run(&mut s.main, 0, batch, batch, step.obs, step.states, rows);
             return Ok(Pending::Ready);
         };
-        // Parts of the batch that the threads take in turn (see `RowPool::run`: a worker that wakes late takes
-        // what is left): the same number per thread, up to PARTS_PER_THREAD and none under PART_MIN_ROWS rows
-        // unless a thread's share is smaller (a part runs the whole program: its per-layer costs are paid per
-        // part), large ones in whole 12-row tiles (the AVX-512 dense tile) with the last part shorter.
-        let per_thread = (batch / (threads * PART_MIN_ROWS)).clamp(1, PARTS_PER_THREAD);
-        let per = match batch.div_ceil(threads * per_thread) {
-            p if p >= 96 => p.next_multiple_of(12),
-            p => p,
+        // Parts of the batch that the threads take in turn, shrinking as rows run out (`RowPool::run`: a worker
+        // that wakes late takes what is left), none under PART_MIN_ROWS unless a thread's share is smaller (a
+        // part runs the whole program: its per-layer costs are paid per part), large ones in whole 12-row tiles
+        // (the AVX-512 dense tile).
+        let split = Split {
+            rows: batch,
+            threads,
+            min: PART_MIN_ROWS.min(batch / threads),
+            align: 12,
         };
-        let parts = batch.div_ceil(per);
+        let per = split.largest();
         self.reserve(&mut s.main, per)?;
         for b in bufs.iter().take(threads - 1) {
             self.reserve(&mut lock(b), per)?;
         }
         let main = Mutex::new(&mut s.main);
         let out = RowsPtr(rows.as_mut_ptr());
-        pool.run(parts, &|thread, i| {
-            let (r0, r1) = (i * per, ((i + 1) * per).min(batch));
+        pool.run(split, &|thread, part| {
+            let (r0, r1) = (part.start, part.end);
             // SAFETY: `rows` holds `batch x width` numbers and outlives the job (`pool.run` returns after every
             // part); the parts' row ranges are disjoint.
             let out = unsafe { out.slice(r0 * width, (r1 - r0) * width) };
