@@ -1382,55 +1382,9 @@ fn heads(
             let (m, ms) = runtime_out(imp, graph, mean, "mean")?;
             let k: usize = ms.iter().product();
             let mut values = vec![m.clone()];
-            let ls = match log_std {
-                LogStdSpec::Output(o) => match imp.vals.get(o) {
-                    Some(Val::Const(c)) => {
-                        if c.numel() != k {
-                            return Err(ImportError::Spec(format!(
-                                "log_std output '{o}' is a constant of {} numbers, the mean has {k}",
-                                c.numel()
-                            )));
-                        }
-                        tensors_extra.push((
-                            "log_std".into(),
-                            Tensor::new(vec![k], c.data.iter().map(|v| *v as f32).collect()),
-                        ));
-                        LogStd::Parameter {
-                            tensor: "log_std".into(),
-                        }
-                    }
-                    _ => {
-                        let (v, _) = runtime_out(imp, graph, o, "log_std")?;
-                        values.push(v.clone());
-                        LogStd::Value { value: v }
-                    }
-                },
-                LogStdSpec::Initializer(name) => match imp.vals.get(name) {
-                    Some(Val::Const(c)) => {
-                        tensors_extra.push((
-                            "log_std".into(),
-                            Tensor::new(
-                                vec![c.numel()],
-                                c.data.iter().map(|v| *v as f32).collect(),
-                            ),
-                        ));
-                        LogStd::Parameter {
-                            tensor: "log_std".into(),
-                        }
-                    }
-                    _ => {
-                        return Err(ImportError::Spec(format!(
-                            "'{name}' is not an initializer of the graph"
-                        )));
-                    }
-                },
-                LogStdSpec::Values(v) => {
-                    tensors_extra.push(("log_std".into(), Tensor::new(vec![v.len()], v.clone())));
-                    LogStd::Parameter {
-                        tensor: "log_std".into(),
-                    }
-                }
-            };
+            let (ls, log_std_value, log_std_tensor) = log_std_of(imp, graph, log_std, k)?;
+            values.extend(log_std_value);
+            tensors_extra.extend(log_std_tensor.map(|t| ("log_std".to_string(), t)));
             let dist = match &spec.distribution {
                 DistSpec::DiagGaussian { clip, .. } => Distribution::DiagGaussian {
                     mean: m,
@@ -1458,6 +1412,44 @@ fn heads(
         policy_values,
         tensors: tensors_extra,
     })
+}
+
+/// A Gaussian's log-std as the spec gives it, for a mean of `k` numbers: a graph output that is a run-time value
+/// (then also a value the policy head computes), or a constant — a constant output, an initializer, numbers in
+/// the spec — stored as the artifact's `log_std` tensor.
+fn log_std_of(
+    imp: &Importer,
+    graph: &pb::GraphProto,
+    log_std: &LogStdSpec,
+    k: usize,
+) -> Result<(LogStd, Option<String>, Option<Tensor>), ImportError> {
+    let parameter = |t: Tensor| {
+        let ls = LogStd::Parameter {
+            tensor: "log_std".into(),
+        };
+        Ok((ls, None, Some(t)))
+    };
+    let f32s = |c: &Const| c.data.iter().map(|v| *v as f32).collect::<Vec<f32>>();
+    match log_std {
+        LogStdSpec::Output(o) => match imp.vals.get(o) {
+            Some(Val::Const(c)) if c.numel() != k => Err(ImportError::Spec(format!(
+                "log_std output '{o}' is a constant of {} numbers, the mean has {k}",
+                c.numel()
+            ))),
+            Some(Val::Const(c)) => parameter(Tensor::new(vec![k], f32s(c))),
+            _ => {
+                let (v, _) = runtime_out(imp, graph, o, "log_std")?;
+                Ok((LogStd::Value { value: v.clone() }, Some(v), None))
+            }
+        },
+        LogStdSpec::Initializer(name) => match imp.vals.get(name) {
+            Some(Val::Const(c)) => parameter(Tensor::new(vec![c.numel()], f32s(c))),
+            _ => Err(ImportError::Spec(format!(
+                "'{name}' is not an initializer of the graph"
+            ))),
+        },
+        LogStdSpec::Values(v) => parameter(Tensor::new(vec![v.len()], v.clone())),
+    }
 }
 
 /// The IR nodes split into modules by what reaches them: encoder (both heads), policy head, value head, and what
@@ -1780,6 +1772,51 @@ fn register_core(reg: &mut OpRegistry) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `log_std_of`'s three sources on the pendulum fixture (a diagonal Gaussian): literal values and a run-time
+    /// output become the artifact's parameter / the head's value; a name that is no initializer is a typed
+    /// refusal.
+    #[test]
+    fn log_std_from_values_an_output_or_a_missing_initializer() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/pendulum");
+        let bytes = std::fs::read(format!("{dir}/policy.onnx")).unwrap();
+        let json = std::fs::read_to_string(format!("{dir}/import.json")).unwrap();
+        let with = |log_std: serde_json::Value| {
+            let mut spec: serde_json::Value = serde_json::from_str(&json).unwrap();
+            spec["distribution"]["log_std"] = log_std;
+            serde_json::from_value::<ImportSpec>(spec).unwrap()
+        };
+        let imported =
+            import_onnx(&bytes, &with(serde_json::json!({"values": [-0.5]})), "t").unwrap();
+        assert_eq!(imported.tensors["log_std"].data, vec![-0.5]);
+        assert!(matches!(
+            imported.manifest.distribution,
+            Distribution::DiagGaussian {
+                log_std: LogStd::Parameter { .. },
+                ..
+            }
+        ));
+        // The mean itself as a (run-time) log-std output: a value the policy head computes, no tensor.
+        let imported =
+            import_onnx(&bytes, &with(serde_json::json!({"output": "mean"})), "t").unwrap();
+        assert!(!imported.tensors.contains_key("log_std"));
+        assert!(matches!(
+            imported.manifest.distribution,
+            Distribution::DiagGaussian {
+                log_std: LogStd::Value { .. },
+                ..
+            }
+        ));
+        let err = import_onnx(
+            &bytes,
+            &with(serde_json::json!({"initializer": "nope"})),
+            "t",
+        );
+        assert!(
+            matches!(&err, Err(ImportError::Spec(m)) if m.contains("'nope' is not an initializer")),
+            "{err:?}"
+        );
+    }
 
     fn model(nodes: Vec<pb::NodeProto>) -> Vec<u8> {
         let dim = |v: Option<i64>| pb::Dimension {
