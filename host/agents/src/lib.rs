@@ -499,27 +499,33 @@ impl Agents {
                     && !self.masked =>
             {
                 let start = s.start;
-                if self.ids.is_empty() {
-                    self.tick_starts();
-                }
-                self.ids.push(id);
-                self.env_ids.push(id.slot);
-                self.starts.push(start);
-                // Observations are often a handful of numbers: copied as a fixed-size array (a few register
-                // moves), not by a `memcpy` call or an element loop (which stores the length at every push).
-                match o {
-                    1 => self.obs.push(obs[0]),
-                    2 => extend_fixed::<2>(&mut self.obs, obs),
-                    3 => extend_fixed::<3>(&mut self.obs, obs),
-                    4 => extend_fixed::<4>(&mut self.obs, obs),
-                    6 => extend_fixed::<6>(&mut self.obs, obs),
-                    8 => extend_fixed::<8>(&mut self.obs, obs),
-                    _ => self.obs.extend_from_slice(obs),
-                }
+                self.push_row(id, start, obs);
                 self.slots[slot].staged = self.ids.len() as u32;
                 Ok(())
             }
             _ => self.stage_general(id, obs),
+        }
+    }
+
+    /// Stage one checked row (id, episode start, observation): both staging paths' common part.
+    #[inline(always)]
+    fn push_row(&mut self, id: AgentId, start: bool, obs: &[f32]) {
+        if self.ids.is_empty() {
+            self.tick_starts();
+        }
+        self.ids.push(id);
+        self.env_ids.push(id.slot);
+        self.starts.push(start);
+        // Observations are often a handful of numbers: copied as a fixed-size array (a few register moves), not
+        // by a `memcpy` call or an element loop (which stores the length at every push).
+        match obs.len() {
+            1 => self.obs.push(obs[0]),
+            2 => extend_fixed::<2>(&mut self.obs, obs),
+            3 => extend_fixed::<3>(&mut self.obs, obs),
+            4 => extend_fixed::<4>(&mut self.obs, obs),
+            6 => extend_fixed::<6>(&mut self.obs, obs),
+            8 => extend_fixed::<8>(&mut self.obs, obs),
+            _ => self.obs.extend_from_slice(obs),
         }
     }
 
@@ -579,13 +585,7 @@ impl Agents {
                 });
             }
         }
-        if self.ids.is_empty() {
-            self.tick_starts();
-        }
-        self.ids.push(id);
-        self.env_ids.push(id.slot);
-        self.obs.extend_from_slice(obs);
-        self.starts.push(slot.start);
+        self.push_row(id, slot.start, obs);
         // Mask flags are staged only once some row of the tick has a mask (the rows before it are then filled
         // all-allowed): an unmasked tick, the common case, writes no flag per agent.
         match mask {

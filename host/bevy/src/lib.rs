@@ -56,7 +56,10 @@ impl Policies {
 
     /// Every policy's agents, shared (the Act set's action writing reads them all at once).
     fn all(&mut self) -> Vec<&Agents> {
-        self.all_mut().into_iter().map(|a| &*a).collect()
+        self.agents
+            .iter_mut()
+            .map(|m| &*m.get_mut().unwrap_or_else(|p| p.into_inner()))
+            .collect()
     }
 
     /// Every policy's agents (the Act set's staging pass holds them all at once).

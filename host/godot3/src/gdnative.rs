@@ -263,7 +263,6 @@ core_functions! {
     pool_int_array_write_access_destroy = 302: fn(*mut c_void);
     pool_real_array_write_access_ptr = 304: fn(*const c_void) -> *mut f32;
     pool_real_array_write_access_destroy = 306: fn(*mut c_void);
-    array_get = 333: fn(*const Array, c_int) -> Variant;
     array_operator_index_const = 335: fn(*const Array, c_int) -> *const Variant;
     array_size = 356: fn(*const Array) -> c_int;
     array_destroy = 361: fn(*mut Array);
