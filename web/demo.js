@@ -2,8 +2,11 @@
 // batched act() per tick, a backend switch, live latency / throughput / returns charts, drag-and-drop of a
 // user's own .policy. State is mirrored on `window.demo` for the headless tests (tests/browser/run.mjs).
 //
-// Query parameters: env=cartpole|pendulum|frames, backend=auto|cpu|webgpu, n=<envs>, seed=<policy seed>, idle=1
-// (load nothing: the tests drive the bundles themselves), fast=1 (replay without pauses: the tests).
+// Query parameters: env=cartpole|pendulum|catch|frames, backend=auto|cpu|webgpu, n=<envs>, seed=<policy seed>,
+// idle=1 (load nothing: the tests drive the bundles themselves), fast=1 (replay without pauses: the tests).
+//
+// env=catch is the pixel policy playing: a small CNN trained by PPO (tests/fixtures/generate.py) on Catch's uint8
+// RGB frames, acting on the frames the env renders (guest/envs, in the bundle) — the same frames drawn here.
 //
 // env=frames is the pixel + recurrent policy: sb3-contrib RecurrentPPO's CnnLstmPolicy (NatureCNN on uint8 RGB
 // frames, then an LSTM with state per env) replaying its trainer's own rollout (two envs, episode boundaries
@@ -14,6 +17,8 @@ const params = new URLSearchParams(location.search);
 const ENVS = {
   cartpole: { n: 256, obsLen: 4, title: "CartPole-v1" },
   pendulum: { n: 64, obsLen: 3, title: "Pendulum-v1" },
+  // tickMs: paced so a person can follow the balls (fast=1 steps as fast as act() allows).
+  catch: { n: 64, obsLen: 16 * 16 * 3, title: "Catch (a CNN on the game's 16×16 RGB frames)", frame: [16, 16, 3], tickMs: 60 },
   frames: { replay: "sb3_cnn_lstm", title: "SB3 RecurrentPPO CnnLstm on frames (the trainer's rollout)" },
 };
 
@@ -130,7 +135,8 @@ async function start() {
         rate.t0 = now;
         rate.steps = 0;
       }
-      await yieldToBrowser();
+      if (spec.tickMs && params.get("fast") !== "1") await sleep(Math.max(0, spec.tickMs - (performance.now() - t0)));
+      else await yieldToBrowser();
     }
     policy.free();
     env.free();
@@ -241,6 +247,7 @@ function drawWorld(r) {
   const g = c.getContext("2d");
   g.fillStyle = "#0b1015";
   g.fillRect(0, 0, c.width, c.height);
+  if (ENVS[r.envName].frame) return drawPixelEnvs(r, c, g);
   const obs = r.env.observations();
   const steps = r.env.episodeSteps();
   const n = r.env.length;
@@ -280,6 +287,50 @@ function drawWorld(r) {
     }
     g.restore();
   }
+}
+
+// A pixel env: each env's own frame (the uint8 RGB observation the policy acted on) in a grid, scaled up without
+// smoothing, with the env's running return.
+function drawPixelEnvs(r, c, g) {
+  const [h, w] = ENVS[r.envName].frame;
+  const obs = r.env.observations();
+  const running = r.env.runningReturns();
+  const n = r.env.length;
+  const cols = Math.ceil(Math.sqrt(n));
+  const rows = Math.ceil(n / cols);
+  const img = new ImageData(cols * w, rows * h);
+  for (let i = 0; i < n; i++) {
+    const x0 = (i % cols) * w, y0 = Math.floor(i / cols) * h;
+    for (let y = 0; y < h; y++) {
+      for (let x = 0; x < w; x++) {
+        const src = ((i * h + y) * w + x) * 3, dst = ((y0 + y) * cols * w + x0 + x) * 4;
+        img.data[dst] = obs[src];
+        img.data[dst + 1] = obs[src + 1];
+        img.data[dst + 2] = obs[src + 2];
+        img.data[dst + 3] = 255;
+      }
+    }
+  }
+  const board = new OffscreenCanvas(cols * w, rows * h);
+  board.getContext("2d").putImageData(img, 0, 0);
+  const pad = c.width / 64;
+  const cell = Math.min((c.width - 2 * pad) / cols, (c.height - 2 * pad) / rows);
+  g.save();
+  g.translate(pad, pad);
+  g.imageSmoothingEnabled = false;
+  g.drawImage(board, 0, 0, cell * cols, cell * rows);
+  g.strokeStyle = "#0b1015";
+  g.lineWidth = Math.max(1, cell / 32);
+  for (let i = 1; i < cols; i++) { g.beginPath(); g.moveTo(i * cell, 0); g.lineTo(i * cell, rows * cell); g.stroke(); }
+  for (let i = 1; i < rows; i++) { g.beginPath(); g.moveTo(0, i * cell); g.lineTo(cols * cell, i * cell); g.stroke(); }
+  if (cell >= 48) {
+    g.font = `${Math.round(cell / 9)}px system-ui`;
+    g.fillStyle = "#8a96a3";
+    for (let i = 0; i < n; i++) {
+      g.fillText(`${running[i] >= 0 ? "+" : ""}${running[i]}`, (i % cols) * cell + cell * 0.06, Math.floor(i / cols) * cell + cell * 0.14);
+    }
+  }
+  g.restore();
 }
 
 // The frames the policy sees (uint8, channels first as SB3 hands them to the network, or channels last: RGB with
@@ -397,7 +448,7 @@ async function useFile(file) {
     const obsLen = probe.info().obsLen;
     probe.free();
     const env = Object.keys(ENVS).find((k) => ENVS[k].obsLen === obsLen);
-    if (!env) throw new Error(`${file.name} takes ${obsLen} observations: this demo drives CartPole (4) and Pendulum (3)`);
+    if (!env) throw new Error(`${file.name} takes ${obsLen} observations: this demo drives CartPole (4), Pendulum (3) and Catch (768: 16×16 RGB)`);
     userPolicyBytes = bytes;
     demo.env = env;
     $("env").value = env;

@@ -77,6 +77,15 @@ for (const [env, n, steps] of [["cartpole", 256, 60], ["pendulum", 64, 60]]) {
   execFileSync(bin, ["trace", file, "--env", env, "--envs", String(n), "--steps", String(steps), "--env-seed", "1", "--policy-seed", "7", "-o", out], { stdio: "inherit" });
   traces[env] = JSON.parse(fs.readFileSync(out, "utf8"));
 }
+// Catch (the pixel policy): a whole episode of 16 envs natively, returns only (its frames are big); the demo page
+// plays the same envs from its own frames.
+{
+  const file = path.join(outDir, "catch.policy");
+  fs.writeFileSync(file, Buffer.from(await (await fetch(`${base}/policies/catch.policy`)).arrayBuffer()));
+  const out = path.join(outDir, "catch.trace.json");
+  execFileSync(bin, ["trace", file, "--env", "catch", "--envs", "16", "--steps", "200", "--env-seed", "1", "--policy-seed", "7", "--no-obs", "-o", out], { stdio: "inherit" });
+  traces.catch = JSON.parse(fs.readFileSync(out, "utf8"));
+}
 
 // ---- every fixture of the suite, compiled with its PyTorch float64 golden cases ----
 const FIXTURES = path.join(ROOT, "tests/fixtures");
@@ -546,6 +555,32 @@ try {
     const goodReturn = envName === "cartpole" ? d.meanReturn >= 195 : d.meanReturn >= -400;
     check(`demo ${envName} on ${backend}`, !d.error && d.episodes >= minEpisodes && d.shown !== "–" && goodReturn && (backend === "auto" || d.backend === backend),
       d.error ?? `${d.episodes} episodes, mean return ${d.meanReturn?.toFixed(1)} (shown "${d.shown}"), ${d.ticks} ticks, act ${d.latencyMs?.toFixed(3)} ms median on ${d.backend} (${d.bundle} bundle), screenshot ${path.basename(shot)}`);
+  }
+
+  // the pixel policy playing Catch (a CNN trained by PPO on the game's uint8 RGB frames) from the frames the page's
+  // own env renders and draws: on cpu its first 16 episodes are the native run's, return for return (the same Rust
+  // env and kernels in wasm); on webgpu the game is played as well (its float sums differ, so a sampled action may)
+  {
+    const want = traces.catch.finished_returns;
+    for (const backend of ["cpu", "webgpu"]) {
+      await page.goto(`${base}/?backend=${backend}&env=catch&n=16&fast=1`);
+      await page.waitForFunction(() => window.demo.error || window.demo.episodes >= 16, null, { timeout: 240000 });
+      const d = await page.evaluate(() => ({
+        error: window.demo.error, returns: window.demo.returns.slice(0, 16), backend: window.demo.info?.backend,
+        bundle: window.demo.bundle, ticks: window.demo.ticks,
+        latencyMs: [...window.demo.latencies].sort((a, b) => a - b)[window.demo.latencies.length >> 1],
+      }));
+      const shot = path.join(outDir, `demo-catch-${backend}.png`);
+      await page.screenshot({ path: shot });
+      const same = d.returns.filter((v, i) => v === want[i]).length;
+      const mean = d.returns.reduce((a, b) => a + b, 0) / Math.max(1, d.returns.length);
+      results.demo.push({ backend, envName: "catch", same, mean, ...d });
+      check(`demo catch (a CNN on the env's own frames) on ${backend}`,
+        !d.error && d.backend === backend && want.length === 16 && d.returns.length === 16 && mean >= 30 &&
+          (backend !== "cpu" || same === 16),
+        d.error ?? `16 episodes, mean return ${mean.toFixed(2)} (perfect 38), ${same}/16 returns as the native ` +
+          `run's, act ${d.latencyMs?.toFixed(3)} ms median on ${d.backend} (${d.bundle} bundle), screenshot ${path.basename(shot)}`);
+    }
   }
 
   // the pixel + recurrent policy (SB3 RecurrentPPO CnnLstm on uint8 RGB frames): its trainer's rollout replayed

@@ -70,7 +70,7 @@ fn agents_on(bytes: &[u8], backend: Option<Backend>, config: AgentsConfig) -> (S
 
 /// One agent per evaluation episode, spawned at tick 0 in episode order (so agent env ids are the episode
 /// numbers, as the demo's), observed in a new shuffled order each tick, despawned when its episode ends.
-fn episode_returns<E: Env>(
+fn episode_returns<E: Env<Obs = f32>>(
     agents: &mut Agents,
     episodes: u32,
     env_seed: u64,
@@ -128,7 +128,7 @@ fn episode_returns<E: Env>(
 /// runner (`policyport demo`: one act() per step, rows in episode order) exactly, on `backend` (the demo on the
 /// same backend) or in the sandbox (`None`: the native cpu demo's, within rounding); CartPole's equal the PyTorch
 /// policy's too.
-fn replay_through_agents<E: Env>(fixture: &str, backend: Option<Backend>) {
+fn replay_through_agents<E: Env<Obs = f32>>(fixture: &str, backend: Option<Backend>) {
     let f = load_fixture(fixture);
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);

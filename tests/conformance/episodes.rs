@@ -1,6 +1,6 @@
 use policyport::Backend;
 use policyport_cli::demo::{EpisodeStats, run_episodes_batched};
-use policyport_cli::envs::{CartPole, Env, Pendulum};
+use policyport_cli::envs::{CartPole, Catch, Env, Pendulum};
 use policyport_conformance::{compile_fixture, load_fixture};
 
 /// Replay a trained fixture's evaluation episodes on backend `b`; `check(key, backend, want, got)` per mode.
@@ -57,3 +57,18 @@ fn pendulum_matches_the_pytorch_returns(b: Backend) {
     });
 }
 per_backend!(pendulum_matches_the_pytorch_returns);
+
+/// The pixel policy (a CNN on Catch's uint8 frames, the browser demo's): the PyTorch policy's seeded episodes
+/// replayed from the env's own frames, identical episode by episode, and the game played well (a perfect player
+/// scores 38, a random one about -26).
+fn catch_replays_the_pytorch_episodes(b: Backend) {
+    replay::<Catch>("catch", b, |key, backend, want, got| {
+        assert_eq!(got.returns, want, "{key} on {backend}");
+        assert!(
+            got.mean_return() >= 30.0,
+            "{key} on {backend}: {}",
+            got.mean_return()
+        );
+    });
+}
+per_backend!(catch_replays_the_pytorch_episodes);

@@ -41,6 +41,7 @@ fn the_suite_has_every_model_class_the_spine_promises() {
     for want in [
         "cartpole",
         "pendulum",
+        "catch",
         "mlp64",
         "mlp64_dynamo",
         "ops",
@@ -72,6 +73,17 @@ fn trained_policies_reached_their_targets_in_pytorch() {
     let det: Vec<f64> = serde_json::from_value(eval["deterministic_returns"].clone()).unwrap();
     let mean = det.iter().sum::<f64>() / det.len() as f64;
     assert!(mean >= -400.0, "Pendulum PyTorch policy mean {mean}");
+    let eval = policyport_conformance::load_fixture("catch")
+        .io
+        .eval
+        .unwrap();
+    assert_eq!(eval["env"], "Catch");
+    let det: Vec<f64> = serde_json::from_value(eval["deterministic_returns"].clone()).unwrap();
+    let mean = det.iter().sum::<f64>() / det.len() as f64;
+    assert!(
+        det.len() >= 20 && mean >= 34.0,
+        "Catch PyTorch policy mean {mean} (38 is perfect play)"
+    );
 }
 
 /// A dict observation over a graph with one input per key (both exporters): the artifact's observation is the

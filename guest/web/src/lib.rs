@@ -848,8 +848,9 @@ fn to_js<T: serde::Serialize>(v: &T) -> Result<JsValue, JsValue> {
     js_sys::JSON::parse(&s)
 }
 
-/// `n` CartPole-v1 or Pendulum-v1 envs stepped together (the demo's environments, the same Rust code as the
-/// native demo, so trajectories match native runs bit for bit).
+/// `n` CartPole-v1, Pendulum-v1 or Catch envs stepped together (the demo's environments, the same Rust code as
+/// the native demo, so trajectories match native runs bit for bit). Catch is a pixel game: its observations are
+/// uint8 RGB frames `[16, 16, 3]`, the picture the page draws.
 #[wasm_bindgen]
 pub struct VecEnv {
     inner: policyport_envs::VecEnv,
@@ -858,7 +859,7 @@ pub struct VecEnv {
 
 #[wasm_bindgen]
 impl VecEnv {
-    /// `kind`: "cartpole" or "pendulum"; env `i` plays episodes `i, i + n, …` from reset stream `seed`.
+    /// `kind`: "cartpole", "pendulum" or "catch"; env `i` plays episodes `i, i + n, …` from reset stream `seed`.
     #[wasm_bindgen(constructor)]
     pub fn new(kind: &str, n: u32, seed: f64) -> Result<VecEnv, JsValue> {
         let kind: policyport_envs::EnvKind = kind.parse().map_err(arg_error)?;
@@ -890,12 +891,16 @@ impl VecEnv {
         self.inner.ticks() as f64
     }
 
-    /// Current observations, `length x obsLen` (a copy).
-    pub fn observations(&self) -> Float32Array {
-        Float32Array::from(self.inner.observations())
+    /// Current observations, `length x obsLen` (a copy): a Float32Array, or a Uint8Array of frames for Catch.
+    #[wasm_bindgen(unchecked_return_type = "Float32Array | Uint8Array")]
+    pub fn observations(&self) -> JsValue {
+        match self.inner.observations() {
+            policyport_envs::EnvObs::F32(x) => Float32Array::from(x).into(),
+            policyport_envs::EnvObs::U8(x) => Uint8Array::from(x).into(),
+        }
     }
 
-    /// Apply one action per env (Int32Array for CartPole, Float32Array for Pendulum, as act() returns them);
+    /// Apply one action per env (Int32Array for CartPole and Catch, Float32Array for Pendulum, as act() returns them);
     /// returns the returns of the episodes that ended this tick (those envs were reset).
     pub fn step(
         &mut self,
@@ -904,7 +909,7 @@ impl VecEnv {
         let report = if self.inner.kind().discrete() {
             let a = actions
                 .dyn_ref::<Int32Array>()
-                .ok_or_else(|| arg_error("CartPole takes an Int32Array of actions"))?;
+                .ok_or_else(|| arg_error("this env takes an Int32Array of actions"))?;
             self.discrete.clear();
             self.discrete.extend(a.to_vec().into_iter().map(i64::from));
             self.inner.step(&self.discrete, &[])

@@ -4,7 +4,15 @@ use std::time::Instant;
 
 use policyport::{ActMode, EnvIds, Observations, PolicyError, Request, Session};
 
-use crate::envs::Env;
+use crate::envs::{Env, EnvObs, ObsElem};
+
+/// An env's observations as act() takes them (u8 frames stay u8).
+pub fn observations(obs: EnvObs<'_>) -> Observations<'_> {
+    match obs {
+        EnvObs::F32(x) => Observations::F32(x),
+        EnvObs::U8(x) => Observations::U8(x),
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct EpisodeStats {
@@ -35,7 +43,7 @@ pub fn run_episodes<E: Env>(
     policy_seed: u64,
     sampled: bool,
 ) -> Result<EpisodeStats, PolicyError> {
-    let mut obs = vec![0.0f32; E::OBS_LEN];
+    let mut obs = vec![E::Obs::default(); E::OBS_LEN];
     let mut stats = EpisodeStats {
         returns: vec![],
         steps: 0,
@@ -55,8 +63,9 @@ pub fn run_episodes<E: Env>(
                 ActMode::Deterministic
             };
             let t0 = Instant::now();
-            let out = session
-                .act(&Request::new(Observations::F32(&obs), 1, mode).envs(EnvIds::Range(e)))?;
+            let out = session.act(
+                &Request::new(observations(ObsElem::view(&obs)), 1, mode).envs(EnvIds::Range(e)),
+            )?;
             stats.act_us.push(t0.elapsed().as_secs_f64() * 1e6);
             let d = out.discrete.first().copied().unwrap_or(0);
             let (r, term) = env.step(d, &out.continuous);
@@ -97,7 +106,7 @@ pub fn run_episodes_batched<E: Env>(
         if active.is_empty() {
             break;
         }
-        obs.resize(active.len() * E::OBS_LEN, 0.0f32);
+        obs.resize(active.len() * E::OBS_LEN, E::Obs::default());
         for (row, &e) in active.iter().enumerate() {
             envs[e as usize].observe(&mut obs[row * E::OBS_LEN..(row + 1) * E::OBS_LEN]);
         }
@@ -111,7 +120,8 @@ pub fn run_episodes_batched<E: Env>(
         };
         let t0 = Instant::now();
         let out = session.act(
-            &Request::new(Observations::F32(&obs), active.len(), mode).envs(EnvIds::List(&active)),
+            &Request::new(observations(ObsElem::view(&obs)), active.len(), mode)
+                .envs(EnvIds::List(&active)),
         )?;
         stats.act_us.push(t0.elapsed().as_secs_f64() * 1e6);
         let k = if out.discrete.is_empty() {

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use policyport::{ActMode, Backend, Observations, Request};
-use policyport_cli::demo::run_episodes;
-use policyport_cli::envs::{CartPole, Pendulum};
+use policyport::{ActMode, Backend, Request};
+use policyport_cli::demo::{observations, run_episodes};
+use policyport_cli::envs::{CartPole, Catch, EnvObs, Pendulum};
 use policyport_import::{FixtureIo, ImportSpec, Storage, compile_onnx};
 
 use super::{load_policy, read, write_atomically};
@@ -29,7 +29,7 @@ pub struct DemoArgs {
 #[derive(Args)]
 pub struct TraceArgs {
     pub artifact: PathBuf,
-    /// cartpole or pendulum
+    /// cartpole, pendulum or catch
     #[arg(long)]
     pub env: String,
     #[arg(long, default_value_t = 256)]
@@ -42,6 +42,9 @@ pub struct TraceArgs {
     pub policy_seed: u64,
     #[arg(long, default_value = "cpu")]
     pub backend: Backend,
+    /// Leave the observations out of the trace (a pixel env's frames are large): actions, values and returns only.
+    #[arg(long)]
+    pub no_obs: bool,
     #[arg(short, long)]
     pub out: PathBuf,
 }
@@ -76,6 +79,7 @@ pub fn trace(args: TraceArgs) -> Result<()> {
         env_seed,
         policy_seed,
         backend,
+        no_obs,
         out,
     } = args;
     trace_envs(
@@ -84,7 +88,7 @@ pub fn trace(args: TraceArgs) -> Result<()> {
         envs,
         steps,
         (env_seed, policy_seed),
-        backend,
+        (backend, !no_obs),
         &out,
     )
 }
@@ -101,8 +105,8 @@ struct Bundled {
     io: &'static [u8],
 }
 
-/// The two trained policies of the demos, plus the benchmark MLP (64-256-256, untrained) the browser benchmark
-/// compares against onnxruntime-web.
+/// The three trained policies of the demos (CartPole, Pendulum, the Catch pixel game), plus the benchmark MLP
+/// (64-256-256, untrained) the browser benchmark compares against onnxruntime-web.
 const BENCH_MODEL: Bundled = Bundled {
     name: "mlp64",
     onnx: include_bytes!("../../../../tests/fixtures/mlp64/policy.onnx"),
@@ -110,7 +114,7 @@ const BENCH_MODEL: Bundled = Bundled {
     io: include_bytes!("../../../../tests/fixtures/mlp64/io.json"),
 };
 
-const BUNDLED: [Bundled; 2] = [
+const BUNDLED: [Bundled; 3] = [
     Bundled {
         name: "cartpole",
         onnx: include_bytes!("../../../../tests/fixtures/cartpole/policy.onnx"),
@@ -122,6 +126,12 @@ const BUNDLED: [Bundled; 2] = [
         onnx: include_bytes!("../../../../tests/fixtures/pendulum/policy.onnx"),
         spec: include_bytes!("../../../../tests/fixtures/pendulum/import.json"),
         io: include_bytes!("../../../../tests/fixtures/pendulum/io.json"),
+    },
+    Bundled {
+        name: "catch",
+        onnx: include_bytes!("../../../../tests/fixtures/catch/policy.onnx"),
+        spec: include_bytes!("../../../../tests/fixtures/catch/import.json"),
+        io: include_bytes!("../../../../tests/fixtures/catch/io.json"),
     },
 ];
 
@@ -164,7 +174,7 @@ fn trace_envs(
     n: usize,
     steps: usize,
     (env_seed, policy_seed): (u64, u64),
-    backend: Backend,
+    (backend, with_obs): (Backend, bool),
     out: &Path,
 ) -> Result<()> {
     use policyport_cli::envs::VecEnv;
@@ -182,18 +192,22 @@ fn trace_envs(
     let mut env = VecEnv::new(kind, n, env_seed);
     let (mut obs, mut actions, mut values) = (vec![], vec![], vec![]);
     for t in 0..steps {
-        let o = env.observations().to_vec();
         let acts = session.act(&Request::new(
-            Observations::F32(&o),
+            observations(env.observations()),
             n,
             ActMode::Sample {
                 seed: policy_seed,
                 step: t as u64,
             },
         ))?;
+        if with_obs {
+            obs.push(match env.observations() {
+                EnvObs::F32(x) => serde_json::to_value(x)?,
+                EnvObs::U8(x) => serde_json::to_value(x)?,
+            });
+        }
         env.step(&acts.discrete, &acts.continuous)
             .map_err(anyhow::Error::msg)?;
-        obs.push(o);
         actions.push(if kind.discrete() {
             serde_json::to_value(&acts.discrete)?
         } else {
@@ -209,6 +223,7 @@ fn trace_envs(
         "policy_seed": policy_seed,
         "backend": backend.name(),
         "discrete": kind.discrete(),
+        "pixels": kind.pixels(),
         "obs": obs,
         "actions": actions,
         "value": values,
@@ -322,6 +337,7 @@ fn run_demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
                 "cartpole" => {
                     run_episodes::<CartPole>(&mut session, n, env_seed, policy_seed, sampled)?
                 }
+                "catch" => run_episodes::<Catch>(&mut session, n, env_seed, policy_seed, sampled)?,
                 _ => run_episodes::<Pendulum>(&mut session, n, env_seed, policy_seed, sampled)?,
             };
             let torch_mean = torch[..n as usize].iter().sum::<f64>() / n as f64;
@@ -357,6 +373,10 @@ fn run_demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
                     "cartpole mean return {:.1} < 475",
                     stats.mean_return()
                 ));
+            }
+            // Catch: a perfect player scores 38, a random one about -26.
+            if b.name == "catch" && stats.mean_return() < 30.0 {
+                failures.push(format!("catch mean return {:.1} < 30", stats.mean_return()));
             }
         }
     }
