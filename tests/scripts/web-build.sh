@@ -9,9 +9,16 @@ ensure_wasm_bindgen
 ensure_wasm_target
 WB="$PP_WASM_BINDGEN"
 WASM_DIR="$CARGO_TARGET_DIR/wasm32-unknown-unknown"
+# Dependencies' panic locations carry their source paths (~970 in the full bundle): under the machine's CARGO_HOME
+# they made the bundles' size depend on where the registry lives (the full bundle measured 1.9 KB gzipped bigger
+# under /cold/home/.cargo than under /root/.cargo, over its 3 MB goal) and shipped the build machine's paths.
+# Remapped to one short prefix, the size is the same on every machine (the threads bundle's std sources alike).
+REGISTRY_SRC="${CARGO_HOME:-$HOME/.cargo}/registry/src"
+REMAP="--remap-path-prefix=$REGISTRY_SRC=/crates"
+REMAP_CONFIG="target.wasm32-unknown-unknown.rustflags=[\"$REMAP\"]"
 
 echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.toml)"
-cargo build --profile web -p policyport-web --target wasm32-unknown-unknown
+cargo build --profile web -p policyport-web --target wasm32-unknown-unknown --config "$REMAP_CONFIG"
 rm -rf web/pkg/cpu && "$WB" --target web --out-dir web/pkg/cpu "$WASM_DIR/web/policyport_web.wasm"
 
 echo "== CPU bundle with wasm threads (policyport-web built with +atomics, std rebuilt: -Z build-std)"
@@ -29,7 +36,7 @@ for a in --shared-memory --max-memory=4294967296 --import-memory --export=__wasm
   THREAD_LINK="$THREAD_LINK -C link-arg=$a"
 done
 RUSTC_BOOTSTRAP=1 \
-  RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals$THREAD_LINK" \
+  RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals$THREAD_LINK $REMAP --remap-path-prefix=$(rustc --print sysroot)/lib/rustlib/src/rust=/rust-src" \
   cargo build -Z build-std=std,panic_abort --profile web-threads -p policyport-web --target wasm32-unknown-unknown
 rm -rf web/pkg/cpu-threads
 "$WB" --target web --out-dir web/pkg/cpu-threads "$WASM_DIR/web-threads/policyport_web.wasm"
@@ -63,7 +70,8 @@ if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
   cp Cargo.lock "$CARGO_TARGET_DIR/Cargo.lock.saved"
   trap 'cp "$CARGO_TARGET_DIR/Cargo.lock.saved" "$ROOT/Cargo.lock"' EXIT
   cargo build --profile web-gpu -p policyport-web --features webgpu --target wasm32-unknown-unknown \
-    --config "patch.crates-io.cubecl-runtime.path=\"$PATCHED\""
+    --config "patch.crates-io.cubecl-runtime.path=\"$PATCHED\"" --config "$REMAP_CONFIG" \
+    --config "target.wasm32-unknown-unknown.rustflags=[\"--remap-path-prefix=$PATCHED=/crates/cubecl-runtime-patched\"]"
   cp "$CARGO_TARGET_DIR/Cargo.lock.saved" Cargo.lock
   rm -rf web/pkg/webgpu && "$WB" --target web --out-dir web/pkg/webgpu "$WASM_DIR/web-gpu/policyport_web.wasm"
   # binaryen's wasm-opt (npm package `binaryen`, pinned in web/package-lock.json) on the full bundle: -O2 (speed
