@@ -93,6 +93,29 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
         "distribution {}",
         serde_json::to_string(&m.distribution).unwrap_or_default()
     );
+    write_acting_notes(&mut s, m);
+    let _ = writeln!(s, "submodules:");
+    for module in &m.modules {
+        write_module(&mut s, art, plan, module);
+    }
+    let _ = writeln!(s, "parameters  {params} ({} tensors)", art.tensors.len());
+    let _ = writeln!(s, "FLOPs/step  {} per env", flops_per_env(art, plan));
+    let _ = writeln!(
+        s,
+        "golden      {} case(s): {}",
+        m.golden.len(),
+        m.golden
+            .iter()
+            .map(|g| format!("{} (batch {})", g.name, g.batch))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    s
+}
+
+/// How the policy acts beyond its distribution (Q-values, deterministic actors), frame layout, masks, the value
+/// output and the recurrent states.
+fn write_acting_notes(s: &mut String, m: &policyport_format::Manifest) {
     match &m.distribution {
         policyport_format::Distribution::QValues { epsilon, .. } => {
             let _ = writeln!(
@@ -146,70 +169,63 @@ pub fn summary(art: &Artifact, plan: &ValidatedPlan, file_len: usize) -> String 
             );
         }
     }
-    let _ = writeln!(s, "submodules:");
-    for module in &m.modules {
-        let mp: usize = module
-            .nodes
-            .iter()
-            .flat_map(|n| n.op.tensors())
-            .map(|t| art.tensors[t].data.len())
-            .sum();
-        let mf: u64 = module.nodes.iter().map(|n| node_flops(art, plan, n)).sum();
-        let _ = writeln!(
-            s,
-            "  {:<10} {:<14} {} -> {}  ({} nodes, {} params, {} FLOPs/step)",
-            module.name,
-            format!("{:?}", module.role),
-            module
-                .inputs
-                .iter()
-                .map(|i| format!("{i}{:?}", plan.shapes[i]))
-                .collect::<Vec<_>>()
-                .join(", "),
-            module
-                .outputs
-                .iter()
-                .map(|o| format!("{o}{:?}", plan.shapes[o]))
-                .collect::<Vec<_>>()
-                .join(", "),
-            module.nodes.len(),
-            mp,
-            mf
-        );
-        for n in &module.nodes {
-            let op = match &n.op {
-                Op::Dense { weight, .. } => format!("dense {:?}", art.tensors[weight].shape),
-                Op::Conv2d { weight, stride, .. } => {
-                    format!("conv2d {:?}/{}", art.tensors[weight].shape, stride[0])
-                }
-                Op::MaxPool2d { kernel, stride, .. } => {
-                    format!("max_pool2d {}x{}/{}", kernel[0], kernel[1], stride[0])
-                }
-                other => other.kind(),
-            };
-            let _ = writeln!(
-                s,
-                "      {:<22} {} -> {}{:?}",
-                op,
-                n.inputs.join(", "),
-                n.output,
-                plan.shapes[&n.output]
-            );
-        }
-    }
-    let _ = writeln!(s, "parameters  {params} ({} tensors)", art.tensors.len());
-    let _ = writeln!(s, "FLOPs/step  {} per env", flops_per_env(art, plan));
+}
+
+/// One submodule: its role, inputs and outputs with shapes, size and cost, then a line per node.
+fn write_module(
+    s: &mut String,
+    art: &Artifact,
+    plan: &ValidatedPlan,
+    module: &policyport_format::Module,
+) {
+    let mp: usize = module
+        .nodes
+        .iter()
+        .flat_map(|n| n.op.tensors())
+        .map(|t| art.tensors[t].data.len())
+        .sum();
+    let mf: u64 = module.nodes.iter().map(|n| node_flops(art, plan, n)).sum();
     let _ = writeln!(
         s,
-        "golden      {} case(s): {}",
-        m.golden.len(),
-        m.golden
+        "  {:<10} {:<14} {} -> {}  ({} nodes, {} params, {} FLOPs/step)",
+        module.name,
+        format!("{:?}", module.role),
+        module
+            .inputs
             .iter()
-            .map(|g| format!("{} (batch {})", g.name, g.batch))
+            .map(|i| format!("{i}{:?}", plan.shapes[i]))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        module
+            .outputs
+            .iter()
+            .map(|o| format!("{o}{:?}", plan.shapes[o]))
+            .collect::<Vec<_>>()
+            .join(", "),
+        module.nodes.len(),
+        mp,
+        mf
     );
-    s
+    for n in &module.nodes {
+        let op = match &n.op {
+            Op::Dense { weight, .. } => format!("dense {:?}", art.tensors[weight].shape),
+            Op::Conv2d { weight, stride, .. } => {
+                format!("conv2d {:?}/{}", art.tensors[weight].shape, stride[0])
+            }
+            Op::MaxPool2d { kernel, stride, .. } => {
+                format!("max_pool2d {}x{}/{}", kernel[0], kernel[1], stride[0])
+            }
+            other => other.kind(),
+        };
+        let _ = writeln!(
+            s,
+            "      {:<22} {} -> {}{:?}",
+            op,
+            n.inputs.join(", "),
+            n.output,
+            plan.shapes[&n.output]
+        );
+    }
 }
 
 #[cfg(test)]

@@ -811,6 +811,8 @@ impl Importer {
         );
     }
 
+    /// Add / Sub / Mul / Div: folded when both operands are constants, an elementwise op on two run-time values,
+    /// or an affine map (folded into a bias-less Dense before it where possible) with a constant operand.
     fn binary(
         &mut self,
         node: &pb::NodeProto,
@@ -818,161 +820,209 @@ impl Importer {
         ins: &[Val],
         out: &str,
     ) -> Result<(), ImportError> {
-        let label = node_label(node, idx);
-        let op = node.op_type.as_str();
         match (&ins[0], &ins[1]) {
-            (Val::Const(a), Val::Const(b)) => {
-                // Constant folding (scalar broadcast or equal shapes).
-                if a.numel() != b.numel() && a.numel() != 1 && b.numel() != 1 {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        "constant broadcast",
-                        "fold constants before export",
-                    ));
-                }
-                let n = a.numel().max(b.numel());
-                let dims = if a.numel() >= b.numel() {
-                    a.dims.clone()
-                } else {
-                    b.dims.clone()
-                };
-                let data = (0..n)
-                    .map(|i| {
-                        let (x, y) = (
-                            a.data[if a.numel() == 1 { 0 } else { i }],
-                            b.data[if b.numel() == 1 { 0 } else { i }],
-                        );
-                        match op {
-                            "Add" => x + y,
-                            "Sub" => x - y,
-                            "Mul" => x * y,
-                            _ => x / y,
-                        }
-                    })
-                    .collect();
-                self.vals
-                    .insert(out.to_string(), Val::Const(Const { dims, data }));
-            }
+            (Val::Const(a), Val::Const(b)) => self.fold_binary(node, idx, a, b, out),
             (Val::Runtime { name: a, shape: sa }, Val::Runtime { name: b, shape: sb }) => {
-                if sa != sb {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        &format!("shapes {sa:?} and {sb:?}"),
-                        "operands must have equal shapes",
-                    ));
-                }
-                match op {
-                    "Add" => {
-                        self.emit(&label, Op::Add, vec![a.clone(), b.clone()], out, sa.clone())
-                    }
-                    "Mul" => {
-                        self.emit(&label, Op::Mul, vec![a.clone(), b.clone()], out, sa.clone())
-                    }
-                    "Sub" => {
-                        let neg = self.add_tensor(&format!("{label}.neg"), vec![1], vec![-1.0]);
-                        let tmp = format!("{out}/neg");
-                        let tmp_ir = Self::ir_name(&tmp);
-                        self.emit(
-                            &format!("{label}/neg"),
-                            Op::Affine {
-                                scale: Some(neg),
-                                shift: None,
-                            },
-                            vec![b.clone()],
-                            &tmp,
-                            sa.clone(),
-                        );
-                        self.emit(&label, Op::Add, vec![a.clone(), tmp_ir], out, sa.clone());
-                    }
-                    _ => {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "division of two run-time values",
-                            "not supported yet",
-                        ));
-                    }
-                }
+                self.binary_of_runtimes(node, idx, (a, sa), (b, sb), out)
             }
-            (x, y) => {
-                let const_first = matches!(x, Val::Const(_));
-                let (Val::Runtime { name: r, shape }, Val::Const(c)) =
-                    (if const_first { (y, x) } else { (x, y) })
-                else {
-                    unreachable!()
-                };
-                let last = *shape.last().unwrap();
-                let total: usize = shape.iter().product();
-                // A leading batch axis of 1 in the constant broadcasts over the batch.
-                let n = c.numel();
-                if n != 1 && n != last && n != total {
-                    return Err(self.unsupported(
-                        node,
-                        idx,
-                        &format!("constant of dims {:?} against {shape:?}", c.dims),
-                        "constants must broadcast over the last axis",
-                    ));
-                }
-                let v: Vec<f32> = c.data.iter().map(|v| *v as f32).collect();
-                let len = v.len();
-                // Fold `Dense (no bias) + c` into the dense bias when nothing else reads the product.
-                if op == "Add" && len == last && shape.len() == 1 {
-                    if let Some(&pi) = self.producer.get(r.as_str()) {
-                        let onnx_in = if const_first {
-                            &node.input[1]
-                        } else {
-                            &node.input[0]
-                        };
-                        let only_use = self.uses.get(onnx_in.as_str()).copied().unwrap_or(0) == 1;
-                        if let (true, Op::Dense { bias: None, .. }) = (only_use, &self.nodes[pi].op)
-                        {
-                            let b = self.add_tensor(&format!("{label}.bias"), vec![last], v);
-                            if let Op::Dense { bias, .. } = &mut self.nodes[pi].op {
-                                *bias = Some(b);
-                            }
-                            let ir = Self::ir_name(out);
-                            self.nodes[pi].output = ir.clone();
-                            self.producer.insert(ir.clone(), pi);
-                            self.vals.insert(
-                                out.to_string(),
-                                Val::Runtime {
-                                    name: ir,
-                                    shape: shape.clone(),
-                                },
-                            );
-                            return Ok(());
-                        }
-                    }
-                }
-                let (scale, shift) = match (op, const_first) {
-                    ("Add", _) => (None, Some(v)),
-                    ("Sub", false) => (None, Some(v.iter().map(|x| -x).collect())),
-                    ("Sub", true) => (Some(vec![-1.0; len]), Some(v)),
-                    ("Mul", _) => (Some(v), None),
-                    ("Div", false) => (Some(v.iter().map(|x| 1.0 / x).collect()), None),
-                    _ => {
-                        return Err(self.unsupported(
-                            node,
-                            idx,
-                            "constant divided by a run-time value",
-                            "not supported",
-                        ));
-                    }
-                };
-                let scale = scale.map(|s| self.add_tensor(&format!("{label}.scale"), vec![len], s));
-                let shift = shift.map(|s| self.add_tensor(&format!("{label}.shift"), vec![len], s));
-                self.emit(
-                    &label,
-                    Op::Affine { scale, shift },
-                    vec![r.clone()],
-                    out,
-                    shape.clone(),
+            (Val::Runtime { name, shape }, Val::Const(c)) => {
+                self.binary_with_const(node, idx, (name, shape), c, false, out)
+            }
+            (Val::Const(c), Val::Runtime { name, shape }) => {
+                self.binary_with_const(node, idx, (name, shape), c, true, out)
+            }
+            // `Importer::node` sends a recurrent op's stacked outputs elsewhere before this.
+            (Val::Stacked { .. }, _) | (_, Val::Stacked { .. }) => {
+                Err(self.stacked_input(node, idx))
+            }
+        }
+    }
+
+    /// Both operands constant: the result is a constant (scalar broadcast or equal shapes).
+    fn fold_binary(
+        &mut self,
+        node: &pb::NodeProto,
+        idx: usize,
+        a: &Const,
+        b: &Const,
+        out: &str,
+    ) -> Result<(), ImportError> {
+        if a.numel() != b.numel() && a.numel() != 1 && b.numel() != 1 {
+            return Err(self.unsupported(
+                node,
+                idx,
+                "constant broadcast",
+                "fold constants before export",
+            ));
+        }
+        let op = node.op_type.as_str();
+        let n = a.numel().max(b.numel());
+        let dims = if a.numel() >= b.numel() {
+            a.dims.clone()
+        } else {
+            b.dims.clone()
+        };
+        let data = (0..n)
+            .map(|i| {
+                let (x, y) = (
+                    a.data[if a.numel() == 1 { 0 } else { i }],
+                    b.data[if b.numel() == 1 { 0 } else { i }],
                 );
+                match op {
+                    "Add" => x + y,
+                    "Sub" => x - y,
+                    "Mul" => x * y,
+                    _ => x / y,
+                }
+            })
+            .collect();
+        self.vals
+            .insert(out.to_string(), Val::Const(Const { dims, data }));
+        Ok(())
+    }
+
+    /// Two run-time operands of equal shapes: Add, Mul, or Sub as `a + (-1 * b)`.
+    fn binary_of_runtimes(
+        &mut self,
+        node: &pb::NodeProto,
+        idx: usize,
+        (a, sa): (&String, &Vec<usize>),
+        (b, sb): (&String, &Vec<usize>),
+        out: &str,
+    ) -> Result<(), ImportError> {
+        if sa != sb {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("shapes {sa:?} and {sb:?}"),
+                "operands must have equal shapes",
+            ));
+        }
+        let label = node_label(node, idx);
+        match node.op_type.as_str() {
+            "Add" => self.emit(&label, Op::Add, vec![a.clone(), b.clone()], out, sa.clone()),
+            "Mul" => self.emit(&label, Op::Mul, vec![a.clone(), b.clone()], out, sa.clone()),
+            "Sub" => {
+                let neg = self.add_tensor(&format!("{label}.neg"), vec![1], vec![-1.0]);
+                let tmp = format!("{out}/neg");
+                let tmp_ir = Self::ir_name(&tmp);
+                self.emit(
+                    &format!("{label}/neg"),
+                    Op::Affine {
+                        scale: Some(neg),
+                        shift: None,
+                    },
+                    vec![b.clone()],
+                    &tmp,
+                    sa.clone(),
+                );
+                self.emit(&label, Op::Add, vec![a.clone(), tmp_ir], out, sa.clone());
+            }
+            _ => {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "division of two run-time values",
+                    "not supported yet",
+                ));
             }
         }
         Ok(())
+    }
+
+    /// A run-time operand `r` and a constant `c` (`const_first`: `c op r`) that broadcasts over the last axis:
+    /// an affine map, or the bias of the bias-less Dense that produced `r` when `r + c` is its only use.
+    fn binary_with_const(
+        &mut self,
+        node: &pb::NodeProto,
+        idx: usize,
+        (r, shape): (&String, &Vec<usize>),
+        c: &Const,
+        const_first: bool,
+        out: &str,
+    ) -> Result<(), ImportError> {
+        let last = *shape.last().unwrap();
+        let total: usize = shape.iter().product();
+        // A leading batch axis of 1 in the constant broadcasts over the batch.
+        let n = c.numel();
+        if n != 1 && n != last && n != total {
+            return Err(self.unsupported(
+                node,
+                idx,
+                &format!("constant of dims {:?} against {shape:?}", c.dims),
+                "constants must broadcast over the last axis",
+            ));
+        }
+        let label = node_label(node, idx);
+        let op = node.op_type.as_str();
+        let v: Vec<f32> = c.data.iter().map(|v| *v as f32).collect();
+        let len = v.len();
+        if op == "Add" && len == last && shape.len() == 1 {
+            let onnx_in = &node.input[const_first as usize];
+            if self.fold_into_dense_bias(r, onnx_in, &label, &v, shape, out) {
+                return Ok(());
+            }
+        }
+        let (scale, shift) = match (op, const_first) {
+            ("Add", _) => (None, Some(v)),
+            ("Sub", false) => (None, Some(v.iter().map(|x| -x).collect())),
+            ("Sub", true) => (Some(vec![-1.0; len]), Some(v)),
+            ("Mul", _) => (Some(v), None),
+            ("Div", false) => (Some(v.iter().map(|x| 1.0 / x).collect()), None),
+            _ => {
+                return Err(self.unsupported(
+                    node,
+                    idx,
+                    "constant divided by a run-time value",
+                    "not supported",
+                ));
+            }
+        };
+        let scale = scale.map(|s| self.add_tensor(&format!("{label}.scale"), vec![len], s));
+        let shift = shift.map(|s| self.add_tensor(&format!("{label}.shift"), vec![len], s));
+        self.emit(
+            &label,
+            Op::Affine { scale, shift },
+            vec![r.clone()],
+            out,
+            shape.clone(),
+        );
+        Ok(())
+    }
+
+    /// `Dense (no bias) + bias` as one Dense when nothing else reads the product (`onnx_in`, the ONNX name of
+    /// the Add's run-time input `r`): true if folded (`out` is then that Dense's output).
+    fn fold_into_dense_bias(
+        &mut self,
+        r: &str,
+        onnx_in: &str,
+        label: &str,
+        bias: &[f32],
+        shape: &[usize],
+        out: &str,
+    ) -> bool {
+        let Some(&pi) = self.producer.get(r) else {
+            return false;
+        };
+        let only_use = self.uses.get(onnx_in).copied().unwrap_or(0) == 1;
+        if !only_use || !matches!(self.nodes[pi].op, Op::Dense { bias: None, .. }) {
+            return false;
+        }
+        let b = self.add_tensor(&format!("{label}.bias"), vec![bias.len()], bias.to_vec());
+        if let Op::Dense { bias, .. } = &mut self.nodes[pi].op {
+            *bias = Some(b);
+        }
+        let ir = Self::ir_name(out);
+        self.nodes[pi].output = ir.clone();
+        self.producer.insert(ir.clone(), pi);
+        self.vals.insert(
+            out.to_string(),
+            Val::Runtime {
+                name: ir,
+                shape: shape.to_vec(),
+            },
+        );
+        true
     }
 }
 

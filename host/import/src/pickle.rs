@@ -348,243 +348,160 @@ impl Reader<'_> {
 
 /// Read a pickle (protocols 2 to 5; the text opcodes of protocol 0/1 that name code are refused).
 pub fn parse(bytes: &[u8]) -> Result<Pickle, PickleError> {
-    let mut r = Reader { b: bytes, pos: 0 };
-    let mut nodes: Vec<Node> = vec![];
-    let mut stack: Vec<usize> = vec![];
-    let mut marks: Vec<usize> = vec![];
-    let mut memo: HashMap<usize, usize> = HashMap::new();
-    let push = |nodes: &mut Vec<Node>, stack: &mut Vec<usize>, n: Node| {
-        nodes.push(n);
-        stack.push(nodes.len() - 1);
+    let mut p = Parser {
+        r: Reader { b: bytes, pos: 0 },
+        nodes: vec![],
+        stack: vec![],
+        marks: vec![],
+        memo: HashMap::new(),
+        at: 0,
     };
     loop {
-        let at = r.pos;
-        let op = r.u8()?;
-        let malformed = |detail: &str| PickleError::Malformed {
-            at,
+        p.at = p.r.pos;
+        let op = p.r.u8()?;
+        if let Some(root) = p.opcode(op)? {
+            return Ok(Pickle {
+                nodes: p.nodes,
+                root,
+            });
+        }
+    }
+}
+
+/// The interpreter's state between opcodes.
+struct Parser<'a> {
+    r: Reader<'a>,
+    /// The arena every value lives in.
+    nodes: Vec<Node>,
+    /// Arena indices.
+    stack: Vec<usize>,
+    /// Stack heights at each MARK not yet consumed.
+    marks: Vec<usize>,
+    /// Memo key to arena index.
+    memo: HashMap<usize, usize>,
+    /// Byte offset of the opcode being interpreted, for errors.
+    at: usize,
+}
+
+impl Parser<'_> {
+    /// A [`PickleError::Malformed`] at the current opcode.
+    fn malformed(&self, detail: &str) -> PickleError {
+        PickleError::Malformed {
+            at: self.at,
             detail: detail.to_string(),
-        };
-        macro_rules! pop {
-            () => {
-                stack.pop().ok_or_else(|| malformed("stack underflow"))?
-            };
         }
-        macro_rules! pop_mark {
-            () => {{
-                let m = marks.pop().ok_or_else(|| malformed("no mark"))?;
-                if m > stack.len() {
-                    return Err(malformed("mark above the stack"));
-                }
-                stack.split_off(m)
-            }};
+    }
+
+    /// Add a node to the arena and push it.
+    fn push(&mut self, n: Node) {
+        self.nodes.push(n);
+        self.stack.push(self.nodes.len() - 1);
+    }
+
+    /// Pop the top of the stack.
+    fn pop(&mut self) -> Result<usize, PickleError> {
+        self.stack
+            .pop()
+            .ok_or_else(|| self.malformed("stack underflow"))
+    }
+
+    /// Pop everything above the last mark, and the mark.
+    fn pop_mark(&mut self) -> Result<Vec<usize>, PickleError> {
+        let m = self.marks.pop().ok_or_else(|| self.malformed("no mark"))?;
+        if m > self.stack.len() {
+            return Err(self.malformed("mark above the stack"));
         }
-        macro_rules! top {
-            () => {
-                *stack.last().ok_or_else(|| malformed("empty stack"))?
-            };
-        }
+        Ok(self.stack.split_off(m))
+    }
+
+    /// The top of the stack, left there.
+    fn top(&self) -> Result<usize, PickleError> {
+        Ok(*self
+            .stack
+            .last()
+            .ok_or_else(|| self.malformed("empty stack"))?)
+    }
+
+    /// Interpret one opcode (its argument bytes follow at the reader's position); `Some(root)` at STOP.
+    fn opcode(&mut self, op: u8) -> Result<Option<usize>, PickleError> {
+        let at = self.at;
         match op {
             0x80 => {
-                let proto = r.u8()?;
+                let proto = self.r.u8()?;
                 if proto > 5 {
-                    return Err(malformed(&format!("protocol {proto}")));
+                    return Err(self.malformed(&format!("protocol {proto}")));
                 }
             }
             0x95 => {
-                r.u64()?; // FRAME: a length hint
+                self.r.u64()?; // FRAME: a length hint
             }
             b'.' => {
-                let root = pop!();
-                return Ok(Pickle { nodes, root });
+                let root = self.pop()?;
+                return Ok(Some(root));
             }
-            b'(' => marks.push(stack.len()),
-            b'N' => push(&mut nodes, &mut stack, Node::None),
-            0x88 => push(&mut nodes, &mut stack, Node::Bool(true)),
-            0x89 => push(&mut nodes, &mut stack, Node::Bool(false)),
+            b'(' => self.marks.push(self.stack.len()),
+            b'N' => self.push(Node::None),
+            0x88 => self.push(Node::Bool(true)),
+            0x89 => self.push(Node::Bool(false)),
             b'J' => {
-                let v = i32::from_le_bytes(r.take(4)?.try_into().unwrap()) as i64;
-                push(&mut nodes, &mut stack, Node::Int(v))
+                let v = i32::from_le_bytes(self.r.take(4)?.try_into().unwrap()) as i64;
+                self.push(Node::Int(v))
             }
             b'K' => {
-                let v = r.u8()? as i64;
-                push(&mut nodes, &mut stack, Node::Int(v))
+                let v = self.r.u8()? as i64;
+                self.push(Node::Int(v))
             }
             b'M' => {
-                let v = r.u16()? as i64;
-                push(&mut nodes, &mut stack, Node::Int(v))
+                let v = self.r.u16()? as i64;
+                self.push(Node::Int(v))
             }
-            0x8a | 0x8b => {
-                let n = if op == 0x8a {
-                    r.u8()? as usize
-                } else {
-                    r.u32()?
-                };
-                let b = r.take(n)?;
-                if n > 8 {
-                    let big = Node::BigInt(b.to_vec());
-                    push(&mut nodes, &mut stack, big);
-                    continue;
-                }
-                let mut v: i64 = 0;
-                for (i, byte) in b.iter().enumerate() {
-                    v |= (*byte as i64) << (8 * i);
-                }
-                if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
-                    v -= 1i64 << (8 * n);
-                }
-                push(&mut nodes, &mut stack, Node::Int(v))
-            }
+            0x8a | 0x8b => self.long(op)?,
             b'G' => {
-                let v = f64::from_be_bytes(r.take(8)?.try_into().unwrap());
-                push(&mut nodes, &mut stack, Node::Float(v))
+                let v = f64::from_be_bytes(self.r.take(8)?.try_into().unwrap());
+                self.push(Node::Float(v))
             }
-            b'X' | 0x8c | 0x8d => {
-                let n = match op {
-                    b'X' => r.u32()?,
-                    0x8c => r.u8()? as usize,
-                    _ => usize::try_from(r.u64()?).map_err(|_| PickleError::Truncated(at))?,
-                };
-                let s = String::from_utf8(r.take(n)?.to_vec())
-                    .map_err(|_| malformed("string is not UTF-8"))?;
-                push(&mut nodes, &mut stack, Node::Str(s))
-            }
-            b'T' | b'U' | b'B' | b'C' | 0x8e | 0x96 => {
-                let n = match op {
-                    b'U' | b'C' => r.u8()? as usize,
-                    b'T' | b'B' => r.u32()?,
-                    _ => usize::try_from(r.u64()?).map_err(|_| PickleError::Truncated(at))?,
-                };
-                let b = r.take(n)?.to_vec();
-                push(&mut nodes, &mut stack, Node::Bytes(b))
-            }
-            b'}' => push(&mut nodes, &mut stack, Node::Dict(vec![])),
-            b']' => push(&mut nodes, &mut stack, Node::List(vec![])),
-            b')' => push(&mut nodes, &mut stack, Node::Tuple(vec![])),
-            0x8f => push(&mut nodes, &mut stack, Node::List(vec![])), // EMPTY_SET, read as a list
+            b'X' | 0x8c | 0x8d => self.unicode(op)?,
+            b'T' | b'U' | b'B' | b'C' | 0x8e | 0x96 => self.bytes(op)?,
+            b'}' => self.push(Node::Dict(vec![])),
+            b']' => self.push(Node::List(vec![])),
+            b')' => self.push(Node::Tuple(vec![])),
+            0x8f => self.push(Node::List(vec![])), // EMPTY_SET, read as a list
             b't' => {
-                let items = pop_mark!();
-                push(&mut nodes, &mut stack, Node::Tuple(items))
+                let items = self.pop_mark()?;
+                self.push(Node::Tuple(items))
             }
             0x91 => {
-                let items = pop_mark!();
-                push(&mut nodes, &mut stack, Node::List(items))
+                let items = self.pop_mark()?;
+                self.push(Node::List(items))
             }
-            0x85..=0x87 => {
-                let n = (op - 0x84) as usize;
-                if stack.len() < n {
-                    return Err(malformed("stack underflow"));
-                }
-                let items = stack.split_off(stack.len() - n);
-                push(&mut nodes, &mut stack, Node::Tuple(items))
-            }
-            b'a' => {
-                let v = pop!();
-                let l = top!();
-                match &mut nodes[l] {
-                    Node::List(items) => items.push(v),
-                    _ => return Err(malformed("APPEND to a non-list")),
-                }
-            }
-            b'e' | 0x90 => {
-                let items = pop_mark!();
-                let l = top!();
-                match &mut nodes[l] {
-                    Node::List(v) => v.extend(items),
-                    _ => return Err(malformed("APPENDS to a non-list")),
-                }
-            }
-            b's' => {
-                let v = pop!();
-                let k = pop!();
-                let d = top!();
-                match &mut nodes[d] {
-                    Node::Dict(items) | Node::Call { items, .. } => items.push((k, v)),
-                    _ => return Err(malformed("SETITEM on a non-dict")),
-                }
-            }
-            b'u' => {
-                let items = pop_mark!();
-                if items.len() % 2 != 0 {
-                    return Err(malformed("SETITEMS with an odd count"));
-                }
-                let d = top!();
-                match &mut nodes[d] {
-                    Node::Dict(v) | Node::Call { items: v, .. } => {
-                        v.extend(items.chunks_exact(2).map(|p| (p[0], p[1])))
-                    }
-                    _ => return Err(malformed("SETITEMS on a non-dict")),
-                }
-            }
-            b'q' | b'r' | 0x94 => {
-                let key = match op {
-                    b'q' => r.u8()? as usize,
-                    b'r' => r.u32()?,
-                    _ => memo.len(),
-                };
-                memo.insert(key, top!());
-            }
-            b'h' | b'j' => {
-                let key = if op == b'h' {
-                    r.u8()? as usize
-                } else {
-                    r.u32()?
-                };
-                let v = *memo.get(&key).ok_or_else(|| malformed("memo key unset"))?;
-                stack.push(v);
-            }
+            0x85..=0x87 => self.small_tuple(op)?,
+            b'a' => self.append()?,
+            b'e' | 0x90 => self.appends()?,
+            b's' => self.set_item()?,
+            b'u' => self.set_items()?,
+            b'q' | b'r' | 0x94 => self.memo_put(op)?,
+            b'h' | b'j' => self.memo_get(op)?,
             b'0' => {
-                pop!();
+                self.pop()?;
             }
             b'1' => {
-                let _ = pop_mark!();
+                let _ = self.pop_mark()?;
             }
             b'2' => {
-                let v = top!();
-                stack.push(v);
+                let v = self.top()?;
+                self.stack.push(v);
             }
             b'c' => {
-                let module = r.line()?;
-                let name = r.line()?;
-                push(&mut nodes, &mut stack, global(module, name)?)
+                let module = self.r.line()?;
+                let name = self.r.line()?;
+                self.push(global(module, name)?)
             }
-            0x93 => {
-                let name = pop!();
-                let module = pop!();
-                let (Node::Str(m), Node::Str(n)) = (&nodes[module], &nodes[name]) else {
-                    return Err(malformed("STACK_GLOBAL of non-strings"));
-                };
-                let g = global(m.clone(), n.clone())?;
-                push(&mut nodes, &mut stack, g)
-            }
-            // REDUCE, NEWOBJ, NEWOBJ_EX (whose kwargs are dropped): recorded as a call, never made.
-            b'R' | 0x81 | 0x92 => {
-                if op == 0x92 {
-                    let _kwargs = pop!();
-                }
-                let args = pop!();
-                let func = pop!();
-                if !matches!(nodes[func], Node::Global(..)) {
-                    return Err(malformed("call of a non-global"));
-                }
-                let call = Node::Call {
-                    func,
-                    args,
-                    state: None,
-                    items: vec![],
-                };
-                push(&mut nodes, &mut stack, call)
-            }
-            b'b' => {
-                let st = pop!();
-                let obj = top!();
-                match &mut nodes[obj] {
-                    Node::Call { state, .. } => *state = Some(st),
-                    _ => return Err(malformed("BUILD on a non-object")),
-                }
-            }
+            0x93 => self.stack_global()?,
+            b'R' | 0x81 | 0x92 => self.call(op)?,
+            b'b' => self.build()?,
             b'Q' => {
-                let pid = pop!();
-                push(&mut nodes, &mut stack, Node::Persistent(pid))
+                let pid = self.pop()?;
+                self.push(Node::Persistent(pid))
             }
             b'i' | b'o' => {
                 return Err(PickleError::UnsupportedOpcode {
@@ -601,6 +518,188 @@ pub fn parse(bytes: &[u8]) -> Result<Pickle, PickleError> {
                 });
             }
         }
+        Ok(None)
+    }
+
+    /// LONG1 / LONG4: a little-endian two's-complement integer, wider than 64 bits as [`Node::BigInt`].
+    fn long(&mut self, op: u8) -> Result<(), PickleError> {
+        let n = if op == 0x8a {
+            self.r.u8()? as usize
+        } else {
+            self.r.u32()?
+        };
+        let b = self.r.take(n)?;
+        if n > 8 {
+            let big = Node::BigInt(b.to_vec());
+            self.push(big);
+            return Ok(());
+        }
+        let mut v: i64 = 0;
+        for (i, byte) in b.iter().enumerate() {
+            v |= (*byte as i64) << (8 * i);
+        }
+        if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
+            v -= 1i64 << (8 * n);
+        }
+        self.push(Node::Int(v));
+        Ok(())
+    }
+
+    /// BINUNICODE / SHORT_BINUNICODE / BINUNICODE8: a UTF-8 string.
+    fn unicode(&mut self, op: u8) -> Result<(), PickleError> {
+        let n = match op {
+            b'X' => self.r.u32()?,
+            0x8c => self.r.u8()? as usize,
+            _ => usize::try_from(self.r.u64()?).map_err(|_| PickleError::Truncated(self.at))?,
+        };
+        let s = String::from_utf8(self.r.take(n)?.to_vec())
+            .map_err(|_| self.malformed("string is not UTF-8"))?;
+        self.push(Node::Str(s));
+        Ok(())
+    }
+
+    /// BINSTRING / SHORT_BINSTRING / BINBYTES / SHORT_BINBYTES / BINBYTES8 / BYTEARRAY8: raw bytes.
+    fn bytes(&mut self, op: u8) -> Result<(), PickleError> {
+        let n = match op {
+            b'U' | b'C' => self.r.u8()? as usize,
+            b'T' | b'B' => self.r.u32()?,
+            _ => usize::try_from(self.r.u64()?).map_err(|_| PickleError::Truncated(self.at))?,
+        };
+        let b = self.r.take(n)?.to_vec();
+        self.push(Node::Bytes(b));
+        Ok(())
+    }
+
+    /// TUPLE1 / TUPLE2 / TUPLE3: a tuple of the top one to three values.
+    fn small_tuple(&mut self, op: u8) -> Result<(), PickleError> {
+        let n = (op - 0x84) as usize;
+        if self.stack.len() < n {
+            return Err(self.malformed("stack underflow"));
+        }
+        let items = self.stack.split_off(self.stack.len() - n);
+        self.push(Node::Tuple(items));
+        Ok(())
+    }
+
+    /// APPEND: the top value onto the list below it.
+    fn append(&mut self) -> Result<(), PickleError> {
+        let v = self.pop()?;
+        let l = self.top()?;
+        match &mut self.nodes[l] {
+            Node::List(items) => items.push(v),
+            _ => return Err(self.malformed("APPEND to a non-list")),
+        }
+        Ok(())
+    }
+
+    /// APPENDS / ADDITEMS: the values above the mark onto the list below it (a set is read as a list).
+    fn appends(&mut self) -> Result<(), PickleError> {
+        let items = self.pop_mark()?;
+        let l = self.top()?;
+        match &mut self.nodes[l] {
+            Node::List(v) => v.extend(items),
+            _ => return Err(self.malformed("APPENDS to a non-list")),
+        }
+        Ok(())
+    }
+
+    /// SETITEM: the top key/value pair into the dict (or dict-like call) below it.
+    fn set_item(&mut self) -> Result<(), PickleError> {
+        let v = self.pop()?;
+        let k = self.pop()?;
+        let d = self.top()?;
+        match &mut self.nodes[d] {
+            Node::Dict(items) | Node::Call { items, .. } => items.push((k, v)),
+            _ => return Err(self.malformed("SETITEM on a non-dict")),
+        }
+        Ok(())
+    }
+
+    /// SETITEMS: the key/value pairs above the mark into the dict (or dict-like call) below it.
+    fn set_items(&mut self) -> Result<(), PickleError> {
+        let items = self.pop_mark()?;
+        if items.len() % 2 != 0 {
+            return Err(self.malformed("SETITEMS with an odd count"));
+        }
+        let d = self.top()?;
+        match &mut self.nodes[d] {
+            Node::Dict(v) | Node::Call { items: v, .. } => {
+                v.extend(items.chunks_exact(2).map(|p| (p[0], p[1])))
+            }
+            _ => return Err(self.malformed("SETITEMS on a non-dict")),
+        }
+        Ok(())
+    }
+
+    /// BINPUT / LONG_BINPUT / MEMOIZE: remember the top of the stack.
+    fn memo_put(&mut self, op: u8) -> Result<(), PickleError> {
+        let key = match op {
+            b'q' => self.r.u8()? as usize,
+            b'r' => self.r.u32()?,
+            _ => self.memo.len(),
+        };
+        let v = self.top()?;
+        self.memo.insert(key, v);
+        Ok(())
+    }
+
+    /// BINGET / LONG_BINGET: push a remembered value (the same node, not a copy).
+    fn memo_get(&mut self, op: u8) -> Result<(), PickleError> {
+        let key = if op == b'h' {
+            self.r.u8()? as usize
+        } else {
+            self.r.u32()?
+        };
+        let v = *self
+            .memo
+            .get(&key)
+            .ok_or_else(|| self.malformed("memo key unset"))?;
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// STACK_GLOBAL: the allow-listed callable named by the two strings on top.
+    fn stack_global(&mut self) -> Result<(), PickleError> {
+        let name = self.pop()?;
+        let module = self.pop()?;
+        let (Node::Str(m), Node::Str(n)) = (&self.nodes[module], &self.nodes[name]) else {
+            return Err(self.malformed("STACK_GLOBAL of non-strings"));
+        };
+        let g = global(m.clone(), n.clone())?;
+        self.push(g);
+        Ok(())
+    }
+
+    /// REDUCE, NEWOBJ, NEWOBJ_EX (whose kwargs are dropped): recorded as a call, never made (a [`Node::Call`] of
+    /// the global below the arguments).
+    fn call(&mut self, op: u8) -> Result<(), PickleError> {
+        if op == 0x92 {
+            let _kwargs = self.pop()?;
+        }
+        let args = self.pop()?;
+        let func = self.pop()?;
+        if !matches!(self.nodes[func], Node::Global(..)) {
+            return Err(self.malformed("call of a non-global"));
+        }
+        let call = Node::Call {
+            func,
+            args,
+            state: None,
+            items: vec![],
+        };
+        self.push(call);
+        Ok(())
+    }
+
+    /// BUILD: the top value as the state of the call below it.
+    fn build(&mut self) -> Result<(), PickleError> {
+        let st = self.pop()?;
+        let obj = self.top()?;
+        match &mut self.nodes[obj] {
+            Node::Call { state, .. } => *state = Some(st),
+            _ => return Err(self.malformed("BUILD on a non-object")),
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use policyport_format::container::Tensor;
 use policyport_format::sampling::ActMode;
 use policyport_format::{
-    Artifact, GoldenCase, Limits, Manifest, OBS_VALUE, ObservationSpace, Op, Preprocess,
+    Artifact, GoldenCase, Limits, Manifest, Node, OBS_VALUE, ObservationSpace, Op, Preprocess,
     STATE_PREFIX, validate,
 };
 
@@ -46,13 +46,19 @@ pub fn eval_step(
             obs.len()
         ));
     }
-    let t = |n: &str| {
-        tensors[n]
-            .data
-            .iter()
-            .map(|v| *v as f64)
-            .collect::<Vec<f64>>()
-    };
+    let x = preprocess(manifest, tensors, obs);
+    let mut vals = initial_values(manifest, &x, batch, states)?;
+    for module in &manifest.modules {
+        for node in &module.nodes {
+            let y = NodeEval::new(node, tensors, &plan.shapes, &vals, batch).eval();
+            vals.insert(node.output.clone(), y);
+        }
+    }
+    Ok(vals)
+}
+
+/// The observation after the manifest's preprocessing steps.
+fn preprocess(manifest: &Manifest, tensors: &BTreeMap<String, Tensor>, obs: &[f32]) -> Vec<f32> {
     // Preprocessing in f32, exactly as the runtimes do it (it is part of the input contract, not the model).
     let mut x: Vec<f32> = obs.to_vec();
     for p in &manifest.preprocess {
@@ -76,6 +82,16 @@ pub fn eval_step(
             }
         }
     }
+    x
+}
+
+/// The namespace before the first node: the preprocessed observation and the recurrent states (given or zeros).
+fn initial_values(
+    manifest: &Manifest,
+    x: &[f32],
+    batch: usize,
+    states: &[Vec<f64>],
+) -> Result<HashMap<String, Vec<f64>>, String> {
     let mut vals: HashMap<String, Vec<f64>> = HashMap::new();
     vals.insert(OBS_VALUE.into(), x.iter().map(|v| *v as f64).collect());
     for (k, s) in manifest
@@ -98,246 +114,346 @@ pub fn eval_step(
         };
         vals.insert(format!("{STATE_PREFIX}{}", s.name), v);
     }
-    let numel = |n: &str| -> usize { plan.shapes[n].iter().product() };
-    for module in &manifest.modules {
-        for node in &module.nodes {
-            let a = &vals[&node.inputs[0]];
-            let w_in = numel(&node.inputs[0]);
-            let last = *plan.shapes[&node.inputs[0]].last().unwrap();
-            let map = |f: &dyn Fn(f64) -> f64| a.iter().map(|v| f(*v)).collect::<Vec<f64>>();
-            let y: Vec<f64> = match &node.op {
-                Op::Dense { weight, bias } => {
-                    let w = t(weight);
-                    let o = tensors[weight].shape[0];
-                    let b = bias.as_ref().map(|b| t(b));
-                    let mut y = vec![0.0; batch * o];
-                    for r in 0..batch {
-                        for j in 0..o {
-                            let mut acc = b.as_ref().map_or(0.0, |b| b[j]);
-                            for k in 0..w_in {
-                                acc += a[r * w_in + k] * w[j * w_in + k];
-                            }
-                            y[r * o + j] = acc;
-                        }
-                    }
-                    y
-                }
-                Op::Relu => map(&|v| v.max(0.0)),
-                Op::Tanh => map(&|v| v.tanh()),
-                Op::Sigmoid => map(&|v| 1.0 / (1.0 + (-v).exp())),
-                Op::Silu => map(&|v| v / (1.0 + (-v).exp())),
-                Op::Elu { alpha } => map(&|v| {
-                    if v > 0.0 {
-                        v
-                    } else {
-                        *alpha as f64 * (v.exp() - 1.0)
-                    }
-                }),
-                Op::LeakyRelu { alpha } => map(&|v| if v > 0.0 { v } else { *alpha as f64 * v }),
-                Op::Erf => map(&erf),
-                Op::Gelu { approximate: false } => {
-                    map(&|v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)))
-                }
-                Op::Gelu { approximate: true } => map(&|v| {
-                    0.5 * v
-                        * (1.0
-                            + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v))
-                                .tanh())
-                }),
-                Op::Softmax | Op::LogSoftmax => {
-                    let mut y = a.clone();
-                    for g in y.chunks_exact_mut(last) {
-                        let m = g.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                        let z: f64 = g.iter().map(|v| (v - m).exp()).sum();
-                        for v in g.iter_mut() {
-                            *v = if node.op == Op::Softmax {
-                                (*v - m).exp() / z
-                            } else {
-                                *v - m - z.ln()
-                            };
-                        }
-                    }
-                    y
-                }
-                Op::Add => a
-                    .iter()
-                    .zip(&vals[&node.inputs[1]])
-                    .map(|(x, y)| x + y)
-                    .collect(),
-                Op::Mul => a
-                    .iter()
-                    .zip(&vals[&node.inputs[1]])
-                    .map(|(x, y)| x * y)
-                    .collect(),
-                Op::Affine { scale, shift } => {
-                    let (sc, sh) = (scale.as_ref().map(|s| t(s)), shift.as_ref().map(|s| t(s)));
-                    a.iter()
-                        .enumerate()
-                        .map(|(i, v)| {
-                            let col = i % w_in;
-                            let pick = |p: &Vec<f64>| {
-                                p[if p.len() == 1 {
-                                    0
-                                } else if p.len() == w_in {
-                                    col
-                                } else {
-                                    col % last
-                                }]
-                            };
-                            v * sc.as_ref().map_or(1.0, pick) + sh.as_ref().map_or(0.0, pick)
-                        })
-                        .collect()
-                }
-                Op::Concat => {
-                    let parts: Vec<(&Vec<f64>, usize)> = node
-                        .inputs
-                        .iter()
-                        .map(|n| (&vals[n], *plan.shapes[n].last().unwrap()))
-                        .collect();
-                    let groups = a.len() / last;
-                    let mut y = vec![];
-                    for g in 0..groups {
-                        for (p, l) in &parts {
-                            y.extend_from_slice(&p[g * l..(g + 1) * l]);
-                        }
-                    }
-                    y
-                }
-                Op::Slice { start, len } => a
-                    .chunks_exact(last)
-                    .flat_map(|g| g[*start..start + len].to_vec())
-                    .collect(),
-                Op::Flatten | Op::Reshape { .. } => a.clone(),
-                Op::Exp => map(&f64::exp),
-                Op::Clip { min, max } => map(&|v| {
-                    let v = min.map_or(v, |m| v.max(m as f64));
-                    max.map_or(v, |m| v.min(m as f64))
-                }),
-                Op::Transpose { perm } => {
-                    let shape = &plan.shapes[&node.inputs[0]];
-                    let rank = shape.len();
-                    let mut strides = vec![1usize; rank];
-                    for d in (0..rank - 1).rev() {
-                        strides[d] = strides[d + 1] * shape[d + 1];
-                    }
-                    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-                    let mut y = Vec::with_capacity(a.len());
-                    for r in 0..batch {
-                        for i in 0..w_in {
-                            // Unravel i over the output shape, then read the input at the permuted position.
-                            let (mut rest, mut src) = (i, 0);
-                            for d in (0..rank).rev() {
-                                src += (rest % out_shape[d]) * strides[perm[d]];
-                                rest /= out_shape[d];
-                            }
-                            y.push(a[r * w_in + src]);
-                        }
-                    }
-                    y
-                }
-                Op::Conv2d {
-                    weight,
-                    bias,
-                    stride,
-                    padding,
-                    dilation,
-                    groups,
-                } => {
-                    let (xs, ys) = (&plan.shapes[&node.inputs[0]], &plan.shapes[&node.output]);
-                    let ws = &tensors[weight].shape;
-                    let (w, b) = (t(weight), bias.as_ref().map(|b| t(b)));
-                    let (c, h, wd) = (xs[0], xs[1] as i64, xs[2] as i64);
-                    let (o, oh, ow) = (ys[0], ys[1], ys[2]);
-                    let (cg, kh, kw) = (ws[1], ws[2], ws[3]);
-                    let og = o / groups;
-                    let mut y = vec![0.0; batch * o * oh * ow];
-                    for r in 0..batch {
-                        let x = &a[r * w_in..(r + 1) * w_in];
-                        for oc in 0..o {
-                            let g = oc / og;
-                            for oy in 0..oh {
-                                for ox in 0..ow {
-                                    let mut acc = b.as_ref().map_or(0.0, |b| b[oc]);
-                                    for ci in 0..cg {
-                                        let ch = g * cg + ci;
-                                        for ky in 0..kh {
-                                            let iy = (oy * stride[0] + ky * dilation[0]) as i64
-                                                - padding[0] as i64;
-                                            for kx in 0..kw {
-                                                let ix = (ox * stride[1] + kx * dilation[1]) as i64
-                                                    - padding[1] as i64;
-                                                if iy >= 0 && iy < h && ix >= 0 && ix < wd {
-                                                    acc += x[(ch * h as usize + iy as usize)
-                                                        * wd as usize
-                                                        + ix as usize]
-                                                        * w[((oc * cg + ci) * kh + ky) * kw + kx];
-                                                }
-                                            }
-                                        }
-                                    }
-                                    y[((r * o + oc) * oh + oy) * ow + ox] = acc;
-                                }
-                            }
-                        }
-                        let _ = c;
-                    }
-                    y
-                }
-                Op::MaxPool2d {
-                    kernel,
-                    stride,
-                    padding,
-                    dilation,
-                } => {
-                    let (xs, ys) = (&plan.shapes[&node.inputs[0]], &plan.shapes[&node.output]);
-                    let (c, h, wd) = (xs[0], xs[1] as i64, xs[2] as i64);
-                    let (oh, ow) = (ys[1], ys[2]);
-                    let mut y = vec![f64::NEG_INFINITY; batch * c * oh * ow];
-                    for rc in 0..batch * c {
-                        let x = &a[rc * (h * wd) as usize..][..(h * wd) as usize];
-                        for oy in 0..oh {
-                            for ox in 0..ow {
-                                let mut m = f64::NEG_INFINITY;
-                                for ky in 0..kernel[0] {
-                                    let iy = (oy * stride[0] + ky * dilation[0]) as i64
-                                        - padding[0] as i64;
-                                    for kx in 0..kernel[1] {
-                                        let ix = (ox * stride[1] + kx * dilation[1]) as i64
-                                            - padding[1] as i64;
-                                        if iy >= 0 && iy < h && ix >= 0 && ix < wd {
-                                            m = m.max(x[(iy * wd + ix) as usize]);
-                                        }
-                                    }
-                                }
-                                y[(rc * oh + oy) * ow + ox] = m;
-                            }
-                        }
-                    }
-                    y
-                }
-                Op::LayerNorm {
-                    scale,
-                    bias,
-                    epsilon,
-                } => {
-                    let (sc, bi) = (scale.as_ref().map(|s| t(s)), bias.as_ref().map(|b| t(b)));
-                    let mut y = a.clone();
-                    for g in y.chunks_exact_mut(last) {
-                        let mean = g.iter().sum::<f64>() / last as f64;
-                        let var = g.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / last as f64;
-                        let r = 1.0 / (var + *epsilon as f64).sqrt();
-                        for (i, v) in g.iter_mut().enumerate() {
-                            *v = (*v - mean) * r * sc.as_ref().map_or(1.0, |s| s[i])
-                                + bi.as_ref().map_or(0.0, |b| b[i]);
-                        }
-                    }
-                    y
-                }
-            };
-            vals.insert(node.output.clone(), y);
+    Ok(vals)
+}
+
+/// One node's evaluation: the node, what it reads, and the sizes of its first input that every op uses.
+struct NodeEval<'a> {
+    node: &'a Node,
+    tensors: &'a BTreeMap<String, Tensor>,
+    /// Feature shape of every value (the validated plan's).
+    shapes: &'a BTreeMap<String, Vec<usize>>,
+    vals: &'a HashMap<String, Vec<f64>>,
+    batch: usize,
+    /// The first input, row-major `batch x w_in`.
+    a: &'a [f64],
+    /// Numbers per row of the first input.
+    w_in: usize,
+    /// Length of the first input's last axis.
+    last: usize,
+}
+
+impl<'a> NodeEval<'a> {
+    /// The evaluation of `node` over the values computed so far.
+    fn new(
+        node: &'a Node,
+        tensors: &'a BTreeMap<String, Tensor>,
+        shapes: &'a BTreeMap<String, Vec<usize>>,
+        vals: &'a HashMap<String, Vec<f64>>,
+        batch: usize,
+    ) -> Self {
+        let a = &vals[&node.inputs[0]];
+        let w_in = shapes[&node.inputs[0]].iter().product();
+        let last = *shapes[&node.inputs[0]].last().unwrap();
+        NodeEval {
+            node,
+            tensors,
+            shapes,
+            vals,
+            batch,
+            a,
+            w_in,
+            last,
         }
     }
-    Ok(vals)
+
+    /// A tensor of the artifact, in float64.
+    fn tensor(&self, name: &str) -> Vec<f64> {
+        self.tensors[name]
+            .data
+            .iter()
+            .map(|v| *v as f64)
+            .collect::<Vec<f64>>()
+    }
+
+    /// `f` applied to every number of the first input.
+    fn map(&self, f: &dyn Fn(f64) -> f64) -> Vec<f64> {
+        self.a.iter().map(|v| f(*v)).collect::<Vec<f64>>()
+    }
+
+    /// `f` applied to the first and second inputs, number by number.
+    fn zip_second(&self, f: &dyn Fn(f64, f64) -> f64) -> Vec<f64> {
+        self.a
+            .iter()
+            .zip(&self.vals[&self.node.inputs[1]])
+            .map(|(x, y)| f(*x, *y))
+            .collect()
+    }
+
+    /// The node's output, row-major `batch x numel`.
+    fn eval(&self) -> Vec<f64> {
+        match &self.node.op {
+            Op::Dense { weight, bias } => self.dense(weight, bias.as_deref()),
+            Op::Relu => self.map(&|v| v.max(0.0)),
+            Op::Tanh => self.map(&|v| v.tanh()),
+            Op::Sigmoid => self.map(&|v| 1.0 / (1.0 + (-v).exp())),
+            Op::Silu => self.map(&|v| v / (1.0 + (-v).exp())),
+            Op::Elu { alpha } => self.map(&|v| {
+                if v > 0.0 {
+                    v
+                } else {
+                    *alpha as f64 * (v.exp() - 1.0)
+                }
+            }),
+            Op::LeakyRelu { alpha } => self.map(&|v| if v > 0.0 { v } else { *alpha as f64 * v }),
+            Op::Erf => self.map(&erf),
+            Op::Gelu { approximate: false } => {
+                self.map(&|v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)))
+            }
+            Op::Gelu { approximate: true } => self.map(&|v| {
+                0.5 * v
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
+            }),
+            Op::Softmax => self.softmax(false),
+            Op::LogSoftmax => self.softmax(true),
+            Op::Add => self.zip_second(&|x, y| x + y),
+            Op::Mul => self.zip_second(&|x, y| x * y),
+            Op::Affine { scale, shift } => self.affine(scale.as_deref(), shift.as_deref()),
+            Op::Concat => self.concat(),
+            Op::Slice { start, len } => self
+                .a
+                .chunks_exact(self.last)
+                .flat_map(|g| g[*start..start + len].to_vec())
+                .collect(),
+            Op::Flatten | Op::Reshape { .. } => self.a.to_vec(),
+            Op::Exp => self.map(&f64::exp),
+            Op::Clip { min, max } => self.map(&|v| {
+                let v = min.map_or(v, |m| v.max(m as f64));
+                max.map_or(v, |m| v.min(m as f64))
+            }),
+            Op::Transpose { perm } => self.transpose(perm),
+            Op::Conv2d {
+                weight,
+                bias,
+                stride,
+                padding,
+                dilation,
+                groups,
+            } => self.conv2d(weight, bias.as_deref(), stride, padding, dilation, *groups),
+            Op::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+                dilation,
+            } => self.max_pool2d(kernel, stride, padding, dilation),
+            Op::LayerNorm {
+                scale,
+                bias,
+                epsilon,
+            } => self.layer_norm(scale.as_deref(), bias.as_deref(), *epsilon),
+        }
+    }
+
+    /// `y = x W^T + b`.
+    fn dense(&self, weight: &str, bias: Option<&str>) -> Vec<f64> {
+        let (a, batch, w_in) = (self.a, self.batch, self.w_in);
+        let w = self.tensor(weight);
+        let o = self.tensors[weight].shape[0];
+        let b = bias.map(|b| self.tensor(b));
+        let mut y = vec![0.0; batch * o];
+        for r in 0..batch {
+            for j in 0..o {
+                let mut acc = b.as_ref().map_or(0.0, |b| b[j]);
+                for k in 0..w_in {
+                    acc += a[r * w_in + k] * w[j * w_in + k];
+                }
+                y[r * o + j] = acc;
+            }
+        }
+        y
+    }
+
+    /// Softmax (or, with `log`, log-softmax) over the last axis.
+    fn softmax(&self, log: bool) -> Vec<f64> {
+        let mut y = self.a.to_vec();
+        for g in y.chunks_exact_mut(self.last) {
+            let m = g.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = g.iter().map(|v| (v - m).exp()).sum();
+            for v in g.iter_mut() {
+                *v = if !log {
+                    (*v - m).exp() / z
+                } else {
+                    *v - m - z.ln()
+                };
+            }
+        }
+        y
+    }
+
+    /// `x * scale + shift`, each a scalar, a full row or a last-axis vector.
+    fn affine(&self, scale: Option<&str>, shift: Option<&str>) -> Vec<f64> {
+        let (w_in, last) = (self.w_in, self.last);
+        let (sc, sh) = (scale.map(|s| self.tensor(s)), shift.map(|s| self.tensor(s)));
+        self.a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let col = i % w_in;
+                let pick = |p: &Vec<f64>| {
+                    p[if p.len() == 1 {
+                        0
+                    } else if p.len() == w_in {
+                        col
+                    } else {
+                        col % last
+                    }]
+                };
+                v * sc.as_ref().map_or(1.0, pick) + sh.as_ref().map_or(0.0, pick)
+            })
+            .collect()
+    }
+
+    /// The inputs joined along the last axis.
+    fn concat(&self) -> Vec<f64> {
+        let parts: Vec<(&Vec<f64>, usize)> = self
+            .node
+            .inputs
+            .iter()
+            .map(|n| (&self.vals[n], *self.shapes[n].last().unwrap()))
+            .collect();
+        let groups = self.a.len() / self.last;
+        let mut y = vec![];
+        for g in 0..groups {
+            for (p, l) in &parts {
+                y.extend_from_slice(&p[g * l..(g + 1) * l]);
+            }
+        }
+        y
+    }
+
+    /// The feature axes permuted by `perm`.
+    fn transpose(&self, perm: &[usize]) -> Vec<f64> {
+        let (a, w_in) = (self.a, self.w_in);
+        let shape = &self.shapes[&self.node.inputs[0]];
+        let rank = shape.len();
+        let mut strides = vec![1usize; rank];
+        for d in (0..rank - 1).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
+        let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+        let mut y = Vec::with_capacity(a.len());
+        for r in 0..self.batch {
+            for i in 0..w_in {
+                // Unravel i over the output shape, then read the input at the permuted position.
+                let (mut rest, mut src) = (i, 0);
+                for d in (0..rank).rev() {
+                    src += (rest % out_shape[d]) * strides[perm[d]];
+                    rest /= out_shape[d];
+                }
+                y.push(a[r * w_in + src]);
+            }
+        }
+        y
+    }
+
+    /// A grouped 2-D convolution over `[channels, height, width]`.
+    fn conv2d(
+        &self,
+        weight: &str,
+        bias: Option<&str>,
+        stride: &[usize; 2],
+        padding: &[usize; 4],
+        dilation: &[usize; 2],
+        groups: usize,
+    ) -> Vec<f64> {
+        let (a, batch, w_in) = (self.a, self.batch, self.w_in);
+        let (xs, ys) = (
+            &self.shapes[&self.node.inputs[0]],
+            &self.shapes[&self.node.output],
+        );
+        let ws = &self.tensors[weight].shape;
+        let (w, b) = (self.tensor(weight), bias.map(|b| self.tensor(b)));
+        let (c, h, wd) = (xs[0], xs[1] as i64, xs[2] as i64);
+        let (o, oh, ow) = (ys[0], ys[1], ys[2]);
+        let (cg, kh, kw) = (ws[1], ws[2], ws[3]);
+        let og = o / groups;
+        let mut y = vec![0.0; batch * o * oh * ow];
+        for r in 0..batch {
+            let x = &a[r * w_in..(r + 1) * w_in];
+            for oc in 0..o {
+                let g = oc / og;
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = b.as_ref().map_or(0.0, |b| b[oc]);
+                        for ci in 0..cg {
+                            let ch = g * cg + ci;
+                            for ky in 0..kh {
+                                let iy =
+                                    (oy * stride[0] + ky * dilation[0]) as i64 - padding[0] as i64;
+                                for kx in 0..kw {
+                                    let ix = (ox * stride[1] + kx * dilation[1]) as i64
+                                        - padding[1] as i64;
+                                    if iy >= 0 && iy < h && ix >= 0 && ix < wd {
+                                        acc += x[(ch * h as usize + iy as usize) * wd as usize
+                                            + ix as usize]
+                                            * w[((oc * cg + ci) * kh + ky) * kw + kx];
+                                    }
+                                }
+                            }
+                        }
+                        y[((r * o + oc) * oh + oy) * ow + ox] = acc;
+                    }
+                }
+            }
+            let _ = c;
+        }
+        y
+    }
+
+    /// 2-D max pooling over `[channels, height, width]` (padding never wins).
+    fn max_pool2d(
+        &self,
+        kernel: &[usize; 2],
+        stride: &[usize; 2],
+        padding: &[usize; 4],
+        dilation: &[usize; 2],
+    ) -> Vec<f64> {
+        let (a, batch) = (self.a, self.batch);
+        let (xs, ys) = (
+            &self.shapes[&self.node.inputs[0]],
+            &self.shapes[&self.node.output],
+        );
+        let (c, h, wd) = (xs[0], xs[1] as i64, xs[2] as i64);
+        let (oh, ow) = (ys[1], ys[2]);
+        let mut y = vec![f64::NEG_INFINITY; batch * c * oh * ow];
+        for rc in 0..batch * c {
+            let x = &a[rc * (h * wd) as usize..][..(h * wd) as usize];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut m = f64::NEG_INFINITY;
+                    for ky in 0..kernel[0] {
+                        let iy = (oy * stride[0] + ky * dilation[0]) as i64 - padding[0] as i64;
+                        for kx in 0..kernel[1] {
+                            let ix = (ox * stride[1] + kx * dilation[1]) as i64 - padding[1] as i64;
+                            if iy >= 0 && iy < h && ix >= 0 && ix < wd {
+                                m = m.max(x[(iy * wd + ix) as usize]);
+                            }
+                        }
+                    }
+                    y[(rc * oh + oy) * ow + ox] = m;
+                }
+            }
+        }
+        y
+    }
+
+    /// Layer normalisation over the last axis, with optional per-feature scale and bias.
+    fn layer_norm(&self, scale: Option<&str>, bias: Option<&str>, epsilon: f32) -> Vec<f64> {
+        let last = self.last;
+        let (sc, bi) = (scale.map(|s| self.tensor(s)), bias.map(|b| self.tensor(b)));
+        let mut y = self.a.to_vec();
+        for g in y.chunks_exact_mut(last) {
+            let mean = g.iter().sum::<f64>() / last as f64;
+            let var = g.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / last as f64;
+            let r = 1.0 / (var + epsilon as f64).sqrt();
+            for (i, v) in g.iter_mut().enumerate() {
+                *v = (*v - mean) * r * sc.as_ref().map_or(1.0, |s| s[i])
+                    + bi.as_ref().map_or(0.0, |b| b[i]);
+            }
+        }
+        y
+    }
 }
 
 /// erf in float64: Maclaurin series below |x| = 3 (≈1e-15 absolute), continued fraction for erfc above.

@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType, ObservationSpace,
-    Op, Preprocess, RecurrentSpec, SquashedDeterministic,
+    ActionSpace, Distribution, LogStd, Manifest, Module, ModuleRole, OBS_VALUE, ObsDType,
+    ObservationSpace, Op, Preprocess, RecurrentSpec, SquashedDeterministic, StateSpec,
 };
 
 use crate::ImportError;
@@ -1080,24 +1080,7 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         &files.module_ctor,
         "global in class_and_ctor_args.pkl (the RLModule's class or a constructor argument such as model_config):",
     )?;
-    let class =
-        get(&ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
-    let class = match ctor.get(class) {
-        Node::Global(m, n) => format!("{m}.{n}"),
-        _ => return Err(bad("'class' is not a class")),
-    };
-    if class.ends_with("MultiRLModule") {
-        return Err(bad(
-            "this is a MultiRLModule's directory; give one module's directory inside it",
-        ));
-    }
-    let Some(kind) = ModuleKind::of(&class) else {
-        return Err(unsupported(
-            format!("RLModule class {class}"),
-            "RLlib's DefaultPPOTorchRLModule (PPO, IMPALA), DefaultAPPOTorchRLModule, DefaultSACTorchRLModule, \
-             DefaultDQNTorchRLModule or the example ActionMaskingTorchRLModule",
-        ));
-    };
+    let (class, kind) = module_class(&ctor)?;
     let sac = kind == ModuleKind::Sac;
     let kwargs = get(&ctor, ctor.root, "ctor_args_and_kwargs")
         .and_then(|i| ctor.items(i))
@@ -1110,23 +1093,7 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
     // The action-masking module's space is a Dict of the mask and the observations; its networks see the
     // observations only, and the mask becomes the request's action mask (format 1.4).
     let module_observation = if kind == ModuleKind::ActionMasking {
-        let (obs, mask_len) = masking_spaces(&ctor, kw("observation_space")?)?;
-        let logits = match &action {
-            ActionSpace::Discrete { n } => *n,
-            ActionSpace::MultiDiscrete { nvec } => nvec.iter().sum(),
-            other => {
-                return Err(unsupported(
-                    format!("ActionMaskingTorchRLModule with {other:?} actions"),
-                    "Discrete or MultiDiscrete actions (a mask is one flag per logit)",
-                ));
-            }
-        };
-        if mask_len != logits {
-            return Err(bad(format!(
-                "the action_mask space has {mask_len} flags for {logits} logits"
-            )));
-        }
-        observation_space(&ctor, obs)?
+        action_masking_observation(&ctor, kw("observation_space")?, &action)?
     } else {
         observation_space(&ctor, kw("observation_space")?)?
     };
@@ -1135,8 +1102,6 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
 
     // The env-to-module pipeline: its pieces must be RLlib's defaults, plus MeanStdFilter and a leading
     // FlattenObservations (how RLlib users feed Dict observations to the default encoders).
-    let mut preprocess = vec![];
-    let mut norm = vec![];
     let pipeline = match &files.env_to_module {
         Some(b) => Some(Pipeline::read(&parse(b, "env-to-module connector")?)?),
         None => None,
@@ -1166,7 +1131,96 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         ));
     };
     let numel: usize = obs_shape.iter().product();
-    let observation = match pipeline.as_ref().and_then(|p| p.flattened.clone()) {
+    let observation =
+        artifact_observation(pipeline.as_ref(), &module_observation, obs_shape, numel)?;
+    let (preprocess, norm) = mean_std_normalization(
+        files.mean_std_state.as_deref(),
+        has_filter,
+        obs_shape,
+        numel,
+    )?;
+
+    let sd = module_state_dict(&files.module_state)?;
+    let parts = ModuleParts {
+        sd: &sd,
+        mc: &mc,
+        obs_shape,
+        observation,
+        action,
+        preprocess,
+        norm,
+        class: &class,
+        actions,
+    };
+    match kind {
+        ModuleKind::Dqn => dqn_policy(parts, files, source),
+        ModuleKind::Sac => sac_policy(parts, files, source),
+        ModuleKind::Ppo | ModuleKind::ActionMasking => {
+            ppo_policy(parts, kind == ModuleKind::ActionMasking, files, source)
+        }
+    }
+}
+
+/// The RLModule's class (`module.Name`) named by `class_and_ctor_args.pkl`, and its kind; a MultiRLModule or a
+/// class not read is refused by name.
+fn module_class(ctor: &Pickle) -> Result<(String, ModuleKind), ImportError> {
+    let class =
+        get(ctor, ctor.root, "class").ok_or_else(|| bad("class_and_ctor_args without 'class'"))?;
+    let class = match ctor.get(class) {
+        Node::Global(m, n) => format!("{m}.{n}"),
+        _ => return Err(bad("'class' is not a class")),
+    };
+    if class.ends_with("MultiRLModule") {
+        return Err(bad(
+            "this is a MultiRLModule's directory; give one module's directory inside it",
+        ));
+    }
+    let Some(kind) = ModuleKind::of(&class) else {
+        return Err(unsupported(
+            format!("RLModule class {class}"),
+            "RLlib's DefaultPPOTorchRLModule (PPO, IMPALA), DefaultAPPOTorchRLModule, DefaultSACTorchRLModule, \
+             DefaultDQNTorchRLModule or the example ActionMaskingTorchRLModule",
+        ));
+    };
+    Ok((class, kind))
+}
+
+/// The action-masking module's observation space (node `i`, a Dict of the mask and the observations): the
+/// observations' space, once the mask is checked to have one flag per logit of `action` (Discrete or
+/// MultiDiscrete).
+fn action_masking_observation(
+    ctor: &Pickle,
+    i: usize,
+    action: &ActionSpace,
+) -> Result<ObservationSpace, ImportError> {
+    let (obs, mask_len) = masking_spaces(ctor, i)?;
+    let logits = match action {
+        ActionSpace::Discrete { n } => *n,
+        ActionSpace::MultiDiscrete { nvec } => nvec.iter().sum(),
+        other => {
+            return Err(unsupported(
+                format!("ActionMaskingTorchRLModule with {other:?} actions"),
+                "Discrete or MultiDiscrete actions (a mask is one flag per logit)",
+            ));
+        }
+    };
+    if mask_len != logits {
+        return Err(bad(format!(
+            "the action_mask space has {mask_len} flags for {logits} logits"
+        )));
+    }
+    observation_space(ctor, obs)
+}
+
+/// The artifact's observation space: the env's, when the pipeline's `FlattenObservations` flattens it into the
+/// module's `numel` numbers (a flattened Box takes the module's shape), else the module's own.
+fn artifact_observation(
+    pipeline: Option<&Pipeline>,
+    module_observation: &ObservationSpace,
+    obs_shape: &[usize],
+    numel: usize,
+) -> Result<ObservationSpace, ImportError> {
+    Ok(match pipeline.and_then(|p| p.flattened.clone()) {
         Some(env_space) => {
             if env_space.raw_len() != numel {
                 return Err(bad(format!(
@@ -1177,24 +1231,37 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
             match env_space {
                 // A flattened Box is the same numbers row-major: the graph takes the module's flat vector.
                 ObservationSpace::Box { dtype, .. } => ObservationSpace::Box {
-                    shape: obs_shape.clone(),
+                    shape: obs_shape.to_vec(),
                     dtype,
                 },
                 dict => dict,
             }
         }
         None => module_observation.clone(),
-    };
-    match (&files.mean_std_state, has_filter) {
+    })
+}
+
+/// The MeanStdFilter's normalization of the module's observations (`obs_shape`, `numel` numbers): the
+/// preprocess step and its `obs_filter.*` tensors from the saved statistics, none without a filter; a filter
+/// without statistics is refused.
+fn mean_std_normalization(
+    mean_std_state: Option<&[u8]>,
+    has_filter: bool,
+    obs_shape: &[usize],
+    numel: usize,
+) -> Result<(Vec<Preprocess>, Vec<(String, Tensor)>), ImportError> {
+    let mut preprocess = vec![];
+    let mut norm = vec![];
+    match (mean_std_state, has_filter) {
         (Some(st), _) => {
             let (mean, std, clip) = mean_std(st, numel)?;
             norm.push((
                 "obs_filter.mean".to_string(),
-                Tensor::new(obs_shape.clone(), mean),
+                Tensor::new(obs_shape.to_vec(), mean),
             ));
             norm.push((
                 "obs_filter.std".to_string(),
-                Tensor::new(obs_shape.clone(), std),
+                Tensor::new(obs_shape.to_vec(), std),
             ));
             preprocess.push(Preprocess::Normalize {
                 mean: "obs_filter.mean".into(),
@@ -1209,11 +1276,12 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         }
         (None, false) => {}
     }
+    Ok((preprocess, norm))
+}
 
-    let state = parse(
-        &files.module_state,
-        "global in the RLModule's state pickle:",
-    )?;
+/// The RLModule's `state_dict()` (`module_state.pkl`, an `OrderedDict` of NumPy arrays) as f32 tensors by key.
+fn module_state_dict(module_state: &[u8]) -> Result<BTreeMap<String, Tensor>, ImportError> {
+    let state = parse(module_state, "global in the RLModule's state pickle:")?;
     let Node::Call { items, .. } = state.get(state.root) else {
         return Err(bad("module_state.pkl is not an OrderedDict of arrays"));
     };
@@ -1228,82 +1296,42 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
             Tensor::new(a.shape, a.data.iter().map(|x| *x as f32).collect()),
         );
     }
-    let parts = |observation, preprocess, norm| ModuleParts {
-        sd: &sd,
-        mc: &mc,
-        obs_shape,
-        observation,
-        action: action.clone(),
-        preprocess,
-        norm,
-        class: &class,
-        actions,
-    };
-    if kind == ModuleKind::Dqn {
-        return dqn_policy(parts(observation, preprocess, norm), files, source);
-    }
-    if sac {
-        return sac_policy(parts(observation, preprocess, norm), files, source);
-    }
-    let shared = sd.keys().any(|k| k.starts_with("encoder.encoder."));
-    if !shared && !sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
+    Ok(sd)
+}
+
+/// RLlib's `DefaultPPOTorchRLModule` (PPO, IMPALA, APPO, and the action-masking example's networks): actor and
+/// critic encoders (or one shared encoder), optionally with an LSTM, under the `pi` head's distribution and the
+/// `vf` head's value (absent in an inference-only module). `action_masks`: the manifest takes the request's
+/// action mask.
+fn ppo_policy(
+    p: ModuleParts<'_>,
+    action_masks: bool,
+    files: &RllibFiles,
+    source: &str,
+) -> Result<Imported, ImportError> {
+    let shared = p.sd.keys().any(|k| k.starts_with("encoder.encoder."));
+    if !shared && !p.sd.keys().any(|k| k.starts_with("encoder.actor_encoder.")) {
         return Err(bad(
             "a PPO module with neither 'encoder.actor_encoder.*' nor (vf_share_layers) 'encoder.encoder.*' weights",
         ));
     }
-    if shared && mc.use_lstm {
+    if shared && p.mc.use_lstm {
         return Err(unsupported(
             "use_lstm with vf_share_layers=True",
             "not read yet (separate encoders, PPO's default, are)",
         ));
     }
 
-    let mut g = GraphBuilder::new(&sd, "RLlib checkpoint");
+    let mut g = GraphBuilder::new(p.sd, "RLlib checkpoint");
     let mut modules = vec![];
     let mut states = vec![];
-    let mut branch = |g: &mut GraphBuilder,
-                      which: &str,
-                      modules: &mut Vec<_>|
-     -> Result<(String, usize), ImportError> {
-        let p = if which == "shared" {
-            "encoder.encoder".to_string()
-        } else {
-            format!("encoder.{which}_encoder")
-        };
-        if mc.use_lstm {
-            let (t, d) = encoder(g, &format!("{p}.tokenizer"), OBS_VALUE, obs_shape, &mc)?;
-            modules.push(g.module(
-                &format!("{which}_tokenizer"),
-                ModuleRole::Encoder,
-                vec![OBS_VALUE.into()],
-                vec![t.clone()],
-            ));
-            let r = g.torch_lstm(&format!("{p}.lstm"), &t, d)?;
-            let mut inputs = vec![t];
-            inputs.extend(r.reads.iter().cloned());
-            modules.push(g.module(
-                &format!("{which}_lstm"),
-                ModuleRole::RecurrentCore,
-                inputs,
-                r.outputs(),
-            ));
-            states.extend(r.states.iter().cloned());
-            Ok((r.output, r.hidden))
-        } else {
-            let (y, d) = encoder(g, &p, OBS_VALUE, obs_shape, &mc)?;
-            modules.push(g.module(
-                &format!("{which}_encoder"),
-                ModuleRole::Encoder,
-                vec![OBS_VALUE.into()],
-                vec![y.clone()],
-            ));
-            Ok((y, d))
-        }
+    let mut branch = |g: &mut GraphBuilder, which: &str, modules: &mut Vec<Module>| {
+        ppo_encoder_branch(g, which, p.obs_shape, p.mc, modules, &mut states)
     };
     // An env runner's module (built with inference_only=True, as RLlib builds them, and as its weights are
     // synced) has no value function: neither `vf.*` nor, with separate encoders, `encoder.critic_encoder.*`.
     // The artifact then has no value output.
-    let has_vf = sd.keys().any(|k| k.starts_with("vf."));
+    let has_vf = p.sd.keys().any(|k| k.starts_with("vf."));
     let ((a, da), critic) = if shared {
         let e = branch(&mut g, "shared", &mut modules)?;
         (e.clone(), has_vf.then_some(e))
@@ -1316,125 +1344,8 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         };
         (actor, critic)
     };
-    let (logits, k) = head(&mut g, "pi", &a, da, &mc)?;
-    let distribution = match &action {
-        ActionSpace::Discrete { n } if *n == k => Distribution::Categorical {
-            logits: logits.clone(),
-        },
-        ActionSpace::MultiDiscrete { nvec } if nvec.iter().sum::<usize>() == k => {
-            Distribution::MultiCategorical {
-                logits: logits.clone(),
-            }
-        }
-        ActionSpace::Box { low, high, .. }
-            if k == action.action_len() * if mc.free_log_std { 1 } else { 2 } =>
-        {
-            let n = action.action_len();
-            let c = mc.log_std_clip;
-            // The head's own copy of the clip (RLlib keeps it as a buffer): it must say what model_config says.
-            if g.has("pi.log_std_clip_param_const") {
-                let t = g.peek("pi.log_std_clip_param_const")?;
-                if t.data.len() != 1 || t.data[0] != c {
-                    return Err(bad(format!(
-                        "'pi.log_std_clip_param_const' is {:?} but model_config's log_std_clip_param is {c}",
-                        t.data
-                    )));
-                }
-            }
-            // The log-std: the head's second half, clamped to ±log_std_clip_param (TorchMLPHead's clip_log_std
-            // for Gaussians), or with free_log_std the state-independent `pi.log_std` parameter, clamped alike.
-            let (mean, ls) = if mc.free_log_std {
-                let t = g.peek("pi.log_std")?;
-                if t.data.len() != n {
-                    return Err(bad(format!(
-                        "'pi.log_std' has {} values for {n} actions",
-                        t.data.len()
-                    )));
-                }
-                let clamped: Vec<f32> = t.data.iter().map(|v| v.clamp(-c, c)).collect();
-                (logits.clone(), Err(clamped))
-            } else {
-                let mean = g.node(Op::Slice { start: 0, len: n }, &logits, "pi.mean");
-                let ls = g.node(Op::Slice { start: n, len: n }, &logits, "pi.log_std_raw");
-                let ls = g.node(
-                    Op::Clip {
-                        min: Some(-c),
-                        max: Some(c),
-                    },
-                    &ls,
-                    "pi.log_std_clipped",
-                );
-                (mean, Ok(ls))
-            };
-            let bounded = low.iter().chain(high).all(Option::is_some);
-            // NormalizeAndClipActions: with normalize_actions (the default) a bounded Box's actions are mapped
-            // from [-1, 1] and clipped; without it, clipped to the bounds if clip_actions, else sent as they are.
-            let finite = bounded && actions.normalize;
-            // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
-            // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
-            let half: Vec<f32> = if finite {
-                low.iter()
-                    .zip(high)
-                    .map(|(l, h)| ((h.unwrap() as f64 - l.unwrap() as f64) / 2.0) as f32)
-                    .collect()
-            } else {
-                vec![1.0; n]
-            };
-            let ln: Vec<f32> = half.iter().map(|h| (*h as f64).ln() as f32).collect();
-            let mean = if finite {
-                let shift: Vec<f32> = low.iter().zip(&half).map(|(l, h)| l.unwrap() + h).collect();
-                let s = g.derived("pi.env_scale", Tensor::new(vec![n], half.clone()));
-                let t = g.derived("pi.env_shift", Tensor::new(vec![n], shift));
-                g.node(
-                    Op::Affine {
-                        scale: Some(s),
-                        shift: Some(t),
-                    },
-                    &mean,
-                    "pi.mean_env",
-                )
-            } else {
-                mean
-            };
-            let log_std = match ls {
-                Ok(ls) if finite => {
-                    let l = g.derived("pi.env_log_scale", Tensor::new(vec![n], ln));
-                    LogStd::Value {
-                        value: g.node(
-                            Op::Affine {
-                                scale: None,
-                                shift: Some(l),
-                            },
-                            &ls,
-                            "pi.log_std_env",
-                        ),
-                    }
-                }
-                Ok(ls) => LogStd::Value { value: ls },
-                Err(param) => {
-                    let data = param.iter().zip(&ln).map(|(v, l)| v + l).collect();
-                    LogStd::Parameter {
-                        tensor: g.derived("pi.log_std_env", Tensor::new(vec![n], data)),
-                    }
-                }
-            };
-            Distribution::DiagGaussian {
-                mean,
-                log_std,
-                log_std_range: None,
-                clip: if actions.normalize {
-                    bounded
-                } else {
-                    actions.clip
-                },
-            }
-        }
-        _ => {
-            return Err(bad(format!(
-                "the pi head has {k} outputs, which does not fit {action:?}"
-            )));
-        }
-    };
+    let (logits, k) = head(&mut g, "pi", &a, da, p.mc)?;
+    let distribution = ppo_distribution(&mut g, &p.action, &logits, k, p.mc, p.actions)?;
     let head_out = distribution
         .param_values()
         .iter()
@@ -1443,7 +1354,7 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
     modules.push(g.module("pi", ModuleRole::PolicyHead, vec![a], head_out));
     let value = match critic {
         Some((c, dc)) => {
-            let (value, one) = head(&mut g, "vf", &c, dc, &mc)?;
+            let (value, one) = head(&mut g, "vf", &c, dc, p.mc)?;
             if one != 1 {
                 return Err(bad(format!("the vf head has {one} outputs")));
             }
@@ -1457,24 +1368,215 @@ fn import_with(files: &RllibFiles, source: &str, route: Route) -> Result<Importe
         producer: producer(
             "rllib",
             source,
-            format!("{class}; model_config over DefaultModelConfig"),
+            format!("{}; model_config over DefaultModelConfig", p.class),
         ),
-        observation,
-        action,
-        preprocess,
+        observation: p.observation,
+        action: p.action,
+        preprocess: p.preprocess,
         modules,
         distribution,
         value,
         recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
         golden: vec![],
-        action_masks: kind == ModuleKind::ActionMasking,
+        action_masks,
     };
     // Never read for acting: APPO's target copies (`_old_*`), and every head's `log_std_clip_param_const` (a
     // copy of model_config's log_std_clip_param: checked against it where a Gaussian head uses it).
     g.check_every_key_read(&["_old_", "*.log_std_clip_param_const"])?;
     let mut tensors = g.tensors;
-    tensors.extend(norm);
+    tensors.extend(p.norm);
     Ok(Imported { manifest, tensors })
+}
+
+/// One PPO encoder branch on the observation (`which`: `shared` for `encoder.encoder`, else `actor` / `critic`
+/// for `encoder.{which}_encoder`): the encoder, or with `use_lstm` the encoder as tokenizer then the LSTM (its
+/// states added to `states`), each a module pushed on `modules`; returns (value, width).
+fn ppo_encoder_branch(
+    g: &mut GraphBuilder,
+    which: &str,
+    obs_shape: &[usize],
+    mc: &ModelConfig,
+    modules: &mut Vec<Module>,
+    states: &mut Vec<StateSpec>,
+) -> Result<(String, usize), ImportError> {
+    let p = if which == "shared" {
+        "encoder.encoder".to_string()
+    } else {
+        format!("encoder.{which}_encoder")
+    };
+    if mc.use_lstm {
+        let (t, d) = encoder(g, &format!("{p}.tokenizer"), OBS_VALUE, obs_shape, mc)?;
+        modules.push(g.module(
+            &format!("{which}_tokenizer"),
+            ModuleRole::Encoder,
+            vec![OBS_VALUE.into()],
+            vec![t.clone()],
+        ));
+        let r = g.torch_lstm(&format!("{p}.lstm"), &t, d)?;
+        let mut inputs = vec![t];
+        inputs.extend(r.reads.iter().cloned());
+        modules.push(g.module(
+            &format!("{which}_lstm"),
+            ModuleRole::RecurrentCore,
+            inputs,
+            r.outputs(),
+        ));
+        states.extend(r.states.iter().cloned());
+        Ok((r.output, r.hidden))
+    } else {
+        let (y, d) = encoder(g, &p, OBS_VALUE, obs_shape, mc)?;
+        modules.push(g.module(
+            &format!("{which}_encoder"),
+            ModuleRole::Encoder,
+            vec![OBS_VALUE.into()],
+            vec![y.clone()],
+        ));
+        Ok((y, d))
+    }
+}
+
+/// The PPO `pi` head's distribution over `action` from its `k` outputs `logits`: categorical for Discrete and
+/// MultiDiscrete actions, [`ppo_gaussian`] for Box actions; a head of another width is refused.
+fn ppo_distribution(
+    g: &mut GraphBuilder,
+    action: &ActionSpace,
+    logits: &str,
+    k: usize,
+    mc: &ModelConfig,
+    actions: ActionMapping,
+) -> Result<Distribution, ImportError> {
+    Ok(match action {
+        ActionSpace::Discrete { n } if *n == k => Distribution::Categorical {
+            logits: logits.to_string(),
+        },
+        ActionSpace::MultiDiscrete { nvec } if nvec.iter().sum::<usize>() == k => {
+            Distribution::MultiCategorical {
+                logits: logits.to_string(),
+            }
+        }
+        ActionSpace::Box { low, high, .. }
+            if k == action.action_len() * if mc.free_log_std { 1 } else { 2 } =>
+        {
+            ppo_gaussian(g, logits, action.action_len(), low, high, mc, actions)?
+        }
+        _ => {
+            return Err(bad(format!(
+                "the pi head has {k} outputs, which does not fit {action:?}"
+            )));
+        }
+    })
+}
+
+/// The PPO `pi` head's diagonal Gaussian over `n` Box actions (bounds `low`, `high`), from its `logits`
+/// (`[mean | log_std]`, or the mean alone with `free_log_std`), mapped to the env's actions as RLlib's
+/// NormalizeAndClipActions maps them.
+fn ppo_gaussian(
+    g: &mut GraphBuilder,
+    logits: &str,
+    n: usize,
+    low: &[Option<f32>],
+    high: &[Option<f32>],
+    mc: &ModelConfig,
+    actions: ActionMapping,
+) -> Result<Distribution, ImportError> {
+    let c = mc.log_std_clip;
+    // The head's own copy of the clip (RLlib keeps it as a buffer): it must say what model_config says.
+    if g.has("pi.log_std_clip_param_const") {
+        let t = g.peek("pi.log_std_clip_param_const")?;
+        if t.data.len() != 1 || t.data[0] != c {
+            return Err(bad(format!(
+                "'pi.log_std_clip_param_const' is {:?} but model_config's log_std_clip_param is {c}",
+                t.data
+            )));
+        }
+    }
+    // The log-std: the head's second half, clamped to ±log_std_clip_param (TorchMLPHead's clip_log_std
+    // for Gaussians), or with free_log_std the state-independent `pi.log_std` parameter, clamped alike.
+    let (mean, ls) = if mc.free_log_std {
+        let t = g.peek("pi.log_std")?;
+        if t.data.len() != n {
+            return Err(bad(format!(
+                "'pi.log_std' has {} values for {n} actions",
+                t.data.len()
+            )));
+        }
+        let clamped: Vec<f32> = t.data.iter().map(|v| v.clamp(-c, c)).collect();
+        (logits.to_string(), Err(clamped))
+    } else {
+        let mean = g.node(Op::Slice { start: 0, len: n }, logits, "pi.mean");
+        let ls = g.node(Op::Slice { start: n, len: n }, logits, "pi.log_std_raw");
+        let ls = g.node(
+            Op::Clip {
+                min: Some(-c),
+                max: Some(c),
+            },
+            &ls,
+            "pi.log_std_clipped",
+        );
+        (mean, Ok(ls))
+    };
+    let bounded = low.iter().chain(high).all(Option::is_some);
+    // NormalizeAndClipActions: with normalize_actions (the default) a bounded Box's actions are mapped
+    // from [-1, 1] and clipped; without it, clipped to the bounds if clip_actions, else sent as they are.
+    let finite = bounded && actions.normalize;
+    // NormalizeAndClipActions: a_env = clip(low + (a + 1)(high - low)/2); on the Gaussian that is
+    // mean' = mean·half + (low + half), log_std' = log_std + ln(half).
+    let half: Vec<f32> = if finite {
+        low.iter()
+            .zip(high)
+            .map(|(l, h)| ((h.unwrap() as f64 - l.unwrap() as f64) / 2.0) as f32)
+            .collect()
+    } else {
+        vec![1.0; n]
+    };
+    let ln: Vec<f32> = half.iter().map(|h| (*h as f64).ln() as f32).collect();
+    let mean = if finite {
+        let shift: Vec<f32> = low.iter().zip(&half).map(|(l, h)| l.unwrap() + h).collect();
+        let s = g.derived("pi.env_scale", Tensor::new(vec![n], half.clone()));
+        let t = g.derived("pi.env_shift", Tensor::new(vec![n], shift));
+        g.node(
+            Op::Affine {
+                scale: Some(s),
+                shift: Some(t),
+            },
+            &mean,
+            "pi.mean_env",
+        )
+    } else {
+        mean
+    };
+    let log_std = match ls {
+        Ok(ls) if finite => {
+            let l = g.derived("pi.env_log_scale", Tensor::new(vec![n], ln));
+            LogStd::Value {
+                value: g.node(
+                    Op::Affine {
+                        scale: None,
+                        shift: Some(l),
+                    },
+                    &ls,
+                    "pi.log_std_env",
+                ),
+            }
+        }
+        Ok(ls) => LogStd::Value { value: ls },
+        Err(param) => {
+            let data = param.iter().zip(&ln).map(|(v, l)| v + l).collect();
+            LogStd::Parameter {
+                tensor: g.derived("pi.log_std_env", Tensor::new(vec![n], data)),
+            }
+        }
+    };
+    Ok(Distribution::DiagGaussian {
+        mean,
+        log_std,
+        log_std_range: None,
+        clip: if actions.normalize {
+            bounded
+        } else {
+            actions.clip
+        },
+    })
 }
 
 /// The checkpoint's directory name (the algorithm's, or the module's when given alone).
@@ -1633,7 +1735,7 @@ impl ActionMapping {
     }
 }
 
-/// What the SAC and DQN routes need from [`import_rllib`]'s common part.
+/// What the PPO, SAC and DQN routes need from [`import_rllib`]'s common part.
 struct ModuleParts<'a> {
     sd: &'a BTreeMap<String, Tensor>,
     mc: &'a ModelConfig,
@@ -1831,45 +1933,14 @@ fn dqn_policy(
         p.class
     );
     let q = if atoms > 1 {
-        let (v_min, v_max) = match (cfg.v_min, cfg.v_max) {
-            (Some(a), Some(b)) if a.is_finite() && b.is_finite() && a < b => (a, b),
-            (a, b) => {
-                return Err(bad(format!(
-                    "distributional DQN needs finite v_min < v_max, has {a:?}, {b:?}"
-                )));
-            }
-        };
-        let grid = g.node(
-            Op::Reshape {
-                shape: vec![n, atoms],
-            },
-            &af,
-            "af.atoms",
-        );
-        let probs = g.node(Op::Softmax, &grid, "af.atom_probs");
-        let flat = g.node(Op::Flatten, &probs, "af.atom_probs_flat");
-        let mut support = vec![0f32; n * n * atoms];
-        for a in 0..n {
-            for j in 0..atoms {
-                let z = v_min + j as f64 * (v_max - v_min) / (atoms - 1) as f64;
-                support[a * n * atoms + a * atoms + j] = z as f32;
-            }
-        }
-        let w = g.derived("q.support", Tensor::new(vec![n, n * atoms], support));
+        let q = distributional_q(&mut g, &af, n, atoms, cfg)?;
         if cfg.dueling {
             notes.push_str(
                 "; dueling with atoms: the vf stream adds one constant to every atom logit, which the softmax \
                  over the atoms cancels (not read)",
             );
         }
-        g.node(
-            Op::Dense {
-                weight: w,
-                bias: None,
-            },
-            &flat,
-            "q",
-        )
+        q
     } else if cfg.dueling {
         // A − mean(A): the centring matrix I − 1/n on the advantage layer's rows.
         let centre: Vec<f64> = (0..n * n)
@@ -1911,6 +1982,51 @@ fn dqn_policy(
     let mut tensors = g.tensors;
     tensors.extend(p.norm);
     Ok(Imported { manifest, tensors })
+}
+
+/// A distributional DQN's Q values from the `af` head's `[n·atoms]` logits: a reshape to `[n, atoms]`, a softmax
+/// over the atoms and one dense with the support `z_j = v_min + j (v_max − v_min) / (atoms − 1)` (see
+/// [`dqn_policy`]); `v_min` and `v_max` must be finite and ordered.
+fn distributional_q(
+    g: &mut GraphBuilder,
+    af: &str,
+    n: usize,
+    atoms: usize,
+    cfg: &DqnConfig,
+) -> Result<String, ImportError> {
+    let (v_min, v_max) = match (cfg.v_min, cfg.v_max) {
+        (Some(a), Some(b)) if a.is_finite() && b.is_finite() && a < b => (a, b),
+        (a, b) => {
+            return Err(bad(format!(
+                "distributional DQN needs finite v_min < v_max, has {a:?}, {b:?}"
+            )));
+        }
+    };
+    let grid = g.node(
+        Op::Reshape {
+            shape: vec![n, atoms],
+        },
+        af,
+        "af.atoms",
+    );
+    let probs = g.node(Op::Softmax, &grid, "af.atom_probs");
+    let flat = g.node(Op::Flatten, &probs, "af.atom_probs_flat");
+    let mut support = vec![0f32; n * n * atoms];
+    for a in 0..n {
+        for j in 0..atoms {
+            let z = v_min + j as f64 * (v_max - v_min) / (atoms - 1) as f64;
+            support[a * n * atoms + a * atoms + j] = z as f32;
+        }
+    }
+    let w = g.derived("q.support", Tensor::new(vec![n, n * atoms], support));
+    Ok(g.node(
+        Op::Dense {
+            weight: w,
+            bias: None,
+        },
+        &flat,
+        "q",
+    ))
 }
 
 #[cfg(test)]

@@ -17,10 +17,12 @@
 //! masks are expected). Anything else (MultiBinary, Dict parts that are not boxes, gSDE) is a typed error naming
 //! it.
 
+use std::collections::BTreeMap;
+
 use policyport_format::container::Tensor;
 use policyport_format::{
-    ActionSpace, DictEntry, Distribution, LogStd, Manifest, ModuleRole, OBS_VALUE, ObsDType,
-    ObservationSpace, Op, Preprocess, RecurrentSpec,
+    ActionSpace, DictEntry, Distribution, LogStd, Manifest, Module, ModuleRole, OBS_VALUE,
+    ObsDType, ObservationSpace, Op, Preprocess, RecurrentSpec, StateSpec,
 };
 use serde_json::Value;
 
@@ -495,21 +497,11 @@ pub fn import_sb3(
     source: &str,
     vecnormalize: Option<&[u8]>,
 ) -> Result<Imported, ImportError> {
-    let zip = Zip::open(bytes)?;
-    let data: Value = serde_json::from_slice(
-        zip.get("data")
-            .ok_or_else(|| bad("no 'data' entry (not a Stable-Baselines3 archive?)"))??,
-    )
-    .map_err(|e| bad(format!("'data' is not JSON: {e}")))?;
-    let sd = read_state_dict(
-        zip.get("policy.pth")
-            .ok_or_else(|| bad("no 'policy.pth' entry"))??,
-    )?;
-    let version = zip
-        .get("_stable_baselines3_version")
-        .and_then(Result::ok)
-        .map(|v| String::from_utf8_lossy(v).trim().to_string())
-        .unwrap_or_default();
+    let Sb3Archive {
+        data,
+        state_dict,
+        version,
+    } = read_archive(bytes)?;
     let (observation, image) = observation_space(
         data.get("observation_space")
             .ok_or_else(|| bad("no observation_space"))?,
@@ -519,6 +511,84 @@ pub fn import_sb3(
             .ok_or_else(|| bad("no action_space"))?,
     )?;
     let kwargs = data.get("policy_kwargs").cloned().unwrap_or(Value::Null);
+    refuse_unsupported_settings(&data, &kwargs, image)?;
+    let (mut preprocess, norm_tensors) = vecnormalize_preprocess(vecnormalize, &observation)?;
+    let obs_shape = policy_input_shape(&observation, image, &mut preprocess);
+    let mut g = GraphBuilder::new(&state_dict, "SB3 archive");
+    let policy = policy_graph(
+        &mut g,
+        &PolicyInputs {
+            data: &data,
+            kwargs: &kwargs,
+            observation: &observation,
+            obs_shape: &obs_shape,
+            action: &action,
+        },
+    )?;
+    let mut notes = format!("stable-baselines3 {version}");
+    notes.push_str(&policy.notes);
+    let states = policy.states;
+    let manifest = Manifest {
+        name: file_stem(source, ".zip").to_string(),
+        producer: producer("sb3", source, notes),
+        observation,
+        action,
+        preprocess,
+        modules: policy.modules,
+        distribution: policy.distribution,
+        value: policy.value,
+        recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
+        golden: vec![],
+        // sb3-contrib MaskablePPO (`MaskableActorCriticPolicy` and its Cnn / MultiInput kin): trained with masks.
+        action_masks: policy_module(&data).contains("maskable"),
+    };
+    g.check_every_key_read(policy.training_only)?;
+    let mut tensors = g.tensors;
+    tensors.extend(norm_tensors);
+    Ok(Imported { manifest, tensors })
+}
+
+/// The entries of an SB3 archive that the import reads.
+struct Sb3Archive {
+    /// The `data` entry (JSON): the spaces, `policy_kwargs` and the algorithm's settings.
+    data: Value,
+    /// The `policy.pth` entry's state dict.
+    state_dict: BTreeMap<String, Tensor>,
+    /// The `_stable_baselines3_version` entry; empty when absent.
+    version: String,
+}
+
+/// Open an SB3 archive and read its `data`, `policy.pth` and version entries.
+fn read_archive(bytes: &[u8]) -> Result<Sb3Archive, ImportError> {
+    let zip = Zip::open(bytes)?;
+    let data: Value = serde_json::from_slice(
+        zip.get("data")
+            .ok_or_else(|| bad("no 'data' entry (not a Stable-Baselines3 archive?)"))??,
+    )
+    .map_err(|e| bad(format!("'data' is not JSON: {e}")))?;
+    let state_dict = read_state_dict(
+        zip.get("policy.pth")
+            .ok_or_else(|| bad("no 'policy.pth' entry"))??,
+    )?;
+    let version = zip
+        .get("_stable_baselines3_version")
+        .and_then(Result::ok)
+        .map(|v| String::from_utf8_lossy(v).trim().to_string())
+        .unwrap_or_default();
+    Ok(Sb3Archive {
+        data,
+        state_dict,
+        version,
+    })
+}
+
+/// Refuse the training settings whose policy this import cannot reproduce: gSDE exploration, and image
+/// observations without SB3's `/255`.
+fn refuse_unsupported_settings(
+    data: &Value,
+    kwargs: &Value,
+    image: bool,
+) -> Result<(), ImportError> {
     if kwargs.get("use_sde").and_then(Value::as_bool) == Some(true)
         || data.get("use_sde").and_then(Value::as_bool) == Some(true)
     {
@@ -533,11 +603,20 @@ pub fn import_sb3(
             "keep SB3's default /255 for images",
         ));
     }
+    Ok(())
+}
+
+/// The `Normalize` preprocessing step and its `obs_norm.mean` / `obs_norm.std` tensors for a `VecNormalize`
+/// pickle that normalises observations; neither without one.
+fn vecnormalize_preprocess(
+    vecnormalize: Option<&[u8]>,
+    observation: &ObservationSpace,
+) -> Result<(Vec<Preprocess>, Vec<(String, Tensor)>), ImportError> {
     let mut preprocess = vec![];
     let mut norm_tensors = vec![];
     if let Some(vn) = vecnormalize.map(read_vecnormalize).transpose()?.flatten() {
         // VecNormalize runs in the env wrapper, before the policy's own preprocessing.
-        let ObservationSpace::Box { shape, .. } = &observation else {
+        let ObservationSpace::Box { shape, .. } = observation else {
             return Err(unsupported(
                 "VecNormalize statistics for Discrete or Dict observations",
                 "drop --vecnormalize",
@@ -563,7 +642,17 @@ pub fn import_sb3(
             clip: Some(vn.clip),
         });
     }
-    let obs_shape = match &observation {
+    Ok((preprocess, norm_tensors))
+}
+
+/// The shape of the policy's input after SB3's `preprocess_obs` (a Dict's parts side by side, Discrete one-hot),
+/// appending that preprocessing (one-hot, `/255` for images) to `preprocess`.
+fn policy_input_shape(
+    observation: &ObservationSpace,
+    image: bool,
+    preprocess: &mut Vec<Preprocess>,
+) -> Vec<usize> {
+    match observation {
         ObservationSpace::Dict { .. } => vec![observation.raw_len()],
         ObservationSpace::Discrete { n } => {
             preprocess.push(Preprocess::OneHot { n: *n });
@@ -577,293 +666,367 @@ pub fn import_sb3(
             }
             shape.clone()
         }
-    };
-    let mut g = GraphBuilder::new(&sd, "SB3 archive");
-    let mut notes = format!("stable-baselines3 {version}");
-    let mut modules = vec![];
-    let mut states = vec![];
+    }
+}
+
+/// What every policy family's graph is built from besides the state dict.
+struct PolicyInputs<'p> {
+    /// The archive's `data` entry.
+    data: &'p Value,
+    /// Its `policy_kwargs` (`Null` when absent).
+    kwargs: &'p Value,
+    observation: &'p ObservationSpace,
+    /// The shape of the policy's input after preprocessing.
+    obs_shape: &'p [usize],
+    action: &'p ActionSpace,
+}
+
+/// A policy family's graph: what the manifest takes from it.
+struct PolicyGraph {
+    modules: Vec<Module>,
+    distribution: Distribution,
+    value: Option<String>,
+    /// The recurrent states (RecurrentPPO's LSTMs), empty for a feed-forward policy.
+    states: Vec<StateSpec>,
     // What the trainer keeps that acting never reads (checked by name at the end: every other weight of the file
     // must be read by a layer built here).
-    let mut training_only: &[&str] = &[];
-    let (distribution, value) = if sd.contains_key("actor.mu.weight") {
-        // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
-        training_only = &["critic.", "critic_target."];
-        let act = activation(&kwargs, Op::Relu)?;
-        let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
-        let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true, 0)?;
-        let (mean, k) = g.linear("actor.mu", &latent, d)?;
-        let (ls, _) = g.linear("actor.log_std", &latent, d)?;
-        let log_std = g.node(
-            Op::Clip {
-                min: Some(-20.0),
-                max: Some(2.0),
-            },
-            &ls,
-            "actor.log_std.clamped",
-        );
-        if !matches!(&action, ActionSpace::Box { low, high, .. } if low.iter().chain(high).all(Option::is_some))
-        {
-            return Err(unsupported(
-                "SAC without finite Box bounds",
-                "bound the action space",
-            ));
-        }
-        if action.action_len() != k {
-            return Err(bad(format!(
-                "actor.mu has {k} outputs for {} actions",
-                action.action_len()
-            )));
-        }
-        modules.push(g.module(
-            "actor",
-            ModuleRole::PolicyHead,
-            vec![OBS_VALUE.into()],
-            vec![mean.clone(), log_std.clone()],
-        ));
-        (
-            Distribution::SquashedGaussian {
-                mean,
-                log_std: LogStd::Value { value: log_std },
-                log_std_range: None,
-                deterministic: Default::default(),
-            },
-            None,
-        )
-    } else if sd.contains_key("action_net.weight") {
-        // PPO / A2C ActorCriticPolicy.
-        let act = activation(&kwargs, Op::Tanh)?;
-        let shared = sd.keys().any(|k| k.starts_with("features_extractor."))
-            || !sd.keys().any(|k| k.starts_with("pi_features_extractor."));
-        let (pi_f, vf_f, d) = if shared {
-            let (f, d) = features(&mut g, "features_extractor", &observation, &obs_shape)?;
-            // A shared extractor is saved three times (SB3 >= 2 keeps pi_ / vf_features_extractor as aliases of
-            // the one module): the copies are read only if they are the very same weights.
-            g.read_as_alias("pi_features_extractor.", "features_extractor.");
-            g.read_as_alias("vf_features_extractor.", "features_extractor.");
-            push_encoder(&mut g, &mut modules, vec![f.clone()]);
-            (f.clone(), f, d)
-        } else {
-            let (pf, d) = features(&mut g, "pi_features_extractor", &observation, &obs_shape)?;
-            let (vf, _) = features(&mut g, "vf_features_extractor", &observation, &obs_shape)?;
-            push_encoder(&mut g, &mut modules, vec![pf.clone(), vf.clone()]);
-            (pf, vf, d)
-        };
-        if sd
-            .keys()
-            .any(|k| k.starts_with("mlp_extractor.shared_net."))
-        {
-            return Err(unsupported(
-                "a shared mlp_extractor trunk (SB3 < 1.8 net_arch)",
-                "re-save with SB3 >= 2",
-            ));
-        }
-        // sb3-contrib RecurrentPPO: an LSTM between the features and mlp_extractor, for the actor; the critic has
-        // its own LSTM (enable_critic_lstm), a Linear (neither), or reads the actor's (shared_lstm).
-        let (pi_f, vf_f, dp, dv) = if g.has("lstm_actor.weight_ih_l0") {
-            let actor = g.torch_lstm("lstm_actor", &pi_f, d)?;
-            let mut inputs = vec![pi_f.clone()];
-            inputs.extend(actor.reads.iter().cloned());
-            modules.push(g.module(
-                "lstm_actor",
-                ModuleRole::RecurrentCore,
-                inputs,
-                actor.outputs(),
-            ));
-            states.extend(actor.states.iter().cloned());
-            let (vf, dv) = if g.has("lstm_critic.weight_ih_l0") {
-                let critic = g.torch_lstm("lstm_critic", &vf_f, d)?;
-                let mut inputs = vec![vf_f.clone()];
-                inputs.extend(critic.reads.iter().cloned());
-                modules.push(g.module(
-                    "lstm_critic",
-                    ModuleRole::RecurrentCore,
-                    inputs,
-                    critic.outputs(),
-                ));
-                states.extend(critic.states);
-                (critic.output, critic.hidden)
-            } else if g.has("critic.weight") {
-                let (v, dv) = g.linear("critic", &vf_f, d)?;
-                modules.push(g.module(
-                    "critic",
-                    ModuleRole::Encoder,
-                    vec![vf_f.clone()],
-                    vec![v.clone()],
-                ));
-                (v, dv)
-            } else {
-                (actor.output.clone(), actor.hidden)
-            };
-            (actor.output, vf, actor.hidden, dv)
-        } else {
-            (pi_f, vf_f, d, d)
-        };
-        let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, dp, &act, true, 0)?;
-        let (head, k) = g.linear("action_net", &latent_pi, dp)?;
-        if action_n(&action).is_some_and(|n| n != k) {
-            return Err(bad(format!("action_net has {k} outputs for {action:?}")));
-        }
-        let dist = match &action {
-            ActionSpace::Discrete { .. } => Distribution::Categorical {
-                logits: head.clone(),
-            },
-            ActionSpace::MultiDiscrete { .. } => Distribution::MultiCategorical {
-                logits: head.clone(),
-            },
-            ActionSpace::Box { .. } => {
-                if k != action.action_len() {
-                    return Err(bad(format!(
-                        "action_net has {k} outputs for {} actions",
-                        action.action_len()
-                    )));
-                }
-                g.take("log_std")?;
-                // SB3's predict clips Gaussian actions to the space (the policy itself is unsquashed).
-                Distribution::DiagGaussian {
-                    mean: head.clone(),
-                    log_std: LogStd::Parameter {
-                        tensor: "log_std".into(),
-                    },
-                    log_std_range: None,
-                    clip: true,
-                }
-            }
-        };
-        let pi_inputs = vec![pi_f.clone()];
-        modules.push(g.module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
-        let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, dv, &act, true, 0)?;
-        let (value, one) = g.linear("value_net", &latent_vf, dv)?;
-        if one != 1 {
-            return Err(bad(format!("value_net has {one} outputs")));
-        }
-        modules.push(g.module("vf", ModuleRole::ValueHead, vec![vf_f], vec![value.clone()]));
-        (dist, Some(value))
+    training_only: &'static [&'static str],
+    /// Appended to the producer's notes (TD3 / DDPG's recorded action noise).
+    notes: String,
+}
+
+/// The policy's graph, built by the family that the state dict's keys name.
+fn policy_graph(g: &mut GraphBuilder, p: &PolicyInputs) -> Result<PolicyGraph, ImportError> {
+    if g.has("actor.mu.weight") {
+        sac_actor(g, p)
+    } else if g.has("action_net.weight") {
+        actor_critic(g, p)
     } else if g.has("q_net.q_net.0.weight") || g.has("quantile_net.quantile_net.0.weight") {
-        // DQN (`q_net`: features -> q_net MLP, one Q value per action) and sb3-contrib QR-DQN (`quantile_net`:
-        // n_quantiles x n_actions outputs, predict takes their mean over quantiles). The target networks
-        // (`q_net_target`, `quantile_net_target`) are training-only.
-        let quantile = !g.has("q_net.q_net.0.weight");
-        let net = if quantile { "quantile_net" } else { "q_net" };
-        training_only = if quantile {
-            &["quantile_net_target."]
-        } else {
-            &["q_net_target."]
-        };
-        let &ActionSpace::Discrete { n } = &action else {
-            return Err(unsupported(
-                format!(
-                    "a {} over {action:?}",
-                    if quantile { "QR-DQN" } else { "DQN" }
-                ),
-                "Q-learning policies need a Discrete action space",
-            ));
-        };
-        let act = activation(&kwargs, Op::Relu)?;
-        let (f, d) = features(
-            &mut g,
-            &format!("{net}.features_extractor"),
-            &observation,
-            &obs_shape,
-        )?;
-        push_encoder(&mut g, &mut modules, vec![f.clone()]);
-        let prefix = format!("{net}.{net}");
-        let (hidden, d, last) = hidden_layers(&mut g, &prefix, &f, d, &act)?;
-        let q = if quantile {
-            quantile_mean_layer(&mut g, &last, &hidden, d, n)?
-        } else {
-            let (q, out) = g.linear(&last, &hidden, d)?;
-            if out != n {
-                return Err(bad(format!("{last} has {out} outputs for {n} actions")));
-            }
-            q
-        };
-        modules.push(g.module(
-            "q",
-            ModuleRole::PolicyHead,
-            vec![f.clone()],
-            vec![q.clone()],
-        ));
-        (
-            Distribution::QValues {
-                q,
-                epsilon: exploration_rate(&data)?,
-            },
-            None,
-        )
+        q_network(g, p)
     } else if g.has("actor.mu.0.weight") {
-        // TD3 / DDPG (`TD3Policy`): actor = features -> mu MLP ending in tanh (squash_output); predict maps its
-        // [-1, 1] output to the bounds (`unscale_action`); the critics and the target networks are training-only.
-        training_only = &["actor_target.", "critic.", "critic_target."];
-        let act = activation(&kwargs, Op::Relu)?;
-        let bounded = matches!(&action, ActionSpace::Box { low, high, .. }
-            if low.iter().chain(high).all(Option::is_some));
-        if !bounded {
-            return Err(unsupported(
-                "TD3 / DDPG without finite Box bounds",
-                "bound the action space (SB3 rescales the actor's tanh output to it)",
-            ));
-        }
-        let (f, d) = features(&mut g, "actor.features_extractor", &observation, &obs_shape)?;
-        push_encoder(&mut g, &mut modules, vec![f.clone()]);
-        let (hidden, d, last) = hidden_layers(&mut g, "actor.mu", &f, d, &act)?;
-        let (mu, k) = g.linear(&last, &hidden, d)?;
-        if k != action.action_len() {
-            return Err(bad(format!(
-                "{last} has {k} outputs for {} actions",
-                action.action_len()
-            )));
-        }
-        let squashed = g.node(Op::Tanh, &mu, "actor.mu.tanh");
-        modules.push(g.module(
-            "actor",
-            ModuleRole::PolicyHead,
-            vec![f.clone()],
-            vec![squashed.clone()],
-        ));
-        let (noise, said) = action_noise(&data, k)?;
-        notes.push_str(&said);
-        (
-            Distribution::Deterministic {
-                action: squashed,
-                rescale: true,
-                noise,
-            },
-            None,
-        )
+        td3_actor(g, p)
     } else {
-        return Err(unsupported(
+        Err(unsupported(
             "an SB3 policy whose state dict has none of action_net, actor.mu, q_net or quantile_net",
             "PPO, A2C, SAC, TD3, DDPG, DQN (and sb3-contrib's RecurrentPPO, MaskablePPO, TQC, QR-DQN) are \
              supported",
+        ))
+    }
+}
+
+/// SAC's (and TQC's) actor as a squashed Gaussian.
+fn sac_actor(g: &mut GraphBuilder, p: &PolicyInputs) -> Result<PolicyGraph, ImportError> {
+    // SAC: actor = features -> latent_pi (ReLU) -> mu, log_std (clamped to [-20, 2]) -> squashed Gaussian.
+    let action = p.action;
+    let act = activation(p.kwargs, Op::Relu)?;
+    let (f, d) = features(g, "actor.features_extractor", p.observation, p.obs_shape)?;
+    let (latent, d) = g.sequential("actor.latent_pi", &f, d, &act, true, 0)?;
+    let (mean, k) = g.linear("actor.mu", &latent, d)?;
+    let (ls, _) = g.linear("actor.log_std", &latent, d)?;
+    let log_std = g.node(
+        Op::Clip {
+            min: Some(-20.0),
+            max: Some(2.0),
+        },
+        &ls,
+        "actor.log_std.clamped",
+    );
+    if !matches!(action, ActionSpace::Box { low, high, .. } if low.iter().chain(high).all(Option::is_some))
+    {
+        return Err(unsupported(
+            "SAC without finite Box bounds",
+            "bound the action space",
         ));
-    };
-    let manifest = Manifest {
-        name: file_stem(source, ".zip").to_string(),
-        producer: producer("sb3", source, notes),
-        observation,
-        action,
-        preprocess,
+    }
+    if action.action_len() != k {
+        return Err(bad(format!(
+            "actor.mu has {k} outputs for {} actions",
+            action.action_len()
+        )));
+    }
+    let modules = vec![g.module(
+        "actor",
+        ModuleRole::PolicyHead,
+        vec![OBS_VALUE.into()],
+        vec![mean.clone(), log_std.clone()],
+    )];
+    Ok(PolicyGraph {
+        modules,
+        distribution: Distribution::SquashedGaussian {
+            mean,
+            log_std: LogStd::Value { value: log_std },
+            log_std_range: None,
+            deterministic: Default::default(),
+        },
+        value: None,
+        states: vec![],
+        training_only: &["critic.", "critic_target."],
+        notes: String::new(),
+    })
+}
+
+/// PPO / A2C `ActorCriticPolicy` (and sb3-contrib's RecurrentPPO and MaskablePPO): features, RecurrentPPO's LSTMs,
+/// `mlp_extractor`, `action_net` and `value_net`.
+fn actor_critic(g: &mut GraphBuilder, p: &PolicyInputs) -> Result<PolicyGraph, ImportError> {
+    let act = activation(p.kwargs, Op::Tanh)?;
+    let mut modules = vec![];
+    let mut states = vec![];
+    let (pi_f, vf_f, d) = actor_critic_features(g, &mut modules, p)?;
+    if g.keys().any(|k| k.starts_with("mlp_extractor.shared_net.")) {
+        return Err(unsupported(
+            "a shared mlp_extractor trunk (SB3 < 1.8 net_arch)",
+            "re-save with SB3 >= 2",
+        ));
+    }
+    let (pi_f, vf_f, dp, dv) = recurrent_ppo_lstms(g, &mut modules, &mut states, pi_f, vf_f, d)?;
+    let (latent_pi, dp) = g.sequential("mlp_extractor.policy_net", &pi_f, dp, &act, true, 0)?;
+    let (head, k) = g.linear("action_net", &latent_pi, dp)?;
+    let distribution = action_net_distribution(g, p.action, &head, k)?;
+    let pi_inputs = vec![pi_f.clone()];
+    modules.push(g.module("pi", ModuleRole::PolicyHead, pi_inputs, vec![head]));
+    let (latent_vf, dv) = g.sequential("mlp_extractor.value_net", &vf_f, dv, &act, true, 0)?;
+    let (value, one) = g.linear("value_net", &latent_vf, dv)?;
+    if one != 1 {
+        return Err(bad(format!("value_net has {one} outputs")));
+    }
+    modules.push(g.module("vf", ModuleRole::ValueHead, vec![vf_f], vec![value.clone()]));
+    Ok(PolicyGraph {
         modules,
         distribution,
-        value,
-        recurrent: (!states.is_empty()).then_some(RecurrentSpec { states }),
-        golden: vec![],
-        // sb3-contrib MaskablePPO (`MaskableActorCriticPolicy` and its Cnn / MultiInput kin): trained with masks.
-        action_masks: policy_module(&data).contains("maskable"),
+        value: Some(value),
+        states,
+        training_only: &[],
+        notes: String::new(),
+    })
+}
+
+/// An actor-critic policy's features extractor(s), shared or one each, as the `features` module: (the actor's
+/// features, the critic's, their width).
+fn actor_critic_features(
+    g: &mut GraphBuilder,
+    modules: &mut Vec<Module>,
+    p: &PolicyInputs,
+) -> Result<(String, String, usize), ImportError> {
+    let shared = g.keys().any(|k| k.starts_with("features_extractor."))
+        || !g.keys().any(|k| k.starts_with("pi_features_extractor."));
+    if shared {
+        let (f, d) = features(g, "features_extractor", p.observation, p.obs_shape)?;
+        // A shared extractor is saved three times (SB3 >= 2 keeps pi_ / vf_features_extractor as aliases of
+        // the one module): the copies are read only if they are the very same weights.
+        g.read_as_alias("pi_features_extractor.", "features_extractor.");
+        g.read_as_alias("vf_features_extractor.", "features_extractor.");
+        push_encoder(g, modules, vec![f.clone()]);
+        Ok((f.clone(), f, d))
+    } else {
+        let (pf, d) = features(g, "pi_features_extractor", p.observation, p.obs_shape)?;
+        let (vf, _) = features(g, "vf_features_extractor", p.observation, p.obs_shape)?;
+        push_encoder(g, modules, vec![pf.clone(), vf.clone()]);
+        Ok((pf, vf, d))
+    }
+}
+
+/// RecurrentPPO's LSTMs, if the state dict has them, as `RecurrentCore` modules (their states added to `states`):
+/// (the actor's input to `mlp_extractor`, the critic's, their widths); the features `pi_f` / `vf_f` of width `d`
+/// unchanged without them.
+fn recurrent_ppo_lstms(
+    g: &mut GraphBuilder,
+    modules: &mut Vec<Module>,
+    states: &mut Vec<StateSpec>,
+    pi_f: String,
+    vf_f: String,
+    d: usize,
+) -> Result<(String, String, usize, usize), ImportError> {
+    // sb3-contrib RecurrentPPO: an LSTM between the features and mlp_extractor, for the actor; the critic has
+    // its own LSTM (enable_critic_lstm), a Linear (neither), or reads the actor's (shared_lstm).
+    if !g.has("lstm_actor.weight_ih_l0") {
+        return Ok((pi_f, vf_f, d, d));
+    }
+    let actor = g.torch_lstm("lstm_actor", &pi_f, d)?;
+    let mut inputs = vec![pi_f.clone()];
+    inputs.extend(actor.reads.iter().cloned());
+    modules.push(g.module(
+        "lstm_actor",
+        ModuleRole::RecurrentCore,
+        inputs,
+        actor.outputs(),
+    ));
+    states.extend(actor.states.iter().cloned());
+    let (vf, dv) = if g.has("lstm_critic.weight_ih_l0") {
+        let critic = g.torch_lstm("lstm_critic", &vf_f, d)?;
+        let mut inputs = vec![vf_f.clone()];
+        inputs.extend(critic.reads.iter().cloned());
+        modules.push(g.module(
+            "lstm_critic",
+            ModuleRole::RecurrentCore,
+            inputs,
+            critic.outputs(),
+        ));
+        states.extend(critic.states);
+        (critic.output, critic.hidden)
+    } else if g.has("critic.weight") {
+        let (v, dv) = g.linear("critic", &vf_f, d)?;
+        modules.push(g.module(
+            "critic",
+            ModuleRole::Encoder,
+            vec![vf_f.clone()],
+            vec![v.clone()],
+        ));
+        (v, dv)
+    } else {
+        (actor.output.clone(), actor.hidden)
     };
-    g.check_every_key_read(training_only)?;
-    let mut tensors = g.tensors;
-    tensors.extend(norm_tensors);
-    Ok(Imported { manifest, tensors })
+    Ok((actor.output, vf, actor.hidden, dv))
+}
+
+/// The distribution SB3 puts on `action_net`'s `k` outputs `head` for `action`, checking their number.
+fn action_net_distribution(
+    g: &mut GraphBuilder,
+    action: &ActionSpace,
+    head: &str,
+    k: usize,
+) -> Result<Distribution, ImportError> {
+    if action_n(action).is_some_and(|n| n != k) {
+        return Err(bad(format!("action_net has {k} outputs for {action:?}")));
+    }
+    Ok(match action {
+        ActionSpace::Discrete { .. } => Distribution::Categorical {
+            logits: head.to_string(),
+        },
+        ActionSpace::MultiDiscrete { .. } => Distribution::MultiCategorical {
+            logits: head.to_string(),
+        },
+        ActionSpace::Box { .. } => {
+            if k != action.action_len() {
+                return Err(bad(format!(
+                    "action_net has {k} outputs for {} actions",
+                    action.action_len()
+                )));
+            }
+            g.take("log_std")?;
+            // SB3's predict clips Gaussian actions to the space (the policy itself is unsquashed).
+            Distribution::DiagGaussian {
+                mean: head.to_string(),
+                log_std: LogStd::Parameter {
+                    tensor: "log_std".into(),
+                },
+                log_std_range: None,
+                clip: true,
+            }
+        }
+    })
+}
+
+/// DQN's or QR-DQN's Q network as Q values over a Discrete action space.
+fn q_network(g: &mut GraphBuilder, p: &PolicyInputs) -> Result<PolicyGraph, ImportError> {
+    // DQN (`q_net`: features -> q_net MLP, one Q value per action) and sb3-contrib QR-DQN (`quantile_net`:
+    // n_quantiles x n_actions outputs, predict takes their mean over quantiles). The target networks
+    // (`q_net_target`, `quantile_net_target`) are training-only.
+    let quantile = !g.has("q_net.q_net.0.weight");
+    let net = if quantile { "quantile_net" } else { "q_net" };
+    let training_only: &'static [&'static str] = if quantile {
+        &["quantile_net_target."]
+    } else {
+        &["q_net_target."]
+    };
+    let action = p.action;
+    let &ActionSpace::Discrete { n } = action else {
+        return Err(unsupported(
+            format!(
+                "a {} over {action:?}",
+                if quantile { "QR-DQN" } else { "DQN" }
+            ),
+            "Q-learning policies need a Discrete action space",
+        ));
+    };
+    let act = activation(p.kwargs, Op::Relu)?;
+    let mut modules = vec![];
+    let (f, d) = features(
+        g,
+        &format!("{net}.features_extractor"),
+        p.observation,
+        p.obs_shape,
+    )?;
+    push_encoder(g, &mut modules, vec![f.clone()]);
+    let prefix = format!("{net}.{net}");
+    let (hidden, d, last) = hidden_layers(g, &prefix, &f, d, &act)?;
+    let q = if quantile {
+        quantile_mean_layer(g, &last, &hidden, d, n)?
+    } else {
+        let (q, out) = g.linear(&last, &hidden, d)?;
+        if out != n {
+            return Err(bad(format!("{last} has {out} outputs for {n} actions")));
+        }
+        q
+    };
+    modules.push(g.module(
+        "q",
+        ModuleRole::PolicyHead,
+        vec![f.clone()],
+        vec![q.clone()],
+    ));
+    Ok(PolicyGraph {
+        modules,
+        distribution: Distribution::QValues {
+            q,
+            epsilon: exploration_rate(p.data)?,
+        },
+        value: None,
+        states: vec![],
+        training_only,
+        notes: String::new(),
+    })
+}
+
+/// TD3's (and DDPG's) deterministic actor, rescaled to the bounds, with its recorded action noise.
+fn td3_actor(g: &mut GraphBuilder, p: &PolicyInputs) -> Result<PolicyGraph, ImportError> {
+    // TD3 / DDPG (`TD3Policy`): actor = features -> mu MLP ending in tanh (squash_output); predict maps its
+    // [-1, 1] output to the bounds (`unscale_action`); the critics and the target networks are training-only.
+    let action = p.action;
+    let act = activation(p.kwargs, Op::Relu)?;
+    let bounded = matches!(action, ActionSpace::Box { low, high, .. }
+        if low.iter().chain(high).all(Option::is_some));
+    if !bounded {
+        return Err(unsupported(
+            "TD3 / DDPG without finite Box bounds",
+            "bound the action space (SB3 rescales the actor's tanh output to it)",
+        ));
+    }
+    let mut modules = vec![];
+    let (f, d) = features(g, "actor.features_extractor", p.observation, p.obs_shape)?;
+    push_encoder(g, &mut modules, vec![f.clone()]);
+    let (hidden, d, last) = hidden_layers(g, "actor.mu", &f, d, &act)?;
+    let (mu, k) = g.linear(&last, &hidden, d)?;
+    if k != action.action_len() {
+        return Err(bad(format!(
+            "{last} has {k} outputs for {} actions",
+            action.action_len()
+        )));
+    }
+    let squashed = g.node(Op::Tanh, &mu, "actor.mu.tanh");
+    modules.push(g.module(
+        "actor",
+        ModuleRole::PolicyHead,
+        vec![f.clone()],
+        vec![squashed.clone()],
+    ));
+    let (noise, notes) = action_noise(p.data, k)?;
+    Ok(PolicyGraph {
+        modules,
+        distribution: Distribution::Deterministic {
+            action: squashed,
+            rescale: true,
+            noise,
+        },
+        value: None,
+        states: vec![],
+        training_only: &["actor_target.", "critic.", "critic_target."],
+        notes,
+    })
 }
 
 /// The features extractor's nodes (if it built any: Flatten of a vector builds none) as the `features` encoder
 /// module, reading `obs` and giving `outputs`.
-fn push_encoder(
-    g: &mut GraphBuilder,
-    modules: &mut Vec<policyport_format::Module>,
-    outputs: Vec<String>,
-) {
+fn push_encoder(g: &mut GraphBuilder, modules: &mut Vec<Module>, outputs: Vec<String>) {
     if g.pending() {
         modules.push(g.module(
             "features",
