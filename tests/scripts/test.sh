@@ -104,23 +104,32 @@ ensure_browser_deps
 echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
 ensure_wasm_target
-step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli and the Python test venv (log: background-installs.log)"
+step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv and the fuzz targets' builds (log: background-installs.log)"
 # The main build keeps 2 cores busy only part of the time (a cold run used 1.3 cores on average: long single-crate
 # compiles and links), so installs that compile or download overlap it instead of running after it: ~4-6 min of a
 # cold run. Each has its own target dir (cargo install would otherwise wait on the build's lock); every piece is
 # idempotent and is asked for again where it is used, so a failure here is retried (and reported) there.
 bg_log="$CARGO_TARGET_DIR/background-installs.log"
+# The fuzz targets' own builds (nightly, AddressSanitizer; the runtime's and the importer's crates, ~2 min of one
+# core each cold) go in their own target dir, built here at low priority so the main build keeps the cores it uses;
+# the fuzz step at the end then only runs them.
+FUZZ_TARGET_DIR="$CARGO_TARGET_DIR/fuzz-builds"
 (
   set -e
   export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds"
   ensure_fuzz_tools
   ensure_wasm_bindgen
   ensure_py_venv
+  for d in guest/fuzz host/import/fuzz; do
+    echo "== cargo fuzz build -O in $d (nice 10)"
+    (cd "$d" && CARGO_TARGET_DIR="$FUZZ_TARGET_DIR" nice -n 10 cargo +nightly fuzz build -O)
+  done
 ) >"$bg_log" 2>&1 &
 bg_pid=$!
 
 step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
-cargo build --release --workspace --all-targets "${FEATURES[@]}"
+# --timings: the build's per-crate schedule lands in $CARGO_TARGET_DIR/cargo-timings/ (where a cold run's minutes go).
+cargo build --release --workspace --all-targets --timings "${FEATURES[@]}"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
@@ -524,6 +533,29 @@ step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $fuzz_s s, act $fuzz_s
 # compares the cpu kernels at this CPU's best instruction set with the portable baseline on edited artifacts (same
 # answer or same typed error; burn flex joins with `--features flex`, outside CI: a second build of the runtime);
 # `artifact` fuzzes the reader alone. A crash fails CI (its input lands in guest/fuzz/artifacts/<target>/).
+#
+# Two fuzzers run at once (each libFuzzer process uses one core; the machine has two): the same seconds per target,
+# half the wall time. Each writes its own log, printed when both are done (or its tail, if it failed).
+fuzz_pair() {
+  local logs=() pids=() rc=0 i name
+  for ((i = 1; i <= $#; i++)); do
+    name=${!i%% *}
+    logs+=("$CARGO_TARGET_DIR/fuzz-$name.log")
+    bash -c "${!i#* }" >"${logs[-1]}" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    if wait "${pids[i]}"; then
+      echo "-- ${logs[i]##*/}: ok, $(grep -c . "${logs[i]}") lines; the last:"
+      tail -n 3 "${logs[i]}"
+    else
+      rc=1
+      echo "-- ${logs[i]##*/}: FAILED; the last lines:"
+      tail -n 40 "${logs[i]}"
+    fi
+  done
+  return "$rc"
+}
 fuzz_runtime() {
   local corpus="$CARGO_TARGET_DIR/fuzz-corpus" policies="$CARGO_TARGET_DIR/fuzz-policies"
   mkdir -p "$corpus/load_act" "$corpus/act" "$corpus/differential" "$corpus/artifact" "$policies"
@@ -532,10 +564,14 @@ fuzz_runtime() {
       cp "$out/$f" "$corpus/artifact/" && cp "$out/$f" "$policies/"
   done
   cd guest/fuzz
-  cargo +nightly fuzz run -O load_act "$corpus/load_act" -- -max_total_time="$fuzz_s" -rss_limit_mb=2048 -max_len=200000
-  POLICYPORT_FUZZ_POLICIES="$policies" cargo +nightly fuzz run -O act "$corpus/act" -- -max_total_time="$fuzz_s" -rss_limit_mb=2048
-  cargo +nightly fuzz run -O differential "$corpus/differential" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -max_len=200000
-  cargo +nightly fuzz run -O artifact "$corpus/artifact" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048
+  export CARGO_TARGET_DIR="$FUZZ_TARGET_DIR"
+  cargo +nightly fuzz build -O
+  fuzz_pair \
+    "load_act cargo +nightly fuzz run -O load_act '$corpus/load_act' -- -max_total_time=$fuzz_s -rss_limit_mb=2048 -max_len=200000" \
+    "act POLICYPORT_FUZZ_POLICIES='$policies' cargo +nightly fuzz run -O act '$corpus/act' -- -max_total_time=$fuzz_s -rss_limit_mb=2048"
+  fuzz_pair \
+    "differential cargo +nightly fuzz run -O differential '$corpus/differential' -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -max_len=200000" \
+    "artifact cargo +nightly fuzz run -O artifact '$corpus/artifact' -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048"
 }
 # The trainer-file readers (host/import/fuzz, issue 36): `pickle_graph` writes valid pickles rich in shared memo
 # references, nested dicts and tensor views from the fuzzer's bytes (structure-aware), `trainer_files` mutates the
@@ -548,8 +584,11 @@ fuzz_importer() {
     [ "$(stat -c %s "$f")" -lt 1048576 ] && cp "$f" "$corpus/trainer_files/$(echo "$f" | tr / _)"
   done
   cd host/import/fuzz
-  cargo +nightly fuzz run -O pickle_graph "$corpus/pickle_graph" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10
-  cargo +nightly fuzz run -O trainer_files "$corpus/trainer_files" -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10 -max_len=1100000
+  export CARGO_TARGET_DIR="$FUZZ_TARGET_DIR"
+  cargo +nightly fuzz build -O
+  fuzz_pair \
+    "pickle_graph cargo +nightly fuzz run -O pickle_graph '$corpus/pickle_graph' -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10" \
+    "trainer_files cargo +nightly fuzz run -O trainer_files '$corpus/trainer_files' -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10 -max_len=1100000"
 }
 if ensure_fuzz_tools; then
   check "cargo fuzz: load_act, act, differential and artifact (guest/fuzz)" fuzz_runtime
