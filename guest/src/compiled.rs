@@ -188,7 +188,7 @@ impl CompiledPolicy {
     /// [`CompiledPolicy::load`] for callers that cannot block (the browser): the WebGPU device is initialised
     /// asynchronously (once per process) and the warm-up acts are awaited.
     pub async fn load_async(bytes: &[u8], backend: Backend) -> Result<Arc<Self>, PolicyError> {
-        crate::backend::prepare_async(backend).await?;
+        crate::builtin::prepare_async(backend).await?;
         let policy = Arc::new(Self::build(
             read_artifact(bytes)?,
             Arc::new(backend),
@@ -558,6 +558,7 @@ impl CompiledPolicy {
         let step = StepInput {
             batch: case.batch,
             obs: &obs,
+            raw: None,
             env_ids: &ids,
             mode: ActMode::Deterministic,
             states: &states,

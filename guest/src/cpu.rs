@@ -107,7 +107,7 @@ enum Instr {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct CpuProgram {
+pub(crate) struct CpuExecutor {
     isa: Isa,
     instrs: Vec<Instr>,
     slot_numel: Vec<usize>,
@@ -173,7 +173,7 @@ impl RowsPtr {
     }
 }
 
-impl CpuProgram {
+impl CpuExecutor {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
         Self::with_lender(art, plan, readback_values, None, crate::CpuPrecision::F32)
     }
@@ -399,7 +399,7 @@ impl CpuProgram {
             })
             .max()
             .unwrap_or(0);
-        CpuProgram {
+        CpuExecutor {
             bf16_bytes_per_row,
             isa,
             split_width,
@@ -416,7 +416,7 @@ impl CpuProgram {
     /// One step for rows `r0 .. r0 + batch` of a step of `total` rows (`obs`, `states`: the whole step's); the
     /// readback values concatenated per row go to `out` (`batch x row_width`).
     #[allow(clippy::too_many_arguments)]
-    /// `b`'s activation buffers grown for a part of `rows` rows before [`CpuProgram::run`] (which then only
+    /// `b`'s activation buffers grown for a part of `rows` rows before [`CpuExecutor::run`] (which then only
     /// writes within them): fallibly, so a plan whose activations the machine cannot hold is
     /// [`PolicyError::Allocation`], not an abort.
     fn reserve(&self, b: &mut Bufs, rows: usize) -> Result<(), PolicyError> {
@@ -636,7 +636,7 @@ impl CpuProgram {
     }
 }
 
-impl Executor for CpuProgram {
+impl Executor for CpuExecutor {
     /// Every buffer sized by the plan or the request grows through `try_resize` / `try_reserve_len`.
     fn allocations_are_fallible(&self) -> bool {
         true

@@ -32,14 +32,22 @@ pub struct Placement {
     /// The executor samples: its rows are `[actions | finished params | value]` instead of the head's raw
     /// values followed by next states.
     pub sampling: bool,
+    /// With `preprocess`: the executor takes the request's observations as they are ([`StepInput::raw`]),
+    /// uint8 frames as bytes, and widens them itself; the session then neither copies nor widens them
+    /// ([`StepInput::obs`] is empty).
+    pub raw_observations: bool,
 }
 
 /// One step's inputs, after the session's checks.
 #[derive(Debug)]
 pub struct StepInput<'a> {
     pub batch: usize,
-    /// `batch x width` f32: preprocessed, or raw when [`Placement::preprocess`].
+    /// `batch x width` f32: preprocessed, or raw when [`Placement::preprocess`]; empty when
+    /// [`Placement::raw_observations`] (see `raw`).
     pub obs: &'a [f32],
+    /// The request's observations as the caller gave them (checked), for an executor whose placement has
+    /// [`Placement::raw_observations`]; `None` otherwise.
+    pub raw: Option<crate::Observations<'a>>,
     /// The env id of every row (distinct when the policy is recurrent).
     pub env_ids: &'a [u32],
     pub mode: ActMode,
@@ -52,37 +60,78 @@ pub struct StepInput<'a> {
 /// Per-session mutable data of one executor (downcast by the executor that made it).
 pub type ExecScratch = Box<dyn Any + Send>;
 
+/// How a backend's deferred rows can be read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readback {
+    /// [`Pending::wait`] may block for them (and [`Pending::wait_async`] awaits them).
+    Blocking,
+    /// Only [`Pending::wait_async`]: the device maps its buffers asynchronously (WebGPU in a browser, where a
+    /// blocking read would trap the whole wasm instance). [`Pending::wait`] answers
+    /// [`BackendError::NeedsAsync`].
+    AsyncOnly,
+}
+
+/// The rows of one step, read back on completion.
+pub type RowsFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<f32>, PolicyError>> + Send>>;
+
+/// A step's rows that are still on a device (an executor's own type: a burn tensor, a GPU buffer), read once.
+pub trait DeferredRows: Send {
+    /// Whether [`DeferredRows::wait`] may be called.
+    fn readback(&self) -> Readback;
+
+    /// Block until the rows are on the host. Only called where [`DeferredRows::readback`] is
+    /// [`Readback::Blocking`].
+    fn wait(self: Box<Self>) -> Result<Vec<f32>, PolicyError>;
+
+    /// The rows, without blocking.
+    fn wait_async(self: Box<Self>) -> RowsFuture;
+}
+
 /// A launched step whose rows may still be on the device. [`Pending::wait`] blocks for them,
 /// [`Pending::wait_async`] awaits them (the only way on WebGPU in a browser).
 #[must_use]
 pub enum Pending {
     /// The rows are already in the caller's buffer.
     Ready,
-    /// Rows still on a burn device, read back once.
-    #[cfg(feature = "burn")]
-    Device(burn::tensor::Tensor<2>),
+    /// Rows still on a device, read back once.
+    Deferred(Box<dyn DeferredRows>),
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pending::Ready => f.write_str("Ready"),
+            Pending::Deferred(d) => write!(f, "Deferred({:?})", d.readback()),
+        }
+    }
 }
 
 impl Pending {
+    /// The rows into `rows`, blocking for a device's; a device that cannot block answers
+    /// [`BackendError::NeedsAsync`] (use [`Pending::wait_async`]).
     pub fn wait(self, rows: &mut Vec<f32>) -> Result<(), PolicyError> {
-        let _ = &rows;
         match self {
             Pending::Ready => Ok(()),
-            #[cfg(feature = "burn")]
-            Pending::Device(t) => {
-                *rows = crate::exec::read_rows(t)?;
+            Pending::Deferred(d) => {
+                if d.readback() == Readback::AsyncOnly {
+                    return Err(BackendError::NeedsAsync {
+                        use_instead: "Session::act_async",
+                    }
+                    .into());
+                }
+                *rows = d.wait()?;
                 Ok(())
             }
         }
     }
 
+    /// The rows into `rows`, awaiting a device's.
     pub async fn wait_async(self, rows: &mut Vec<f32>) -> Result<(), PolicyError> {
-        let _ = &rows;
         match self {
             Pending::Ready => Ok(()),
-            #[cfg(feature = "burn")]
-            Pending::Device(t) => {
-                *rows = crate::exec::read_rows_async(t).await?;
+            Pending::Deferred(d) => {
+                *rows = d.wait_async().await?;
                 Ok(())
             }
         }
@@ -227,4 +276,67 @@ pub fn scratch_of<T: 'static>(scratch: &mut ExecScratch) -> &mut T {
     scratch
         .downcast_mut::<T>()
         .expect("a session's scratch comes from its own executor")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows that say how they can be read, and from which path they came.
+    struct Rows(Readback);
+
+    impl DeferredRows for Rows {
+        fn readback(&self) -> Readback {
+            self.0
+        }
+        fn wait(self: Box<Self>) -> Result<Vec<f32>, PolicyError> {
+            Ok(vec![1.0])
+        }
+        fn wait_async(self: Box<Self>) -> RowsFuture {
+            Box::pin(async { Ok(vec![2.0]) })
+        }
+    }
+
+    fn ready<T>(f: impl std::future::Future<Output = T>) -> T {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("these rows are ready at once"),
+        }
+    }
+
+    /// A device that cannot block (WebGPU in a browser) is never blocked on: `wait` is the typed NeedsAsync
+    /// error naming the async call, `wait_async` reads the rows; a blocking device serves both.
+    #[test]
+    fn an_async_only_readback_is_never_blocked_on() {
+        let mut rows = vec![];
+        let e = Pending::Deferred(Box::new(Rows(Readback::AsyncOnly)))
+            .wait(&mut rows)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PolicyError::Backend(BackendError::NeedsAsync {
+                    use_instead: "Session::act_async"
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(rows.is_empty());
+        ready(Pending::Deferred(Box::new(Rows(Readback::AsyncOnly))).wait_async(&mut rows))
+            .unwrap();
+        assert_eq!(rows, [2.0]);
+        Pending::Deferred(Box::new(Rows(Readback::Blocking)))
+            .wait(&mut rows)
+            .unwrap();
+        assert_eq!(rows, [1.0]);
+        rows = vec![5.0];
+        Pending::Ready.wait(&mut rows).unwrap();
+        assert_eq!(
+            rows,
+            [5.0],
+            "ready rows are left as the executor wrote them"
+        );
+    }
 }

@@ -22,14 +22,7 @@ use burn::cubecl::server::{Handle, KernelArguments};
 use burn::tensor::{DType, Shape, Tensor};
 use policyport_shaders::{Activation, DenseVariant};
 
-thread_local! {
-    /// Dispatches issued from this thread so far (tests and the benchmark read it around an act()).
-    pub(crate) static DISPATCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-pub(crate) fn count_dispatch() {
-    DISPATCHES.with(|d| d.set(d.get() + 1));
-}
+use crate::burn_graph::count_dispatch;
 
 /// A WGSL source as a burn kernel; the id carries a hash of the text (templates differ per activation/steps).
 struct Wgsl {
@@ -251,7 +244,7 @@ impl Conv2dKernel {
         let (params, groups) = shape
             .params(self.b.is_some())
             .zip(shape.workgroups())
-            .expect("Program::launch checks the batch (Conv2dKernel::fits)");
+            .expect("WgpuExecutor::launch checks the batch (Conv2dKernel::fits)");
         let n = self.out_numel();
         let client = x.client.clone();
         let out = client.empty(rows * n * 4);
@@ -283,7 +276,10 @@ pub(crate) struct PreprocessKernel {
 }
 
 impl PreprocessKernel {
+    /// `steps` on `input` values (see [`policyport_shaders::PreInput`]), the normalisation statistics in
+    /// `stats`.
     pub(crate) fn new(
+        input: policyport_shaders::PreInput,
         steps: &[policyport_shaders::PreStep],
         stats: &[f32],
         device: &burn::tensor::Device,
@@ -298,28 +294,52 @@ impl PreprocessKernel {
             device,
         );
         PreprocessKernel {
-            kernel: Kernel::new(policyport_shaders::preprocess_source(steps), (256, 1, 1)),
+            kernel: Kernel::new(
+                policyport_shaders::preprocess_source_for(input, steps),
+                (256, 1, 1),
+            ),
             stats: cube(t),
         }
     }
 
+    /// The steps on f32 values `x` (`[rows, len]`, on the device).
     pub(crate) fn run(&self, x: Tensor<2>) -> Tensor<2> {
         let x = cube(x);
         let (rows, len) = (x.meta.shape()[0], x.meta.shape()[1]);
+        let handle = x.handle.clone();
+        self.launch(&x, handle, rows, len)
+    }
+
+    /// uint8 frames `x` (`[rows, len]` bytes on the host) uploaded as their bytes and widened on the device,
+    /// then the steps: for a kernel made for [`PreInput::U8`](policyport_shaders::PreInput).
+    pub(crate) fn run_u8(&self, like: &CubeTensor, x: &[u8], rows: usize) -> Tensor<2> {
+        let len = x.len() / rows.max(1);
+        // Four bytes to a word: a frame batch whose size is not a multiple of 4 gets its last word padded.
+        let handle = if x.len() % 4 == 0 {
+            like.client.create_from_slice(x)
+        } else {
+            let mut padded = x.to_vec();
+            padded.resize(x.len().next_multiple_of(4), 0);
+            like.client.create_from_slice(&padded)
+        };
+        self.launch(like, handle, rows, len)
+    }
+
+    fn launch(&self, like: &CubeTensor, input: Handle, rows: usize, len: usize) -> Tensor<2> {
         let total = rows * len;
-        let client = x.client.clone();
+        let client = like.client.clone();
         let out = client.empty(total * 4);
         let params = client.create_from_slice(&u32_bytes(&[total as u32, len as u32]));
         self.kernel.launch(
             &client,
             policyport_shaders::elementwise_workgroups(total),
             KernelArguments::new()
-                .with_buffer_io(x.handle.clone().binding(), BufferIOAttr::ReadOnly)
+                .with_buffer_io(input.binding(), BufferIOAttr::ReadOnly)
                 .with_buffer_io(out.clone().binding(), BufferIOAttr::WriteOnly)
                 .with_buffer_io(self.stats.handle.clone().binding(), BufferIOAttr::ReadOnly)
                 .with_buffer_io(params.binding(), BufferIOAttr::ReadOnly),
         );
-        wrap(&x, out, [rows, len])
+        wrap(like, out, [rows, len])
     }
 }
 
@@ -529,6 +549,23 @@ pub(crate) fn upload_ids(like: &CubeTensor, ids: &[u32]) -> Handle {
     like.client.create_from_slice(&u32_bytes(ids))
 }
 
+/// `[rows, cols]` f32 values as a tensor on `like`'s device, uploaded straight from `data` (no host copy first:
+/// burn's `from_data` needs an owned buffer, which was one more copy of every observation batch per act()).
+pub(crate) fn upload_f32(like: &CubeTensor, data: &[f32], shape: [usize; 2]) -> Tensor<2> {
+    debug_assert_eq!(data.len(), shape[0] * shape[1]);
+    let handle = if cfg!(target_endian = "little") {
+        // SAFETY: an f32 is 4 bytes without padding or invalid bit patterns as u8; the byte slice covers exactly
+        // `data`'s memory and lives as long as the borrow. The device reads little-endian f32, which these
+        // bytes are on a little-endian target.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        like.client.create_from_slice(bytes)
+    } else {
+        like.client.create_from_slice(&f32_bytes(data))
+    };
+    wrap(like, handle, shape)
+}
+
 /// The device copy of one session's recurrent state: one `[num_envs, n]` tensor per state, written in place by
 /// scatters, never read back per step (only when the session is asked for its state).
 #[derive(Clone)]
@@ -610,10 +647,10 @@ impl DeviceState {
             .map(|(t, n)| {
                 let data = Tensor::<2>::from_primitive::<Cube>(t.clone())
                     .try_into_data()
-                    .map_err(crate::exec::readback_error)?;
+                    .map_err(crate::burn_graph::readback_error)?;
                 let mut v = data
                     .try_to_vec::<f32>()
-                    .map_err(crate::exec::readback_error)?;
+                    .map_err(crate::burn_graph::readback_error)?;
                 v.truncate(self.num_envs * n);
                 Ok(v)
             })
@@ -659,10 +696,10 @@ mod tests {
     use super::*;
     use burn::tensor::TensorData;
     use policyport_format::philox::Stream;
-    use policyport_shaders::{PreStep, reference};
+    use policyport_shaders::{PreInput, PreStep, reference};
 
     fn device() -> burn::tensor::Device {
-        crate::backend::wgpu_device()
+        crate::builtin::wgpu_device()
             .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
     }
 
@@ -790,18 +827,30 @@ mod tests {
             // layout lost binding 2 and every act() failed validation (found by the SB3 CnnPolicy fixture).
             vec![PreStep::Scale(1.0 / 255.0)],
         ];
-        for steps in chains {
-            let k = PreprocessKernel::new(&steps, &stats, &dev);
+        // uint8 frames: 37 rows of 5 bytes (185: the last word padded), every byte value.
+        let frames: Vec<u8> = (0..rows * len).map(|i| (i * 97 % 256) as u8).collect();
+        let widened: Vec<f32> = frames.iter().map(|&b| b as f32).collect();
+        let like = cube(Tensor::<2>::from_data(
+            TensorData::new(vec![0.0f32], [1, 1]),
+            &dev,
+        ));
+        for steps in chains.into_iter().chain([vec![]]) {
+            let k = PreprocessKernel::new(PreInput::F32, &steps, &stats, &dev);
             let got = read(k.run(Tensor::<2>::from_data(
                 TensorData::new(x.clone(), [rows, len]),
                 &dev,
             )));
-            let want = reference::preprocess(&x, len, &steps, &stats);
-            for (g, e) in got.iter().zip(&want) {
-                assert!(
-                    (g - e).abs() <= 1e-6 * e.abs().max(1.0),
-                    "{steps:?}: {g} vs {e}"
-                );
+            let k8 = PreprocessKernel::new(PreInput::U8, &steps, &stats, &dev);
+            let got8 = read(k8.run_u8(&like, &frames, rows));
+            for (got, x) in [(got, &x), (got8, &widened)] {
+                let want = reference::preprocess(x, len, &steps, &stats);
+                assert_eq!(got.len(), want.len());
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                        "{steps:?}: {g} vs {e}"
+                    );
+                }
             }
         }
     }

@@ -72,7 +72,7 @@ impl ExecutorBuilder for CpuWithLender {
     ) -> Result<Box<dyn Executor>, PolicyError> {
         let head_and_states = crate::lower::step_readback(art, plan);
         let values = readback.unwrap_or(&head_and_states);
-        Ok(Box::new(crate::cpu::CpuProgram::with_lender(
+        Ok(Box::new(crate::cpu::CpuExecutor::with_lender(
             art,
             plan,
             values,

@@ -15,19 +15,22 @@
 //! Importers never live here: this crate only reads artifacts (through `policyport-format`).
 //!
 //! Where things go: a backend is one [`Executor`] impl plus one arm in [`Backend`]'s builder (`backend.rs`); an
-//! op is one IR entry (format crate), one arm per executor (`cpu.rs`, `exec.rs`, the libtorch host) and one
+//! op is one IR entry (format crate), one arm per executor (`cpu.rs`, `burn_graph.rs`, the libtorch host) and one
 //! reference; the request check, preprocessing, state and sampling around the graph are the session's
 //! (`session.rs`), the same for every backend.
 
 mod backend;
+mod builtin;
+#[cfg(feature = "burn")]
+mod burn_exec;
+#[cfg(feature = "burn")]
+mod burn_graph;
 mod compiled;
 mod conv;
 mod cpu;
 mod dense;
 mod dense_bf16;
 mod error;
-#[cfg(feature = "burn")]
-mod exec;
 pub mod executor;
 mod golden;
 #[cfg(feature = "wgpu")]
@@ -41,7 +44,7 @@ mod session;
 mod state;
 pub mod web_workers;
 #[cfg(feature = "wgpu")]
-mod wgpu_setup;
+mod wgpu_exec;
 
 pub use backend::{Backend, CpuOptions, CpuPrecision, UnknownBackend, UnknownPrecision};
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
@@ -72,13 +75,13 @@ pub fn cpu_kernels() -> &'static str {
 }
 
 /// GPU dispatches issued by wgpu programs from this thread so far (compare against
-/// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature.
+/// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature (no other backend counts any).
 pub fn wgpu_dispatches_issued() -> usize {
-    #[cfg(feature = "wgpu")]
+    #[cfg(feature = "burn")]
     {
-        gpu::DISPATCHES.with(|d| d.get())
+        burn_graph::dispatches_issued()
     }
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(not(feature = "burn"))]
     {
         0
     }

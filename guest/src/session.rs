@@ -311,7 +311,7 @@ impl Session {
         let p = self.prepare(req)?;
         let mut rows = std::mem::take(&mut self.rows);
         let result = self
-            .launch(&p, &mut rows)
+            .launch(&p, req.obs, &mut rows)
             .and_then(|pending| pending.wait(&mut rows));
         self.complete(result, rows, &p, req)
     }
@@ -328,7 +328,7 @@ impl Session {
     pub async fn act_async(&mut self, req: &Request<'_>) -> Result<&ActOutputs, PolicyError> {
         let p = self.prepare(req)?;
         let mut rows = std::mem::take(&mut self.rows);
-        let result = match self.launch(&p, &mut rows) {
+        let result = match self.launch(&p, req.obs, &mut rows) {
             Ok(pending) => pending.wait_async(&mut rows).await,
             Err(e) => Err(e),
         };
@@ -525,9 +525,12 @@ impl Session {
                 batch,
             )?;
             self.obs_buf.clear();
-            match req.obs {
-                Observations::F32(x) => self.obs_buf.extend_from_slice(x),
-                Observations::U8(x) => self.obs_buf.extend(x.iter().map(|&b| b as f32)),
+            // An executor that takes the request's observations as they are (`StepInput::raw`) gets no copy.
+            if !placement.raw_observations {
+                match req.obs {
+                    Observations::F32(x) => self.obs_buf.extend_from_slice(x),
+                    Observations::U8(x) => self.obs_buf.extend(x.iter().map(|&b| b as f32)),
+                }
             }
         } else {
             policy
@@ -565,7 +568,13 @@ impl Session {
     }
 
     /// Apply the accepted request's state changes (growth, episode starts), gather host state rows, launch.
-    fn launch(&mut self, p: &Prepared, rows: &mut Vec<f32>) -> Result<Pending, PolicyError> {
+    /// `obs`: the request's observations (checked), handed over as they are where the executor takes them so.
+    fn launch(
+        &mut self,
+        p: &Prepared,
+        obs: Observations<'_>,
+        rows: &mut Vec<f32>,
+    ) -> Result<Pending, PolicyError> {
         let exec = self.policy.executor();
         let placement = exec.placement();
         if self.state.is_recurrent() {
@@ -589,6 +598,7 @@ impl Session {
         let step = StepInput {
             batch: p.batch,
             obs: &self.obs_buf,
+            raw: (placement.preprocess && placement.raw_observations).then_some(obs),
             env_ids: &self.ids,
             mode: p.mode,
             states: &self.gathered,

@@ -259,7 +259,23 @@ pub enum PreStep {
     },
 }
 
+/// How the preprocessing kernel reads its input buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreInput {
+    /// f32 values.
+    F32,
+    /// uint8 values as bytes packed four to a u32 word, little-endian: value i is bits `8·(i % 4)..` of word
+    /// `i / 4` (the last word zero-padded). Widened to f32 by the kernel.
+    U8,
+}
+
+/// The preprocessing kernel for f32 input.
 pub fn preprocess_source(steps: &[PreStep]) -> String {
+    preprocess_source_for(PreInput::F32, steps)
+}
+
+/// The preprocessing kernel for `input`: `steps` in order on each value.
+pub fn preprocess_source_for(input: PreInput, steps: &[PreStep]) -> String {
     let mut body = String::new();
     for s in steps {
         match s {
@@ -284,7 +300,14 @@ pub fn preprocess_source(steps: &[PreStep]) -> String {
         // failed validation on every wgpu device). Never executed: `total == 0` returned above.
         body.push_str("    if (total == 0u) { v = stats[0]; }\n");
     }
-    PREPROCESS.replace("{{STEPS}}", &body)
+    let (ty, load) = match input {
+        PreInput::F32 => ("f32", "x[i]"),
+        PreInput::U8 => ("u32", "f32((x[i / 4u] >> (8u * (i % 4u))) & 255u)"),
+    };
+    PREPROCESS
+        .replace("{{STEPS}}", &body)
+        .replace("{{INPUT}}", ty)
+        .replace("{{LOAD}}", load)
 }
 
 /// Every kernel variant the runtime can generate, by name: every dense variant × activation, the sampler, the
@@ -321,6 +344,10 @@ pub fn all_sources() -> Vec<(String, String)> {
         }],
     ] {
         out.push((format!("preprocess {steps:?}"), preprocess_source(&steps)));
+        out.push((
+            format!("preprocess u8 {steps:?}"),
+            preprocess_source_for(PreInput::U8, &steps),
+        ));
     }
     out
 }
@@ -469,6 +496,18 @@ pub mod reference {
         }
     }
 
+    /// uint8 values as the preprocessing kernel's [`PreInput::U8`](super::PreInput) buffer reads them: four to
+    /// a u32 word, little-endian, the last word zero-padded.
+    pub fn pack_u8(x: &[u8]) -> Vec<u32> {
+        x.chunks(4)
+            .map(|c| {
+                let mut w = [0u8; 4];
+                w[..c.len()].copy_from_slice(c);
+                u32::from_le_bytes(w)
+            })
+            .collect()
+    }
+
     /// Preprocessing of `[rows, len]` values.
     pub fn preprocess(x: &[f32], len: usize, steps: &[PreStep], stats: &[f32]) -> Vec<f32> {
         x.iter()
@@ -519,7 +558,9 @@ mod tests {
     #[test]
     fn every_variant_validates() {
         let all = all_sources();
-        assert_eq!(all.len(), 3 * Activation::ALL.len() + 2 + 4);
+        // Dense small + tiled + conv per activation, the sampler and the state mover, four preprocessing chains on
+        // f32 and on u8 input.
+        assert_eq!(all.len(), 3 * Activation::ALL.len() + 2 + 2 * 4);
         for (name, src) in &all {
             validate(name, src);
         }
@@ -659,5 +700,19 @@ mod tests {
             &[1.0, 1.0, 2.0, 2.0],
         );
         assert_eq!(p, vec![0.0, 0.5]);
+    }
+
+    /// The u8 input layout the kernel's `(x[i / 4u] >> (8u * (i % 4u))) & 255u` reads: byte i of the frame is
+    /// byte i % 4 (little-endian) of word i / 4, and a partial last word is zero-padded.
+    #[test]
+    fn u8_frames_pack_four_to_a_little_endian_word() {
+        let x = [1u8, 2, 3, 4, 250];
+        let words = reference::pack_u8(&x);
+        assert_eq!(words, vec![0x0403_0201, 250]);
+        for (i, &b) in x.iter().enumerate() {
+            assert_eq!((words[i / 4] >> (8 * (i % 4))) & 255, b as u32);
+        }
+        let src = preprocess_source_for(PreInput::U8, &[PreStep::Scale(0.5)]);
+        assert!(src.contains("array<u32>") && !src.contains("{{"), "{src}");
     }
 }

@@ -6,9 +6,9 @@
 //! At load the guest's one lowering and fusion pass (`policyport::lower`) is translated into libtorch instructions
 //! over its value slots, and the head is built from the artifact's `HeadPlan` (the one decoder of the
 //! distribution): Dense weights are uploaded once, pre-transposed to `[in, out]` in the compute precision, and
-//! shared by every session ([`TorchProgram`]). What a step mutates lives in the session's scratch
+//! shared by every session ([`TorchExecutor`]). What a step mutates lives in the session's scratch
 //! ([`TorchScratch`]): the device copy of the recurrent state and, on the static paths, the bucket buffers and
-//! captured CUDA graphs (which point at that state). One step is [`TorchProgram::step`]: device preprocessing →
+//! captured CUDA graphs (which point at that state). One step is [`TorchExecutor::step`]: device preprocessing →
 //! gather per-env state rows → the op program → distribution values (finished on the device when it samples) →
 //! actions (device sampling) → next state scattered back to the env rows → one packed `[batch, width]` f32
 //! tensor read back. The CUDA-graph path captures exactly that function per bucket over static buffers.
@@ -19,7 +19,7 @@ use policyport::executor::{
     ExecScratch, Executor, ExecutorBuilder, Pending, Placement, StepInput, scratch_of,
 };
 use policyport::format::sampling::ActMode;
-use policyport::format::{Artifact, HeadKind as Dist, HeadPlan, Op, PreprocessStep, ValidatedPlan};
+use policyport::format::{Artifact, HeadKind, HeadPlan, Op, PreprocessStep, ValidatedPlan};
 use policyport::lower::act_of as activation_of;
 use policyport::lower::{affine_group, expand_affine, lower, transpose_index};
 use policyport::{Activation, Backend, BackendError, MAX_BATCH, PolicyError};
@@ -627,7 +627,7 @@ fn activate(f: Activation, x: &Tensor) -> Result<Tensor, tch::TchError> {
 
 /// How the distribution turns values into parameters and actions, on the device.
 struct Head {
-    dist: HeadKind,
+    dist: DeviceHead,
     k: i64,
     /// Slots of the distribution values (logits; or mean [, log-std]) and of the value estimate.
     param_slots: Vec<usize>,
@@ -639,7 +639,9 @@ struct Head {
     philox: DevicePhilox,
 }
 
-enum HeadKind {
+/// The distribution of the head as the device samples it, with its parameters as tensors (the format's
+/// [`HeadKind`] resolved for this device).
+enum DeviceHead {
     Categorical(Vec<i64>),
     Gaussian {
         squashed: bool,
@@ -667,23 +669,23 @@ impl Head {
         let param_slots = readback[..n].to_vec();
         let value_slot = head.value.as_ref().map(|_| readback[n]);
         let dist = match head.kind {
-            Dist::Categorical { .. } | Dist::MultiCategorical { .. } => {
-                HeadKind::Categorical(head.segments.iter().map(|n| *n as i64).collect())
+            HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => {
+                DeviceHead::Categorical(head.segments.iter().map(|n| *n as i64).collect())
             }
-            Dist::Gaussian {
+            HeadKind::Gaussian {
                 squashed,
                 clip,
                 linear_deterministic,
-            } => HeadKind::Gaussian {
+            } => DeviceHead::Gaussian {
                 squashed,
                 clip,
                 linear_deterministic,
             },
-            Dist::QValues { n, epsilon } => HeadKind::QValues {
+            HeadKind::QValues { n, epsilon } => DeviceHead::QValues {
                 n: n as i64,
                 epsilon: epsilon as f64,
             },
-            Dist::Deterministic { rescale, ref noise } => HeadKind::Deterministic {
+            HeadKind::Deterministic { rescale, ref noise } => DeviceHead::Deterministic {
                 rescale,
                 noise: match noise {
                     Some(n) => Some((
@@ -701,9 +703,9 @@ impl Head {
         let range = head.log_std_range;
         let (low, high) = head.bounds_for_device();
         let words = match &dist {
-            HeadKind::Categorical(nvec) => nvec.len(),
-            HeadKind::Gaussian { .. } | HeadKind::Deterministic { .. } => 2 * k,
-            HeadKind::QValues { .. } => 2,
+            DeviceHead::Categorical(nvec) => nvec.len(),
+            DeviceHead::Gaussian { .. } | DeviceHead::Deterministic { .. } => 2 * k,
+            DeviceHead::QValues { .. } => 2,
         };
         Ok(Head {
             dist,
@@ -739,10 +741,10 @@ impl Head {
                 .f_to_kind(Kind::Float)
         };
         match &self.dist {
-            HeadKind::Categorical(_)
-            | HeadKind::QValues { .. }
-            | HeadKind::Deterministic { .. } => v(0),
-            HeadKind::Gaussian { .. } => {
+            DeviceHead::Categorical(_)
+            | DeviceHead::QValues { .. }
+            | DeviceHead::Deterministic { .. } => v(0),
+            DeviceHead::Gaussian { .. } => {
                 let mean = v(0)?;
                 let log_std = match &self.log_std_param {
                     Some(p) => p.f_expand([mean.size()[0], self.k], false)?,
@@ -767,7 +769,7 @@ impl Head {
         };
         let f = || -> Result<Tensor, tch::TchError> {
             match &self.dist {
-                HeadKind::Categorical(nvec) => {
+                DeviceHead::Categorical(nvec) => {
                     let mut off = 0;
                     let mut cols = vec![];
                     for (j, n) in nvec.iter().enumerate() {
@@ -790,7 +792,7 @@ impl Head {
                     }
                     Tensor::f_cat(&cols, 1)?.f_to_kind(Kind::Float)
                 }
-                HeadKind::QValues { n, epsilon } => {
+                DeviceHead::QValues { n, epsilon } => {
                     let greedy = params.f_argmax(1, true)?;
                     let pick = match &words {
                         None => greedy,
@@ -808,7 +810,7 @@ impl Head {
                     };
                     pick.f_to_kind(Kind::Float)
                 }
-                HeadKind::Deterministic { rescale, noise } => {
+                DeviceHead::Deterministic { rescale, noise } => {
                     let mut a = params.f_narrow(1, 0, self.k)?;
                     if let (Some(w), Some((nm, ns))) = (&words, noise) {
                         let b = w.size()[0];
@@ -837,7 +839,7 @@ impl Head {
                     }
                     Ok(a)
                 }
-                HeadKind::Gaussian {
+                DeviceHead::Gaussian {
                     squashed,
                     clip,
                     linear_deterministic,
@@ -957,7 +959,7 @@ impl ExecutorBuilder for TorchBuilder {
         } else {
             plan.head.raw_params_len + plan.head.has_value() as usize
         };
-        Ok(Box::new(TorchProgram {
+        Ok(Box::new(TorchExecutor {
             state_sizes: program.states.iter().map(|(_, n, _)| *n as usize).collect(),
             program,
             head,
@@ -976,6 +978,7 @@ impl ExecutorBuilder for TorchBuilder {
                     preprocess: true,
                     state: true,
                     sampling: device_sampling,
+                    raw_observations: false,
                 }
             } else {
                 Placement::default()
@@ -994,7 +997,7 @@ impl ExecutorBuilder for TorchBuilder {
 /// Two kinds: the step program (placement: preprocessing, state and — with device sampling — sampling on the
 /// device) and probe programs (`Placement::default()`: preprocessed observations and host state rows in, the
 /// probed values out), as the [`ExecutorBuilder`] contract says.
-struct TorchProgram {
+struct TorchExecutor {
     program: Program,
     /// The distribution on the device (step programs only).
     head: Option<Head>,
@@ -1014,14 +1017,14 @@ struct TorchProgram {
 }
 
 // Why sharing is sound: `tch::Tensor` is `Send` but not `Sync` only because it is a raw handle. Every tensor a
-// `TorchProgram` holds (weights, biases, affine and normalisation constants, the head's bounds and log-std, the
+// `TorchExecutor` holds (weights, biases, affine and normalisation constants, the head's bounds and log-std, the
 // Philox constants) is created in `TorchBuilder::build` and never mutated afterwards: steps only read them as
 // inputs of libtorch ops (under `no_grad`, so no autograd metadata or version counter is touched), and libtorch's
 // tensor refcounts are atomic. Concurrent reads of one at::Tensor from several threads are what libtorch's own
 // multi-threaded inference (and tch's `Sync` `CModule`) rely on. Everything a step mutates lives in the
 // session's `TorchScratch`, behind `&mut`.
 // SAFETY: every tensor here is read-only after `build` (above), and concurrent reads of a tensor are sound.
-unsafe impl Sync for TorchProgram {}
+unsafe impl Sync for TorchExecutor {}
 
 /// One session's mutable libtorch data.
 struct TorchScratch {
@@ -1039,7 +1042,7 @@ struct TorchScratch {
     dense_out: Vec<Option<Tensor>>,
 }
 
-impl Executor for TorchProgram {
+impl Executor for TorchExecutor {
     /// libtorch's allocations fail as C++ exceptions, which tch's `f_` calls (the only ones used here) return as
     /// errors: a typed `BackendError::Device`, never an abort.
     fn allocations_are_fallible(&self) -> bool {
@@ -1191,7 +1194,7 @@ impl Executor for TorchProgram {
     }
 }
 
-impl TorchProgram {
+impl TorchExecutor {
     /// Make the device state hold at least `needed` envs (doubling, so graphs are rarely recaptured), keeping
     /// existing rows; growing drops the static buffers and graphs, which point at the old state tensors.
     fn ensure_envs(&self, s: &mut TorchScratch, needed: usize) -> R<()> {

@@ -173,6 +173,9 @@ impl Executor for PluginExecutor {
             preprocess: true,
             state: true,
             sampling: true,
+            // The request's observations go into the sandbox as the caller gave them (uint8 frames as bytes, a
+            // quarter of an f32 copy): the plugin's own session checks and widens them.
+            raw_observations: true,
         }
     }
 
@@ -200,8 +203,8 @@ impl Executor for PluginExecutor {
     ) -> Result<Pending, PolicyError> {
         let s = scratch_of::<PluginScratch>(scratch);
         let batch = step.batch;
-        let req = Request::new(Observations::F32(step.obs), batch, step.mode)
-            .envs(EnvIds::List(&step.env_ids[..batch]));
+        let obs = step.raw.unwrap_or(Observations::F32(step.obs));
+        let req = Request::new(obs, batch, step.mode).envs(EnvIds::List(&step.env_ids[..batch]));
         let mut out = std::mem::take(&mut s.out);
         let r = self.instance(s)?.act(&req, &mut out);
         if let Err(e) = r {

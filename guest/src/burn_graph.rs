@@ -1,24 +1,63 @@
-//! The op graphs of an artifact lowered to a flat program over burn tensors.
+//! The op graphs of an artifact lowered to a flat program over burn tensors: what the two burn executors share.
 //!
 //! At load every value gets a slot, every weight is uploaded once in the layout its op wants (Dense weights
 //! pre-transposed to `[in, out]`, biases as `[1, out]` rows), and every op becomes an [`Instr`] over slot
 //! indices: act() only walks this list. Values are held as `[batch, features]` tensors with the feature shape
 //! flattened; ops that work on the last axis of a multi-axis feature shape reshape around it.
+//!
+//! Two executors run a [`BurnGraph`] (issue 37: each one `impl Executor`, neither a mode of the other):
+//! [`crate::burn_exec::BurnExecutor`] with everything around the graph on the host (burn flex; and the golden
+//! probes of intermediate values on wgpu), and [`crate::wgpu_exec::WgpuExecutor`], which preprocesses, keeps the
+//! recurrent state and samples on the device. A backend that computes some ops its own way (wgpu's fused WGSL
+//! dense and convolution kernels) hands the graph a [`Fuse`] at build time; the graph itself knows no backend.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn::tensor::{activation, module};
-#[cfg(feature = "wgpu")]
-use policyport_format::sampling::ActMode;
 use policyport_format::{Artifact, Op, ValidatedPlan};
 
-use crate::backend::Backend;
 use crate::error::{BackendError, PolicyError};
-use crate::executor::{ExecScratch, Executor, Pending, Placement, StepInput};
+use crate::executor::{DeferredRows, Readback, RowsFuture};
 use crate::kernels::Act;
-use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
+use crate::lower::{LoweredNode, act_of, affine_group, expand_affine, lower, transpose_index};
+
+thread_local! {
+    /// Device dispatches issued from this thread by graphs that count them (tests and the benchmark read it
+    /// around an act(): see [`crate::wgpu_dispatches_issued`]).
+    static DISPATCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// One more device dispatch issued on this thread.
+pub(crate) fn count_dispatch() {
+    DISPATCHES.with(|d| d.set(d.get() + 1));
+}
+
+/// Dispatches counted on this thread so far.
+pub(crate) fn dispatches_issued() -> usize {
+    DISPATCHES.with(|d| d.get())
+}
+
+/// An op a backend computes its own way (one fused kernel for a dense layer or a convolution with its bias and
+/// activation): the graph runs it on the value of its one input.
+pub(crate) trait FusedOp: std::fmt::Debug + Send + Sync {
+    /// The op on `x` (`[batch, features]`); counts its own dispatches.
+    fn run(&self, x: Tensor<2>) -> Tensor<2>;
+
+    /// Whether a batch of `rows` envs fits this op (a kernel's 32-bit indexing); checked before every step.
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))] // only wgpu fuses ops today
+    fn fits(&self, rows: usize) -> bool {
+        let _ = rows;
+        true
+    }
+}
+
+/// How a backend takes over ops at build time: for each lowered node, `Some` op to run instead of the graph's
+/// own burn ops, or `None`.
+pub(crate) type Fuse<'f> =
+    &'f dyn Fn(&Artifact, &LoweredNode<'_>, &Device) -> Option<Arc<dyn FusedOp>>;
 
 #[derive(Debug, Clone, Copy)]
 enum Unary {
@@ -105,93 +144,51 @@ enum Instr {
         index: Tensor<1, Int>,
         out: usize,
     },
-    /// Dense + bias + activation as one WGSL dispatch (wgpu devices).
-    #[cfg(feature = "wgpu")]
-    DenseAct {
+    /// An op the backend computes itself ([`FusedOp`]).
+    Fused {
         x: usize,
-        w: burn::backend::wgpu::CubeTensor,
-        b: Option<burn::backend::wgpu::CubeTensor>,
-        n: usize,
-        kernels: crate::gpu::DenseKernels,
-        out: usize,
-    },
-    /// Conv2d + bias + activation as one WGSL dispatch (wgpu devices; `shaders/conv2d.wgsl`).
-    #[cfg(feature = "wgpu")]
-    ConvAct {
-        x: usize,
-        kernel: crate::gpu::Conv2dKernel,
+        op: Arc<dyn FusedOp>,
         out: usize,
     },
 }
-
-/// The device-side head and preprocessing of the wgpu path.
-#[cfg(feature = "wgpu")]
+/// A lowered artifact's graph on one burn device: immutable (weights uploaded once), shared by every session of
+/// the executor that holds it.
 #[derive(Debug, Clone)]
-pub(crate) struct GpuParts {
-    pub(crate) preprocess: Option<crate::gpu::PreprocessKernel>,
-    pub(crate) sample: crate::gpu::SampleKernel,
-    /// Readback slots that form the raw head row (distribution values, value) before the next states.
-    pub(crate) head_slots: usize,
-    /// `action_len + dist_params_len + has_value`: the sampling kernel's packed row.
-    pub(crate) row_width: usize,
-}
-
-/// A lowered artifact ready to run on one device: immutable (weights uploaded once), shared by every session.
-#[derive(Debug, Clone)]
-pub(crate) struct Program {
-    device: Device,
-    backend: Backend,
+pub(crate) struct BurnGraph {
+    pub(crate) device: Device,
     instrs: Vec<Instr>,
     n_slots: usize,
     obs_slot: usize,
     /// (slot, numel) of each recurrent state input.
     pub(crate) state_slots: Vec<(usize, usize)>,
-    state_sizes: Vec<usize>,
+    pub(crate) state_sizes: Vec<usize>,
     /// (slot, numel) read back after a step: distribution values, then the value estimate, then next states.
     pub(crate) readback: Vec<(usize, usize)>,
-    #[cfg(feature = "wgpu")]
-    pub(crate) gpu: Option<GpuParts>,
-}
-
-/// One session's data: on wgpu, the device copy of its recurrent state.
-#[derive(Default)]
-pub(crate) struct BurnScratch {
-    #[cfg(feature = "wgpu")]
-    state: Option<crate::gpu::DeviceState>,
+    /// Whether each burn op counts as a device dispatch ([`count_dispatch`]): on a GPU, where
+    /// [`crate::PolicyInfo::dispatches_per_act`] reports them.
+    counts_dispatches: bool,
 }
 
 /// A validated `[C, H, W]` feature shape.
-fn chw(shape: &[usize]) -> [usize; 3] {
+pub(crate) fn chw(shape: &[usize]) -> [usize; 3] {
     shape.try_into().expect("validated: [C, H, W]")
 }
 
-fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
+pub(crate) fn row_tensor(data: &[f32], device: &Device) -> Tensor<2> {
     Tensor::from_data(TensorData::new(data.to_vec(), [1, data.len()]), device)
 }
 
-impl Program {
-    /// Translate the lowered graph into burn instructions; `readback_values`: what a step reads back.
-    pub(crate) fn new(
-        art: &Artifact,
-        plan: &ValidatedPlan,
-        readback_values: &[&str],
-        device: &Device,
-        backend: Backend,
-    ) -> Self {
-        Self::build(art, plan, readback_values, device, backend, false)
-    }
-
-    /// `fused_dense`: run each Dense (with the activation the lowering fused into it) as one WGSL kernel (wgpu
-    /// devices).
+impl BurnGraph {
+    /// Translate the lowered graph into burn instructions; `readback_values`: what a step reads back; `fuse`:
+    /// the ops the backend computes itself (see [`Fuse`]); `counts_dispatches`: see the field.
     pub(crate) fn build(
         art: &Artifact,
         plan: &ValidatedPlan,
         readback_values: &[&str],
         device: &Device,
-        backend: Backend,
-        fused_dense: bool,
+        fuse: Option<Fuse<'_>>,
+        counts_dispatches: bool,
     ) -> Self {
-        let _ = fused_dense;
         let low = lower(art, plan, readback_values);
         let mut weights: HashMap<String, Tensor<2>> = HashMap::new();
         let mut row = |name: &String| -> Tensor<2> {
@@ -203,61 +200,9 @@ impl Program {
         let mut instrs = Vec::new();
         for n in &low.nodes {
             let (ins, out, x_last) = (&n.ins, n.out, n.in_last[0]);
-            #[cfg(feature = "wgpu")]
-            if fused_dense {
-                if let Op::Dense { weight, bias } = n.op {
-                    let t = &art.tensors[weight];
-                    let (o, i) = (t.shape[0], t.shape[1]);
-                    let w = Tensor::<2>::from_data(
-                        TensorData::new(transpose(&t.data, o, i), [i, o]),
-                        device,
-                    );
-                    let b = bias
-                        .as_ref()
-                        .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device)));
-                    instrs.push(Instr::DenseAct {
-                        x: ins[0],
-                        w: crate::gpu::cube(w),
-                        b,
-                        n: o,
-                        kernels: crate::gpu::DenseKernels::new(n.act),
-                        out,
-                    });
-                    continue;
-                }
-                if let Op::Conv2d {
-                    weight,
-                    bias,
-                    stride,
-                    padding,
-                    dilation,
-                    groups,
-                } = n.op
-                {
-                    let t = &art.tensors[weight];
-                    let shape = policyport_shaders::Conv2dShape {
-                        rows: 1,
-                        input: chw(&n.in_shapes[0]),
-                        out_channels: t.shape[0],
-                        kernel: [t.shape[2], t.shape[3]],
-                        stride: *stride,
-                        padding: *padding,
-                        dilation: *dilation,
-                        groups: *groups,
-                    };
-                    instrs.push(Instr::ConvAct {
-                        x: ins[0],
-                        kernel: crate::gpu::Conv2dKernel::new(
-                            shape,
-                            &t.data,
-                            bias.as_ref().map(|b| &art.tensors[b].data[..]),
-                            n.act,
-                            device,
-                        ),
-                        out,
-                    });
-                    continue;
-                }
+            if let Some(op) = fuse.and_then(|f| f(art, n, device)) {
+                instrs.push(Instr::Fused { x: ins[0], op, out });
+                continue;
             }
             let unary = |f| Instr::Unary {
                 x: ins[0],
@@ -404,106 +349,51 @@ impl Program {
                 )),
             });
         }
-        Program {
+        BurnGraph {
             device: device.clone(),
-            backend,
             instrs,
             n_slots: low.slot_numel.len(),
             obs_slot: low.obs_slot,
             state_sizes: low.state_slots.iter().map(|(_, n)| *n).collect(),
             state_slots: low.state_slots,
             readback: low.readback,
-            #[cfg(feature = "wgpu")]
-            gpu: None,
+            counts_dispatches,
         }
     }
 
-    /// Run one step on the host-placement path. `obs`: preprocessed `[batch, obs_len]`; `states`: per state slot,
-    /// `[batch, numel]`. Returns the readback values concatenated per row, `[batch, sum(readback numel)]`, still
-    /// on the device.
-    fn run(&self, batch: usize, obs: Vec<f32>, obs_len: usize, states: &[Vec<f32>]) -> Tensor<2> {
-        let states = self.upload_states(batch, states);
-        let slots = self.forward(batch, obs, obs_len, states);
-        let parts: Vec<Tensor<2>> = self
-            .readback
-            .iter()
-            .map(|(s, _)| slots[*s].clone().expect("validated: computed"))
-            .collect();
-        cat_rows(parts)
+    /// Whether a step of `rows` envs fits every fused op (see [`FusedOp::fits`]).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    pub(crate) fn fits(&self, rows: usize) -> bool {
+        self.instrs.iter().all(|i| match i {
+            Instr::Fused { op, .. } => op.fits(rows),
+            _ => true,
+        })
     }
 
-    fn upload_states(&self, batch: usize, states: &[Vec<f32>]) -> Vec<Tensor<2>> {
-        self.state_slots
-            .iter()
-            .zip(states)
-            .map(|((_, n), data)| {
-                Tensor::from_data(TensorData::new(data.clone(), [batch, *n]), &self.device)
-            })
-            .collect()
+    /// `[rows, width]` f32 values as a tensor on this graph's device.
+    pub(crate) fn upload(&self, data: &[f32], rows: usize, width: usize) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(data.to_vec(), [rows, width]), &self.device)
     }
 
-    /// The wgpu path: observations preprocessed on the device, state rows gathered from the device copy, the
-    /// program, the sampling kernel writing `[actions | finished params | value]` per row, next state scattered
-    /// back into the device copy. Returns the packed rows, still on the device: the caller reads them back once
-    /// ([`read_rows`], or [`read_rows_async`] where blocking is impossible).
-    #[cfg(feature = "wgpu")]
-    pub(crate) fn launch_gpu(
+    /// Burn ops a step issues (fused ops included, aliases not).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    pub(crate) fn ops(&self) -> usize {
+        self.instrs
+            .iter()
+            .filter(|i| !matches!(i, Instr::Alias { .. }))
+            .count()
+    }
+
+    /// Every slot's value after one step of `batch` envs: `x` the (preprocessed) observations on the device,
+    /// `states` one `[batch, numel]` tensor per recurrent state input.
+    pub(crate) fn forward(
         &self,
         batch: usize,
-        obs: Vec<f32>,
-        obs_len: usize,
-        state: Option<&mut crate::gpu::DeviceState>,
-        envs: &[u32],
-        sample: Option<(u64, u64)>,
-    ) -> Tensor<2> {
-        // Only wgpu programs (built by wgpu_setup::program) take this path.
-        let gpu = self.gpu.as_ref().expect("launch_gpu on a gpu program");
-        let ids = crate::gpu::upload_ids(&gpu.sample.fparams, envs);
-        let gathered = match &state {
-            Some(st) => st
-                .tensors
-                .iter()
-                .zip(&st.sizes)
-                .map(|(t, n)| st.kernel().gather(t, &ids, batch, *n))
-                .collect(),
-            None => vec![],
-        };
-        let slots = self.forward(batch, obs, obs_len, gathered);
-        let take = |i: &(usize, usize)| slots[i.0].clone().expect("validated: computed");
-        let head = cat_rows(self.readback[..gpu.head_slots].iter().map(take).collect());
-        if gpu.head_slots > 1 {
-            crate::gpu::count_dispatch();
-        }
-        let packed = gpu.sample.run(head, &ids, sample);
-        if let Some(st) = state {
-            for ((t, n), next) in st
-                .tensors
-                .iter()
-                .zip(&st.sizes)
-                .zip(&self.readback[gpu.head_slots..])
-            {
-                st.kernel().scatter(t, take(next), &ids, batch, *n);
-            }
-        }
-        packed
-    }
-
-    fn forward(
-        &self,
-        batch: usize,
-        obs: Vec<f32>,
-        obs_len: usize,
+        x: Tensor<2>,
         states: Vec<Tensor<2>>,
     ) -> Vec<Option<Tensor<2>>> {
         let mut slots: Vec<Option<Tensor<2>>> = vec![None; self.n_slots];
-        let x = Tensor::from_data(TensorData::new(obs, [batch, obs_len]), &self.device);
-        #[cfg(feature = "wgpu")]
-        let x = match self.gpu.as_ref().and_then(|g| g.preprocess.as_ref()) {
-            Some(k) => k.run(x),
-            None => x,
-        };
         slots[self.obs_slot] = Some(x);
-        let _ = batch;
         for ((slot, _), t) in self.state_slots.iter().zip(states) {
             slots[*slot] = Some(t);
         }
@@ -621,50 +511,19 @@ impl Program {
                     (*out, y.reshape([rows, width]))
                 }
                 Instr::Gather { x, index, out } => (*out, get(&slots, *x).select(1, index.clone())),
-                #[cfg(feature = "wgpu")]
-                Instr::DenseAct {
-                    x,
-                    w,
-                    b,
-                    n,
-                    kernels,
-                    out,
-                } => (*out, kernels.run(get(&slots, *x), w, b.as_ref(), *n)),
-                #[cfg(feature = "wgpu")]
-                Instr::ConvAct { x, kernel, out } => (*out, kernel.run(get(&slots, *x))),
+                Instr::Fused { x, op, out } => (*out, op.run(get(&slots, *x))),
             };
-            #[cfg(feature = "wgpu")]
-            if self.gpu.is_some()
-                && !matches!(
-                    instr,
-                    Instr::DenseAct { .. } | Instr::ConvAct { .. } | Instr::Alias { .. }
-                )
+            // Fused ops count their own dispatches; an alias is no dispatch.
+            if self.counts_dispatches && !matches!(instr, Instr::Fused { .. } | Instr::Alias { .. })
             {
-                crate::gpu::count_dispatch();
+                count_dispatch();
             }
             slots[out] = Some(t);
         }
         slots
     }
-
-    /// Dispatches one act() issues (fused kernels + burn ops + the sampling kernel), for reports.
-    #[cfg(feature = "wgpu")]
-    pub(crate) fn dispatches_per_act(&self) -> usize {
-        let ops = self
-            .instrs
-            .iter()
-            .filter(|i| !matches!(i, Instr::Alias { .. }))
-            .count();
-        let gpu = self.gpu.as_ref();
-        let pre = gpu.is_some_and(|g| g.preprocess.is_some()) as usize;
-        let head_cat = gpu.is_some_and(|g| g.head_slots > 1) as usize;
-        // A gather before and a scatter after the step per recurrent state.
-        let state_moves = 2 * self.state_slots.len();
-        ops + pre + head_cat + 1 + state_moves
-    }
 }
 
-/// An elementwise activation as burn ops.
 fn activate(f: Act, t: Tensor<2>) -> Tensor<2> {
     match f {
         Act::Identity => t,
@@ -686,147 +545,8 @@ fn activate(f: Act, t: Tensor<2>) -> Tensor<2> {
     }
 }
 
-impl Executor for Program {
-    fn backend(&self) -> Backend {
-        self.backend
-    }
-
-    /// A wgpu program builds its small-batch and tiled kernels' pipelines on first use: warm both.
-    fn warm_up_batches(&self) -> &'static [usize] {
-        #[cfg(feature = "wgpu")]
-        if self.gpu.is_some() {
-            return &[1, 64];
-        }
-        &[1]
-    }
-
-    /// wgpu programs preprocess (unless a one-hot needs the host), keep state and sample on the device.
-    fn placement(&self) -> Placement {
-        #[cfg(feature = "wgpu")]
-        if let Some(g) = &self.gpu {
-            return Placement {
-                preprocess: g.preprocess.is_some(),
-                state: true,
-                sampling: true,
-            };
-        }
-        Placement::default()
-    }
-
-    fn state_sizes(&self) -> &[usize] {
-        &self.state_sizes
-    }
-
-    fn row_width(&self) -> usize {
-        #[cfg(feature = "wgpu")]
-        if let Some(g) = &self.gpu {
-            return g.row_width;
-        }
-        self.readback.iter().map(|(_, n)| n).sum()
-    }
-
-    fn dispatches_per_act(&self) -> Option<usize> {
-        #[cfg(feature = "wgpu")]
-        if self.gpu.is_some() {
-            return Some(Program::dispatches_per_act(self));
-        }
-        None
-    }
-
-    fn new_scratch(&self) -> ExecScratch {
-        Box::new(BurnScratch::default())
-    }
-
-    fn launch(
-        &self,
-        scratch: &mut ExecScratch,
-        step: &StepInput<'_>,
-        rows: &mut Vec<f32>,
-    ) -> Result<Pending, PolicyError> {
-        let _ = (&scratch, &rows);
-        let obs_len = step.obs.len() / step.batch;
-        #[cfg(feature = "wgpu")]
-        if self.instrs.iter().any(|i| match i {
-            Instr::ConvAct { kernel, .. } => !kernel.fits(step.batch),
-            _ => false,
-        }) {
-            return Err(BackendError::Unsupported(
-                "a batch this large: a convolution's values pass the wgpu kernel's 32-bit indexing",
-            )
-            .into());
-        }
-        #[cfg(feature = "wgpu")]
-        if self.gpu.is_some() {
-            let st = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state;
-            let state = if self.state_sizes.is_empty() {
-                None
-            } else {
-                let d = st.get_or_insert_with(|| {
-                    crate::gpu::DeviceState::zeros(&self.state_sizes, step.num_envs, &self.device)
-                });
-                d.grow(step.num_envs);
-                Some(d)
-            };
-            let sample = match step.mode {
-                ActMode::Sample { seed, step } => Some((seed, step)),
-                ActMode::Deterministic => None,
-            };
-            return Ok(Pending::Device(self.launch_gpu(
-                step.batch,
-                step.obs.to_vec(),
-                obs_len,
-                state,
-                step.env_ids,
-                sample,
-            )));
-        }
-        Ok(Pending::Device(self.run(
-            step.batch,
-            step.obs.to_vec(),
-            obs_len,
-            step.states,
-        )))
-    }
-
-    fn reset_state(&self, scratch: &mut ExecScratch, envs: &[u32]) -> Result<(), PolicyError> {
-        let _ = (&scratch, envs);
-        #[cfg(feature = "wgpu")]
-        if let Some(d) = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state {
-            d.zero_rows(envs);
-        }
-        Ok(())
-    }
-
-    fn write_state(
-        &self,
-        scratch: &mut ExecScratch,
-        envs: &[u32],
-        values: &[&[f32]],
-        num_envs: usize,
-    ) -> Result<(), PolicyError> {
-        let _ = (&scratch, envs, values, num_envs);
-        #[cfg(feature = "wgpu")]
-        if self.gpu.is_some() && !self.state_sizes.is_empty() {
-            let st = &mut crate::executor::scratch_of::<BurnScratch>(scratch).state;
-            st.get_or_insert_with(|| {
-                crate::gpu::DeviceState::zeros(&self.state_sizes, num_envs, &self.device)
-            })
-            .write_rows(envs, values, num_envs);
-        }
-        Ok(())
-    }
-
-    fn read_state(&self, scratch: &mut ExecScratch) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
-        let _ = &scratch;
-        #[cfg(feature = "wgpu")]
-        if let Some(d) = &crate::executor::scratch_of::<BurnScratch>(scratch).state {
-            return d.read().map(Some);
-        }
-        Ok(None)
-    }
-}
-
-fn cat_rows(parts: Vec<Tensor<2>>) -> Tensor<2> {
+/// The readback rows of one step concatenated per row.
+pub(crate) fn cat_rows(parts: Vec<Tensor<2>>) -> Tensor<2> {
     if parts.len() == 1 {
         parts.into_iter().next().unwrap()
     } else {
@@ -834,22 +554,29 @@ fn cat_rows(parts: Vec<Tensor<2>>) -> Tensor<2> {
     }
 }
 
-pub(crate) fn read_rows(all: Tensor<2>) -> Result<Vec<f32>, PolicyError> {
-    // A blocking read on WebGPU would trap the whole wasm instance: refuse it (async callers use read_rows_async).
-    if cfg!(target_family = "wasm") && cfg!(feature = "wgpu") {
-        return Err(BackendError::NeedsAsync {
-            use_instead: "Session::act_async",
-        }
-        .into());
-    }
-    let data = all.try_into_data().map_err(readback_error)?;
-    rows_of(data)
+/// A step's rows still on a burn device, read back once ([`crate::executor::Pending::Deferred`]). `readback`:
+/// whether this device can block for them (WebGPU in a browser cannot).
+pub(crate) struct DeviceRows {
+    pub(crate) rows: Tensor<2>,
+    pub(crate) readback: Readback,
 }
 
-/// [`read_rows`] without blocking (WebGPU maps buffers asynchronously).
-pub(crate) async fn read_rows_async(all: Tensor<2>) -> Result<Vec<f32>, PolicyError> {
-    let data = all.into_data_async().await.map_err(readback_error)?;
-    rows_of(data)
+impl DeferredRows for DeviceRows {
+    fn readback(&self) -> Readback {
+        self.readback
+    }
+
+    fn wait(self: Box<Self>) -> Result<Vec<f32>, PolicyError> {
+        let data = self.rows.try_into_data().map_err(readback_error)?;
+        rows_of(data)
+    }
+
+    fn wait_async(self: Box<Self>) -> RowsFuture {
+        Box::pin(async move {
+            let data = self.rows.into_data_async().await.map_err(readback_error)?;
+            rows_of(data)
+        })
+    }
 }
 
 pub(crate) fn readback_error(e: impl std::fmt::Debug) -> PolicyError {
