@@ -112,23 +112,28 @@ def main():
             dispatches[name] = {r["batch"]: r.get("dispatches_per_act") for r in recs}
         # The headline pair (policyport cpu vs onnxruntime native) in alternating rounds, median of each: a VM's
         # speed drifts by 10-20 % over a minute here, which would otherwise land on whichever ran second.
-        cpu_rounds, native_rounds, peaks, bf16_rounds = [], [], [], []
+        # The threads rows (ours and onnxruntime's) join the same rounds: on a 2-core VM a single threaded run
+        # differed from the next by up to 25 % (1.38x vs 1.69-1.73x at batch 1024, Zen 3, 2026-12-06).
+        cpu_rounds, native_rounds, peaks, bf16_rounds, mt_rounds, native_mt_rounds = [], [], [], [], [], []
         bf16 = bf16_runs(args, art)
+        median = lambda rounds: {b: float(np.median([r[b] for r in rounds])) for b in rounds[0]}
         for _ in range(args.rounds):
             cpu_rounds.append(bench_ours(args, art, args.batches, ["--backend", "cpu"]))
             native_rounds.append(ort_native(args, f"{FIX}/policy.onnx", args.batches))
             peaks.append(fma_peak(args))
             if bf16:
                 bf16_rounds.append(bench_ours(args, art, args.batches, ["--precision", "bf16"]))
-        ours["cpu"] = {b: float(np.median([r[b] for r in cpu_rounds])) for b in cpu_rounds[0]}
-        native = {b: float(np.median([r[b] for r in native_rounds])) for b in native_rounds[0]}
+            if args.threads > 1:
+                mt_rounds.append(bench_ours(args, art, args.batches,
+                                            ["--backend", "cpu", "--threads", str(args.threads)]))
+                native_mt_rounds.append(ort_native(args, f"{FIX}/policy.onnx", args.batches,
+                                                   threads=args.threads))
+        ours["cpu"] = median(cpu_rounds)
+        native = median(native_rounds)
         if bf16:
-            ours["cpu_bf16"] = {b: float(np.median([r[b] for r in bf16_rounds])) for b in bf16_rounds[0]}
+            ours["cpu_bf16"] = median(bf16_rounds)
         if args.threads > 1:
-            out = subprocess.run([args.policyport, "bench", art, "--batches", args.batches, "--seconds",
-                                  str(args.seconds), "--backend", "cpu", "--threads", str(args.threads)],
-                                 check=True, capture_output=True, text=True).stdout
-            ours["cpu_mt"] = {r["batch"]: r["us_per_act"] for r in map(json.loads, out.strip().splitlines())}
+            ours["cpu_mt"] = median(mt_rounds)
         if args.tch:
             out = subprocess.run([args.policyport, "bench-torch", art, "--batches", args.batches, "--seconds",
                                   str(args.seconds), "--threads", "1"], check=True, capture_output=True,
@@ -137,8 +142,7 @@ def main():
 
     # The best of the rounds: the core's peak is a ceiling, so the fastest measurement is the closest.
     peak = max((p for p in peaks if p), key=lambda p: p["gflops"], default=None)
-    native_mt = ort_native(args, f"{FIX}/policy.onnx", args.batches, threads=args.threads) \
-        if args.threads > 1 else {}
+    native_mt = median(native_mt_rounds) if native_mt_rounds else {}
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
