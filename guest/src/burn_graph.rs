@@ -212,13 +212,7 @@ impl BurnGraph {
             };
             instrs.push(match n.op {
                 Op::Dense { weight, bias } => {
-                    let t = &art.tensors[weight];
-                    let (o, i) = (t.shape[0], t.shape[1]);
-                    // Pre-transpose to [in, out] once, on the host, so act() is a plain matmul.
-                    let w = Tensor::from_data(
-                        TensorData::new(transpose(&t.data, o, i), [i, o]),
-                        device,
-                    );
+                    let w = dense_weight(art, weight, device);
                     Instr::Dense {
                         x: ins[0],
                         w,
@@ -591,6 +585,14 @@ fn rows_of(data: TensorData) -> Result<Vec<f32>, PolicyError> {
             .try_to_vec::<f32>()
             .map_err(readback_error),
     }
+}
+
+/// A dense layer's `[out, in]` weight on `device` as `[in, out]`: transposed once, on the host, at load, so a
+/// step is a plain matmul (the graph's dense op and wgpu's fused kernel read it so).
+pub(crate) fn dense_weight(art: &Artifact, weight: &str, device: &Device) -> Tensor<2> {
+    let t = &art.tensors[weight];
+    let (o, i) = (t.shape[0], t.shape[1]);
+    Tensor::from_data(TensorData::new(transpose(&t.data, o, i), [i, o]), device)
 }
 
 /// `[rows, cols]` row-major → `[cols, rows]` row-major (weights are transposed once, at load).

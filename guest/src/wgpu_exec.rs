@@ -7,14 +7,14 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use policyport_format::sampling::ActMode;
 use policyport_format::{Artifact, HeadKind, ObsDType, Op, PreprocessStep, ValidatedPlan};
 use policyport_shaders::{PreInput, PreStep};
 
 use crate::backend::Backend;
 use crate::burn_graph::{
-    BurnGraph, DeviceRows, Fuse, FusedOp, cat_rows, chw, count_dispatch, row_tensor, transpose,
+    BurnGraph, DeviceRows, Fuse, FusedOp, cat_rows, chw, count_dispatch, dense_weight, row_tensor,
 };
 use crate::error::{BackendError, PolicyError};
 use crate::executor::{ExecScratch, Executor, Pending, Placement, Readback, StepInput, scratch_of};
@@ -33,8 +33,6 @@ pub(crate) struct WgpuExecutor {
     /// Observation preprocessing on the device; `None` when a step needs the host (one-hot of discrete
     /// observations: the session preprocesses then).
     preprocess: Option<DeviceObservations>,
-    /// The observation space is uint8 (frames): callers pass bytes (see [`Self::dispatches`]).
-    u8_space: bool,
     sample: SampleKernel,
     /// Readback slots that form the raw head row (distribution values, value) before the next states.
     head_slots: usize,
@@ -48,8 +46,9 @@ pub(crate) struct WgpuExecutor {
 struct DeviceObservations {
     /// The preprocessing steps on f32 observations; `None` when there are none (the upload is the input).
     f32: Option<PreprocessKernel>,
-    /// The steps on uint8 frames, widened first (a kernel even without steps).
-    u8: PreprocessKernel,
+    /// The steps on uint8 frames, widened first (a kernel even without steps): only for a uint8 observation
+    /// space, the only one a caller may pass frames as bytes to (`check_observations` refuses them elsewhere).
+    u8: Option<PreprocessKernel>,
 }
 
 /// One session's data: the device copy of its recurrent state (made on its first step).
@@ -87,20 +86,14 @@ impl FusedOp for Conv2dKernel {
 /// The ops wgpu computes with its own kernels: every dense layer and every convolution.
 fn fused(art: &Artifact, n: &LoweredNode<'_>, device: &Device) -> Option<Arc<dyn FusedOp>> {
     match n.op {
-        Op::Dense { weight, bias } => {
-            let t = &art.tensors[weight];
-            let (o, i) = (t.shape[0], t.shape[1]);
-            let w =
-                Tensor::<2>::from_data(TensorData::new(transpose(&t.data, o, i), [i, o]), device);
-            Some(Arc::new(DenseAct {
-                w: crate::gpu::cube(w),
-                b: bias
-                    .as_ref()
-                    .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device))),
-                n: o,
-                kernels: DenseKernels::new(n.act),
-            }))
-        }
+        Op::Dense { weight, bias } => Some(Arc::new(DenseAct {
+            w: crate::gpu::cube(dense_weight(art, weight, device)),
+            b: bias
+                .as_ref()
+                .map(|b| crate::gpu::cube(row_tensor(&art.tensors[b].data, device))),
+            n: art.tensors[weight].shape[0],
+            kernels: DenseKernels::new(n.act),
+        })),
         Op::Conv2d {
             weight,
             bias,
@@ -142,7 +135,6 @@ impl WgpuExecutor {
     ) -> Self {
         let fuse: Fuse<'_> = &fused;
         let graph = BurnGraph::build(art, plan, readback, device, Some(fuse), true);
-        let u8_space = art.manifest.observation.raw_dtype() == ObsDType::U8;
         // The observations go to the device as the caller gave them unless a step needs the host (a one-hot of
         // discrete observations: the host expands the indices, checking each against the space first).
         let preprocess = if plan.preprocess.one_hot_width().is_some() {
@@ -173,7 +165,8 @@ impl WgpuExecutor {
             Some(DeviceObservations {
                 f32: (!steps.is_empty())
                     .then(|| PreprocessKernel::new(PreInput::F32, &steps, &stats, device)),
-                u8: PreprocessKernel::new(PreInput::U8, &steps, &stats, device),
+                u8: (art.manifest.observation.raw_dtype() == ObsDType::U8)
+                    .then(|| PreprocessKernel::new(PreInput::U8, &steps, &stats, device)),
             })
         };
         let head = &plan.head;
@@ -228,7 +221,6 @@ impl WgpuExecutor {
         WgpuExecutor {
             graph,
             preprocess,
-            u8_space,
             sample: SampleKernel::new(spec, device),
             head_slots: head.param_values.len() + head.has_value() as usize,
             row_width: k + head.dist_params_len + head.has_value() as usize,
@@ -242,7 +234,7 @@ impl WgpuExecutor {
     /// preprocessing dispatch that widens them; f32: one where there are steps).
     fn dispatches(&self) -> usize {
         let pre = match &self.preprocess {
-            Some(d) => (self.u8_space || d.f32.is_some()) as usize,
+            Some(d) => (d.u8.is_some() || d.f32.is_some()) as usize,
             None => 0,
         };
         let head_cat = (self.head_slots > 1) as usize;
@@ -257,7 +249,11 @@ impl WgpuExecutor {
         let like = &self.sample.fparams;
         let upload = |x: &[f32]| crate::gpu::upload_f32(like, x, [batch, x.len() / batch]);
         match (&self.preprocess, step.raw) {
-            (Some(d), Some(Observations::U8(frames))) => d.u8.run_u8(like, frames, batch),
+            (Some(d), Some(Observations::U8(frames))) => {
+                d.u8.as_ref()
+                    .expect("check_observations refuses uint8 frames for an f32 observation space")
+                    .run_u8(like, frames, batch)
+            }
             (Some(d), Some(Observations::F32(x))) => match &d.f32 {
                 Some(k) => k.run(upload(x)),
                 None => upload(x),
