@@ -5,12 +5,17 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/policyport/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 PP_VENV="${POLICYPORT_VENV:-$HOME/.cache/policyport/venv}"
-PP_BIN="$CARGO_TARGET_DIR/release/policyport"
+# The crate graph's profile: `suite` (Cargo.toml says what it lowers) for the test command and everything run on its
+# build; the benchmark scripts set PP_PROFILE=release before sourcing this file (what `cargo install` gives a user).
+# Its outputs (the CLI, the C ABI / Godot / Python libraries, test and example binaries) are in $PP_OUT.
+PP_PROFILE="${PP_PROFILE:-suite}"
+PP_OUT="$CARGO_TARGET_DIR/$PP_PROFILE"
+PP_BIN="$PP_OUT/policyport"
 # The Python package's native module (host/python) is an extension module in every build of the workspace: it
 # never links libpython (which a fresh machine's python3 may not ship as a shared library), and maturin sets the
 # same variable, so its build and the workspace build share pyo3's compiled crates.
 export PYO3_BUILD_EXTENSION_MODULE=1
-# The one crate graph that test.sh, bench.sh and gpu-bundle.sh build: the workspace with the libtorch executor and
+# The one feature set that test.sh, bench.sh and gpu-bundle.sh build: the workspace with the libtorch executor and
 # the wgpu backend, and the conformance suite told so (its own tch/wgpu features only forward to these, so the
 # graph is the same). Any other feature set is a second full build of burn/wgpu/tch.
 PP_FEATURES="policyport-torch/tch,policyport/wgpu,policyport-conformance/tch,policyport-conformance/wgpu"

@@ -10,7 +10,7 @@ source "$ROOT/tests/scripts/deps.sh"
 set -euo pipefail
 ensure_mono
 torch_env  # the CLI links libtorch (the tch feature)
-rel="$CARGO_TARGET_DIR/release"
+rel="$PP_OUT"
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 for f in "$rel/libpolicyport_capi.so" "$PP_BIN" "$plugin"; do
   [ -f "$f" ] || { echo "no $f: build first (bash tests/scripts/test.sh)" >&2; exit 1; }

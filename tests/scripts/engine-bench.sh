@@ -5,6 +5,8 @@
 # batch and beside the Godot RL Agents pattern (one onnxruntime Run at batch 1 per agent), in one run, on the
 # bundled CartPole MLP (1, 100, 1 000, 10 000 agents) and the NatureCNN fixture (1, 100, 1 000: 10 000 frames of
 # 84x84x4 are 1.1 GB of floats). Prints a table with the ratios; needs test.sh's build (or runs it).
+# Benchmarks build the `release` profile (what users get), not the test command's `suite` (Cargo.toml).
+PP_PROFILE="${PP_PROFILE:-release}"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 source "$ROOT/tests/scripts/deps.sh"
 set -euo pipefail
@@ -12,8 +14,8 @@ need_cargo
 torch_env
 ensure_mono
 ensure_godot3
-cargo build --release --workspace --all-targets --features "$PP_FEATURES"
-rel="$CARGO_TARGET_DIR/release"
+cargo build --profile "$PP_PROFILE" --workspace --all-targets --features "$PP_FEATURES"
+rel="$PP_OUT"
 d="$CARGO_TARGET_DIR/engine-bench"
 rm -rf "$d" && mkdir -p "$d"
 seconds=${POLICYPORT_BENCH_SECONDS:-0.3}

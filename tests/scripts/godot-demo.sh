@@ -7,7 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 set -euo pipefail
 [ -n "${GODOT4_BIN:-}" ] && [ -x "$GODOT4_BIN" ] || { echo "GODOT4_BIN is not set to a Godot 4 binary" >&2; exit 2; }
 torch_env
-lib="$CARGO_TARGET_DIR/release/libpolicyport_godot.so"
+lib="$PP_OUT/libpolicyport_godot.so"
 [ -f "$lib" ] || { echo "no $lib: build first (bash tests/scripts/test.sh)" >&2; exit 1; }
 demo="$CARGO_TARGET_DIR/godot-demo"
 rm -rf "$demo" && cp -r host/godot/demo "$demo" && mkdir -p "$demo/bin"

@@ -8,13 +8,13 @@
 # 7, ...) and checks each is refused with its reason and changes nothing. Then demo/group.tscn: 64 cart nodes of a
 # group driven by the GDScript PolicyAgents node (policy_agents.gd) on the bundled policy, one cart freed and one
 # added midway: its id must be released (64 agents alive at the end) and the carts balance (mean return >= 450).
-# Needs test.sh's build (the CLI, the GDNative library and the C ABI library in release/); installs godot3-server.
+# Needs test.sh's build (the CLI, the GDNative library and the C ABI library in $PP_OUT); installs godot3-server.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_godot3
 cli_env
 agents=${POLICYPORT_GODOT3_AGENTS:-64} ticks=${POLICYPORT_GODOT3_TICKS:-1500}
-lib="$CARGO_TARGET_DIR/release/libpolicyport_godot3.so"
-capi="$CARGO_TARGET_DIR/release/libpolicyport_capi.so"
+lib="$PP_OUT/libpolicyport_godot3.so"
+capi="$PP_OUT/libpolicyport_capi.so"
 for f in "$lib" "$capi" "$PP_BIN"; do
   [ -f "$f" ] || { echo "no $f: build first (bash tests/scripts/test.sh)" >&2; exit 1; }
 done
@@ -23,7 +23,7 @@ rm -rf "$d" && cp -r host/godot3/demo "$d" && mkdir -p "$d/bin" "$d/.xdg"
 cp "$lib" "$d/bin/"
 "$PP_BIN" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$d/cartpole.policy"
 
-header=$(ls -t "$CARGO_TARGET_DIR"/release/build/policyport-capi-*/out/policyport.h | head -1)
+header=$(ls -t "$PP_OUT"/build/policyport-capi-*/out/policyport.h | head -1)
 cc -std=c11 -Wall -Wextra -Werror -O2 host/capi/examples/agents.c -I"$(dirname "$header")" \
   -L"$(dirname "$capi")" -Wl,-rpath,"$(dirname "$capi")" -lpolicyport_capi -lm -o "$d/agents_c"
 "$d/agents_c" "$d/cartpole.policy" --agents "$agents" --ticks "$ticks" > "$d/c.txt"

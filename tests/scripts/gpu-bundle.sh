@@ -3,12 +3,14 @@
 # no Rust toolchain: the CLI and the conformance test binary built here with the `tch` feature against PyPI's
 # torch 2.11.0 (same libtorch ABI), stripped, plus the benchmark artifact. Output: gpu-bundle/ (git-ignored),
 # carried to the device with `run(carry=["gpu-bundle"], command="bash tests/scripts/gpu-check.sh")`.
+# Benchmarks build the `release` profile (what users get), not the test command's `suite` (Cargo.toml).
+PP_PROFILE="${PP_PROFILE:-release}"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 ensure_venv
 torch_env
-cargo build --release --workspace --features "$PP_FEATURES"
-test_bin=$(cargo test --release --workspace --features "$PP_FEATURES" --test conformance --no-run --message-format=json 2>/dev/null \
+cargo build --profile "$PP_PROFILE" --workspace --features "$PP_FEATURES"
+test_bin=$(cargo test --profile "$PP_PROFILE" --workspace --features "$PP_FEATURES" --test conformance --no-run --message-format=json 2>/dev/null \
   | "$PP_VENV/bin/python" -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

@@ -6,8 +6,8 @@
 # Writes a JUnit report to $CARGO_TARGET_DIR/pytest.xml (test.sh counts from it).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ensure_py_venv
-lib="$CARGO_TARGET_DIR/release/lib_native.so"
-[ -f "$lib" ] || { echo "no $lib: build first (bash tests/scripts/test.sh, or cargo build --release --workspace --features \"$PP_FEATURES\")" >&2; exit 1; }
+lib="$PP_OUT/lib_native.so"
+[ -f "$lib" ] || { echo "no $lib: build first (bash tests/scripts/test.sh, or cargo build --profile $PP_PROFILE --workspace --features \"$PP_FEATURES\")" >&2; exit 1; }
 wheel=$("$PP_PYVENV/bin/python" host/python/pack_wheel.py --lib "$lib" --out "$CARGO_TARGET_DIR/wheels")
 echo "wheel: $wheel ($(stat -c %s "$wheel") bytes)"
 "$PP_PYVENV/bin/pip" install -q --force-reinstall --no-deps "$wheel"

@@ -25,4 +25,4 @@ if [ $# = 0 ]; then
   rllib_fixtures
 fi
 torch_env
-POLICYPORT_BLESS=1 cargo test --release --workspace --features "$PP_FEATURES" --test conformance -- inspect_summaries
+POLICYPORT_BLESS=1 cargo test --profile "$PP_PROFILE" --workspace --features "$PP_FEATURES" --test conformance -- inspect_summaries

@@ -8,6 +8,6 @@ need_cargo
 torch_env
 ensure_wasm_target
 ensure_lavapipe
-cargo build --release --workspace --all-targets --features "$PP_FEATURES"
+cargo build --profile "$PP_PROFILE" --workspace --all-targets --features "$PP_FEATURES"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
-"$CARGO_TARGET_DIR/release/soak" "$@"
+"$PP_OUT/soak" "$@"

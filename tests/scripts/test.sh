@@ -127,9 +127,9 @@ FUZZ_TARGET_DIR="$CARGO_TARGET_DIR/fuzz-builds"
 ) >"$bg_log" 2>&1 &
 bg_pid=$!
 
-step "build (release, one crate graph for tests, CLI and demo; the wasm plugin)"
+step "build (profile $PP_PROFILE: one crate graph for tests, CLI and engines; the wasm plugin)"
 # --timings: the build's per-crate schedule lands in $CARGO_TARGET_DIR/cargo-timings/ (where a cold run's minutes go).
-cargo build --release --workspace --all-targets --timings "${FEATURES[@]}"
+cargo build --profile "$PP_PROFILE" --workspace --all-targets --timings "${FEATURES[@]}"
 cargo build --profile plugin -p policyport-plugin --target wasm32-unknown-unknown
 plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
@@ -146,14 +146,14 @@ step "browser bundles (guest/web: CPU-only, CPU with wasm threads, full with Web
 bash tests/scripts/web-build.sh
 
 step "cargo test: unit tests + the conformance suite on every compiled backend"
-cargo_test "$CARGO_TARGET_DIR/cargo-test.log" --release --workspace "${FEATURES[@]}"
+cargo_test "$CARGO_TARGET_DIR/cargo-test.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}"
 
 step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX-512)"
 # Only what the portable kernels change: the suite on the cpu backend (backends() returns just cpu under this
 # variable). The wgpu, libtorch and plugin tests ran in the step before and do not use these kernels, so they are
 # filtered out here (cargo reports them as filtered, not run: they are not counted twice, nor as skipped), and so
 # are the other backends' per-backend tests (`<check>::on_flex` ...: on_backend() fails them where only cpu runs).
-POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --release --workspace "${FEATURES[@]}" --test conformance \
+POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
   -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
   --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 
@@ -163,7 +163,7 @@ step "conformance suite again on the cpu backend's AVX2 kernels (a CPU with AVX-
 # ran the AVX2 kernels (or the portable ones), so the rerun would repeat it: said, not counted. The cpu backend's
 # per-backend tests only, as in the rerun before.
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  POLICYPORT_CPU_AVX2=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-avx2.log" --release --workspace "${FEATURES[@]}" --test conformance \
+  POLICYPORT_CPU_AVX2=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-avx2.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
     -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
     --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 else
@@ -174,7 +174,7 @@ step "conformance suite again on the cpu backend's 128-bit kernels (SSE; the til
 # POLICYPORT_CPU_SIMD128 caps the kernels at 128-bit vectors: SSE with FMA on this CPU (the plain SSE2 tile, for
 # CPUs without FMA, is held to f64 in the unit tests). The same generic tile is the NEON one on aarch64 (the
 # qemu step below) and the plugin's SIMD128 one. The cpu backend's per-backend tests only, as in the reruns before.
-POLICYPORT_CPU_SIMD128=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-simd128.log" --release --workspace "${FEATURES[@]}" --test conformance \
+POLICYPORT_CPU_SIMD128=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-simd128.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
   -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
   --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 
@@ -183,7 +183,7 @@ step "conformance suite again on the wasm sandbox with the host-lent dense kerne
 # second configuration of the sandbox, so the whole suite runs on it. wasm.rs tests the lending host itself (and
 # the plain sandbox) in the first pass; gpu/torch/wasm tests do not read the variable, so they are filtered out, and
 # so are the other backends' per-backend tests (`<check>::on_cpu` ...: only `<check>::on_wasmtime` runs here).
-POLICYPORT_WASM_LEND=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-lend.log" --release --workspace "${FEATURES[@]}" --test conformance \
+POLICYPORT_WASM_LEND=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-lend.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
   -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
   --skip ::on_cpu --skip ::on_flex --skip ::on_wgpu --skip ::on_torch
 
@@ -191,7 +191,9 @@ step "without tch, flex and wasmtime: the same API, typed 'not compiled' errors 
 # --no-default-features: the libtorch and wasmtime host crates without libtorch and wasmtime, on the runtime
 # without burn (what the demo builds): a small graph (~1 min cold) where the compiled-out executors must answer
 # with typed errors.
-cargo_test "$CARGO_TARGET_DIR/cargo-test-lean.log" --release -p policyport-torch -p policyport-wasmtime --lib --no-default-features
+# The demo's profile: the runtime without burn and its dependencies are built once for this check, the demo's CLI
+# and the native-only C ABI library below.
+cargo_test "$CARGO_TARGET_DIR/cargo-test-lean.log" --profile demo -p policyport-torch -p policyport-wasmtime --lib --no-default-features
 # The typed errors must really have been checked in that build (not filtered out or renamed away).
 for t in tests::torch_compiled_out_is_a_typed_error compiled_out::tests::wasm_compiled_out_is_a_typed_error; do
   grep -q "$t ... ok" "$CARGO_TARGET_DIR/cargo-test-lean.log" ||
@@ -336,7 +338,8 @@ step "aarch64 under qemu-user: the NEON kernels (runtime unit tests, every fixtu
 # the SB3, CleanRL and RLlib ones the x86 CLI wrote above too) and runs the demo's trained policies. ~2 min cold.
 ensure_aarch64_cross
 aarch64_env
-cargo_test "$CARGO_TARGET_DIR/cargo-test-aarch64.log" --release -p policyport --no-default-features --lib \
+# The demo profile for the tests too: the runtime's dependencies for aarch64 are built once for them and the CLI.
+cargo_test "$CARGO_TARGET_DIR/cargo-test-aarch64.log" --profile demo -p policyport --no-default-features --lib \
   --target aarch64-unknown-linux-gnu
 cargo build --profile demo -p policyport-cli --bin policyport --no-default-features --target aarch64-unknown-linux-gnu
 A64=("${PP_AARCH64_RUN[@]}" "$CARGO_TARGET_DIR/aarch64-unknown-linux-gnu/demo/policyport")
@@ -430,7 +433,7 @@ check "hostile-input table with the browser and Python columns (tests/scripts/ho
 
 step "Bevy example (host/bevy/examples/cartpoles.rs, built by the workspace build): native and sandboxed, a PNG"
 bevy_example() {
-  local exe="$CARGO_TARGET_DIR/release/examples/cartpoles" d="$CARGO_TARGET_DIR/bevy-example"
+  local exe="$PP_OUT/examples/cartpoles" d="$CARGO_TARGET_DIR/bevy-example"
   rm -rf "$d" && mkdir -p "$d"
   "$exe" --agents 64 --ticks 600 --out "$d/cartpoles.png" | tee "$d/native.txt"
   grep -q '64 agents on cpu, 600 ticks: [0-9]* episodes finished, mean return 4[5-9][0-9]' "$d/native.txt"
@@ -443,7 +446,7 @@ check "Bevy example: 64 carts on the bundled policy natively (mean return >= 450
 
 step "Godot 4 GDExtension (host/godot): built by the workspace build, its entry symbol exported; the demo project headless where GODOT4_BIN is set"
 godot_extension() {
-  local lib="$CARGO_TARGET_DIR/release/libpolicyport_godot.so" sym
+  local lib="$PP_OUT/libpolicyport_godot.so" sym
   sym=$(sed -n 's/^entry_symbol = "\(.*\)"$/\1/p' host/godot/demo/policyport.gdextension)
   [ -n "$sym" ] && nm -D --defined-only "$lib" | grep -q " T $sym\$" ||
     { echo "libpolicyport_godot.so does not export the .gdextension's entry symbol '$sym'"; return 1; }
@@ -511,9 +514,9 @@ lean_capi() {
   rm -rf "$d" && mkdir -p "$d"
   cp "$lib" "$d/libpolicyport_capi.so" && strip "$d/libpolicyport_capi.so"
   size=$(stat -c %s "$d/libpolicyport_capi.so")
-  echo "native-only C ABI library: $size bytes stripped ($(( size / 1024 )) KB; goal <= 5 MB); the full one: $(stat -c %s "$CARGO_TARGET_DIR/release/libpolicyport_capi.so") bytes unstripped"
+  echo "native-only C ABI library: $size bytes stripped ($(( size / 1024 )) KB; goal <= 5 MB); the full one: $(stat -c %s "$PP_OUT/libpolicyport_capi.so") bytes unstripped"
   [ "$size" -le $((5 * 1024 * 1024)) ] || { echo "the native-only C ABI library is over 5 MB"; return 1; }
-  header=$(ls -t "$CARGO_TARGET_DIR"/release/build/policyport-capi-*/out/policyport.h | head -1)
+  header=$(ls -t "$PP_OUT"/build/policyport-capi-*/out/policyport.h | head -1)
   cc -std=c11 -Wall -Wextra -Werror -O2 host/capi/examples/agents.c -I"$(dirname "$header")" -L"$d" \
     -Wl,-rpath,"$d" -lpolicyport_capi -lm -o "$d/agents"
   "$PP_BIN" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$d/cartpole.policy"

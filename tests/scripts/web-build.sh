@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the two browser bundles of guest/web into web/pkg/{cpu,webgpu} (wasm-bindgen, --target web) and print
-# their sizes. CPU-only: the native kernels on wasm SIMD128 (goal <= 500 KB gzipped, enforced). Full: + burn-wgpu
-# on WebGPU (goal <= 3 MB gzipped, enforced when this run built it). Installs wasm-bindgen-cli at exactly the crate's version (cached under ~/.cache/policyport/tools)
-# when it is missing.
+# Build the three browser bundles of guest/web into web/pkg/{cpu,cpu-threads,webgpu} (wasm-bindgen, --target web)
+# and print their sizes. CPU-only: the native kernels on wasm SIMD128, with and without wasm threads (goal <= 500 KB
+# gzipped each, enforced). Full: + burn-wgpu on WebGPU (goal <= 3 MB gzipped, enforced when this run built it;
+# POLICYPORT_WEB_CPU_ONLY=1 skips it). Installs wasm-bindgen-cli at exactly the crate's version (cached under
+# ~/.cache/policyport/tools) when it is missing.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
 ensure_wasm_bindgen
@@ -17,40 +18,41 @@ REGISTRY_SRC="${CARGO_HOME:-$HOME/.cargo}/registry/src"
 REMAP="--remap-path-prefix=$REGISTRY_SRC=/crates"
 REMAP_CONFIG="target.wasm32-unknown-unknown.rustflags=[\"$REMAP\"]"
 
-echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.toml)"
-cargo build --profile web -p policyport-web --target wasm32-unknown-unknown --config "$REMAP_CONFIG"
-rm -rf web/pkg/cpu && "$WB" --target web --out-dir web/pkg/cpu "$WASM_DIR/web/policyport_web.wasm"
+build_cpu() {
+  echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.toml)"
+  cargo build --profile web -p policyport-web --target wasm32-unknown-unknown --config "$REMAP_CONFIG"
+  rm -rf web/pkg/cpu && "$WB" --target web --out-dir web/pkg/cpu "$WASM_DIR/web/policyport_web.wasm"
+}
 
-echo "== CPU bundle with wasm threads (policyport-web built with +atomics, std rebuilt: -Z build-std)"
-# Shared memory needs std compiled with atomics, which rustup's wasm32 std is not: `-Z build-std` on the same
-# stable compiler as every other build (RUSTC_BOOTSTRAP=1 unlocks the -Z flags; a nightly would be a second
-# 300 MB toolchain and a different LLVM for the single- vs multi-threaded comparison). The link arguments make
-# the memory shared and imported (wasm-bindgen then emits the thread glue: initSync({module, memory})) and export
-# the TLS symbols its per-thread start needs; 4 GiB maximum, as the single-threaded bundle can grow to. RUSTFLAGS
-# replaces .cargo/config.toml's target flags, hence SIMD128 and relaxed SIMD again. Its own profile
-# (web-threads) keeps these artifacts apart from the plain bundle's.
-ensure_rust_src
-THREAD_LINK=""
-for a in --shared-memory --max-memory=4294967296 --import-memory --export=__wasm_init_tls --export=__tls_size \
-  --export=__tls_align --export=__tls_base; do
-  THREAD_LINK="$THREAD_LINK -C link-arg=$a"
-done
-RUSTC_BOOTSTRAP=1 \
-  RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals$THREAD_LINK $REMAP --remap-path-prefix=$(rustc --print sysroot)/lib/rustlib/src/rust=/rust-src" \
-  cargo build -Z build-std=std,panic_abort --profile web-threads -p policyport-web --target wasm32-unknown-unknown
-rm -rf web/pkg/cpu-threads
-"$WB" --target web --out-dir web/pkg/cpu-threads "$WASM_DIR/web-threads/policyport_web.wasm"
-# The profile keeps the name section (see Cargo.toml's web-threads): strip it after wasm-bindgen, with binaryen,
-# and nothing else (no -O: the same code as the plain bundle's, for the 1-vs-2-thread comparison). 0.96 -> 0.75 MB.
-ensure_node
-ensure_node_modules
-web/node_modules/.bin/wasm-opt --enable-simd --enable-relaxed-simd --enable-threads --enable-bulk-memory \
-  --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals --enable-multivalue \
-  --enable-reference-types --strip-debug --strip-producers --strip-target-features \
-  web/pkg/cpu-threads/policyport_web_bg.wasm -o web/pkg/cpu-threads/policyport_web_bg.stripped.wasm
-mv web/pkg/cpu-threads/policyport_web_bg.stripped.wasm web/pkg/cpu-threads/policyport_web_bg.wasm
+build_cpu_threads() {
+  local a THREAD_LINK=""
+  echo "== CPU bundle with wasm threads (policyport-web built with +atomics, std rebuilt: -Z build-std)"
+  # Shared memory needs std compiled with atomics, which rustup's wasm32 std is not: `-Z build-std` on the same
+  # stable compiler as every other build (RUSTC_BOOTSTRAP=1 unlocks the -Z flags; a nightly would be a second
+  # 300 MB toolchain and a different LLVM for the single- vs multi-threaded comparison). The link arguments make
+  # the memory shared and imported (wasm-bindgen then emits the thread glue: initSync({module, memory})) and export
+  # the TLS symbols its per-thread start needs; 4 GiB maximum, as the single-threaded bundle can grow to. RUSTFLAGS
+  # replaces .cargo/config.toml's target flags, hence SIMD128 and relaxed SIMD again. Its own profile
+  # (web-threads) keeps these artifacts apart from the plain bundle's.
+  for a in --shared-memory --max-memory=4294967296 --import-memory --export=__wasm_init_tls --export=__tls_size \
+    --export=__tls_align --export=__tls_base; do
+    THREAD_LINK="$THREAD_LINK -C link-arg=$a"
+  done
+  RUSTC_BOOTSTRAP=1 \
+    RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals$THREAD_LINK $REMAP --remap-path-prefix=$(rustc --print sysroot)/lib/rustlib/src/rust=/rust-src" \
+    cargo build -Z build-std=std,panic_abort --profile web-threads -p policyport-web --target wasm32-unknown-unknown
+  rm -rf web/pkg/cpu-threads
+  "$WB" --target web --out-dir web/pkg/cpu-threads "$WASM_DIR/web-threads/policyport_web.wasm"
+  # The profile keeps the name section (see Cargo.toml's web-threads): strip it after wasm-bindgen, with binaryen,
+  # and nothing else (no -O: the same code as the plain bundle's, for the 1-vs-2-thread comparison). 0.96 -> 0.75 MB.
+  web/node_modules/.bin/wasm-opt --enable-simd --enable-relaxed-simd --enable-threads --enable-bulk-memory \
+    --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals --enable-multivalue \
+    --enable-reference-types --strip-debug --strip-producers --strip-target-features \
+    web/pkg/cpu-threads/policyport_web_bg.wasm -o web/pkg/cpu-threads/policyport_web_bg.stripped.wasm
+  mv web/pkg/cpu-threads/policyport_web_bg.stripped.wasm web/pkg/cpu-threads/policyport_web_bg.wasm
+}
 
-if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
+build_webgpu() {
   echo "== full bundle (policyport-web --features webgpu)"
   # cubecl-runtime 0.12.0-pre.1 (burn 0.23.0-pre.1's) does not compile for wasm: tune/tuner.rs imports a helper
   # from a module gated to non-wasm targets. Build against a copy of the registry crate with the one-line fix in
@@ -79,9 +81,10 @@ if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
   # 4.85 MB gzipped to 13.8 MB / 3.56 MB (2026-12-02), ~1.8 min of one core; with the size profile of
   # Cargo.toml's `web-gpu` (fat LTO, opt-level "z" for the dependencies) 11.6 MB / 2.98 MB. The browser suite
   # runs the optimised bundle.
+}
+
+optimise_webgpu() {
   echo "== wasm-opt -O2 on the full bundle (binaryen from web/node_modules)"
-  ensure_node
-  ensure_node_modules
   # The producers and target_features custom sections (~280 bytes) are for linkers, not browsers: stripped, as
   # the threads bundle's are (the full bundle sat 52 bytes over its 3 MB goal on 2026-12-05 without this).
   web/node_modules/.bin/wasm-opt -O2 --enable-simd --enable-relaxed-simd --enable-bulk-memory \
@@ -89,7 +92,48 @@ if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
     --enable-reference-types --strip-debug --strip-producers --strip-target-features \
     web/pkg/webgpu/policyport_web_bg.wasm -o web/pkg/webgpu/policyport_web_bg.opt.wasm
   mv web/pkg/webgpu/policyport_web_bg.opt.wasm web/pkg/webgpu/policyport_web_bg.wasm
+}
+
+# Order and overlap (2026-12-06): the WebGPU build first (it patches Cargo.lock while it resolves, and restores it
+# when done, so nothing else may resolve meanwhile); then its wasm-opt (~2-3 min of one core) runs beside the two
+# CPU bundles' builds (their own profile dirs, so no shared cargo lock; their fat-LTO links are one core each too).
+# Run one after another they kept a core idle for most of this stage. Each background build writes its own log,
+# printed when it is done.
+ensure_rust_src
+ensure_node
+ensure_node_modules
+webgpu=0
+if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
+  webgpu=1
+  build_webgpu
 fi
+cpu_log="$CARGO_TARGET_DIR/web-build-cpu.log"
+threads_log="$CARGO_TARGET_DIR/web-build-cpu-threads.log"
+(set -e; build_cpu) >"$cpu_log" 2>&1 &
+cpu_pid=$!
+(set -e; build_cpu_threads) >"$threads_log" 2>&1 &
+threads_pid=$!
+# errexit holds inside the subshell only while it is not the left side of `||` (bash ignores it there).
+opt_rc=0
+if [ "$webgpu" = 1 ]; then
+  set +e
+  (set -e; optimise_webgpu)
+  opt_rc=$?
+  set -e
+fi
+bg_rc=0
+for job in "cpu:$cpu_pid:$cpu_log" "cpu-threads:$threads_pid:$threads_log"; do
+  IFS=: read -r name pid log <<<"$job"
+  if wait "$pid"; then
+    echo "== $name bundle built (log: $log; its last lines)"
+    tail -n 3 "$log"
+  else
+    bg_rc=1
+    echo "== $name bundle FAILED (log: $log):"
+    tail -n 40 "$log"
+  fi
+done
+[ "$opt_rc" = 0 ] && [ "$bg_rc" = 0 ] || { echo "web-build.sh: a bundle failed (see above)" >&2; exit 1; }
 
 echo
 echo "== bundle sizes (what a page downloads: the .wasm and its JS glue)"

@@ -6,6 +6,6 @@
 prepare_web() {
   ensure_browser_deps
   bash tests/scripts/web-build.sh
-  [ -x "$PP_BIN" ] || cargo build --release -p policyport-cli --bin policyport
+  [ -x "$PP_BIN" ] || cargo build --profile "$PP_PROFILE" -p policyport-cli --bin policyport
   cli_env
 }
