@@ -65,51 +65,68 @@ impl std::str::FromStr for Backend {
     }
 }
 
-/// How the cpu backend computes its dense layers and convolution GEMMs.
+/// The arithmetic precision a backend computes a policy's dense layers (and convolution GEMMs) in: one name for
+/// every backend, each taking the ones it has kernels for. The cpu backend: `F32` (the default) and `Bf16`;
+/// libtorch (`policyport-torch`): all three. A precision a backend does not compute is a typed error at load,
+/// never a silent fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum CpuPrecision {
+pub enum Precision {
     /// f32 throughout (the default; within the fixtures' 1e-5 of PyTorch float64).
     #[default]
     F32,
-    /// bf16 weights and layer inputs, products summed in f32 (`vdpbf16ps`; needs AVX512-BF16): about twice the
-    /// multiply-adds per cycle of f32 and half the weight bytes, for ~3 significant digits in each layer's
-    /// inputs (measured within 1e-2 of float64 on the MLP fixtures, 3e-2 through convolutions and recurrent
-    /// cells). Layers of at most 16 outputs (policy and value heads) stay f32. Elementwise work (activations,
-    /// normalisation, sampling) is f32 either way.
+    /// fp16 compute (tensor cores on CUDA; libtorch only); sensitive parts stay f32.
+    F16,
+    /// bf16 weights and layer inputs, products summed in f32. On the cpu backend (`vdpbf16ps`; needs
+    /// AVX512-BF16): about twice the multiply-adds per cycle of f32 and half the weight bytes, for ~3 significant
+    /// digits in each layer's inputs (measured within 1e-2 of float64 on the MLP fixtures, 3e-2 through
+    /// convolutions and recurrent cells); layers of at most 16 outputs (policy and value heads) stay f32, and
+    /// elementwise work (activations, normalisation, sampling) is f32 either way. On libtorch: bf16 compute,
+    /// sensitive parts f32.
     Bf16,
 }
 
-/// A precision name that is neither `f32` nor `bf16`.
+/// A precision name that is not `f32`, `f16` or `bf16` (`fp32` and `fp16` are accepted too).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown cpu precision '{0}' (f32, bf16)")]
+#[error("unknown precision '{0}' (f32, f16, bf16)")]
 pub struct UnknownPrecision(pub String);
 
-impl CpuPrecision {
+impl Precision {
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::F16, Precision::Bf16];
+
     pub fn name(self) -> &'static str {
         match self {
-            CpuPrecision::F32 => "f32",
-            CpuPrecision::Bf16 => "bf16",
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
         }
     }
 }
 
-impl std::str::FromStr for CpuPrecision {
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
     type Err = UnknownPrecision;
     fn from_str(s: &str) -> Result<Self, UnknownPrecision> {
         match s {
-            "f32" => Ok(CpuPrecision::F32),
-            "bf16" => Ok(CpuPrecision::Bf16),
+            "f32" | "fp32" => Ok(Precision::F32),
+            "f16" | "fp16" => Ok(Precision::F16),
+            "bf16" => Ok(Precision::Bf16),
             _ => Err(UnknownPrecision(s.to_string())),
         }
     }
 }
 
 /// The cpu backend with options other than the defaults of [`Backend::Cpu`]: load with
-/// `CompiledPolicy::with_builder(read_artifact(bytes)?, Arc::new(CpuOptions { precision: CpuPrecision::Bf16 }))`.
+/// `CompiledPolicy::with_builder(read_artifact(bytes)?, Arc::new(CpuOptions { precision: Precision::Bf16 }))`.
 /// A precision this CPU cannot run is a typed error at load
 /// ([`BackendError::MissingCpuFeature`](crate::BackendError::MissingCpuFeature)), never a
 /// silent fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuOptions {
-    pub precision: CpuPrecision,
+    /// `F32` or `Bf16` (`F16` is refused at load: the cpu backend has no f16 kernels).
+    pub precision: Precision,
 }

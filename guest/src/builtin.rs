@@ -5,7 +5,7 @@
 
 use policyport_format::{Artifact, ValidatedPlan};
 
-use crate::backend::{Backend, CpuOptions, CpuPrecision};
+use crate::backend::{Backend, CpuOptions, Precision};
 use crate::error::{BackendError, PolicyError};
 use crate::executor::{Executor, ExecutorBuilder};
 
@@ -48,12 +48,14 @@ impl Backend {
     }
 }
 
-impl CpuPrecision {
-    /// Whether this CPU runs the precision's kernels (always for f32).
-    pub fn available(self) -> bool {
+impl Precision {
+    /// Whether the cpu backend computes in this precision on this CPU: f32 always, bf16 with AVX512-BF16, f16
+    /// never (no f16 kernels).
+    pub fn available_on_cpu(self) -> bool {
         match self {
-            CpuPrecision::F32 => true,
-            CpuPrecision::Bf16 => crate::dense_bf16::available(),
+            Precision::F32 => true,
+            Precision::F16 => false,
+            Precision::Bf16 => crate::dense_bf16::available(),
         }
     }
 }
@@ -142,7 +144,13 @@ impl ExecutorBuilder for CpuOptions {
         plan: &ValidatedPlan,
         readback: Option<&[&str]>,
     ) -> Result<Box<dyn Executor>, PolicyError> {
-        if !self.precision.available() {
+        if self.precision == Precision::F16 {
+            return Err(BackendError::Unsupported(
+                "the cpu backend computes in f32 or bf16: it has no f16 kernels (f16 is libtorch's, on CUDA)",
+            )
+            .into());
+        }
+        if !self.precision.available_on_cpu() {
             return Err(BackendError::MissingCpuFeature {
                 wanted: "the cpu backend in bf16",
                 feature: "avx512_bf16 (with avx512f)",

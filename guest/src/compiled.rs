@@ -117,7 +117,7 @@ impl CompiledPolicy {
         Self::with_builder(artifact, Arc::new(backend))
     }
 
-    /// [`CompiledPolicy::load`] on the native cpu backend with `options` (e.g. `CpuPrecision::Bf16`: a typed
+    /// [`CompiledPolicy::load`] on the native cpu backend with `options` (e.g. `Precision::Bf16`: a typed
     /// `MissingCpuFeature` where the CPU lacks the kernels).
     pub fn load_cpu(bytes: &[u8], options: CpuOptions) -> Result<Arc<Self>, PolicyError> {
         Self::with_builder(read_artifact(bytes)?, Arc::new(options))

@@ -127,7 +127,7 @@ impl Conv2d {
     /// in place in f32 but could not in bf16 (an odd channel count: bf16 reads the input as pairs), which stays
     /// f32: measured on NatureCNN at batch 64 (2026-12-03), im2col + bf16 was slower than the in-place f32 GEMM
     /// (8.2 vs 6.8 ms).
-    pub(crate) fn set_precision(&mut self, precision: crate::CpuPrecision) {
+    pub(crate) fn set_precision(&mut self, precision: crate::Precision) {
         if self.reads_in_place() && self.c % 2 == 1 {
             return;
         }
@@ -664,7 +664,7 @@ mod tests {
                     shift: 0.0,
                 },
             );
-            conv.set_precision(crate::CpuPrecision::Bf16);
+            conv.set_precision(crate::Precision::Bf16);
             assert!(conv.reads_in_place() && conv.groups[0].rows_must_be_even());
             // The channels-last input and the channels-first reference both from the rounded values.
             let xr: Vec<f32> = x.iter().map(|v| round_bf16(*v)).collect();

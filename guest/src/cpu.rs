@@ -175,7 +175,7 @@ impl RowsPtr {
 
 impl CpuExecutor {
     pub(crate) fn new(art: &Artifact, plan: &ValidatedPlan, readback_values: &[&str]) -> Self {
-        Self::with_lender(art, plan, readback_values, None, crate::CpuPrecision::F32)
+        Self::with_lender(art, plan, readback_values, None, crate::Precision::F32)
     }
 
     /// [`new`](Self::new), every dense layer and convolution GEMM offered to `lender` ([`crate::lend`]), and in
@@ -185,7 +185,7 @@ impl CpuExecutor {
         plan: &ValidatedPlan,
         readback_values: &[&str],
         lender: Option<&Arc<dyn DenseLender>>,
-        precision: crate::CpuPrecision,
+        precision: crate::Precision,
     ) -> Self {
         let low = lower(art, plan, readback_values);
         let isa = kernels::detect();

@@ -141,11 +141,11 @@ impl PackedDense {
         }
     }
 
-    /// This layer in `precision`: under [`CpuPrecision::Bf16`](crate::CpuPrecision) a layer of more than 16
+    /// This layer in `precision`: under [`Precision::Bf16`](crate::Precision) a layer of more than 16
     /// outputs (not a head: see [`crate::dense_bf16`]) is repacked for the bf16 kernel, once, at load. The caller
     /// checked [`crate::dense_bf16::available`].
-    pub(crate) fn set_precision(&mut self, precision: crate::CpuPrecision) {
-        if precision == crate::CpuPrecision::Bf16 && self.n > 16 && self.lent.is_none() {
+    pub(crate) fn set_precision(&mut self, precision: crate::Precision) {
+        if precision == crate::Precision::Bf16 && self.n > 16 && self.lent.is_none() {
             let w = self.unpacked();
             self.bf16 = Some(crate::dense_bf16::Bf16Panels::new(&w, self.n, self.k));
             self.panels = Vec::new();

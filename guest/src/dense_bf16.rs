@@ -1,5 +1,5 @@
 //! Dense layers with bf16 weights and inputs and f32 accumulation (`vdpbf16ps`, AVX512-BF16), the opt-in
-//! [`CpuPrecision::Bf16`](crate::CpuPrecision) of the cpu backend.
+//! [`Precision::Bf16`](crate::Precision) of the cpu backend.
 //!
 //! Why: `vdpbf16ps` multiplies 32 bf16 pairs and adds them into 16 f32 lanes per instruction, twice the
 //! multiply-adds of `vfmadd231ps` on the same register width. Measured on a Zen 5 core (2026-12-03, 12

@@ -77,7 +77,7 @@ impl ExecutorBuilder for CpuWithLender {
             plan,
             values,
             Some(&self.lender),
-            crate::CpuPrecision::F32,
+            crate::Precision::F32,
         )))
     }
 }

@@ -46,7 +46,7 @@ pub mod web_workers;
 #[cfg(feature = "wgpu")]
 mod wgpu_exec;
 
-pub use backend::{Backend, CpuOptions, CpuPrecision, UnknownBackend, UnknownPrecision};
+pub use backend::{Backend, CpuOptions, Precision, UnknownBackend, UnknownPrecision};
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
 pub use error::{
     BackendError, EnvIdError, ErrorKind, HeadControlError, ObservationError, PolicyError,

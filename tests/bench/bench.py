@@ -202,7 +202,7 @@ def main():
                   + " | ".join(f"{r[p + '_us'] / c:.2f}x" for p in peers) + " |")
     print()
     if "cpu_bf16" in ours:
-        print("opt-in bf16 (CpuPrecision::Bf16: bf16 weights and layer inputs, f32 sums: vdpbf16ps on AMD, its two-FMA form on Intel; heads f32) vs f32 "
+        print("opt-in bf16 (Precision::Bf16: bf16 weights and layer inputs, f32 sums: vdpbf16ps on AMD, its two-FMA form on Intel; heads f32) vs f32 "
               "and onnxruntime native (f32), same alternating rounds; fidelity: tests/conformance/cpu_bf16.rs")
         print("| batch | policyport cpu f32 | policyport cpu bf16 | bf16 speed-up | onnxruntime native | ort native / bf16 "
               "| bf16 GFLOP/s (of f32 peak) |")
@@ -213,7 +213,7 @@ def main():
             print(f"| {b} | {c:.1f} | {h:.1f} | {c / h:.2f}x | {fmt(n)} | {ratio(n, h)} | {rate(h, r['flop'])} |")
             r["policyport_cpu_bf16_us"] = h
     else:
-        print("opt-in bf16 (CpuPrecision::Bf16): not timed, this CPU has no AVX512-BF16")
+        print("opt-in bf16 (Precision::Bf16): not timed, this CPU has no AVX512-BF16")
     if "cpu_mt" in ours:
         t = args.threads
         print()

@@ -19,7 +19,7 @@ use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError};
 use policyport_cli::demo::run_episodes_batched;
 use policyport_cli::envs::{CartPole, Env, Pendulum};
 use policyport_conformance::{compile_fixture, fixtures_dir, load_fixture, plugin_runtime};
-use policyport_import::{FixtureIo, Storage, compile_sb3};
+use policyport_import::{FixtureIo, StorageDType, compile_sb3};
 use policyport_wasmtime::{WasmLimits, WasmPolicy};
 
 /// xorshift64: the test's own stream for orders, spawn times and observations.
@@ -284,7 +284,7 @@ fn churn_reference() -> (
         None,
         "recurrent_ppo_cartpole",
         Some(&io),
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap();
     let config = AgentsConfig {
@@ -509,7 +509,7 @@ fn masks_per_agent(backend: Option<Backend>) {
         None,
         "maskable_ppo_discrete",
         Some(&io),
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap();
     let (name, mut agents) = agents_on(&bytes, backend, AgentsConfig::default());

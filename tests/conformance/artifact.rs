@@ -1,7 +1,7 @@
 use policyport::{Backend, CompiledPolicy, PolicyError};
 use policyport_conformance::{compile_fixture, fixture_names, fixtures_dir, load_fixture};
 use policyport_format::{Limits, read_artifact, validate, write_artifact};
-use policyport_import::{Storage, compile_onnx, inspect, reference};
+use policyport_import::{StorageDType, compile_onnx, inspect, reference};
 
 #[test]
 fn write_read_write_is_byte_identical() {
@@ -52,7 +52,8 @@ fn a_newer_op_in_an_older_file_is_refused() {
 #[test]
 fn a_dict_observation_needs_format_1_2() {
     let zip = std::fs::read(fixtures_dir().join("sb3/ppo_multi_input_dict/model.zip")).unwrap();
-    let bytes = policyport_import::compile_sb3(&zip, None, "dict", None, Storage::F32).unwrap();
+    let bytes =
+        policyport_import::compile_sb3(&zip, None, "dict", None, StorageDType::F32).unwrap();
     let art = read_artifact(&bytes).unwrap();
     assert_eq!(art.version, (1, 2));
     let policyport_format::ObservationSpace::Dict { spaces } = &art.manifest.observation else {
@@ -115,7 +116,7 @@ fn reference_interpreter_matches_pytorch_float64() {
 /// Without oracle outputs the compiler embeds reference-interpreter goldens; they pass on every backend.
 fn compile_without_golden_uses_the_reference_interpreter(b: Backend) {
     let f = load_fixture("pendulum");
-    let bytes = compile_onnx(&f.onnx, &f.spec, "pendulum", None, Storage::F32).unwrap();
+    let bytes = compile_onnx(&f.onnx, &f.spec, "pendulum", None, StorageDType::F32).unwrap();
     let art = read_artifact(&bytes).unwrap();
     assert!(
         art.manifest
@@ -134,7 +135,7 @@ per_backend!(compile_without_golden_uses_the_reference_interpreter);
 #[test]
 fn half_precision_storage_round_trips_within_its_tolerance() {
     let f = load_fixture("mlp64");
-    for storage in [Storage::F16, Storage::BF16] {
+    for storage in [StorageDType::F16, StorageDType::BF16] {
         let bytes = compile_onnx(&f.onnx, &f.spec, "mlp64", Some(&f.io), storage).unwrap();
         let f32_len = compile_fixture(&f).len();
         assert!(

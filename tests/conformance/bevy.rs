@@ -12,13 +12,13 @@ use policyport_agents::{Agents, AgentsConfig};
 use policyport_bevy::cartpole::{self, Scene};
 use policyport_bevy::{Observation, Policies, PolicyportErrors, PolicyportPlugin, PolicyportSet};
 use policyport_conformance::{fixtures_dir, plugin_runtime};
-use policyport_import::{Storage, compile_sb3};
+use policyport_import::{StorageDType, compile_sb3};
 
 use crate::capi::{compile_c_example, run_agents_example};
 
 fn sb3(name: &str) -> Vec<u8> {
     let zip = std::fs::read(fixtures_dir().join("sb3").join(name).join("model.zip")).unwrap();
-    compile_sb3(&zip, None, name, None, Storage::F32).unwrap()
+    compile_sb3(&zip, None, name, None, StorageDType::F32).unwrap()
 }
 
 /// The scene in a headless app, the plugin in `Update` (one `app.update()` = one tick).

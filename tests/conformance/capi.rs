@@ -366,7 +366,7 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
         None,
         "sb3/recurrent_ppo_cnn_frames",
         None,
-        policyport_import::Storage::F32,
+        policyport_import::StorageDType::F32,
     )
     .unwrap();
     let cl = fixtures.join("cleanrl/ppo_atari_lstm");
@@ -379,7 +379,7 @@ fn c_rollout_example_steps_recurrent_pixel_policies_like_their_trainers() {
         serde_json::from_value(spaces["action"].clone()).unwrap(),
         "cleanrl/ppo_atari_lstm",
         None,
-        policyport_import::Storage::F32,
+        policyport_import::StorageDType::F32,
     )
     .unwrap();
     for (name, bytes, seq) in [
@@ -487,7 +487,7 @@ fn c_abi_act_masked_applies_masks_like_the_session() {
         None,
         "maskable",
         None,
-        policyport_import::Storage::F32,
+        policyport_import::StorageDType::F32,
     )
     .unwrap();
     let compiled = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
@@ -883,7 +883,7 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
         None,
         "ppo_cartpole",
         None,
-        policyport_import::Storage::F32,
+        policyport_import::StorageDType::F32,
     )
     .unwrap();
     std::fs::write(&artifact, &sb3).unwrap();
@@ -934,7 +934,7 @@ fn c_abi_act_ids_takes_one_env_id_per_row_on_both_routes() {
         None,
         "recurrent_ppo_cartpole",
         None,
-        policyport_import::Storage::F32,
+        policyport_import::StorageDType::F32,
     )
     .unwrap();
     let obs: Vec<f32> = (0..12).map(|i| (i as f32 * 0.37).sin() * 0.1).collect();

@@ -6,7 +6,7 @@
 use policyport::Backend;
 use policyport_conformance::fixtures_dir;
 use policyport_format::{ActionSpace, ObservationSpace};
-use policyport_import::{CleanrlLayout, FixtureIo, Storage, compile_cleanrl};
+use policyport_import::{CleanrlLayout, FixtureIo, StorageDType, compile_cleanrl};
 
 struct Case {
     dir: &'static str,
@@ -60,7 +60,7 @@ fn every_cleanrl_checkpoint_reproduces_its_agent_on_every_backend(backend: Backe
             act,
             c.dir,
             Some(&io),
-            Storage::F32,
+            StorageDType::F32,
         )
         .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
         let p = policyport_conformance::load(&bytes, backend)
@@ -96,7 +96,7 @@ fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {
             act.clone(),
             "x",
             None,
-            Storage::F32,
+            StorageDType::F32,
         )
         .unwrap_err();
         assert!(
@@ -115,7 +115,7 @@ fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {
         act.clone(),
         "x",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap_err();
     assert!(e.to_string().contains("actor.0.weight"), "{e}");
@@ -126,7 +126,7 @@ fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {
         ActionSpace::Discrete { n: 3 },
         "x",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap_err();
     assert!(e.to_string().contains("2 outputs"), "{e}");
@@ -139,7 +139,7 @@ fn a_wrong_layout_or_wrong_spaces_is_a_typed_error() {
             ActionSpace::Discrete { n: 2 },
             "x",
             None,
-            Storage::F32
+            StorageDType::F32
         )
         .is_err()
     );
@@ -163,7 +163,7 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
             act.clone(),
             c.dir,
             None,
-            Storage::F32,
+            StorageDType::F32,
         )
         .unwrap();
         let from_st = compile_cleanrl(
@@ -173,7 +173,7 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
             act.clone(),
             c.dir,
             None,
-            Storage::F32,
+            StorageDType::F32,
         )
         .unwrap_or_else(|e| panic!("{}: {e}", c.dir));
         assert!(
@@ -189,7 +189,7 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
                 act.clone(),
                 c.dir,
                 None,
-                Storage::F32,
+                StorageDType::F32,
             );
             assert!(e.is_err(), "{} cut at {cut}", c.dir);
         }
@@ -206,7 +206,7 @@ fn a_safetensors_state_dict_compiles_like_its_torch_save_file() {
             act,
             "x",
             None,
-            Storage::F32
+            StorageDType::F32
         )
         .is_err()
     );
@@ -255,7 +255,7 @@ fn a_missing_gapped_or_renamed_cleanrl_layer_is_a_typed_error_not_dropped() {
             act.clone(),
             "edited",
             None,
-            Storage::F32,
+            StorageDType::F32,
         )
     };
     compile(&sd).expect("the unedited state dict compiles");

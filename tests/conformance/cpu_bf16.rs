@@ -1,4 +1,4 @@
-//! The cpu backend in bf16 (`CpuOptions { precision: CpuPrecision::Bf16 }`, the `vdpbf16ps` kernels of
+//! The cpu backend in bf16 (`CpuOptions { precision: Precision::Bf16 }`, the `vdpbf16ps` kernels of
 //! guest/src/dense_bf16.rs): every fixture's float outputs within bf16's tolerance of PyTorch float64, the same
 //! answer from one thread and from the intra-op pool, and, where the kernel cannot run, a typed refusal at load.
 //!
@@ -12,13 +12,13 @@ use std::sync::Arc;
 
 use policyport::format::{Op, read_artifact};
 use policyport::{
-    ActMode, BackendError, CompiledPolicy, CpuOptions, CpuPrecision, EnvIds, Observations,
-    PolicyError, Request,
+    ActMode, BackendError, CompiledPolicy, CpuOptions, EnvIds, Observations, PolicyError,
+    Precision, Request,
 };
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
 
 const BF16: CpuOptions = CpuOptions {
-    precision: CpuPrecision::Bf16,
+    precision: Precision::Bf16,
 };
 
 fn load_bf16(bytes: &[u8]) -> Result<Arc<CompiledPolicy>, PolicyError> {
@@ -44,7 +44,7 @@ pub(crate) fn bf16_expected() -> bool {
 )]
 fn bf16_within_bf16_tolerance_of_float64_on_every_fixture() {
     assert!(
-        CpuPrecision::Bf16.available(),
+        Precision::Bf16.available_on_cpu(),
         "this CPU has AVX512-BF16 but the runtime does not use it (POLICYPORT_CPU_BASELINE set? test.sh skips this \
          module in that pass)"
     );
@@ -133,7 +133,7 @@ fn bf16_one_thread_and_the_pool_agree_bit_for_bit() {
 #[test]
 fn bf16_loads_where_the_kernel_runs_and_is_refused_with_a_typed_error_elsewhere() {
     let bytes = compile_fixture(&load_fixture("mlp64"));
-    assert_eq!(CpuPrecision::Bf16.available(), bf16_expected());
+    assert_eq!(Precision::Bf16.available_on_cpu(), bf16_expected());
     match load_bf16(&bytes) {
         Ok(p) => {
             assert!(
@@ -153,8 +153,38 @@ fn bf16_loads_where_the_kernel_runs_and_is_refused_with_a_typed_error_elsewhere(
             );
         }
     }
-    assert_eq!("bf16".parse::<CpuPrecision>(), Ok(CpuPrecision::Bf16));
-    assert!("fp8".parse::<CpuPrecision>().is_err());
+    assert_eq!("bf16".parse::<Precision>(), Ok(Precision::Bf16));
+    assert!("fp8".parse::<Precision>().is_err());
+}
+
+/// One precision name for every backend (issue 37: the cpu backend and libtorch had an enum each): the cpu backend
+/// takes f32 and bf16 and refuses f16, which only libtorch computes, with a typed error at load on every CPU;
+/// every name parses back to itself, and `fp32` / `fp16` are accepted as PyTorch spells them.
+#[test]
+fn f16_on_the_cpu_backend_is_a_typed_refusal_and_precision_names_round_trip() {
+    let bytes = compile_fixture(&load_fixture("mlp64"));
+    assert!(!Precision::F16.available_on_cpu());
+    match CompiledPolicy::load_cpu(
+        &bytes,
+        CpuOptions {
+            precision: Precision::F16,
+        },
+    ) {
+        Err(PolicyError::Backend(BackendError::Unsupported(why))) => {
+            assert!(why.contains("f16"), "{why}")
+        }
+        other => panic!("f16 on the cpu backend: {:?}", other.map(|p| p.backend())),
+    }
+    for p in Precision::ALL {
+        assert_eq!(p.name().parse::<Precision>(), Ok(p));
+        assert_eq!(p.to_string(), p.name());
+    }
+    assert_eq!("fp32".parse::<Precision>(), Ok(Precision::F32));
+    assert_eq!("fp16".parse::<Precision>(), Ok(Precision::F16));
+    assert_eq!(
+        "fp8".parse::<Precision>().unwrap_err().to_string(),
+        "unknown precision 'fp8' (f32, f16, bf16)"
+    );
 }
 
 /// The memory check before an act() counts the bf16 kernels' rounded-input buffer (the plan's estimate knows the
@@ -177,7 +207,7 @@ fn bf16_rounded_inputs_are_counted_against_the_memory_limit() {
     let obs = vec![0.1f32; batch * 64];
     let req =
         Request::new(Observations::F32(&obs), batch, ActMode::Deterministic).envs(EnvIds::Range(0));
-    for (precision, admitted) in [(CpuPrecision::F32, true), (CpuPrecision::Bf16, false)] {
+    for (precision, admitted) in [(Precision::F32, true), (Precision::Bf16, false)] {
         let p = CompiledPolicy::with_builder_and_limits(
             read_artifact(&bytes).unwrap(),
             Arc::new(CpuOptions { precision }),

@@ -111,7 +111,7 @@ fn dict_observations_map_graph_inputs_by_key() {
                 spec,
                 name,
                 None,
-                policyport_import::Storage::F32,
+                policyport_import::StorageDType::F32,
             )
         };
         let edit = |e: &dyn Fn(&mut Vec<policyport_format::DictEntry>)| {
@@ -181,7 +181,7 @@ fn dict_observations_map_graph_inputs_by_key() {
             &swapped,
             name,
             Some(&f.io),
-            policyport_import::Storage::F32,
+            policyport_import::StorageDType::F32,
         )
         .unwrap();
         let p = policyport_conformance::load(&bytes, policyport::Backend::Cpu).unwrap();

@@ -16,7 +16,7 @@ use policyport::{
     ActMode, ActOutputs, Backend, EnvIds, HeadControlError, Observations, PolicyError, Request,
 };
 use policyport_conformance::fixtures_dir;
-use policyport_import::{FixtureCase, FixtureIo, Storage, compile_rllib, compile_sb3};
+use policyport_import::{FixtureCase, FixtureIo, StorageDType, compile_rllib, compile_sb3};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -47,7 +47,8 @@ fn sb3(name: &str) -> Vec<u8> {
     let zip = std::fs::read(dir.join("model.zip")).unwrap();
     let io: FixtureIo =
         serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
-    compile_sb3(&zip, None, name, Some(&io), Storage::F32).unwrap_or_else(|e| panic!("{name}: {e}"))
+    compile_sb3(&zip, None, name, Some(&io), StorageDType::F32)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// RLlib's example action-masking module: its Dict's `observations` are the artifact's observation, its
@@ -56,7 +57,7 @@ fn rllib(name: &str) -> Vec<u8> {
     let dir = fixtures_dir().join("rllib").join(name);
     let io: FixtureIo =
         serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
-    compile_rllib(&dir.join("checkpoint"), name, Some(&io), Storage::F32)
+    compile_rllib(&dir.join("checkpoint"), name, Some(&io), StorageDType::F32)
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 

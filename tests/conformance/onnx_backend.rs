@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use policyport::{ActMode, Backend, Observations, Request};
-use policyport_import::{DistSpec, ImportError, ImportSpec, Storage, compile_onnx};
+use policyport_import::{DistSpec, ImportError, ImportSpec, StorageDType, compile_onnx};
 
 /// The onnx package's backend test data, in the venv test.sh runs the suite with (`VIRTUAL_ENV`).
 fn data_dir() -> PathBuf {
@@ -64,7 +64,7 @@ fn run_model(dir: &Path, backend: Backend) -> Outcome {
         .unwrap()
         .remove(0);
     let spec = ImportSpec::new(DistSpec::Categorical { logits: name });
-    let bytes = match compile_onnx(&model, &spec, "onnx-backend", None, Storage::F32) {
+    let bytes = match compile_onnx(&model, &spec, "onnx-backend", None, StorageDType::F32) {
         Ok(b) => b,
         Err(
             e @ (ImportError::UnsupportedOp { .. }

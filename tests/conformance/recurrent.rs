@@ -403,7 +403,7 @@ fn recurrent_trainer_fixtures() -> &'static [(String, Vec<u8>, Rollout)] {
 }
 
 fn compile_recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
-    use policyport_import::{CleanrlLayout, Storage, compile_cleanrl, compile_sb3};
+    use policyport_import::{CleanrlLayout, StorageDType, compile_cleanrl, compile_sb3};
     let dir = policyport_conformance::fixtures_dir();
     let mut out = vec![];
     let mut sb3: Vec<_> = std::fs::read_dir(dir.join("sb3"))
@@ -420,7 +420,7 @@ fn compile_recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
             None,
             &name,
             None,
-            Storage::F32,
+            StorageDType::F32,
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let rollout =
@@ -437,7 +437,7 @@ fn compile_recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
         serde_json::from_value(spaces["action"].clone()).unwrap(),
         "cleanrl/ppo_atari_lstm",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap();
     let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();
@@ -455,7 +455,7 @@ fn compile_recurrent_trainer_fixtures() -> Vec<(String, Vec<u8>, Rollout)> {
         &p.join("checkpoint"),
         "rllib/ppo_lstm_cartpole",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap();
     let rollout = serde_json::from_slice(&std::fs::read(p.join("sequence.json")).unwrap()).unwrap();

@@ -403,7 +403,7 @@ fn an_act_the_machine_cannot_hold_is_a_typed_refusal_on_every_builtin_backend(ba
         None,
         "recurrent_ppo_cartpole",
         None,
-        policyport_import::Storage::F32,
+        policyport_import::StorageDType::F32,
     )
     .unwrap();
     let limits = policyport_format::validate::Limits {

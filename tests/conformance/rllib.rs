@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use policyport::Backend;
 use policyport_conformance::fixtures_dir;
-use policyport_import::{FixtureIo, ImportError, Storage, compile_rllib};
+use policyport_import::{FixtureIo, ImportError, StorageDType, compile_rllib};
 
 const FIXTURES: [&str; 14] = [
     "ppo_cartpole",
@@ -40,8 +40,13 @@ fn every_rllib_checkpoint_reproduces_rllib_on_every_backend(backend: Backend) {
         let trainer: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir(name).join("trainer.json")).unwrap())
                 .unwrap();
-        let bytes = compile_rllib(&dir(name).join("checkpoint"), name, Some(&io), Storage::F32)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let bytes = compile_rllib(
+            &dir(name).join("checkpoint"),
+            name,
+            Some(&io),
+            StorageDType::F32,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         let p = policyport_conformance::load(&bytes, backend)
             .unwrap_or_else(|e| panic!("{name} on {}: {e}", backend.name()));
         for r in p.verify().unwrap() {
@@ -71,15 +76,21 @@ fn every_rllib_checkpoint_compiles_the_same_from_its_module_directories() {
         let io: FixtureIo =
             serde_json::from_slice(&std::fs::read(dir(name).join("io.json")).unwrap()).unwrap();
         let ckpt = dir(name).join("checkpoint");
-        let bytes = compile_rllib(&ckpt, name, Some(&io), Storage::F32)
+        let bytes = compile_rllib(&ckpt, name, Some(&io), StorageDType::F32)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let module = ckpt.join("learner_group/learner/rl_module/default_policy");
         assert!(
-            compile_rllib(&module, name, Some(&io), Storage::F32).unwrap() == bytes,
+            compile_rllib(&module, name, Some(&io), StorageDType::F32).unwrap() == bytes,
             "{name}"
         );
         assert!(
-            compile_rllib(&module.parent().unwrap(), name, Some(&io), Storage::F32).unwrap()
+            compile_rllib(
+                &module.parent().unwrap(),
+                name,
+                Some(&io),
+                StorageDType::F32
+            )
+            .unwrap()
                 == bytes
         );
     }
@@ -97,7 +108,7 @@ fn rllib_sac_and_flattened_dict_checkpoints_keep_rllibs_semantics() {
         &dir("sac_push").join("checkpoint"),
         "sac",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap();
     let art = read_artifact(&sac).unwrap();
@@ -124,7 +135,7 @@ fn rllib_sac_and_flattened_dict_checkpoints_keep_rllibs_semantics() {
         &dir("ppo_dict_flatten").join("checkpoint"),
         "dict",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap();
     let art = read_artifact(&dict).unwrap();
@@ -159,12 +170,12 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
     let module = "learner_group/learner/rl_module/default_policy";
     // An empty directory: no module.
     std::fs::create_dir_all(tmp.join("empty")).unwrap();
-    assert!(compile_rllib(&tmp.join("empty"), "x", None, Storage::F32).is_err());
+    assert!(compile_rllib(&tmp.join("empty"), "x", None, StorageDType::F32).is_err());
     // The MeanStdFilter piece in the pipeline but its statistics deleted: refused, never silently unfiltered.
     let c = tmp.join("no_stats");
     copy(&src, &c);
     std::fs::remove_dir_all(c.join("env_runner/env_to_module_connector/MeanStdFilter")).unwrap();
-    let e = compile_rllib(&c, "x", None, Storage::F32).unwrap_err();
+    let e = compile_rllib(&c, "x", None, StorageDType::F32).unwrap_err();
     assert!(e.to_string().contains("MeanStdFilter"), "{e}");
     // A module class pickle naming os.system: the offending global, nothing run.
     let c = tmp.join("evil");
@@ -174,7 +185,7 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
         b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x8c\x06system\x93.",
     )
     .unwrap();
-    match compile_rllib(&c, "x", None, Storage::F32).unwrap_err() {
+    match compile_rllib(&c, "x", None, StorageDType::F32).unwrap_err() {
         ImportError::Unsupported { what, .. } => assert!(what.contains("posix.system"), "{what}"),
         other => panic!("{other}"),
     }
@@ -185,7 +196,7 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
         copy(&src, &c);
         std::fs::write(c.join(module).join("module_state.pkl"), &state[..cut]).unwrap();
         assert!(
-            compile_rllib(&c, "x", None, Storage::F32).is_err(),
+            compile_rllib(&c, "x", None, StorageDType::F32).is_err(),
             "cut at {cut}"
         );
     }
@@ -196,7 +207,7 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
         &src.join(module),
         &c.join("learner_group/learner/rl_module/other_policy"),
     );
-    let e = compile_rllib(&c, "x", None, Storage::F32).unwrap_err();
+    let e = compile_rllib(&c, "x", None, StorageDType::F32).unwrap_err();
     assert!(e.to_string().contains("2 RLModules"), "{e}");
     // Same-length byte edits of the new modules' pickles (names are length-prefixed, so each stays a valid
     // pickle): each is a typed error naming what no longer fits, never a policy missing a part.
@@ -212,7 +223,7 @@ fn wrong_or_hostile_rllib_checkpoints_are_typed_errors() {
         let mut b = bytes.clone();
         b[at..at + to.len()].copy_from_slice(to);
         std::fs::write(&path, b).unwrap();
-        compile_rllib(&c, "x", None, Storage::F32).unwrap_err()
+        compile_rllib(&c, "x", None, StorageDType::F32).unwrap_err()
     };
     // A dueling DQN whose value stream lost its last layer: refused (it would otherwise add 16 numbers to Q).
     let e = edit(

@@ -6,7 +6,7 @@
 
 use policyport::Backend;
 use policyport_conformance::fixtures_dir;
-use policyport_import::{FixtureIo, ImportError, Storage, compile_sb3};
+use policyport_import::{FixtureIo, ImportError, StorageDType, compile_sb3};
 
 fn archives() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(fixtures_dir().join("sb3"))
@@ -61,7 +61,7 @@ fn every_sb3_archive_is_present_and_compiles_alone() {
                 .join("vecnormalize.pkl"),
         )
         .ok();
-        compile_sb3(&zip, vn.as_deref(), name, None, Storage::F32)
+        compile_sb3(&zip, vn.as_deref(), name, None, StorageDType::F32)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
@@ -84,7 +84,7 @@ fn every_sb3_archive_reproduces_sb3_on_every_backend(backend: Backend) {
             vn.as_deref(),
             &format!("sb3/{name}/model.zip"),
             Some(&io),
-            Storage::F32,
+            StorageDType::F32,
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let p = policyport_conformance::load(&bytes, backend)
@@ -137,7 +137,7 @@ fn hostile_sb3_archives_are_typed_errors() {
         ("archive/byteorder", b"little"),
     ]);
     let evil = zip_of(&[("data", &data), ("policy.pth", &evil_pth)]);
-    match compile_sb3(&evil, None, "evil", None, Storage::F32).unwrap_err() {
+    match compile_sb3(&evil, None, "evil", None, StorageDType::F32).unwrap_err() {
         ImportError::Pickle(policyport_import::pickle::PickleError::ForbiddenGlobal {
             module,
             name,
@@ -155,7 +155,7 @@ fn hostile_sb3_archives_are_typed_errors() {
             &zip_of(&[("archive/data.pkl", oob_pkl), ("archive/data/0", &[0u8; 4])]),
         ),
     ]);
-    let e = compile_sb3(&oob, None, "oob", None, Storage::F32).unwrap_err();
+    let e = compile_sb3(&oob, None, "oob", None, StorageDType::F32).unwrap_err();
     assert!(e.to_string().contains("outside its storage"), "{e}");
     // Issue 36: a state dict of dicts that each reference the one below twice (2^60 key paths) used to hang
     // the importer; its walk is now counted and refused at once.
@@ -165,7 +165,7 @@ fn hostile_sb3_archives_are_typed_errors() {
         ("policy.pth", &zip_of(&[("archive/data.pkl", &bomb)])),
     ]);
     let t0 = std::time::Instant::now();
-    match compile_sb3(&bomb, None, "bomb", None, Storage::F32).unwrap_err() {
+    match compile_sb3(&bomb, None, "bomb", None, StorageDType::F32).unwrap_err() {
         ImportError::Pickle(policyport_import::pickle::PickleError::SharedExpansion { .. }) => {}
         other => panic!("want SharedExpansion, got {other}"),
     }
@@ -179,7 +179,7 @@ fn hostile_sb3_archives_are_typed_errors() {
         ),
     ] {
         assert!(
-            compile_sb3(&z, None, label, None, Storage::F32).is_err(),
+            compile_sb3(&z, None, label, None, StorageDType::F32).is_err(),
             "{label}"
         );
     }
@@ -188,14 +188,14 @@ fn hostile_sb3_archives_are_typed_errors() {
         .step_by(997)
         .chain([real.len() - 1, real.len() - 22])
     {
-        let _ = compile_sb3(&real[..cut], None, "cut", None, Storage::F32).unwrap_err();
+        let _ = compile_sb3(&real[..cut], None, "cut", None, StorageDType::F32).unwrap_err();
     }
     let eocd = real.len() - 22;
     for at in [eocd + 10, eocd + 12, eocd + 16] {
         let mut z = real.clone();
         z[at] ^= 0xff;
         z[at + 1] ^= 0x7f;
-        let _ = compile_sb3(&z, None, "flipped", None, Storage::F32).unwrap_err();
+        let _ = compile_sb3(&z, None, "flipped", None, StorageDType::F32).unwrap_err();
     }
 }
 
@@ -206,7 +206,7 @@ fn hostile_vecnormalize_pickles_are_typed_errors() {
     let zip = read("ppo_pendulum_vecnormalize", "model.zip");
     let evil =
         b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93\x8c\x02id\x85R.";
-    let e = compile_sb3(&zip, Some(evil), "x", None, Storage::F32).unwrap_err();
+    let e = compile_sb3(&zip, Some(evil), "x", None, StorageDType::F32).unwrap_err();
     assert!(e.to_string().contains("os.system"), "{e}");
     // The CartPole archive (4 observations) with Pendulum's statistics (3).
     let vn = read("ppo_pendulum_vecnormalize", "vecnormalize.pkl");
@@ -215,11 +215,11 @@ fn hostile_vecnormalize_pickles_are_typed_errors() {
         Some(&vn),
         "x",
         None,
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap_err();
     assert!(e.to_string().contains("3 statistics"), "{e}");
     for cut in (0..vn.len()).step_by(37) {
-        assert!(compile_sb3(&zip, Some(&vn[..cut]), "x", None, Storage::F32).is_err());
+        assert!(compile_sb3(&zip, Some(&vn[..cut]), "x", None, StorageDType::F32).is_err());
     }
 }

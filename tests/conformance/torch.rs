@@ -9,17 +9,28 @@
 
 use policyport::{
     ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, PolicyError, Request,
+    Session,
 };
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
 use policyport_torch::{
-    COMPILED, Launch, Precision, Sampling, TorchDevice, TorchError, TorchOptions, TorchPolicy,
-    cuda_device_count,
+    COMPILED, Launch, Precision, Sampling, TorchDevice, TorchError, TorchOptions, cuda_device_count,
 };
 
 use crate::recurrent::{elman, step64};
 
 fn flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+/// A libtorch policy's session: libtorch has no policy type of its own (a `CompiledPolicy` on `Backend::Torch`).
+fn torch_session(bytes: &[u8], o: &TorchOptions) -> Result<Session, TorchError> {
+    Ok(policyport_torch::load(bytes, o)?.session())
+}
+
+/// `session.act(req)`, its outputs copied into `out` (to compare two sessions' answers).
+fn act_into(s: &mut Session, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), PolicyError> {
+    out.clone_from(s.act(req)?);
+    Ok(())
 }
 
 /// Without libtorch: the same API, a typed "not compiled" error. With it: the suite's `tch` feature and the host's
@@ -36,10 +47,10 @@ fn a_build_without_tch_says_not_compiled() {
         "POLICYPORT_REQUIRE_TCH=1 but policyport-torch was built without the `tch` feature"
     );
     if !COMPILED {
-        assert_eq!(
-            TorchPolicy::load(b"", &TorchOptions::default()).unwrap_err(),
-            TorchError::NotCompiled
-        );
+        assert!(matches!(
+            torch_session(b"", &TorchOptions::default()),
+            Err(TorchError::NotCompiled)
+        ));
     }
 }
 
@@ -114,9 +125,8 @@ fn check_fixtures(device: TorchDevice, configs: Vec<(&'static str, TorchOptions,
                 device,
                 ..o.clone()
             };
-            let mut p =
-                TorchPolicy::load(&bytes, &o).unwrap_or_else(|e| panic!("{name} {label}: {e}"));
-            for r in p.verify().unwrap() {
+            let p = torch_session(&bytes, &o).unwrap_or_else(|e| panic!("{name} {label}: {e}"));
+            for r in p.policy().verify().unwrap() {
                 let worst = r.values.iter().map(|(_, e)| *e).fold(0.0, f64::max);
                 table.push(format!(
                     "{name:<14} {device:?} {label:<26} {:<22} max rel err {worst:.2e}  sampled mismatches {}  action err {:.1e}",
@@ -172,7 +182,7 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
             None,
             name,
             Some(&io),
-            policyport_import::Storage::F32,
+            policyport_import::StorageDType::F32,
         )
         .unwrap();
         items.push((name.to_string(), bytes, io));
@@ -189,7 +199,7 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
                 device,
                 ..opts(Precision::F32, launch, sampling)
             };
-            let mut p = TorchPolicy::load(&bytes, &o).unwrap();
+            let mut p = torch_session(&bytes, &o).unwrap();
             let mut got = ActOutputs::default();
             let mut compared = 0;
             for seed in [0u64, 1, 42, u64::MAX] {
@@ -200,8 +210,12 @@ fn check_actions_equal_guest(device: TorchDevice, launches: &[(Launch, Sampling)
                     let want = guest
                         .act(&Request::new(obs, case.batch, mode).envs(envs))
                         .unwrap();
-                    p.act(&Request::new(obs, case.batch, mode).envs(envs), &mut got)
-                        .unwrap();
+                    act_into(
+                        &mut p,
+                        &Request::new(obs, case.batch, mode).envs(envs),
+                        &mut got,
+                    )
+                    .unwrap();
                     assert_eq!(
                         got.discrete, want.discrete,
                         "{name} {launch:?} {sampling:?} seed {seed} step {step}"
@@ -249,7 +263,7 @@ fn static_buckets_pad_and_chunk_like_eager() {
     let f = load_fixture("mlp64");
     let bytes = compile_fixture(&f);
     let obs: Vec<f32> = (0..64 * 64).map(|i| ((i as f32) * 0.37).sin()).collect();
-    let mut eager = TorchPolicy::load(
+    let mut eager = torch_session(
         &bytes,
         &opts(Precision::F32, Launch::Eager, Sampling::Device),
     )
@@ -258,8 +272,8 @@ fn static_buckets_pad_and_chunk_like_eager() {
         buckets: Some(vec![1, 4, 16]),
         ..opts(Precision::F32, Launch::StaticBuffers, Sampling::Device)
     };
-    let mut stat = TorchPolicy::load(&bytes, &o).unwrap();
-    assert_eq!(stat.info().buckets, vec![1, 4, 16]);
+    let mut stat = torch_session(&bytes, &o).unwrap();
+    assert_eq!(policyport_torch::info(&stat, &o).buckets, vec![1, 4, 16]);
     let (mut a, mut b) = (ActOutputs::default(), ActOutputs::default());
     for batch in [1usize, 3, 4, 5, 16, 17, 37, 64] {
         for mode in [
@@ -270,13 +284,14 @@ fn static_buckets_pad_and_chunk_like_eager() {
             },
         ] {
             let x = Observations::F32(&obs[..batch * 64]);
-            eager
-                .act(
-                    &Request::new(x, batch, mode).envs(EnvIds::Range(100)),
-                    &mut a,
-                )
-                .unwrap();
-            stat.act(
+            act_into(
+                &mut eager,
+                &Request::new(x, batch, mode).envs(EnvIds::Range(100)),
+                &mut a,
+            )
+            .unwrap();
+            act_into(
+                &mut stat,
                 &Request::new(x, batch, mode).envs(EnvIds::Range(100)),
                 &mut b,
             )
@@ -316,7 +331,7 @@ fn reused_dense_outputs_never_leak_between_calls() {
     let f = load_fixture("mlp64");
     let bytes = compile_fixture(&f);
     let o = opts(Precision::F32, Launch::Eager, Sampling::Host);
-    let mut warm = TorchPolicy::load(&bytes, &o).unwrap();
+    let mut warm = torch_session(&bytes, &o).unwrap();
     let mut out = ActOutputs::default();
     for (call, batch) in [64usize, 64, 64, 17, 17, 64, 1, 1, 64]
         .into_iter()
@@ -333,10 +348,10 @@ fn reused_dense_outputs_never_leak_between_calls() {
                 step: call as u64,
             },
         );
-        warm.act(&req, &mut out).unwrap();
-        let mut fresh = TorchPolicy::load(&bytes, &o).unwrap();
+        act_into(&mut warm, &req, &mut out).unwrap();
+        let mut fresh = torch_session(&bytes, &o).unwrap();
         let mut want = ActOutputs::default();
-        fresh.act(&req, &mut want).unwrap();
+        act_into(&mut fresh, &req, &mut want).unwrap();
         assert_eq!(out, want, "call {call} (batch {batch})");
     }
 }
@@ -355,24 +370,26 @@ fn recurrent_state_lives_on_the_device() {
             num_envs: 2,
             ..opts(Precision::F32, launch, Sampling::Device)
         };
-        let mut p = TorchPolicy::load(&bytes, &o).unwrap();
-        assert_eq!(p.info().recurrent_states, 1);
+        let mut p = torch_session(&bytes, &o).unwrap();
+        assert_eq!(policyport_torch::info(&p, &o).recurrent_states, 1);
         let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
         let mut out = ActOutputs::default();
         // Twice the same env in one batch of a recurrent policy: a typed error.
         assert!(matches!(
-            p.act(
+            act_into(
+                &mut p,
                 &Request::new(Observations::F32(&obs), 2, ActMode::Deterministic)
                     .envs(EnvIds::List(&[1, 1])),
                 &mut out
             ),
-            Err(TorchError::Policy(PolicyError::EnvIds(_)))
+            Err(PolicyError::EnvIds(_))
         ));
         let mut h = vec![vec![0.0f64; 4]; 6];
         for step in 0..4u64 {
             let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
             // Env 5 is past the initial two envs: the state grows.
-            p.act(
+            act_into(
+                &mut p,
                 &Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 3, step })
                     .envs(EnvIds::List(&[5, 0])),
                 &mut out,
@@ -387,7 +404,7 @@ fn recurrent_state_lives_on_the_device() {
                         "{launch:?} step {step}"
                     );
                 }
-                let got = p.state(0, env as u32).unwrap();
+                let got = p.state(0, env as u32).unwrap().to_vec();
                 for i in 0..4 {
                     assert!(
                         (got[i] as f64 - h[env][i]).abs() < 1e-5,
@@ -403,7 +420,7 @@ fn recurrent_state_lives_on_the_device() {
                 );
             }
         }
-        assert!(p.info().num_envs >= 6);
+        assert!(policyport_torch::info(&p, &o).num_envs >= 6);
         p.reset(&[5]).unwrap();
         assert_eq!(p.state(0, 5).unwrap(), vec![0.0; 4]);
         assert_ne!(p.state(0, 0).unwrap(), vec![0.0; 4]);
@@ -421,7 +438,7 @@ fn bad_options_are_a_typed_error() {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
     assert!(matches!(
-        TorchPolicy::load(&bytes[..100], &TorchOptions::default()),
+        torch_session(&bytes[..100], &TorchOptions::default()),
         Err(TorchError::Artifact(_))
     ));
     if cuda_device_count() == 0 {
@@ -430,7 +447,7 @@ fn bad_options_are_a_typed_error() {
             ..Default::default()
         };
         assert!(matches!(
-            TorchPolicy::load(&bytes, &cuda),
+            torch_session(&bytes, &cuda),
             Err(TorchError::NoCuda(_))
         ));
     }
@@ -439,7 +456,7 @@ fn bad_options_are_a_typed_error() {
         ..Default::default()
     };
     assert!(matches!(
-        TorchPolicy::load(&bytes, &no_buckets),
+        torch_session(&bytes, &no_buckets),
         Err(TorchError::Policy(PolicyError::Batch { batch: 0, .. }))
     ));
     let graphs_on_cpu = TorchOptions {
@@ -447,7 +464,7 @@ fn bad_options_are_a_typed_error() {
         ..Default::default()
     };
     assert!(matches!(
-        TorchPolicy::load(&bytes, &graphs_on_cpu),
+        torch_session(&bytes, &graphs_on_cpu),
         Err(TorchError::NoCuda(_))
     ));
 }

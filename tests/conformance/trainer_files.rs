@@ -8,7 +8,7 @@
 use std::process::Command;
 
 use policyport_import::zipread::{Zip, stored_zip};
-use policyport_import::{ImportError, ModelKind, Storage, compile_sb3, detect_model};
+use policyport_import::{ImportError, ModelKind, StorageDType, compile_sb3, detect_model};
 
 /// `zip` with entry `name` replaced by `f(old bytes)`; every other entry kept (stored).
 fn rewrite(zip: &[u8], name: &str, f: impl Fn(&[u8]) -> Vec<u8>) -> Vec<u8> {
@@ -165,7 +165,7 @@ fn hostile_trainer_files_through_every_api_are_typed_errors() {
         // The import crate, as the CLI and Python route a file: detection by content, then the importer.
         let rust = std::panic::catch_unwind(|| match detect_model(&bytes) {
             Ok(ModelKind::Sb3Archive) => {
-                compile_sb3(&bytes, None, name, None, Storage::F32).map(|_| ())
+                compile_sb3(&bytes, None, name, None, StorageDType::F32).map(|_| ())
             }
             Ok(other) => Err(ImportError::Malformed(format!("detected as {other:?}"))),
             Err(e) => Err(e),

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use policyport::{Backend, BackendError, CompiledPolicy, PolicyError};
-use policyport_import::{FixtureIo, ImportSpec, Storage, compile_onnx};
+use policyport_import::{FixtureIo, ImportSpec, StorageDType, compile_onnx};
 use policyport_torch::{TorchError, TorchOptions};
 use policyport_wasmtime::{WasmError, WasmRuntime};
 
@@ -65,7 +65,7 @@ pub fn compile_fixture(f: &Fixture) -> Vec<u8> {
         &f.spec,
         &format!("{}/policy.onnx", f.name),
         Some(&f.io),
-        Storage::F32,
+        StorageDType::F32,
     )
     .unwrap_or_else(|e| panic!("compiling {}: {e}", f.name))
 }

@@ -33,12 +33,39 @@ pub const FORMAT_MINOR: u16 = 4;
 const HEADER_LEN: usize = 96;
 const ALIGN: usize = 64;
 
-/// How a tensor is stored in the file. Readers always hand out f32.
+/// How a tensor is stored in the file (the importer's `--storage`). Readers always hand out f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StorageDType {
     F32,
     F16,
     BF16,
+}
+
+impl StorageDType {
+    pub const ALL: [StorageDType; 3] = [StorageDType::F32, StorageDType::F16, StorageDType::BF16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageDType::F32 => "f32",
+            StorageDType::F16 => "f16",
+            StorageDType::BF16 => "bf16",
+        }
+    }
+}
+
+/// A storage name that is not `f32`, `f16` or `bf16`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown storage '{0}' (f32, f16, bf16)")]
+pub struct UnknownStorage(pub String);
+
+impl std::str::FromStr for StorageDType {
+    type Err = UnknownStorage;
+    fn from_str(s: &str) -> Result<Self, UnknownStorage> {
+        StorageDType::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| UnknownStorage(s.to_string()))
+    }
 }
 
 /// A weight tensor as the runtimes see it: f32, row-major.

@@ -69,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &spec,
                 "cartpole/policy.onnx",
                 None,
-                policyport_import::Storage::F32,
+                policyport_import::StorageDType::F32,
             )?
         }
     };

@@ -268,7 +268,7 @@ pub unsafe extern "C" fn pp_policy_load(
             PpBackend::CpuBf16 => CompiledPolicy::load_cpu(
                 bytes,
                 policyport::CpuOptions {
-                    precision: policyport::CpuPrecision::Bf16,
+                    precision: policyport::Precision::Bf16,
                 },
             ),
         };

@@ -7,26 +7,6 @@ use policyport_format::{ObsDType, ObservationSpace, write_artifact};
 use crate::reference;
 use crate::{FixtureIo, ImportError, ImportSpec, golden_from_fixture, import_onnx};
 
-/// On-disk weight precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Storage {
-    F32,
-    F16,
-    BF16,
-}
-
-impl std::str::FromStr for Storage {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Storage::F32),
-            "f16" => Ok(Storage::F16),
-            "bf16" => Ok(Storage::BF16),
-            _ => Err(format!("unknown storage '{s}' (f32, f16, bf16)")),
-        }
-    }
-}
-
 /// ONNX bytes + what the outputs mean → `.policy` bytes. Golden vectors come from `golden` (oracle outputs, e.g.
 /// PyTorch float64) when given, else from the float64 reference interpreter on seeded random observations.
 pub fn compile_onnx(
@@ -34,7 +14,7 @@ pub fn compile_onnx(
     spec: &ImportSpec,
     source: &str,
     golden: Option<&FixtureIo>,
-    storage: Storage,
+    storage: StorageDType,
 ) -> Result<Vec<u8>, ImportError> {
     compile_imported(import_onnx(onnx, spec, source)?, golden, storage)
 }
@@ -45,7 +25,7 @@ pub fn compile_sb3(
     vecnormalize: Option<&[u8]>,
     source: &str,
     golden: Option<&FixtureIo>,
-    storage: Storage,
+    storage: StorageDType,
 ) -> Result<Vec<u8>, ImportError> {
     compile_imported(
         crate::sb3::import_sb3(archive, source, vecnormalize)?,
@@ -62,7 +42,7 @@ pub fn compile_cleanrl(
     action: policyport_format::ActionSpace,
     source: &str,
     golden: Option<&FixtureIo>,
-    storage: Storage,
+    storage: StorageDType,
 ) -> Result<Vec<u8>, ImportError> {
     let imported = crate::cleanrl::import_cleanrl(checkpoint, layout, observation, action, source)?;
     compile_imported(imported, golden, storage)
@@ -73,7 +53,7 @@ pub fn compile_rllib(
     path: &std::path::Path,
     source: &str,
     golden: Option<&FixtureIo>,
-    storage: Storage,
+    storage: StorageDType,
 ) -> Result<Vec<u8>, ImportError> {
     let files = crate::rllib::read_rllib_checkpoint(path)?;
     compile_imported(crate::rllib::import_rllib(&files, source)?, golden, storage)
@@ -89,7 +69,7 @@ pub fn compile_rllib_module(
     module_ctor: &[u8],
     name: &str,
     source: &str,
-    storage: Storage,
+    storage: StorageDType,
     goldens: bool,
 ) -> Result<Vec<u8>, ImportError> {
     let imported = crate::rllib::import_rllib_module(module_state, module_ctor, name, source)?;
@@ -103,7 +83,7 @@ pub fn compile_rllib_module(
 pub fn compile_imported(
     imported: crate::Imported,
     golden: Option<&FixtureIo>,
-    storage: Storage,
+    storage: StorageDType,
 ) -> Result<Vec<u8>, ImportError> {
     let mut manifest = imported.manifest;
     manifest.golden = match golden {
@@ -128,8 +108,12 @@ pub fn compile_imported(
         }
     };
     // Golden tolerances assume f32 weights; reduced storage widens them to its rounding.
-    if storage != Storage::F32 {
-        let tol = if storage == Storage::F16 { 1e-2 } else { 5e-2 };
+    if storage != StorageDType::F32 {
+        let tol = if storage == StorageDType::F16 {
+            1e-2
+        } else {
+            5e-2
+        };
         manifest.golden.iter_mut().for_each(|g| {
             g.tolerance = g.tolerance.max(tol);
             g.sampled_actions.clear();
@@ -142,14 +126,9 @@ pub fn compile_imported(
 fn write_with_storage(
     manifest: policyport_format::Manifest,
     tensors: &std::collections::BTreeMap<String, policyport_format::container::Tensor>,
-    storage: Storage,
+    storage: StorageDType,
 ) -> Result<Vec<u8>, ImportError> {
-    let st = match storage {
-        Storage::F32 => StorageDType::F32,
-        Storage::F16 => StorageDType::F16,
-        Storage::BF16 => StorageDType::BF16,
-    };
-    Ok(write_artifact(&manifest, tensors, &|_| st)?)
+    Ok(write_artifact(&manifest, tensors, &|_| storage)?)
 }
 
 /// Seeded observations that fit a space (standard normal-ish floats, bytes, or valid discrete ids).

@@ -26,11 +26,13 @@ use thiserror::Error;
 
 pub use cleanrl::CleanrlLayout;
 pub use compile::{
-    Storage, compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_rllib_module,
+    compile_cleanrl, compile_imported, compile_onnx, compile_rllib, compile_rllib_module,
     compile_sb3, random_obs,
 };
 pub use fixture::{FixtureCase, FixtureIo, golden_from_fixture};
 pub use onnx::{Imported, import_onnx};
+/// The weights' storage in a written artifact (`--storage`): the format's own enum.
+pub use policyport_format::container::StorageDType;
 pub use spec::{DistSpec, ImportSpec, LogStdSpec, NormalizeSpec, StatePair};
 
 #[derive(Debug, Error)]

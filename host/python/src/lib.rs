@@ -16,7 +16,7 @@ use policyport::{
     ActMode, Backend, CompiledPolicy, EnvIds, ErrorKind, Observations, PolicyError, Request,
     Session,
 };
-use policyport_import::{ImportError, Storage};
+use policyport_import::{ImportError, StorageDType};
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -653,7 +653,9 @@ impl PyPolicy {
                 Backend::Torch => {
                     let opts = policyport_torch::TorchOptions {
                         device: device.parse().map_err(PyValueError::new_err)?,
-                        precision: precision.parse().map_err(PyValueError::new_err)?,
+                        precision: precision.parse().map_err(
+                            |e: policyport::UnknownPrecision| PyValueError::new_err(e.to_string()),
+                        )?,
                         ..Default::default()
                     };
                     py.detach(|| policyport_torch::load(&bytes, &opts))
@@ -666,7 +668,7 @@ impl PyPolicy {
                     ));
                 }
                 Backend::Cpu if precision != "f32" => {
-                    let precision: policyport::CpuPrecision =
+                    let precision: policyport::Precision =
                         precision
                             .parse()
                             .map_err(|e: policyport::UnknownPrecision| {
@@ -958,8 +960,9 @@ impl PyPolicy {
     }
 }
 
-fn storage_of(s: &str) -> PyResult<Storage> {
-    s.parse::<Storage>().map_err(PyValueError::new_err)
+fn storage_of(s: &str) -> PyResult<StorageDType> {
+    s.parse::<StorageDType>()
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Compile a trained policy into `.policy` bytes. `source`: a path (an RLlib checkpoint directory, a

@@ -13,7 +13,7 @@
 //! keep *gradients* from underflowing; inference has none.
 //!
 //! Built only with the cargo feature `tch` (it needs a libtorch; see README.md). Without it every type here
-//! still exists and [`load`] / [`TorchPolicy::load`] return [`TorchError::NotCompiled`].
+//! still exists and [`load`] returns [`TorchError::NotCompiled`].
 
 pub mod buckets;
 #[cfg(feature = "tch")]
@@ -25,7 +25,7 @@ mod philox;
 
 use std::sync::Arc;
 
-use policyport::{ActOutputs, CompiledPolicy, GoldenReport, PolicyError, Request, Session};
+use policyport::{CompiledPolicy, PolicyError, Session};
 use policyport_format::FormatError;
 use thiserror::Error;
 
@@ -52,37 +52,9 @@ impl std::str::FromStr for TorchDevice {
     }
 }
 
-/// Arithmetic precision of the dense layers and activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    F32,
-    /// fp16 compute (tensor cores on CUDA); sensitive parts stay fp32.
-    F16,
-    /// bf16 compute; sensitive parts stay fp32.
-    Bf16,
-}
-
-impl Precision {
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::F16 => "f16",
-            Precision::Bf16 => "bf16",
-        }
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" | "fp32" => Ok(Precision::F32),
-            "f16" | "fp16" => Ok(Precision::F16),
-            "bf16" => Ok(Precision::Bf16),
-            _ => Err(format!("unknown precision '{s}' (f32, f16, bf16)")),
-        }
-    }
-}
+/// The dense layers' and activations' arithmetic precision: the runtime's one [`policyport::Precision`] (libtorch
+/// computes all three; f16 and bf16 keep the sensitive parts in f32).
+pub use policyport::Precision;
 
 /// Where sampling runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,7 +188,7 @@ pub fn load(bytes: &[u8], opts: &TorchOptions) -> Result<Arc<CompiledPolicy>, To
     #[cfg(feature = "tch")]
     {
         let artifact = policyport::format::read_artifact(bytes)?;
-        let builder = exec::builder(opts)?;
+        let builder = exec::builder(&opts.effective())?;
         let _guard = tch::no_grad_guard();
         CompiledPolicy::with_builder(artifact, builder).map_err(|e| match e {
             PolicyError::Artifact(f) => TorchError::Artifact(f),
@@ -230,81 +202,31 @@ pub fn load(bytes: &[u8], opts: &TorchOptions) -> Result<Arc<CompiledPolicy>, To
     }
 }
 
-/// A libtorch policy with one session: [`load`] plus [`CompiledPolicy::session`], for callers that want one
-/// object (the CLI's `bench-torch`, tests). act() is [`policyport::Session::act`]: the same request, checks,
-/// state model and errors as every backend.
-pub struct TorchPolicy {
-    session: Session,
-    opts: TorchOptions,
-}
-
-impl std::fmt::Debug for TorchPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TorchPolicy")
-            .field("session", &self.session)
-            .field("opts", &self.opts)
-            .finish()
-    }
-}
-
-impl TorchPolicy {
-    /// [`load`], then a session.
-    pub fn load(bytes: &[u8], opts: &TorchOptions) -> Result<Self, TorchError> {
-        let opts = opts.effective();
-        Ok(TorchPolicy {
-            session: load(bytes, &opts)?.session(),
-            opts,
-        })
-    }
-
-    /// One step for `req.batch` envs ([`policyport::Session::act`]); the outputs are copied into `out` (its
-    /// buffers reused).
-    pub fn act(&mut self, req: &Request<'_>, out: &mut ActOutputs) -> Result<(), TorchError> {
-        out.clone_from(self.session.act(req)?);
-        Ok(())
-    }
-
-    /// Zero the recurrent state of these envs (episode boundaries).
-    pub fn reset(&mut self, envs: &[u32]) -> Result<(), TorchError> {
-        Ok(self.session.reset(envs)?)
-    }
-
-    /// State tensor `k` of `env`, read back from the device (for tests and debugging).
-    pub fn state(&mut self, k: usize, env: u32) -> Result<Vec<f32>, TorchError> {
-        Ok(self.session.state(k, env)?.to_vec())
-    }
-
-    /// The session (its policy: [`policyport::Session::policy`]).
-    pub fn session(&mut self) -> &mut Session {
-        &mut self.session
-    }
-
-    pub fn info(&self) -> TorchInfo {
-        let info = self.session.policy().info();
-        TorchInfo {
-            name: info.name,
-            device: match self.opts.device {
-                TorchDevice::Cpu => "Cpu".into(),
-                TorchDevice::Cuda(i) => format!("Cuda({i})"),
-            },
-            precision: self.opts.precision,
-            launch: self.opts.launch,
-            sampling: self.opts.sampling,
-            buckets: if self.opts.launch == Launch::Eager {
-                vec![]
-            } else {
-                self.opts.bucket_plan().sizes().to_vec()
-            },
-            obs_len: info.obs_len,
-            action_len: info.action_len,
-            recurrent_states: info.recurrent_states,
-            num_envs: self.session.num_envs(),
-        }
-    }
-
-    /// Check the artifact's golden vectors on this executor (each case in a fresh session).
-    pub fn verify(&mut self) -> Result<Vec<GoldenReport>, TorchError> {
-        Ok(self.session.policy().verify()?)
+/// What a session of a policy [`load`]ed with `opts` runs on: the options as the executor applies them
+/// ([`TorchOptions::effective`]: device, precision, launch, sampling, buckets) and the policy's shape. There is no
+/// second policy type for libtorch: a libtorch policy is a [`CompiledPolicy`] and acts through its
+/// [`Session`]s like every backend's.
+pub fn info(session: &Session, opts: &TorchOptions) -> TorchInfo {
+    let opts = opts.effective();
+    let policy = session.policy().info();
+    TorchInfo {
+        name: policy.name,
+        device: match opts.device {
+            TorchDevice::Cpu => "Cpu".into(),
+            TorchDevice::Cuda(i) => format!("Cuda({i})"),
+        },
+        precision: opts.precision,
+        launch: opts.launch,
+        sampling: opts.sampling,
+        buckets: if opts.launch == Launch::Eager {
+            vec![]
+        } else {
+            opts.bucket_plan().sizes().to_vec()
+        },
+        obs_len: policy.obs_len,
+        action_len: policy.action_len,
+        recurrent_states: policy.recurrent_states,
+        num_envs: session.num_envs(),
     }
 }
 
@@ -328,10 +250,10 @@ mod tests {
     #[cfg(not(feature = "tch"))]
     #[test]
     fn torch_compiled_out_is_a_typed_error() {
-        assert_eq!(
-            TorchPolicy::load(b"", &TorchOptions::default()).unwrap_err(),
-            TorchError::NotCompiled
-        );
+        assert!(matches!(
+            load(b"", &TorchOptions::default()),
+            Err(TorchError::NotCompiled)
+        ));
         assert_eq!(cuda_device_count(), 0);
     }
 }

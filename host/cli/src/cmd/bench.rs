@@ -31,9 +31,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// The cpu backend's dense-layer precision: f32 (default) or bf16 (needs AVX512-BF16; see
-    /// policyport::CpuPrecision).
+    /// policyport::Precision; f16 is a typed error there).
     #[arg(long, default_value = "f32")]
-    pub precision: policyport::CpuPrecision,
+    pub precision: policyport::Precision,
 }
 
 /// `policyport bench-torch`'s arguments.
@@ -92,12 +92,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     if lend_dense && plugin.is_none() {
         bail!("--lend-dense lends the kernel to the wasm sandbox: give --plugin too");
     }
-    if precision != policyport::CpuPrecision::F32 && (backend != Backend::Cpu || plugin.is_some()) {
+    if precision != policyport::Precision::F32 && (backend != Backend::Cpu || plugin.is_some()) {
         bail!("--precision is the native cpu backend's (--backend cpu, no --plugin)");
     }
     let bytes = read(&artifact)?;
     let policy = match precision {
-        policyport::CpuPrecision::F32 => load_policy(&bytes, backend)?,
+        policyport::Precision::F32 => load_policy(&bytes, backend)?,
         _ => CompiledPolicy::load_cpu(&bytes, policyport::CpuOptions { precision })?,
     };
     let mut session = policy.session();
@@ -118,7 +118,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let runtime = match &plugin {
         Some(_) if lend_dense => "policyport-wasm-lent".to_string(),
         Some(_) => "policyport-wasm".to_string(),
-        None if precision != policyport::CpuPrecision::F32 => {
+        None if precision != policyport::Precision::F32 => {
             format!("policyport-{}-{}", backend.name(), precision.name())
         }
         None => format!("policyport-{}", backend.name()),
@@ -201,7 +201,7 @@ fn median_us(seconds: f64, mut f: impl FnMut(u64) -> Result<()>) -> Result<f64> 
 }
 
 fn torch(bytes: &[u8], args: &BenchTorchArgs) -> Result<()> {
-    use policyport_torch::{Launch, Sampling, TorchOptions, TorchPolicy};
+    use policyport_torch::{Launch, Sampling, TorchOptions};
     let BenchTorchArgs {
         batches,
         device,
@@ -229,20 +229,18 @@ fn torch(bytes: &[u8], args: &BenchTorchArgs) -> Result<()> {
     let max = sizes.iter().copied().max().unwrap_or(1);
     policyport_torch::set_cpu_threads(threads);
     let t0 = Instant::now();
-    let mut policy = TorchPolicy::load(
-        bytes,
-        &TorchOptions {
-            device,
-            precision,
-            launch,
-            sampling,
-            max_batch: max,
-            buckets: (launch == Launch::CudaGraphs).then(|| sizes.clone()),
-            num_envs: max,
-        },
-    )?;
+    let opts = TorchOptions {
+        device,
+        precision,
+        launch,
+        sampling,
+        max_batch: max,
+        buckets: (launch == Launch::CudaGraphs).then(|| sizes.clone()),
+        num_envs: max,
+    };
+    let mut session = policyport_torch::load(bytes, &opts)?.session();
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let info = policy.info();
+    let info = policyport_torch::info(&session, &opts);
     let runtime = format!(
         "policyport-tch-{}-{}{}",
         if launch == Launch::Eager {
@@ -260,14 +258,14 @@ fn torch(bytes: &[u8], args: &BenchTorchArgs) -> Result<()> {
     let space = policy_observation(bytes)?;
     for batch in sizes {
         let obs = BenchObs::new(&space, batch);
-        let mut out = ActOutputs::default();
         let mut step = 0u64;
         let us = median_us(seconds, |_| {
             step += 1;
-            policy.act(
-                &Request::new(obs.get(), batch, ActMode::Sample { seed: 1, step }),
-                &mut out,
-            )?;
+            session.act(&Request::new(
+                obs.get(),
+                batch,
+                ActMode::Sample { seed: 1, step },
+            ))?;
             Ok(())
         })?;
         println!(

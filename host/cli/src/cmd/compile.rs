@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use policyport_import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec, Storage, compile_onnx};
+use policyport_import::{DistSpec, FixtureIo, ImportSpec, LogStdSpec, StorageDType, compile_onnx};
 
 use super::{read, write_atomically};
 
@@ -45,7 +45,7 @@ pub struct CompileArgs {
     pub golden: Option<PathBuf>,
     /// Weight storage: f32, f16, bf16.
     #[arg(long, default_value = "f32")]
-    pub storage: Storage,
+    pub storage: StorageDType,
     /// For a PyTorch state dict: the agent that wrote it (cleanrl-ppo, cleanrl-ppo-continuous,
     /// cleanrl-atari, cleanrl-atari-lstm, cleanrl-sac).
     #[arg(long)]

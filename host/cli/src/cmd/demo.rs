@@ -9,7 +9,7 @@ use clap::Args;
 use policyport::{ActMode, Backend, Request};
 use policyport_cli::demo::{observations, run_episodes};
 use policyport_cli::envs::{CartPole, Catch, EnvObs, Pendulum};
-use policyport_import::{FixtureIo, ImportSpec, Storage, compile_onnx};
+use policyport_import::{FixtureIo, ImportSpec, StorageDType, compile_onnx};
 
 use super::{load_policy, read, write_atomically};
 
@@ -164,7 +164,7 @@ fn compile_bundled(b: &Bundled) -> Result<Vec<u8>> {
         &spec,
         &format!("tests/fixtures/{}/policy.onnx", b.name),
         Some(&io),
-        Storage::F32,
+        StorageDType::F32,
     )?)
 }
 
@@ -266,7 +266,13 @@ fn serve(bind: &str, port: u16, root: &Path) -> Result<()> {
     // and the trainer's own rollout (frames, episode starts, actions, values, logits) that the page replays.
     memory.insert(
         format!("/policies/{}.policy", REPLAY.name),
-        policyport_import::compile_sb3(REPLAY.sb3_zip, None, REPLAY.source, None, Storage::F32)?,
+        policyport_import::compile_sb3(
+            REPLAY.sb3_zip,
+            None,
+            REPLAY.source,
+            None,
+            StorageDType::F32,
+        )?,
     );
     memory.insert(
         format!("/replays/{}.json", REPLAY.name),
@@ -310,7 +316,7 @@ fn run_demo(episodes: u32, backend: Backend, out_dir: &Path) -> Result<()> {
             &spec,
             &format!("tests/fixtures/{}/policy.onnx", b.name),
             Some(&io),
-            Storage::F32,
+            StorageDType::F32,
         )?;
         let path = out_dir.join(format!("{}.policy", b.name));
         write_atomically(&path, &bytes)?;

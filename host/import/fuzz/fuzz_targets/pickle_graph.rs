@@ -8,7 +8,7 @@
 //! Every reader must answer in bounded time and memory with a result or a typed error.
 use libfuzzer_sys::fuzz_target;
 use policyport_import::zipread::stored_zip;
-use policyport_import::{Storage, compile_sb3, detect_model, npy_pickle, pickle, torchfile};
+use policyport_import::{StorageDType, compile_sb3, detect_model, npy_pickle, pickle, torchfile};
 
 fn bin_unicode(p: &mut Vec<u8>, s: &str) {
     p.push(b'X');
@@ -117,5 +117,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = detect_model(&torch);
     let _ = torchfile::read_state_dict(&torch);
     let sb3 = stored_zip(&[("data", b"{}"), ("policy.pth", &torch)]);
-    let _ = compile_sb3(&sb3, None, "fuzz", None, Storage::F32);
+    let _ = compile_sb3(&sb3, None, "fuzz", None, StorageDType::F32);
 });
