@@ -563,6 +563,7 @@ impl CompiledPolicy {
             mode: ActMode::Deterministic,
             states: &states,
             num_envs: case.batch,
+            skip_value: false,
         };
         let mut rows = vec![];
         exec.launch(&mut scratch, &step, &mut rows)?

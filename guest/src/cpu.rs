@@ -15,7 +15,9 @@ use crate::error::{PolicyError, try_resize};
 use crate::executor::{ExecScratch, Executor, Pending, StepInput, scratch_of};
 use crate::kernels::{self, Act, Isa};
 use crate::lend::DenseLender;
-use crate::lower::{act_of, affine_group, expand_affine, lower, transpose_index};
+use crate::lower::{
+    act_of, affine_group, expand_affine, lower, needed_without_readback, transpose_index,
+};
 use crate::pool::{RowPool, Split};
 
 #[derive(Debug, Clone)]
@@ -106,10 +108,40 @@ enum Instr {
     },
 }
 
+/// What a step that skips the value runs in place of one instruction ([`CpuExecutor::without_value`]).
+#[derive(Debug, Clone)]
+enum WithoutValue {
+    Run,
+    Skip,
+    Instead(Instr),
+}
+
+/// The program's instructions and the replacements its steps without the value run (each packed dense layer
+/// among them gets the program's precision and lender).
+fn every_instr<'a>(
+    instrs: &'a mut [Instr],
+    without_value: &'a mut [WithoutValue],
+) -> impl Iterator<Item = &'a mut Instr> {
+    instrs
+        .iter_mut()
+        .chain(without_value.iter_mut().filter_map(|w| match w {
+            WithoutValue::Instead(i) => Some(i),
+            _ => None,
+        }))
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct CpuExecutor {
     isa: Isa,
     instrs: Vec<Instr>,
+    /// Per instruction, what a step that does not want the value ([`StepInput::skip_value`]) runs instead: the
+    /// instruction, nothing (it computes only the value: a PPO critic's own layers), or, for a DenseSplit with
+    /// one half only the value needs (a PPO actor's and critic's first layers on the same observation), the
+    /// other half's dense layer alone.
+    without_value: Vec<WithoutValue>,
+    /// The readback entry of the value estimate when it is nothing else's: a step that skips the value writes
+    /// zeros there (its slot holds whatever an earlier step left).
+    value_readback: Option<usize>,
     slot_numel: Vec<usize>,
     /// The widest `DenseSplit` joint row (`n1 + n2`), 0 without one: the split scratch per row.
     split_width: usize,
@@ -191,8 +223,33 @@ impl CpuExecutor {
         let isa = kernels::detect();
         let partner = narrow_dense_pairs(art, &low.nodes, crate::dense::narrow_width(isa));
         let (channels_last, absorbed, nhwc_out) = channels_last_convs(art, &low);
+        // The value estimate's readback entry (step programs of a policy with a critic), and the nodes only it
+        // needs. A probe program reading values other than the value estimate has none.
+        let value_readback = plan.head.value.as_deref().and_then(|v| {
+            let i = readback_values.iter().position(|r| *r == v)?;
+            let slot = low.readback[i].0;
+            let shared = low
+                .readback
+                .iter()
+                .enumerate()
+                .any(|(j, (s, _))| j != i && *s == slot);
+            (!shared).then_some(i)
+        });
+        let needed = match value_readback {
+            Some(i) => needed_without_readback(&low, i),
+            None => vec![true; low.nodes.len()],
+        };
         let mut instrs = vec![];
+        // The node(s) of each instruction, filled as the loop below pushes them (node `i`, and a DenseSplit's
+        // partner).
+        let mut instr_nodes: Vec<(usize, Option<usize>)> = vec![];
+        let mut pushed_nodes = (0, None);
         for (i, n) in low.nodes.iter().enumerate() {
+            instr_nodes.resize(instrs.len(), pushed_nodes);
+            pushed_nodes = match partner[i] {
+                Pair::First(j) => (i, Some(j)),
+                _ => (i, None),
+            };
             if absorbed[i] {
                 continue;
             }
@@ -355,8 +412,30 @@ impl CpuExecutor {
                 },
             });
         }
+        instr_nodes.resize(instrs.len(), pushed_nodes);
+        let dense_of = |i: usize| {
+            let n = &low.nodes[i];
+            let (w, k, o, bias) = dense_weights(art, n);
+            Instr::Dense {
+                x: n.ins[0],
+                dense: PackedDense::new(isa, w, o, k, Some(&bias)),
+                act: n.act,
+                out: n.out,
+            }
+        };
+        let mut without_value: Vec<WithoutValue> = instr_nodes
+            .iter()
+            .map(
+                |&(i, partner)| match (needed[i], partner.map(|j| (j, needed[j]))) {
+                    (true, None | Some((_, true))) => WithoutValue::Run,
+                    (false, None | Some((_, false))) => WithoutValue::Skip,
+                    (true, Some((_, false))) => WithoutValue::Instead(dense_of(i)),
+                    (false, Some((j, true))) => WithoutValue::Instead(dense_of(j)),
+                },
+            )
+            .collect();
         // Precision first: a bf16 layer is not lent (the lenders compute f32).
-        for instr in &mut instrs {
+        for instr in every_instr(&mut instrs, &mut without_value) {
             match instr {
                 Instr::Dense { dense, .. } | Instr::DenseSplit { dense, .. } => {
                     dense.set_precision(precision)
@@ -366,7 +445,7 @@ impl CpuExecutor {
             }
         }
         if let Some(lender) = lender {
-            for instr in &mut instrs {
+            for instr in every_instr(&mut instrs, &mut without_value) {
                 match instr {
                     Instr::Dense { dense, .. } | Instr::DenseSplit { dense, .. } => {
                         dense.lend(lender)
@@ -376,8 +455,7 @@ impl CpuExecutor {
                 }
             }
         }
-        let bf16_bytes_per_row = instrs
-            .iter()
+        let bf16_bytes_per_row = every_instr(&mut instrs, &mut without_value)
             .map(|i| match i {
                 Instr::Dense { dense, .. } | Instr::DenseSplit { dense, .. } => {
                     dense.bf16_bytes_per_row()
@@ -404,6 +482,8 @@ impl CpuExecutor {
             isa,
             split_width,
             instrs,
+            without_value,
+            value_readback,
             slot_numel: low.slot_numel,
             obs_slot: low.obs_slot,
             state_sizes: low.state_slots.iter().map(|(_, n)| *n).collect(),
@@ -444,6 +524,7 @@ impl CpuExecutor {
         total: usize,
         obs: &[f32],
         states: &[Vec<f32>],
+        skip_value: bool,
         out: &mut [f32],
     ) {
         let Bufs {
@@ -469,7 +550,12 @@ impl CpuExecutor {
             bufs[*slot][..batch * n].copy_from_slice(&data[r0 * n..(r0 + batch) * n]);
         }
         let isa = self.isa;
-        for instr in &self.instrs {
+        for (instr, without_value) in self.instrs.iter().zip(&self.without_value) {
+            let instr = match (skip_value, without_value) {
+                (false, _) | (true, WithoutValue::Run) => instr,
+                (true, WithoutValue::Skip) => continue,
+                (true, WithoutValue::Instead(other)) => other,
+            };
             if let Instr::DenseSplit {
                 x,
                 dense,
@@ -625,11 +711,16 @@ impl CpuExecutor {
             }
             bufs[out_slot] = y_buf;
         }
+        let skipped = self.value_readback.filter(|_| skip_value);
         let mut o = 0;
         for r in 0..batch {
-            for (slot, n) in &self.readback {
-                let v = slot_values(bufs, obs, obs_slot, *slot);
-                out[o..o + n].copy_from_slice(&v[r * n..(r + 1) * n]);
+            for (i, (slot, n)) in self.readback.iter().enumerate() {
+                if skipped == Some(i) {
+                    out[o..o + n].fill(0.0);
+                } else {
+                    let v = slot_values(bufs, obs, obs_slot, *slot);
+                    out[o..o + n].copy_from_slice(&v[r * n..(r + 1) * n]);
+                }
                 o += n;
             }
         }
@@ -713,7 +804,16 @@ impl Executor for CpuExecutor {
         });
         let (Some(Threads { pool, bufs }), true) = (&mut s.threads, threads > 1) else {
             self.reserve(&mut s.main, batch)?;
-            self.run(&mut s.main, 0, batch, batch, step.obs, step.states, rows);
+            self.run(
+                &mut s.main,
+                0,
+                batch,
+                batch,
+                step.obs,
+                step.states,
+                step.skip_value,
+                rows,
+            );
             return Ok(Pending::Ready);
         };
         // Parts of the batch that the threads take in turn, shrinking as rows run out (`RowPool::run`: a worker
@@ -747,7 +847,16 @@ impl Executor for CpuExecutor {
                 worker = lock(&bufs[thread - 1]);
                 &mut worker
             };
-            self.run(b, r0, r1 - r0, batch, step.obs, step.states, out);
+            self.run(
+                b,
+                r0,
+                r1 - r0,
+                batch,
+                step.obs,
+                step.states,
+                step.skip_value,
+                out,
+            );
         })?;
         Ok(Pending::Ready)
     }

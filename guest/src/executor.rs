@@ -55,6 +55,10 @@ pub struct StepInput<'a> {
     pub states: &'a [Vec<f32>],
     /// Device-state executors: how many envs the session's state holds now (the device copy grows to match).
     pub num_envs: usize,
+    /// The caller does not want the value estimate ([`crate::Request::skip_value`]): an executor may skip the
+    /// nodes only it needs (the cpu backend does); the value's column of its rows must still be finite (any
+    /// number: the session does not read it).
+    pub skip_value: bool,
 }
 
 /// Per-session mutable data of one executor (downcast by the executor that made it).

@@ -128,6 +128,30 @@ pub fn lower<'a>(art: &'a Artifact, plan: &ValidatedPlan, readback_values: &[&st
     }
 }
 
+/// Per node of `low`: whether it is needed for the step's readback values other than `dropped` (an index into
+/// [`Lowered::readback`]) — the nodes a step may skip when the caller does not want that value (the value
+/// estimate: [`crate::Request::skip_value`]). Backward liveness over the SSA node list: a node is needed when a
+/// needed node reads its output or a kept readback value is its output. A slot read back both as the dropped
+/// value and as a kept one (a graph whose value is also a logit) stays needed.
+pub fn needed_without_readback(low: &Lowered<'_>, dropped: usize) -> Vec<bool> {
+    let mut live = vec![false; low.slot_numel.len()];
+    for (i, (slot, _)) in low.readback.iter().enumerate() {
+        if i != dropped {
+            live[*slot] = true;
+        }
+    }
+    let mut needed = vec![false; low.nodes.len()];
+    for (i, n) in low.nodes.iter().enumerate().rev() {
+        if live[n.out] {
+            needed[i] = true;
+            for &s in &n.ins {
+                live[s] = true;
+            }
+        }
+    }
+    needed
+}
+
 /// The fusion pass: a Dense (or Conv2d) whose output is read by exactly one node, an elementwise activation, and is not
 /// read back, computes that activation itself (the activation node disappears; the Dense writes the
 /// activation's output slot). Moving the activation up to the Dense is sound because values are SSA: its only

@@ -117,6 +117,11 @@ pub struct Request<'a> {
     pub action_mask: Option<&'a [bool]>,
     /// A Q-value head's exploration rate for this request (sampled mode), instead of the artifact's.
     pub epsilon: Option<f32>,
+    /// The caller does not want the value estimate: [`ActOutputs::value`] is left empty, and the executor may
+    /// skip the layers only the value needs (the cpu backend does: a PPO policy with a separate critic, SB3's
+    /// default, does about half its work for the value). What a game acting with a trained policy wants; a
+    /// trainer collecting rollouts wants the value. Default `false` (the value is computed).
+    pub skip_value: bool,
 }
 
 impl<'a> Request<'a> {
@@ -130,7 +135,14 @@ impl<'a> Request<'a> {
             episode_starts: None,
             action_mask: None,
             epsilon: None,
+            skip_value: false,
         }
+    }
+
+    /// Leave the value estimate out of this act() (see [`Request::skip_value`]).
+    pub fn skip_value(mut self) -> Self {
+        self.skip_value = true;
+        self
     }
 
     pub fn action_mask(mut self, mask: &'a [bool]) -> Self {
@@ -211,6 +223,11 @@ impl std::fmt::Debug for Session {
 struct Prepared {
     batch: usize,
     mode: ActMode,
+    /// The request's [`Request::skip_value`] on a policy that has a value.
+    skip_value: bool,
+    /// The request's observations go to the executor as they are (checked, f32, no preprocessing): the session
+    /// copied nothing.
+    obs_as_given: bool,
     /// Largest env id + 1 of a recurrent batch (the state grows to it).
     envs_needed: usize,
 }
@@ -501,12 +518,21 @@ impl Session {
         self.policy
             .head()
             .check_controls(req.action_mask, req.epsilon, batch)?;
+        let policy = &self.policy;
+        let placement = policy.executor().placement();
+        // f32 observations with nothing to do on the host go to the executor as they are (no copy): those of a
+        // policy without preprocessing, and every f32 batch of an executor that preprocesses on its device.
+        let obs_as_given = matches!(req.obs, Observations::F32(_))
+            && match placement.preprocess {
+                true => !placement.raw_observations,
+                false => policy.preprocessor().passes_through(),
+            };
         // The preprocessed observations' room, fallibly (a u8 frame batch becomes four times its bytes here).
         let obs_numbers = match req.obs {
             Observations::F32(x) => x.len(),
             Observations::U8(x) => x.len(),
         };
-        if self.obs_buf.capacity() < obs_numbers {
+        if !obs_as_given && self.obs_buf.capacity() < obs_numbers {
             self.obs_buf.clear();
             try_reserve_len(
                 &mut self.obs_buf,
@@ -514,8 +540,6 @@ impl Session {
                 "the preprocessed observations",
             )?;
         }
-        let policy = &self.policy;
-        let placement = policy.executor().placement();
         if placement.preprocess {
             // The device preprocesses; the host only checks (same typed errors on every backend).
             check_observations(
@@ -526,12 +550,14 @@ impl Session {
             )?;
             self.obs_buf.clear();
             // An executor that takes the request's observations as they are (`StepInput::raw`) gets no copy.
-            if !placement.raw_observations {
-                match req.obs {
-                    Observations::F32(x) => self.obs_buf.extend_from_slice(x),
-                    Observations::U8(x) => self.obs_buf.extend(x.iter().map(|&b| b as f32)),
-                }
+            if let (false, Observations::U8(x)) = (placement.raw_observations, req.obs) {
+                self.obs_buf.extend(x.iter().map(|&b| b as f32));
             }
+        } else if obs_as_given {
+            policy
+                .preprocessor()
+                .check(req.obs, batch)
+                .map_err(|e: ObservationError| PolicyError::from(e))?;
         } else {
             policy
                 .preprocessor()
@@ -563,6 +589,8 @@ impl Session {
         Ok(Prepared {
             batch,
             mode: req.mode,
+            skip_value: req.skip_value && self.policy.head().has_value(),
+            obs_as_given,
             envs_needed,
         })
     }
@@ -595,14 +623,19 @@ impl Session {
                 }
             }
         }
+        let obs_f32 = match (p.obs_as_given, obs) {
+            (true, Observations::F32(x)) => x,
+            _ => &self.obs_buf[..],
+        };
         let step = StepInput {
             batch: p.batch,
-            obs: &self.obs_buf,
+            obs: obs_f32,
             raw: (placement.preprocess && placement.raw_observations).then_some(obs),
             env_ids: &self.ids,
             mode: p.mode,
             states: &self.gathered,
             num_envs: self.state.num_envs,
+            skip_value: p.skip_value,
         };
         exec.launch(&mut self.scratch, &step, rows)
     }
@@ -622,7 +655,27 @@ impl Session {
         // (argmax skipped it, sampling fell through to the last action), and a NaN mean or value went out as
         // the action (regression test `non_finite_outputs_are_a_typed_error`). O(row width) per row.
         let width = self.policy.executor().row_width();
-        if let Some(i) = crate::observations::first_non_finite(&rows) {
+        // A skipped value's column is not an output: whatever it holds is never read (an executor that computed
+        // it anyway must not fail the act for it).
+        let non_finite = match crate::observations::first_non_finite(&rows) {
+            // (The whole rows first: the common case, one pass; the cpu backend writes zeros there.)
+            Some(_) if p.skip_value => {
+                let column = self.value_column();
+                rows.chunks_exact(width.max(1))
+                    .enumerate()
+                    .find_map(|(r, row)| {
+                        let at = |i: Option<usize>, base: usize| i.map(|i| r * width + base + i);
+                        at(crate::observations::first_non_finite(&row[..column]), 0).or_else(|| {
+                            at(
+                                crate::observations::first_non_finite(&row[column + 1..]),
+                                column + 1,
+                            )
+                        })
+                    })
+            }
+            other => other,
+        };
+        if let Some(i) = non_finite {
             let value = rows[i];
             self.rows = rows;
             return Err(PolicyError::NonFiniteOutput {
@@ -640,7 +693,10 @@ impl Session {
             batch.saturating_mul(np),
             "the act's outputs",
         )
-        .and_then(|()| try_reserve_len(&mut out.value, batch, "the act's outputs"))
+        .and_then(|()| match p.skip_value {
+            true => Ok(()),
+            false => try_reserve_len(&mut out.value, batch, "the act's outputs"),
+        })
         .and_then(|()| match head.is_discrete() {
             true => try_reserve_len(
                 &mut out.discrete,
@@ -662,6 +718,16 @@ impl Session {
         Ok(&self.out)
     }
 
+    /// The column of the value estimate in an executor's row (a policy with a value): after the head's raw
+    /// parameters, or, where the executor samples, after its actions and finished parameters.
+    fn value_column(&self) -> usize {
+        let head = self.policy.head();
+        match self.policy.executor().placement().sampling {
+            true => head.action_len + head.dist_params_len,
+            false => head.raw_params_len,
+        }
+    }
+
     /// The host side after execution: unpack the rows into the outputs (sampling on the host unless the
     /// executor sampled) and scatter next states into the host rows (unless the executor keeps them).
     fn finish(&mut self, rows: &[f32], p: &Prepared, req: &Request<'_>) {
@@ -674,10 +740,11 @@ impl Session {
         debug_assert_eq!(rows.len(), batch * width);
         let (k, np, raw) = (head.action_len, head.dist_params_len, head.raw_params_len);
         let has_value = head.has_value();
+        let wants_value = has_value && !p.skip_value;
         let out = &mut self.out;
         out.batch = batch;
         out.dist_params.resize(batch * np, 0.0);
-        out.value.resize(if has_value { batch } else { 0 }, 0.0);
+        out.value.resize(if wants_value { batch } else { 0 }, 0.0);
         let discrete = head.is_discrete();
         let mask_len = head.mask_len();
         // A mask or an epsilon override (accepted for Q-value heads only): the device's draw, if any, is replaced
@@ -697,7 +764,7 @@ impl Session {
             if placement.sampling {
                 // [actions | finished params | value]: actions were drawn on the device.
                 params.copy_from_slice(&src[k..k + np]);
-                if has_value {
+                if wants_value {
                     out.value[row] = src[k + np];
                 }
                 if !host_draws {
@@ -716,7 +783,7 @@ impl Session {
             } else {
                 params[..raw].copy_from_slice(&src[..raw]);
                 head.finish_params(params);
-                if has_value {
+                if wants_value {
                     out.value[row] = src[raw];
                 }
             }

@@ -289,6 +289,7 @@ fn churn_reference() -> (
     .unwrap();
     let config = AgentsConfig {
         seed: 77,
+        values: true,
         ..Default::default()
     };
     let cpu = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();

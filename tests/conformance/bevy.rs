@@ -164,6 +164,7 @@ fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch(
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
     let config = |seed| AgentsConfig {
         seed,
+        values: true,
         ..Default::default()
     };
     let (a, b) = {

@@ -701,6 +701,7 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
             // The agents layer itself on the same route, fed the same ticks: the C ABI adds nothing.
             let config = policyport_agents::AgentsConfig {
                 seed: policy_seed,
+                values: true,
                 ..Default::default()
             };
             let mut twin = if sandboxed {

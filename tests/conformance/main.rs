@@ -15,6 +15,8 @@
 //! - `capi`: the C ABI from Rust and from a C program built with the system compiler.
 //! - `cpu_bf16`: the cpu backend's opt-in bf16 kernels: bf16 tolerance on every fixture, threads, typed refusal.
 //! - `wasm`: the sandboxed plugin under wasmtime (parity, limits, hostile modules, cache, threads).
+//! - `values`: `Request::skip_value` on every backend: the same actions, parameters and state without the value,
+//!   the critic's own nodes skipped, a non-finite value left out no error.
 //! - `gpu`: the wgpu backend's dispatch count, batch sizes 1 to 65536, the `auto` choice.
 //! - `torch`: the libtorch executor (feature `tch`): parity on CPU in f32 / f16 / bf16, the guest's samples,
 //!   bucket padding, device state; CUDA and CUDA graphs when a GPU is present (`POLICYPORT_REQUIRE_CUDA=1`
@@ -126,6 +128,7 @@ mod rllib;
 mod sb3;
 mod torch;
 mod trainer_files;
+mod values;
 mod wasm;
 
 /// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.

@@ -22,21 +22,20 @@ pub fn categorical(logits: &[f32], u: f32) -> usize {
     // actions); the same values and the same left-to-right sums as computing them twice, so the same draw bit
     // for bit. Why: `expf` twice per logit was ~1.5 % of the benchmark MLP's act() at batch 64.
     const SMALL: usize = 64;
+    // (Two or a few actions — most discrete heads — in a buffer that costs nothing to zero.)
+    if logits.len() <= 8 {
+        let mut e = [0.0f32; 8];
+        for (e, l) in e.iter_mut().zip(logits) {
+            *e = (l - max).exp();
+        }
+        return draw(&e[..logits.len()], u);
+    }
     if logits.len() <= SMALL {
         let mut e = [0.0f32; SMALL];
         for (e, l) in e.iter_mut().zip(logits) {
             *e = (l - max).exp();
         }
-        let e = &e[..logits.len()];
-        let t = u * e.iter().sum::<f32>();
-        let mut acc = 0.0f32;
-        for (i, v) in e.iter().enumerate() {
-            acc += v;
-            if acc > t {
-                return i;
-            }
-        }
-        return logits.len() - 1;
+        return draw(&e[..logits.len()], u);
     }
     let total: f32 = logits.iter().map(|l| (l - max).exp()).sum();
     let t = u * total;
@@ -48,6 +47,21 @@ pub fn categorical(logits: &[f32], u: f32) -> usize {
         }
     }
     logits.len() - 1
+}
+
+/// The index drawn by `u` from unnormalised probabilities `e` (the first whose running sum passes `u` times the
+/// total; the last one if rounding leaves the sum short).
+#[inline(always)]
+fn draw(e: &[f32], u: f32) -> usize {
+    let t = u * e.iter().sum::<f32>();
+    let mut acc = 0.0f32;
+    for (i, v) in e.iter().enumerate() {
+        acc += v;
+        if acc > t {
+            return i;
+        }
+    }
+    e.len() - 1
 }
 
 /// Index of the first maximum.

@@ -420,6 +420,10 @@ pub unsafe extern "C" fn pp_act_masked(
         if !epsilon.is_nan() {
             req = req.epsilon(epsilon);
         }
+        if value.is_null() {
+            // The host does not want the value: it is not computed (a separate critic's layers are skipped).
+            req = req.skip_value();
+        }
         let out = slot.session.act(&req).map_err(|e| fail(code_of(&e), e))?;
         let n = action_n;
         if info.action.is_discrete() {

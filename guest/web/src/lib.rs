@@ -434,6 +434,7 @@ impl ActArgs {
             episode_starts: self.episode_starts.as_deref(),
             action_mask: self.action_mask.as_deref(),
             epsilon: self.epsilon,
+            skip_value: false,
         }
     }
 }

@@ -77,6 +77,11 @@ pub struct AgentsConfig {
     pub deterministic: bool,
     /// The most agents alive at once ([`AgentsError::TooManyAgents`] past it).
     pub max_agents: usize,
+    /// Compute each agent's value estimate ([`Tick::value`]). Off by default: a game acts, and the critic's
+    /// estimate is for training, debugging or a HUD; without it the native backends skip the layers only the
+    /// value needs (a PPO policy with a separate critic, SB3's default MLP, does about half its work for it),
+    /// as the engines' own exports do (Godot RL Agents and ML-Agents export the actor alone).
+    pub values: bool,
 }
 
 impl Default for AgentsConfig {
@@ -85,6 +90,7 @@ impl Default for AgentsConfig {
             seed: 0,
             deterministic: false,
             max_agents: DEFAULT_MAX_AGENTS,
+            values: false,
         }
     }
 }
@@ -377,6 +383,22 @@ impl Agents {
     /// Ticks acted so far (the sampling step of the next act()).
     pub fn tick(&self) -> u64 {
         self.tick
+    }
+
+    /// Compute the agents' value estimates from the next act() on, or not ([`AgentsConfig::values`]).
+    pub fn set_values(&mut self, values: bool) {
+        self.config.values = values;
+    }
+
+    /// Whether act() asks for the agents' value estimates ([`AgentsConfig::values`]; a policy without a value has
+    /// none either way: [`Agents::has_value`]).
+    pub fn values(&self) -> bool {
+        self.config.values
+    }
+
+    /// Whether the policy has a value estimate (a critic) at all.
+    pub fn has_value(&self) -> bool {
+        self.shape.has_value
     }
 
     /// Sampled (false, the default) or greedy / mean (true) actions from the next act() on.
@@ -681,6 +703,9 @@ impl Agents {
             if self.masked {
                 req = req.action_mask(&self.masks);
             }
+            if !self.config.values {
+                req = req.skip_value();
+            }
             self.runner.act(&req)?;
         }
         // Committed: record who acted, clear the staging.
@@ -850,10 +875,11 @@ impl<'a> Tick<'a> {
         (!self.agents.shape.discrete).then(|| &self.out.continuous[r * n..(r + 1) * n])
     }
 
-    /// The value estimate for `id`, if the policy has one and `id` acted this tick.
+    /// The value estimate for `id`, if the policy has one, the tick computed values ([`AgentsConfig::values`])
+    /// and `id` acted this tick.
     pub fn value(&self, id: AgentId) -> Option<f32> {
         let r = self.row(id)?;
-        self.agents.shape.has_value.then(|| self.out.value[r])
+        self.out.value.get(r).copied()
     }
 
     /// Every output of this tick, by row ([`Tick::agents`] gives each row's agent).

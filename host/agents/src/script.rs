@@ -36,6 +36,8 @@ pub struct ScriptRunner {
     rows: RowOutputs,
     ids: Vec<AgentId>,
     mask: Vec<bool>,
+    /// [`AgentsConfig::values`] for this runner's agents (kept across loads).
+    values: bool,
     last_error: Option<ScriptError>,
 }
 
@@ -87,6 +89,7 @@ impl ScriptRunner {
         let config = AgentsConfig {
             seed: seed as u64,
             deterministic: !sample,
+            values: self.values,
             ..Default::default()
         };
         self.agents = Some(Agents::native(policy, config));
@@ -162,6 +165,15 @@ impl ScriptRunner {
         match result {
             Ok(()) => self.ok(),
             Err(e) => self.fail(e),
+        }
+    }
+
+    /// Compute the agents' value estimates from the next tick on (off by default: [`AgentsConfig::values`]);
+    /// kept across loads.
+    pub fn set_values(&mut self, values: bool) {
+        self.values = values;
+        if let Some(a) = &mut self.agents {
+            a.set_values(values);
         }
     }
 

@@ -56,6 +56,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `--gap-us 2000`: the Bevy app sleeps that long after each tick (outside the timed Act set), as a game's
     // frame does; back to back (0, the default) a worker thread is still awake at the next tick.
     let gap_us: u64 = arg(&args, "--gap-us").map_or(Ok(0), |v| v.parse())?;
+    // `--values`: every path computes the value estimate too (`AgentsConfig::values`); by default none does, as
+    // a game acting with a policy does not (the engines' own exports leave the critic out). The bare act with the
+    // value is measured beside it either way (`session_act_with_value`).
+    let values = args.iter().any(|a| a == "--values");
     let bytes = std::fs::read(&path)?;
     let policy = CompiledPolicy::load(&bytes, Backend::Cpu)?;
     let obs_len = policy.info().obs_len;
@@ -75,8 +79,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // env id per row, episode-start flags), so the agents layer's own cost is told apart from the
             // request's.
             if run("session") {
-                for (path, with_ids) in [("session_act", false), ("session_act_ids", true)] {
-                    if with_ids && t > 1 {
+                for (path, with_ids, with_value) in [
+                    ("session_act", false, values),
+                    ("session_act_ids", true, values),
+                    ("session_act_with_value", false, true),
+                ] {
+                    if (with_ids || path == "session_act_with_value") && t > 1 {
                         continue;
                     }
                     let mut session = policy.session();
@@ -94,6 +102,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             true => req.envs(EnvIds::List(env_ids)).episode_starts(starts),
                             false => req,
                         };
+                        let req = match with_value {
+                            true => req,
+                            false => req.skip_value(),
+                        };
                         let t0 = Instant::now();
                         session.act(&req).unwrap();
                         out.push((path, t0.elapsed().as_secs_f64()));
@@ -102,7 +114,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             // 2. The agents layer: N observations by id (in reverse order), one act.
             if run("agents") && t == 1 {
-                let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
+                let config = AgentsConfig {
+                    values,
+                    ..Default::default()
+                };
+                let mut agents = Agents::native(policy.clone(), config);
                 let ids: Vec<AgentId> = (0..n).map(|_| agents.spawn().unwrap()).collect();
                 let obs = &obs;
                 paths.push(Box::new(move |out| {
@@ -118,7 +134,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             // 3. The Bevy plugin: entities with an Observation copied from a component, the Act set timed.
             if run("bevy") {
-                let mut app = bevy_app(&policy, &obs, n, t)?;
+                let mut app = bevy_app(&policy, &obs, n, t, values)?;
                 paths.push(Box::new(move |out| {
                     let t0 = Instant::now();
                     app.update();
@@ -211,12 +227,17 @@ fn bevy_app(
     obs: &[f32],
     n: usize,
     threads: usize,
+    values: bool,
 ) -> Result<App, Box<dyn std::error::Error>> {
     let obs_len = policy.info().obs_len;
     let mut app = App::new();
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
     app.init_resource::<ActTimer>();
-    let mut agents = Agents::native(policy.clone(), AgentsConfig::default());
+    let config = AgentsConfig {
+        values,
+        ..Default::default()
+    };
+    let mut agents = Agents::native(policy.clone(), config);
     agents.set_threads(threads)?;
     let h = app.world_mut().resource_mut::<Policies>().add(agents);
     app.add_systems(

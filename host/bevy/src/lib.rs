@@ -216,8 +216,9 @@ struct Staging<'a> {
 
 /// Stage one registered agent's observation (and mask) with its policy `a`; a refusal withdraws that policy's
 /// rows for this tick and records the error. Returns the agent's row in its policy's tick + 1 (0: not staged).
-/// The common case (no respawn, no mask, nothing refused yet this tick) is the inlined `Agents::observe` alone.
-#[inline]
+/// The common case (no respawn, no mask, nothing refused yet this tick) is the inlined `Agents::observe` alone
+/// (`#[inline]` left this a call per agent in the Act system's loop).
+#[inline(always)]
 fn stage(
     a: &mut Agents,
     s: Staging<'_>,

@@ -673,10 +673,12 @@ unsafe fn act_with(
                 // SAFETY: `obs` is non-null and aligned (both checked above); the contract: it covers `batch ×
                 // obs_len` = n readable floats, unchanged during the call.
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+                // A null `value` buffer: the value is not computed (a PPO critic's layers are skipped).
                 let req = Request {
                     episode_starts: starts,
                     action_mask: mask,
                     epsilon,
+                    skip_value: value.is_null(),
                     ..Request::new(o, batch, mode).envs(envs)
                 };
                 session
@@ -690,10 +692,12 @@ unsafe fn act_with(
                 // SAFETY: as in the native arm: non-null and aligned (checked), `batch × obs_len` floats by the
                 // contract.
                 let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+                // A null `value` buffer: the value is not computed (a PPO critic's layers are skipped).
                 let req = Request {
                     episode_starts: starts,
                     action_mask: mask,
                     epsilon,
+                    skip_value: value.is_null(),
                     ..Request::new(o, batch, mode).envs(envs)
                 };
                 policy
@@ -852,6 +856,9 @@ pub unsafe extern "C" fn pp_agents_new(
             } else {
                 max_agents
             },
+            // `pp_agents_act` computes values, for `pp_agents_action`'s `value`; `pp_agents_tick` computes them
+            // only for a non-null `value` buffer.
+            values: true,
         };
         // SAFETY: non-null (checked above); the contract: a live policy from a load function (a leaked `Box`)
         // that no other thread uses; it is consumed here, as this function's docs tell the caller.
@@ -1133,9 +1140,13 @@ pub unsafe extern "C" fn pp_agents_tick(
         staged.clear();
         staged.extend(ids.iter().map(|b| AgentId::from_bits(*b)));
         let masks = (!action_mask.is_null()).then_some(&mask[..]);
-        agents
-            .tick_rows(staged, obs, masks, rows)
-            .map_err(agents_err)?;
+        // Values only for a caller that takes them (null `value`: the critic's layers are skipped); the handle's
+        // own setting (for `pp_agents_act`) is restored after the call.
+        let values = agents.values();
+        agents.set_values(!value.is_null());
+        let ticked = agents.tick_rows(staged, obs, masks, rows);
+        agents.set_values(values);
+        ticked.map_err(agents_err)?;
         // SAFETY: the caller's contract: non-null buffers cover `n` agents' outputs.
         unsafe {
             copy_out(&rows.discrete, discrete_actions);

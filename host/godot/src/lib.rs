@@ -125,7 +125,15 @@ impl PolicyRunner {
         PackedFloat32Array::from(self.runner.outputs().continuous.as_slice())
     }
 
-    /// The last tick's value estimates (one per id; empty without a value head).
+    /// Compute value estimates from the next tick on (off by default: a game acts, and a policy's separate critic
+    /// is then not run at all).
+    #[func]
+    fn set_values(&mut self, on: bool) {
+        self.runner.set_values(on);
+    }
+
+    /// The last tick's value estimates (one per id; empty without a value head, or with values off: see
+    /// `set_values`).
     #[func]
     fn values(&self) -> PackedFloat32Array {
         PackedFloat32Array::from(self.runner.outputs().value.as_slice())

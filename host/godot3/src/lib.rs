@@ -416,9 +416,26 @@ mod continuous_actions {
     }
 }
 
+mod set_values {
+    use super::*;
+    /// `set_values(on: bool) -> bool`: compute value estimates from the next tick on (off by default: a policy's
+    /// separate critic is then not run at all).
+    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+        match arg(api, "set_values", args, 0, &[variant_type::BOOL]) {
+            Ok(on) => {
+                // SAFETY: a typed live variant.
+                r.set_values(unsafe { api.variant_as_bool()(on) });
+                api.bool_variant(true)
+            }
+            Err(e) => refuse(r, e, api.bool_variant(false)),
+        }
+    }
+}
+
 mod values {
     use super::*;
-    /// `values() -> PoolRealArray`: the last tick's value estimates, one per id (empty without a value head).
+    /// `values() -> PoolRealArray`: the last tick's value estimates, one per id (empty without a value head, or
+    /// with values off: `set_values`).
     pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
         api.real_array_variant(&r.outputs().value)
     }
@@ -454,6 +471,7 @@ methods!(
     tick_masked,
     discrete_actions,
     continuous_actions,
+    set_values,
     values,
     info,
 );

@@ -204,7 +204,9 @@ impl Executor for PluginExecutor {
         let s = scratch_of::<PluginScratch>(scratch);
         let batch = step.batch;
         let obs = step.raw.unwrap_or(Observations::F32(step.obs));
-        let req = Request::new(obs, batch, step.mode).envs(EnvIds::List(&step.env_ids[..batch]));
+        let mut req =
+            Request::new(obs, batch, step.mode).envs(EnvIds::List(&step.env_ids[..batch]));
+        req.skip_value = step.skip_value;
         let mut out = std::mem::take(&mut s.out);
         let r = self.instance(s)?.act(&req, &mut out);
         if let Err(e) = r {
@@ -225,7 +227,8 @@ impl Executor for PluginExecutor {
             }
             rows.extend_from_slice(&out.dist_params[row * np..(row + 1) * np]);
             if self.has_value {
-                rows.push(out.value[row]);
+                // A skipped value's column (the session does not read it).
+                rows.push(out.value.get(row).copied().unwrap_or(0.0));
             }
         }
         s.out = out;

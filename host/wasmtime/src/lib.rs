@@ -314,6 +314,15 @@ struct HeadControls<'a> {
     epsilon: Option<f32>,
 }
 
+/// What a request asks of `pp_act_masked` beyond observations, ids and mode.
+#[cfg(feature = "wasmtime")]
+#[derive(Debug, Clone, Copy, Default)]
+struct ActControls<'a> {
+    head: HeadControls<'a>,
+    /// [`Request::skip_value`]: the value buffer is passed as null.
+    skip_value: bool,
+}
+
 /// One sandboxed instance with one loaded policy.
 #[cfg(feature = "wasmtime")]
 pub struct WasmPolicy {
@@ -620,6 +629,10 @@ impl WasmPolicy {
             mask: req.action_mask,
             epsilon: req.epsilon,
         };
+        let controls = ActControls {
+            head: controls,
+            skip_value: req.skip_value,
+        };
         self.run(batch, dtype, mode, envs, req.episode_starts, controls, out)
     }
 
@@ -638,7 +651,7 @@ impl WasmPolicy {
             mode,
             envs,
             None,
-            HeadControls::default(),
+            ActControls::default(),
             out,
         )
     }
@@ -651,9 +664,13 @@ impl WasmPolicy {
         mode: ActMode,
         envs: EnvIds<'_>,
         episode_starts: Option<&[bool]>,
-        controls: HeadControls<'_>,
+        controls: ActControls<'_>,
         out: &mut ActOutputs,
     ) -> Result<(), WasmError> {
+        let ActControls {
+            head: controls,
+            skip_value,
+        } = controls;
         let (ptr, _) = self.buf.unwrap();
         let l = self.layout(self.capacity);
         let at = |i: usize| ptr + l[i] as u32;
@@ -745,7 +762,8 @@ impl WasmPolicy {
             seed,
             step,
             at(2),
-            at(3),
+            // A null value buffer: the plugin leaves the value out (and skips the layers only it needs).
+            if skip_value { 0 } else { at(3) },
             at(4),
             starts_ptr,
             mask_ptr,
@@ -776,7 +794,7 @@ impl WasmPolicy {
             out.discrete.clear();
             out.continuous = f32s(at(2), k);
         }
-        out.value = if i.has_value {
+        out.value = if i.has_value && !skip_value {
             f32s(at(3), batch)
         } else {
             vec![]
