@@ -31,27 +31,46 @@ for spec in "cartpole 1,100,1000,10000" "nature_cnn 1,100,1000"; do
   (cd "$d" && LD_LIBRARY_PATH="$rel" mono Bench.exe "$name.policy" "$counts" "$seconds") | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
   XDG_DATA_HOME="$g3/.xdg" POLICYPORT_POLICY="$d/$name.policy" POLICYPORT_BENCH_AGENTS="$counts" POLICYPORT_BENCH_SECONDS="$seconds" \
     godot3-server --path "$g3" res://bench.tscn 2>/dev/null | grep '^{' | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
-  "$rel/policyport-ort-bench" --lib "$ort_lib" --model "$fx/policy.onnx" --batches 1 --seconds 1 | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
+  # The Godot RL Agents pattern runs the actor alone (its export returns `action_net(...)`: the critic is dead
+  # code the ONNX exporter drops), as every path above acts without the value: the fixture's graph cut at the
+  # distribution's outputs. The whole graph (with the value) is timed too, for reference.
+  "$PP_VENV/bin/python" - "$fx" "$d/$name.actor.onnx" <<'PY'
+import json, sys, onnx, onnx.utils
+fx, out = sys.argv[1], sys.argv[2]
+dist = json.load(open(f"{fx}/import.json"))["distribution"]
+graph_outputs = {o.name for o in onnx.load(f"{fx}/policy.onnx").graph.output}
+keep = [v for k, v in dist.items() if k != "kind" and isinstance(v, str) and v in graph_outputs]
+inputs = [i.name for i in onnx.load(f"{fx}/policy.onnx").graph.input]
+onnx.utils.extract_model(f"{fx}/policy.onnx", out, inputs, keep)
+PY
+  "$rel/policyport-ort-bench" --lib "$ort_lib" --model "$d/$name.actor.onnx" --batches 1 --seconds 1 | sed "s/^{/{\"model\": \"$name\", /" >> "$d/results.jsonl"
+  "$rel/policyport-ort-bench" --lib "$ort_lib" --model "$fx/policy.onnx" --batches 1 --seconds 1 | sed "s/^{/{\"model\": \"$name\", \"graph\": \"with value\", /" >> "$d/results.jsonl"
 done
 python3 - "$d/results.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"engine per-tick cost, µs per tick (median), one thread; {len(rows)} measurements ({sys.argv[1]})")
 for model in dict.fromkeys(r["model"] for r in rows):
-    ort1 = next(r["us_per_run"] for r in rows if r["model"] == model and r.get("runtime") == "onnxruntime-native")
+    ort = [r for r in rows if r["model"] == model and r.get("runtime") == "onnxruntime-native"]
+    ort1 = next(r["us_per_run"] for r in ort if "graph" not in r)
+    ort_whole = next(r["us_per_run"] for r in ort if "graph" in r)
     counts = sorted({r["agents"] for r in rows if r["model"] == model and "agents" in r})
-    print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run)")
-    print("| agents | Session::act | Session::act, env-id list | agents layer | Bevy Act set | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run of the actor alone, {ort_whole:.1f} µs with the value)")
+    print("| agents | Session::act | Session::act, env-id list | Session::act with the value | agents layer | Bevy Act set | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in counts:
         get = lambda p, t=1: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n and r.get("threads", 1) == t)
         s, si, a, b, u, c = get("session_act"), get("session_act_ids"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
+        sv = get("session_act_with_value")
         g, alone = get("godot3_tick"), get("session_act_alone")
         s2, b2 = get("session_act", 2), get("bevy_act_set", 2)
         loop = ort1 * n
-        print(f"| {n} | {s:.1f} | {si:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {alone:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
+        print(f"| {n} | {s:.1f} | {si:.1f} | {sv:.1f} | {a:.1f} | {b:.1f} | {u:.1f} | {alone:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (b - s) / s:+.1f} % | "
               f"{100 * (c - alone) / alone:+.1f} % | {100 * (g - alone) / alone:+.1f} % | **{loop / b:.1f}x** | {s2:.1f} | {b2:.1f} | **{loop / b2:.1f}x** |")
-print("\nOne thread: the paths of tick_bench ticked in turn (interleaved, so drift and cache state hit all alike). "
+print("\nEvery path acts without the value estimate (a game's default: AgentsConfig::values off, Request::skip_value; "
+      "the cpu backend then skips the critic's own layers), and so does the per-agent onnxruntime loop (the actor alone, as "
+      "Godot RL Agents exports it); Session::act with the value: the same act computing it, for reference. "
+      "One thread: the paths of tick_bench ticked in turn (interleaved, so drift and cache state hit all alike). "
       "Session::act alone: the same act back to back, as the C# and Godot processes run theirs (their overheads are against it; "
       "Bevy's against the interleaved Session::act). Session::act, env-id list: the same act with the request the agents layer sends (an env id per row, "
       "episode-start flags). Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act (Godot 3: tick() + discrete_actions() "

@@ -26,7 +26,8 @@ pub fn categorical(logits: &[f32], u: f32) -> usize {
     if logits.len() <= 8 {
         let mut e = [0.0f32; 8];
         for (e, l) in e.iter_mut().zip(logits) {
-            *e = (l - max).exp();
+            // exp(0) is exactly 1: the largest logit's term without a call (half of a two-action head's).
+            *e = if *l == max { 1.0 } else { (l - max).exp() };
         }
         return draw(&e[..logits.len()], u);
     }

@@ -1,4 +1,4 @@
-// Per-tick cost of the C# binding: N agents, one Agents.Tick per tick (ids, observations in; actions, values
+// Per-tick cost of the C# binding: N agents, one Agents.Tick per tick (ids, observations in; actions
 // out), median µs over ~0.3 s. Run by tests/scripts/engine-bench.sh:
 //
 //   mono Bench.exe <policy> <agents,...> [seconds]
@@ -25,14 +25,14 @@ static class Bench
                 var obs = new float[n * o];
                 for (int i = 0; i < obs.Length; i++) obs[i] = (float)((i * 7919L) % 256);
                 var actions = new long[n * k];
-                var values = new float[n];
-                agents.Tick(ids, obs, actions, Span<float>.Empty, values);
+                // Actions only, as a game acts (an empty values span: the policy's critic is not run).
+                agents.Tick(ids, obs, actions, Span<float>.Empty, Span<float>.Empty);
                 var times = new List<double>();
                 var total = Stopwatch.StartNew();
                 while (times.Count < 5 || (total.Elapsed.TotalSeconds < budget && times.Count < 10000))
                 {
                     var sw = Stopwatch.StartNew();
-                    agents.Tick(ids, obs, actions, Span<float>.Empty, values);
+                    agents.Tick(ids, obs, actions, Span<float>.Empty, Span<float>.Empty);
                     times.Add(sw.Elapsed.TotalMilliseconds * 1000.0);
                 }
                 times.Sort();
