@@ -184,7 +184,7 @@ pub struct ActOutputs {
     pub discrete: Vec<i64>,
     /// Continuous actions, `batch x action_len` (empty for discrete policies).
     pub continuous: Vec<f32>,
-    /// Value estimate per row (empty without a critic).
+    /// Value estimate per row (empty without a critic, and for a request with [`Request::skip_value`]).
     pub value: Vec<f32>,
     /// Distribution parameters per row: logits (concatenated for multi-discrete), or mean then log-std.
     pub dist_params: Vec<f32>,
