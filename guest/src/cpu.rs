@@ -272,16 +272,7 @@ impl CpuExecutor {
                 Pair::None => {}
             }
             instrs.push(match n.op {
-                Op::Dense { weight, bias } => {
-                    let t = &art.tensors[weight];
-                    let b = bias.as_ref().map(|b| &art.tensors[b].data[..]);
-                    Instr::Dense {
-                        x: ins[0],
-                        dense: PackedDense::new(isa, &t.data, t.shape[0], t.shape[1], b),
-                        act: n.act,
-                        out,
-                    }
-                }
+                Op::Dense { .. } => dense_instr(art, isa, n),
                 Op::Softmax => Instr::Softmax {
                     x: ins[0],
                     last,
@@ -413,16 +404,7 @@ impl CpuExecutor {
             });
         }
         instr_nodes.resize(instrs.len(), pushed_nodes);
-        let dense_of = |i: usize| {
-            let n = &low.nodes[i];
-            let (w, k, o, bias) = dense_weights(art, n);
-            Instr::Dense {
-                x: n.ins[0],
-                dense: PackedDense::new(isa, w, o, k, Some(&bias)),
-                act: n.act,
-                out: n.out,
-            }
-        };
+        let dense_of = |i: usize| dense_instr(art, isa, &low.nodes[i]);
         let mut without_value: Vec<WithoutValue> = instr_nodes
             .iter()
             .map(
@@ -918,6 +900,22 @@ fn narrow_dense_pairs(
         }
     }
     pair
+}
+
+/// A dense node alone (fused activation, its own output slot): the instruction of an unpaired dense node, and a
+/// DenseSplit half that a step without the value runs alone.
+fn dense_instr(art: &Artifact, isa: Isa, n: &crate::lower::LoweredNode<'_>) -> Instr {
+    let Op::Dense { weight, bias } = n.op else {
+        unreachable!("called for dense nodes only")
+    };
+    let t = &art.tensors[weight];
+    let b = bias.as_ref().map(|b| &art.tensors[b].data[..]);
+    Instr::Dense {
+        x: n.ins[0],
+        dense: PackedDense::new(isa, &t.data, t.shape[0], t.shape[1], b),
+        act: n.act,
+        out: n.out,
+    }
 }
 
 /// A dense node's weights `[n, k]`, k, n and bias (zeros when it has none).

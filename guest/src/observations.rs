@@ -52,7 +52,7 @@ impl Preprocessor {
         batch: usize,
         out: &mut Vec<f32>,
     ) -> Result<(), ObservationError> {
-        check_observations(&self.space, &self.plan.one_hot_width(), obs, batch)?;
+        self.check(obs, batch)?;
         out.clear();
         match obs {
             Observations::F32(x) => out.extend_from_slice(x),

@@ -661,17 +661,7 @@ impl Session {
             // (The whole rows first: the common case, one pass; the cpu backend writes zeros there.)
             Some(_) if p.skip_value => {
                 let column = self.value_column();
-                rows.chunks_exact(width.max(1))
-                    .enumerate()
-                    .find_map(|(r, row)| {
-                        let at = |i: Option<usize>, base: usize| i.map(|i| r * width + base + i);
-                        at(crate::observations::first_non_finite(&row[..column]), 0).or_else(|| {
-                            at(
-                                crate::observations::first_non_finite(&row[column + 1..]),
-                                column + 1,
-                            )
-                        })
-                    })
+                (0..rows.len()).find(|&i| i % width.max(1) != column && !rows[i].is_finite())
             }
             other => other,
         };
