@@ -247,6 +247,22 @@ fn churn(
             lives[i].1.push(o);
             lives[i].2.push(std::mem::take(&mut pending_start[i]));
         }
+        // Now and then an observed agent respawns after its observation (the start reaches its staged row, in a
+        // tick where it may be the only row starting), or its row is withdrawn (a start it carried waits for its
+        // next observation).
+        if observed.len() > 1 && rng.below(3) == 0 {
+            let k = rng.below(observed.len());
+            let i = observed[k];
+            if rng.below(2) == 0 {
+                agents.respawn(lives[i].0).unwrap();
+                *lives[i].2.last_mut().unwrap() = true;
+            } else {
+                assert!(agents.unobserve(lives[i].0));
+                lives[i].1.pop();
+                pending_start[i] = lives[i].2.pop().unwrap();
+                observed.swap_remove(k);
+            }
+        }
         let step = agents.tick();
         let tick = agents.act().unwrap();
         assert_eq!(tick.len(), observed.len());

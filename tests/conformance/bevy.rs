@@ -232,3 +232,101 @@ fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch(
     // a: entities 1, 2, 4, 5 (its empty observation registered it all the same), 7, 8, 10, 11, less entity 1.
     assert_eq!(p.get_mut(a).unwrap().len(), 7);
 }
+
+/// Regression for the action pass's short path (one discrete action, no value: only the action and the tick are
+/// stored): an `Action` whatever it held before — a value from a tick that asked for values, continuous numbers or
+/// extra discrete ones a game wrote, an emptied one — holds exactly the tick's outputs afterwards, and the value
+/// comes back when asked for again.
+#[test]
+fn bevy_an_action_holds_exactly_its_ticks_outputs_whatever_it_held() {
+    use policyport_bevy::{Action, Agent};
+    let bytes = sb3("ppo_cartpole");
+    let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let h = app
+        .world_mut()
+        .resource_mut::<Policies>()
+        .add(Agents::native(
+            policy,
+            AgentsConfig {
+                values: true,
+                deterministic: true,
+                ..Default::default()
+            },
+        ));
+    let entities: Vec<_> = (0..4)
+        .map(|k| {
+            let o = vec![0.01 * k as f32, 0.0, -0.02, 0.1];
+            app.world_mut().spawn((Agent::new(h), Observation(o))).id()
+        })
+        .collect();
+    app.update();
+    let first: Vec<Action> = entities
+        .iter()
+        .map(|e| app.world().get::<Action>(*e).unwrap().clone())
+        .collect();
+    assert!(
+        first
+            .iter()
+            .all(|a| a.value.is_some() && a.discrete.len() == 1)
+    );
+    // Values off; the game scribbles on three of the actions.
+    app.world_mut()
+        .resource_mut::<Policies>()
+        .get_mut(h)
+        .unwrap()
+        .set_values(false);
+    for (k, scribble) in [
+        (
+            1,
+            Action {
+                continuous: vec![0.5],
+                ..first[1].clone()
+            },
+        ),
+        (
+            2,
+            Action {
+                discrete: vec![7, 7],
+                ..first[2].clone()
+            },
+        ),
+        (
+            3,
+            Action {
+                discrete: vec![],
+                ..first[3].clone()
+            },
+        ),
+    ] {
+        *app.world_mut().get_mut::<Action>(entities[k]).unwrap() = scribble;
+    }
+    for tick in 2..=3 {
+        app.update();
+        for (k, e) in entities.iter().enumerate() {
+            let a = app.world().get::<Action>(*e).unwrap();
+            let want = Action {
+                discrete: first[k].discrete.clone(),
+                continuous: vec![],
+                value: None,
+                tick,
+            };
+            assert_eq!(
+                *a, want,
+                "agent {k}, tick {tick} (deterministic: the first tick's action)"
+            );
+        }
+    }
+    // Values on again: every Action carries one.
+    app.world_mut()
+        .resource_mut::<Policies>()
+        .get_mut(h)
+        .unwrap()
+        .set_values(true);
+    app.update();
+    for (k, e) in entities.iter().enumerate() {
+        let a = app.world().get::<Action>(*e).unwrap();
+        assert_eq!(a.value, first[k].value, "agent {k}: its value again");
+    }
+}

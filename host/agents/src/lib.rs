@@ -201,9 +201,14 @@ pub struct Agents {
     tick: u64,
     // This tick's staging, one entry (row) per observed agent.
     ids: Vec<AgentId>,
+    /// The request's env-id list: the staged ids' env ids, written once at act() (not pushed per row).
     env_ids: Vec<u32>,
     obs: Vec<f32>,
+    /// One flag per staged row once `any_start`; empty before (most ticks start no episode: an unstarted tick
+    /// writes no flag per agent, as with masks).
     starts: Vec<bool>,
+    /// Some staged row starts a new episode.
+    any_start: bool,
     /// `mask_len` flags per staged row once `masked`; empty before.
     masks: Vec<bool>,
     /// Some staged row carries a mask (rows without one are staged all-allowed from then on).
@@ -341,6 +346,7 @@ impl Agents {
             env_ids: vec![],
             obs: vec![],
             starts: vec![],
+            any_start: false,
             masks: vec![],
             masked: false,
             acted: vec![],
@@ -499,7 +505,7 @@ impl Agents {
         let staged = self.slot(id)?.staged;
         self.slots[id.slot as usize].start = true;
         if staged != 0 {
-            self.starts[staged as usize - 1] = true;
+            self.start_row(staged as usize - 1);
         }
         Ok(())
     }
@@ -536,8 +542,9 @@ impl Agents {
             self.tick_starts();
         }
         self.ids.push(id);
-        self.env_ids.push(id.slot);
-        self.starts.push(start);
+        if start || self.any_start {
+            self.push_start(start);
+        }
         // Observations are often a handful of numbers: copied as a fixed-size array (a few register moves), not
         // by a `memcpy` call or an element loop (which stores the length at every push).
         match obs.len() {
@@ -549,6 +556,25 @@ impl Agents {
             8 => extend_fixed::<8>(&mut self.obs, obs),
             _ => self.obs.extend_from_slice(obs),
         }
+    }
+
+    /// The just-staged last row's episode-start flag (the flags are written only once some row starts one).
+    #[cold]
+    #[inline(never)]
+    fn push_start(&mut self, start: bool) {
+        self.starts.resize(self.ids.len() - 1, false);
+        self.starts.push(start);
+        self.any_start = true;
+    }
+
+    /// Staged row `row` starts a new episode (a respawn after its observation).
+    fn start_row(&mut self, row: usize) {
+        if !self.any_start {
+            self.starts.clear();
+            self.starts.resize(self.ids.len(), false);
+            self.any_start = true;
+        }
+        self.starts[row] = true;
     }
 
     /// The first observation of a tick: the policy's worker threads (if it has any) are woken now, so their
@@ -634,8 +660,9 @@ impl Agents {
         let last = self.ids.len() - 1;
         let (o, m) = (self.shape.obs_len, self.shape.mask_len);
         self.ids.swap_remove(row);
-        self.env_ids.swap_remove(row);
-        self.starts.swap_remove(row);
+        if self.any_start {
+            self.starts.swap_remove(row);
+        }
         if row != last {
             self.obs.copy_within(last * o..(last + 1) * o, row * o);
             if self.masked {
@@ -649,6 +676,8 @@ impl Agents {
         }
         if self.ids.is_empty() {
             self.masked = false;
+            self.any_start = false;
+            self.starts.clear();
         }
     }
 
@@ -676,9 +705,9 @@ impl Agents {
             self.slots[id.slot as usize].staged = 0;
         }
         self.ids.clear();
-        self.env_ids.clear();
         self.obs.clear();
         self.starts.clear();
+        self.any_start = false;
         self.masks.clear();
         self.masked = false;
     }
@@ -697,9 +726,13 @@ impl Agents {
                     step: self.tick,
                 }
             };
+            self.env_ids.clear();
+            self.env_ids.extend(self.ids.iter().map(|id| id.slot));
             let mut req = Request::new(Observations::F32(&self.obs), batch, mode)
-                .envs(EnvIds::List(&self.env_ids))
-                .episode_starts(&self.starts);
+                .envs(EnvIds::List(&self.env_ids));
+            if self.any_start {
+                req = req.episode_starts(&self.starts);
+            }
             if self.masked {
                 req = req.action_mask(&self.masks);
             }
@@ -719,9 +752,9 @@ impl Agents {
         }
         std::mem::swap(&mut self.acted, &mut self.ids);
         self.ids.clear();
-        self.env_ids.clear();
         self.obs.clear();
         self.starts.clear();
+        self.any_start = false;
         self.masks.clear();
         self.masked = false;
         if batch > 0 {

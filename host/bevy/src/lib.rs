@@ -275,6 +275,134 @@ fn stage_general(
     }
 }
 
+/// A policy's last tick, its slices taken out once (the action pass reads them per agent).
+struct TickRows<'a> {
+    tick: policyport_agents::Tick<'a>,
+    acted: &'a [AgentId],
+    discrete: &'a [i64],
+    continuous: &'a [f32],
+    value: &'a [f32],
+    /// Action numbers per agent.
+    k: usize,
+    /// One discrete action per agent and no values: an [`Action`] that holds one discrete action already (and
+    /// so no continuous ones) and no value takes the action and the tick alone.
+    one_discrete: bool,
+    now: u64,
+}
+
+impl<'a> TickRows<'a> {
+    /// Write row `r` into `action`: any shape.
+    #[inline(never)]
+    fn write(&self, r: usize, action: &mut Action) {
+        let k = self.k;
+        write_row(
+            &mut action.discrete,
+            self.discrete.get(r * k..(r + 1) * k).unwrap_or_default(),
+        );
+        write_row(
+            &mut action.continuous,
+            self.continuous.get(r * k..(r + 1) * k).unwrap_or_default(),
+        );
+        action.value = self.value.get(r).copied();
+        action.tick = self.now;
+    }
+
+    fn of(a: &'a Agents) -> Self {
+        let tick = a.last();
+        let out = tick.outputs();
+        TickRows {
+            acted: tick.agents(),
+            discrete: &out.discrete,
+            continuous: &out.continuous,
+            value: &out.value,
+            k: a.action_len(),
+            one_discrete: a.action_len() == 1 && !out.discrete.is_empty() && out.value.is_empty(),
+            now: a.tick(),
+            tick,
+        }
+    }
+}
+
+/// The Act system's lists the staging pass's general path writes.
+struct StagingLists<'s> {
+    failed: &'s mut Vec<PolicyHandle>,
+    errors: &'s mut Vec<(PolicyHandle, AgentsError)>,
+    fresh: &'s mut Vec<(usize, Entity)>,
+    respawned: &'s mut Vec<Entity>,
+}
+
+/// The staging pass for any agent (the `i`th of the query): a new one (or one that changed policy) is set aside
+/// to be registered after the pass, a respawn is noted, and a registered one is staged with its policy. Returns
+/// its row + 1 (0: not staged now).
+#[inline(never)]
+fn stage_any(
+    lists: StagingLists<'_>,
+    all: &mut [&mut Agents],
+    (i, e, agent, obs, mask): (usize, Entity, &Agent, &Observation, Option<&ActionMask>),
+) -> u32 {
+    let StagingLists {
+        failed,
+        errors,
+        fresh,
+        respawned,
+    } = lists;
+    let policy = agent.policy;
+    let Some(id) = agent.id.filter(|_| agent.registered == Some(policy)) else {
+        fresh.push((i, e));
+        return 0;
+    };
+    let Some(a) = all.get_mut(policy.0) else {
+        return 0;
+    };
+    let start = agent.episode_start;
+    if start && !obs.0.is_empty() && !failed.contains(&policy) {
+        respawned.push(e);
+    }
+    let staging = Staging {
+        policy,
+        id,
+        episode_start: start,
+        obs,
+        mask,
+    };
+    stage(a, staging, failed, errors)
+}
+
+/// Write one agent's [`Action`] from its row of its policy's tick (`row`: the staging pass's row + 1, 0: it did
+/// not act). Small enough to inline into the query's per-table loop: anything unusual is out of line.
+#[inline(always)]
+fn write_action(agent: &Agent, action: Mut<'_, Action>, row: u32, ticks: &[Option<TickRows<'_>>]) {
+    let (Some(id), Some(r)) = (agent.id, (row as usize).checked_sub(1)) else {
+        return;
+    };
+    let Some(Some(t)) = ticks.get(agent.policy.0) else {
+        return;
+    };
+    // The staging pass's row, checked; were the two queries' orders ever to differ, the lookup by id.
+    let r = match t.acted.get(r) == Some(&id) {
+        true => r,
+        false => match t.tick.row(id) {
+            Some(r) => r,
+            None => return,
+        },
+    };
+    let action = action.into_inner();
+    // The common shape (one discrete action, no value asked for, the entity's Action already of that shape)
+    // stores two numbers.
+    if let (true, [d], Some(&a), true, None) = (
+        t.one_discrete,
+        action.discrete.as_mut_slice(),
+        t.discrete.get(r),
+        action.continuous.is_empty(),
+        action.value,
+    ) {
+        *d = a;
+        action.tick = t.now;
+        return;
+    }
+    t.write(r, action);
+}
+
 /// The Act system's per-tick lists, kept across ticks so a tick allocates nothing once they have grown.
 #[derive(Default)]
 struct ActScratch {
@@ -336,30 +464,45 @@ fn act_system(
     {
         // Each policy's agents unlocked once per tick, not once per agent.
         let mut all = policies.all_mut();
-        for (e, agent, obs, mask) in queries.p0().iter() {
+        let errors = &mut errors.0;
+        let q = queries.p0();
+        // Every row written in place (the query's length is the sum of its tables' lengths): a push per agent
+        // costs a growth check and a stored length.
+        rows.resize(q.iter().len(), 0);
+        let mut i = 0;
+        q.iter().for_each(|(e, agent, obs, mask)| {
+            // The common case inline (a registered agent, no respawn, no mask, nothing refused yet this tick):
+            // `Agents::observe` alone; everything else, and an observation it refuses, out of line.
             let policy = agent.policy;
-            let Some(id) = agent.id.filter(|_| agent.registered == Some(policy)) else {
-                fresh.push((rows.len(), e));
-                rows.push(0);
-                continue;
-            };
-            let Some(a) = all.get_mut(policy.0) else {
-                rows.push(0);
-                continue;
-            };
-            let start = agent.episode_start;
-            if start && !obs.0.is_empty() && !failed.contains(&policy) {
-                respawned.push(e);
-            }
-            let staging = Staging {
-                policy,
-                id,
-                episode_start: start,
-                obs,
+            let fast = match (
+                agent.id,
+                agent.registered == Some(policy),
+                agent.episode_start,
                 mask,
+            ) {
+                (Some(id), true, false, None) if failed.is_empty() => all
+                    .get_mut(policy.0)
+                    .and_then(|a| a.observe(id, &obs.0).ok().map(|()| a.staged() as u32)),
+                _ => None,
             };
-            rows.push(stage(a, staging, failed, &mut errors.0));
-        }
+            let row = match fast {
+                Some(row) => row,
+                None => stage_any(
+                    StagingLists {
+                        failed,
+                        errors,
+                        fresh,
+                        respawned,
+                    },
+                    &mut all,
+                    (i, e, agent, obs, mask),
+                ),
+            };
+            if let Some(r) = rows.get_mut(i) {
+                *r = row;
+            }
+            i += 1;
+        });
     }
     for &e in respawned.iter() {
         if let Ok((mut agent, _, _)) = queries.p2().get_mut(e) {
@@ -428,40 +571,16 @@ fn act_system(
     // an Agent and an Observation (Agent requires Action) and visit them in table order, which nothing changes
     // inside a system; an entity whose Action a game removed would shift the pairing, and the check then falls
     // back to the lookup by id.
-    let ticks: Vec<Option<(policyport_agents::Tick<'_>, usize, u64)>> = policies
+    let ticks: Vec<Option<TickRows<'_>>> = policies
         .all()
         .into_iter()
         .enumerate()
-        .map(|(p, a)| {
-            (!failed.contains(&PolicyHandle(p))).then(|| (a.last(), a.action_len(), a.tick()))
-        })
+        .map(|(p, a)| (!failed.contains(&PolicyHandle(p))).then(|| TickRows::of(a)))
         .collect();
-    for ((agent, action), &row) in queries.p1().iter_mut().zip(rows.iter()) {
-        let (Some(id), Some(r)) = (agent.id, (row as usize).checked_sub(1)) else {
-            continue;
-        };
-        let Some(Some((tick, k, now))) = ticks.get(agent.policy.0) else {
-            continue;
-        };
-        // The staging pass's row, checked; were the two queries' orders ever to differ, the lookup by id.
-        let r = match tick.agents().get(r) == Some(&id) {
-            true => r,
-            false => match tick.row(id) {
-                Some(r) => r,
-                None => continue,
-            },
-        };
-        let (k, out) = (*k, tick.outputs());
-        let action = action.into_inner();
-        write_row(
-            &mut action.discrete,
-            out.discrete.get(r * k..(r + 1) * k).unwrap_or_default(),
-        );
-        write_row(
-            &mut action.continuous,
-            out.continuous.get(r * k..(r + 1) * k).unwrap_or_default(),
-        );
-        action.value = out.value.get(r).copied();
-        action.tick = *now;
-    }
+    let mut rows = rows.iter();
+    queries.p1().iter_mut().for_each(|(agent, action)| {
+        if let Some(&row) = rows.next() {
+            write_action(agent, action, row, &ticks);
+        }
+    });
 }
