@@ -609,3 +609,97 @@ fn agents_auto_picks_a_timed_candidate_and_returns_it_fresh() {
     assert_eq!((chosen.len(), chosen.tick()), (0, 0), "a fresh instance");
     assert!(Agents::auto(&[&broken], 10).is_err());
 }
+
+/// Regression for the per-slot double entry (an act() writes nothing per agent: an agent's staged row becomes its
+/// row in the last act's outputs as the tick advances, and the next tick stages into the other entry): the last
+/// tick's outputs stay readable by id while the next tick is staged, withdrawn, refused, cleared or acted empty,
+/// and go with a despawn; ticks later, an agent that sat ticks out still finds no stale row.
+#[test]
+fn agents_last_tick_stays_readable_by_id_while_the_next_is_staged() {
+    let f = load_fixture("cartpole");
+    let bytes = compile_fixture(&f);
+    let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let config = AgentsConfig {
+        deterministic: true,
+        ..Default::default()
+    };
+    let mut agents = Agents::native(policy, config);
+    let ids: Vec<AgentId> = (0..4).map(|_| agents.spawn().unwrap()).collect();
+    let obs = |k: usize| [0.02 * k as f32, -0.1, 0.03 * k as f32, 0.2 - 0.1 * k as f32];
+    // Tick 0: agents 3, 1, 0 (2 sits out).
+    for k in [3, 1, 0] {
+        agents.observe(ids[k], &obs(k)).unwrap();
+    }
+    agents.act().unwrap();
+    let first: Vec<Option<Vec<i64>>> = ids
+        .iter()
+        .map(|id| agents.last().discrete(*id).map(<[i64]>::to_vec))
+        .collect();
+    assert!(first[0].is_some() && first[1].is_some() && first[3].is_some());
+    assert_eq!(first[2], None, "agent 2 sat tick 0 out");
+    let rows: Vec<Option<usize>> = ids.iter().map(|id| agents.last().row(*id)).collect();
+    let unchanged = |agents: &Agents, when: &str| {
+        for (k, id) in ids.iter().enumerate() {
+            assert_eq!(agents.last().row(*id), rows[k], "agent {k} {when}: its row");
+            assert_eq!(
+                agents.last().discrete(*id).map(<[i64]>::to_vec),
+                first[k],
+                "agent {k} {when}"
+            );
+        }
+    };
+    // Tick 1 staged in another order, one row withdrawn, one refused observation: tick 0 reads the same.
+    for k in [0, 2, 3] {
+        agents.observe(ids[k], &obs(k)).unwrap();
+    }
+    assert!(agents.unobserve(ids[3]));
+    assert!(agents.observe(ids[1], &[0.0; 3]).is_err());
+    unchanged(&agents, "while tick 1 is staged");
+    agents.clear_staged();
+    unchanged(&agents, "after tick 1's staging was cleared");
+    // Restaged and acted: agents 2 and 0 now; 1 and 3 sat tick 1 out and have no row in it.
+    for k in [2, 0] {
+        agents.observe(ids[k], &obs(k)).unwrap();
+    }
+    agents.act().unwrap();
+    let tick = agents.last();
+    assert_eq!(tick.agents(), &[ids[2], ids[0]]);
+    assert_eq!(tick.row(ids[2]), Some(0));
+    assert_eq!(tick.row(ids[0]), Some(1));
+    assert_eq!(
+        tick.row(ids[1]),
+        None,
+        "agent 1's tick-0 row is not tick 1's"
+    );
+    assert_eq!(tick.row(ids[3]), None, "agent 3 was withdrawn from tick 1");
+    assert_eq!(
+        tick.discrete(ids[0]).map(<[i64]>::to_vec),
+        first[0],
+        "deterministic"
+    );
+    // Tick 2 with agent 1 alone, then an empty act: no rows at all.
+    agents.observe(ids[1], &obs(1)).unwrap();
+    agents.act().unwrap();
+    assert_eq!(agents.last().row(ids[1]), Some(0));
+    assert_eq!(agents.last().row(ids[0]), None, "two ticks later");
+    assert_eq!(agents.last().row(ids[2]), None, "two ticks later");
+    agents.act().unwrap();
+    assert!(agents.last().is_empty());
+    assert!(
+        ids.iter().all(|id| agents.last().row(*id).is_none()),
+        "an empty act"
+    );
+    // Tick 3: agent 1 staged and despawned (its row withdrawn); its env id's next agent starts clean.
+    agents.observe(ids[1], &obs(1)).unwrap();
+    agents.observe(ids[0], &obs(0)).unwrap();
+    agents.despawn(ids[1]).unwrap();
+    let reused = agents.spawn().unwrap();
+    assert_eq!(reused.env_id(), ids[1].env_id());
+    agents.observe(reused, &obs(1)).unwrap();
+    agents.act().unwrap();
+    let tick = agents.last();
+    assert_eq!(tick.agents(), &[ids[0], reused]);
+    assert_eq!(tick.row(ids[1]), None, "a despawned id");
+    assert_eq!(tick.row(reused), Some(1));
+    assert_eq!(tick.discrete(reused).map(<[i64]>::to_vec), first[1]);
+}
