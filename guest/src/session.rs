@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use policyport_format::RowControls;
+use policyport_format::philox::Stream;
 use policyport_format::sampling::ActMode;
 
 use crate::compiled::CompiledPolicy;
@@ -207,6 +208,8 @@ pub struct Session {
     sorted_ids: Vec<u32>,
     gathered: Vec<Vec<f32>>,
     starts: Vec<u32>,
+    /// Each row's sampling stream's first block, computed for the batch at once (`philox::first_blocks`).
+    first_blocks: Vec<[u32; 4]>,
 }
 
 impl std::fmt::Debug for Session {
@@ -247,6 +250,7 @@ impl Session {
             ids: vec![],
             sorted_ids: vec![],
             starts: vec![],
+            first_blocks: vec![],
         }
     }
 
@@ -731,6 +735,21 @@ impl Session {
         let (k, np, raw) = (head.action_len, head.dist_params_len, head.raw_params_len);
         let has_value = head.has_value();
         let wants_value = has_value && !p.skip_value;
+        // The rows drawn on the host: every stream's block 0 for the batch at once (eight rows a step), not one
+        // row's at a time inside its draw.
+        let host_draws = !placement.sampling || req.action_mask.is_some() || req.epsilon.is_some();
+        let streams = match p.mode {
+            ActMode::Sample { seed, step } if host_draws => {
+                policyport_format::philox::first_blocks(
+                    seed,
+                    step,
+                    &self.ids[..batch],
+                    &mut self.first_blocks,
+                );
+                Some((seed, step))
+            }
+            _ => None,
+        };
         let out = &mut self.out;
         out.batch = batch;
         out.dist_params.resize(batch * np, 0.0);
@@ -738,8 +757,8 @@ impl Session {
         let discrete = head.is_discrete();
         let mask_len = head.mask_len();
         // A mask or an epsilon override (accepted for Q-value heads only): the device's draw, if any, is replaced
-        // by the host's, from the same read-back parameters and with the same code on every backend.
-        let host_draws = !placement.sampling || req.action_mask.is_some() || req.epsilon.is_some();
+        // by the host's, from the same read-back parameters and with the same code on every backend
+        // (`host_draws`, above).
         if discrete {
             out.discrete.resize(batch * k, 0);
             out.continuous.clear();
@@ -785,7 +804,10 @@ impl Session {
             } else {
                 (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
             };
-            head.act_row_with(params, p.mode, self.ids[row], &controls, d, c);
+            let stream = streams.map(|(seed, step)| {
+                Stream::with_first_block(seed, self.ids[row], step, self.first_blocks[row])
+            });
+            head.act_row_from(params, stream, &controls, d, c);
         }
         if self.state.is_recurrent() && !placement.state {
             let mut off = raw + has_value as usize;

@@ -477,10 +477,24 @@ impl HeadPlan {
         discrete: &mut [i64],
         continuous: &mut [f32],
     ) {
-        let mut stream = match mode {
+        let stream = match mode {
             ActMode::Sample { seed, step } => Some(Stream::new(seed, env, step)),
             ActMode::Deterministic => None,
         };
+        self.act_row_from(params, stream, controls, discrete, continuous)
+    }
+
+    /// [`HeadPlan::act_row_with`] drawing from `stream` (the row's (seed, env, step) stream; `None`: the
+    /// deterministic action), for a caller that built the streams of many rows at once
+    /// ([`crate::philox::first_blocks`], [`Stream::with_first_block`]).
+    pub fn act_row_from(
+        &self,
+        params: &[f32],
+        mut stream: Option<Stream>,
+        controls: &RowControls<'_>,
+        discrete: &mut [i64],
+        continuous: &mut [f32],
+    ) {
         match &self.kind {
             HeadKind::Categorical { .. } | HeadKind::MultiCategorical { .. } => {
                 let mut off = 0;
