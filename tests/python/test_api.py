@@ -111,6 +111,14 @@ def test_act_shapes_dtypes_and_seeded_sampling(cartpole):
     logits = a.dist_inputs.astype(np.float64)
     lsm = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
     np.testing.assert_allclose(a.log_prob, lsm[np.arange(7), a.actions], rtol=1e-5, atol=1e-6)
+    # value=False: no value estimate, everything else the same (bit for bit), on every backend.
+    for backend in BACKENDS:
+        q = pp.Policy.load(cartpole, backend)
+        full, bare = q.act(obs, seed=3, step=5), q.act(obs, seed=3, step=5, value=False)
+        assert bare.value is None and full.value is not None
+        np.testing.assert_array_equal(bare.actions, full.actions)
+        np.testing.assert_array_equal(bare.dist_inputs, full.dist_inputs)
+        np.testing.assert_array_equal(bare.log_prob, full.log_prob)
     # float64 and lists are converted; deterministic is the argmax.
     d = p.act(obs.astype(np.float64).tolist(), deterministic=True)
     np.testing.assert_array_equal(d.actions, a.dist_inputs.argmax(1))

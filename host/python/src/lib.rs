@@ -579,9 +579,9 @@ impl PyPolicy {
         let dist_inputs = PyArray1::from_vec(py, a.dist)
             .reshape([batch, head.dist_params_len])?
             .into_any();
-        let value = head
-            .has_value()
-            .then(|| PyArray1::from_vec(py, a.value).into_any().unbind());
+        let value = a
+            .value
+            .map(|v| PyArray1::from_vec(py, v).into_any().unbind());
         let log_prob = a
             .logp
             .map(|l| PyArray1::from_vec(py, l).into_any().unbind());
@@ -619,7 +619,8 @@ struct Acted {
     discrete: Vec<i64>,
     continuous: Vec<f32>,
     dist: Vec<f32>,
-    value: Vec<f32>,
+    /// None: the policy has no value estimate, or the call did not ask for it.
+    value: Option<Vec<f32>>,
     logp: Option<Vec<f32>>,
     state: Option<Vec<Vec<f32>>>,
 }
@@ -761,8 +762,10 @@ impl PyPolicy {
     /// to those envs before the step; the next state comes back in `result.state` (also with `return_state`).
     /// `action_mask`: `[batch, n]` booleans (n = `info.dist_params_len`: one per action, multi-discrete
     /// components concatenated), `False` forbidding the action (sb3-contrib's `action_masks`); `epsilon`: a
-    /// Q-value policy's exploration rate for this call instead of the artifact's.
-    #[pyo3(signature = (obs, *, deterministic = false, seed = 0, step = 0, env_ids = None, episode_starts = None, state = None, return_state = false, action_mask = None, epsilon = None))]
+    /// Q-value policy's exploration rate for this call instead of the artifact's. `value=False`: no value
+    /// estimate (`result.value` is None) — the same actions, parameters and state, and the layers only the critic
+    /// needs are skipped on the cpu backend (about half of SB3's default MLP); for acting, not for training.
+    #[pyo3(signature = (obs, *, deterministic = false, seed = 0, step = 0, env_ids = None, episode_starts = None, state = None, return_state = false, action_mask = None, epsilon = None, value = true))]
     #[allow(clippy::too_many_arguments)]
     fn act(
         &self,
@@ -777,6 +780,7 @@ impl PyPolicy {
         return_state: bool,
         action_mask: Option<&Bound<'_, PyAny>>,
         epsilon: Option<f32>,
+        value: bool,
     ) -> PyResult<PyActResult> {
         let (view, batch) = self.obs_view(obs)?;
         let mask_arr = action_mask.map(|m| self.mask_view(m, batch)).transpose()?;
@@ -847,6 +851,9 @@ impl PyPolicy {
             if let Some(e) = epsilon {
                 req = req.epsilon(e);
             }
+            if !value {
+                req = req.skip_value();
+            }
             if let Some(values) = &state_slices {
                 // The request is checked before the caller's state is written: a refused call changes nothing
                 // (the state used to be written first, then the observations refused).
@@ -873,7 +880,7 @@ impl PyPolicy {
                 discrete: out.discrete.clone(),
                 continuous: out.continuous.clone(),
                 dist: out.dist_params.clone(),
-                value: out.value.clone(),
+                value: (head.has_value() && value).then(|| out.value.clone()),
                 logp,
                 state: None,
             };

@@ -117,7 +117,8 @@ class Predictor:
             # sb3-contrib's MaskablePPO.predict(..., action_masks=): one row of flags per observation (a single
             # observation's mask may come flat).
             kwargs["action_mask"] = np.asarray(action_masks, bool).reshape(n, -1)
-        out = self.policy.act(obs, deterministic=deterministic, seed=self._seed, step=step, **kwargs)
+        # predict() returns actions (and the actor's state) only: the critic's layers are not run.
+        out = self.policy.act(obs, deterministic=deterministic, seed=self._seed, step=step, value=False, **kwargs)
 
         actions = out.actions
         import gymnasium as gym
