@@ -410,12 +410,24 @@ try {
     out.badMode = await name(() => p.act(new Float32Array(4), { mode: "greedy" }));
     out.badSeed = await name(() => p.act(new Float32Array(4), { seed: -1 }));
     out.stillWorks = (await p.act(new Float32Array(4), { mode: "deterministic" })).actions.length;
+    out.badValue = await name(() => p.act(new Float32Array(4), { value: "no" }));
+    // { value: false }: no value estimate, the same actions and distribution parameters (bit for bit).
+    const sameWithoutValue = async (pol) => {
+      const obs = new Float32Array(32).map((_, i) => Math.sin(i) * 0.3);
+      const a = await pol.act(obs, { seed: 3, step: 1 });
+      const b = await pol.act(obs, { seed: 3, step: 1, value: false });
+      const eq = (x, y) => x.length === y.length && x.every((v, i) => Object.is(v, y[i]));
+      return a.value instanceof Float32Array && a.value.length === 8 && b.value === null &&
+        eq(a.actions, b.actions) && eq(a.distParams, b.distParams);
+    };
+    out.noValueCpu = await sameWithoutValue(p);
     p.free();
     const g = await full.Policy.load(bytes, { backend: "webgpu" });
     const both = await Promise.allSettled([g.act(new Float32Array(4)), g.act(new Float32Array(4))]);
     out.busy = both.map((s) => (s.status === "fulfilled" ? "ok" : s.reason.name)).join(",");
     out.syncOnGpu = await name(() => g.actSync(new Float32Array(4)));
     out.gpuStillWorks = (await g.act(new Float32Array(8))).actions.length;
+    out.noValueGpu = await sameWithoutValue(g);
     const auto = await full.Policy.load(bytes, { backend: "auto", batch: 256 });
     out.autoSelection = auto.info().selection;
     g.free(); auto.free();
@@ -427,6 +439,9 @@ try {
   check("bad options -> PolicyportArgumentError", [errs.badBackend, errs.badMode, errs.badSeed].every((e) => e.startsWith("PolicyportArgumentError")), `${errs.badBackend} | ${errs.badMode} | ${errs.badSeed}`);
   check("bad observations -> PolicyportObservationError", errs.obsLen.startsWith("PolicyportObservationError") && errs.nan.startsWith("PolicyportObservationError"), `${errs.obsLen} | ${errs.nan}`);
   check("policy usable after errors", errs.stillWorks === 1 && errs.gpuStillWorks === 2);
+  check("{ value: false } -> value null, the same actions and distParams (cpu, webgpu); a non-boolean -> PolicyportArgumentError",
+    errs.noValueCpu === true && errs.noValueGpu === true && errs.badValue.startsWith("PolicyportArgumentError"),
+    `${errs.noValueCpu} ${errs.noValueGpu} ${errs.badValue}`);
   check("concurrent act() on webgpu -> one PolicyportBusyError", errs.busy === "ok,PolicyportBusyError" || errs.busy === "PolicyportBusyError,ok", errs.busy);
   check("actSync on webgpu -> PolicyportBackendError", errs.syncOnGpu.startsWith("PolicyportBackendError"), errs.syncOnGpu);
   // 3c. The Rust suite's hostile artifacts (bad_input.rs writes them to <target>/hostile/): each load is a rejected

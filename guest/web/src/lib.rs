@@ -67,6 +67,9 @@ export interface ActOptions {
   actionMask?: Uint8Array;
   /** A Q-value policy's exploration rate for this call (sampled mode) instead of the artifact's. */
   epsilon?: number;
+  /** false: no value estimate (`value` is null) — the same actions and distParams; the cpu backend skips the
+   *  layers only the critic needs (for acting, not training). Default true. */
+  value?: boolean;
   /** The observations' full shape, `[batch, ...observation shape]`: checked against the policy's (a
    *  PolicyportObservationError names both), so frames in another layout are not read silently. */
   shape?: number[];
@@ -77,7 +80,7 @@ export interface ActResult {
   discrete: boolean;
   /** `batch x actionLen`: Int32Array for discrete / multi-discrete spaces, Float32Array for continuous ones. */
   actions: Int32Array | Float32Array;
-  /** Value estimate per row, or null without a critic. */
+  /** Value estimate per row, or null without a critic (or when the call passed `value: false`). */
   value: Float32Array | null;
   /** Distribution parameters per row (logits, or mean then log-std; Q values; a deterministic actor's output). */
   distParams: Float32Array;
@@ -414,6 +417,8 @@ struct ActArgs {
     episode_starts: Option<Vec<bool>>,
     action_mask: Option<Vec<bool>>,
     epsilon: Option<f32>,
+    /// The caller's `value: false`.
+    skip_value: bool,
 }
 
 impl ActArgs {
@@ -434,7 +439,7 @@ impl ActArgs {
             episode_starts: self.episode_starts.as_deref(),
             action_mask: self.action_mask.as_deref(),
             epsilon: self.epsilon,
-            skip_value: false,
+            skip_value: self.skip_value,
         }
     }
 }
@@ -553,6 +558,12 @@ impl Inner {
                     .ok_or_else(|| arg_error("epsilon must be a number"))? as f32,
             ),
         };
+        let skip_value = match field(options, "value")? {
+            None => false,
+            Some(v) => !v
+                .as_bool()
+                .ok_or_else(|| arg_error("value must be true or false"))?,
+        };
         Ok(ActArgs {
             obs,
             batch,
@@ -562,6 +573,7 @@ impl Inner {
             episode_starts,
             action_mask,
             epsilon,
+            skip_value,
         })
     }
 
