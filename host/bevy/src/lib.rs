@@ -17,8 +17,6 @@
 //! Errors (a policy refusing a tick: a wrong observation length, a non-finite observation) never panic: the
 //! tick's [`PolicyportErrors`] resource lists them, and that policy's agents keep their last actions.
 
-use std::sync::Mutex;
-
 pub mod cartpole;
 
 use bevy_app::{App, FixedUpdate, Plugin};
@@ -30,44 +28,49 @@ use policyport_agents::{AgentId, Agents, AgentsError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PolicyHandle(usize);
 
+/// `T` reachable through `&mut` only, hence `Sync` for any `Send` `T` (what std's unstable `Exclusive` and Bevy's
+/// `SyncCell` are): a resource must be `Sync`, and an `Agents` (a session's scratch, a wasmtime store) is not,
+/// but the Act system only ever holds `ResMut<Policies>`. Why not a `Mutex`: the staging pass reaches a policy per
+/// agent, and a lock (or its poison check) per agent, or a `Vec` of the unlocked policies per tick, is a cost a
+/// 100-agent tick shows.
+struct Exclusive<T>(T);
+
+// SAFETY: `Exclusive` gives access to its `T` only through `&mut self` (`Exclusive::get`): a shared reference to
+// one, on any number of threads, reaches nothing, so sharing it cannot race; sending it moves the `T` (`T: Send`).
+unsafe impl<T: Send> Sync for Exclusive<T> {}
+
+impl<T> Exclusive<T> {
+    fn get(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
 /// The policies agents act with (each a `policyport_agents::Agents`: native, any backend, or sandboxed).
 #[derive(Resource, Default)]
 pub struct Policies {
-    agents: Vec<Mutex<Agents>>,
+    agents: Vec<Exclusive<Agents>>,
 }
 
 impl Policies {
     /// Add a policy's agents; entities name it by the returned handle.
     pub fn add(&mut self, agents: Agents) -> PolicyHandle {
-        self.agents.push(Mutex::new(agents));
+        self.agents.push(Exclusive(agents));
         PolicyHandle(self.agents.len() - 1)
     }
 
     /// The policy's agents (e.g. to switch deterministic acting, read its tick or its backend).
     pub fn get_mut(&mut self, policy: PolicyHandle) -> Option<&mut Agents> {
-        self.agents
-            .get_mut(policy.0)
-            .map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()))
+        self.agents.get_mut(policy.0).map(Exclusive::get)
     }
 
     pub fn len(&self) -> usize {
         self.agents.len()
     }
 
-    /// Every policy's agents, shared (the Act set's action writing reads them all at once).
-    fn all(&mut self) -> Vec<&Agents> {
-        self.agents
-            .iter_mut()
-            .map(|m| &*m.get_mut().unwrap_or_else(|p| p.into_inner()))
-            .collect()
-    }
-
-    /// Every policy's agents (the Act set's staging pass holds them all at once).
-    fn all_mut(&mut self) -> Vec<&mut Agents> {
-        self.agents
-            .iter_mut()
-            .map(|m| m.get_mut().unwrap_or_else(|p| p.into_inner()))
-            .collect()
+    /// The policy `p` (the staging pass reaches one per agent).
+    #[inline(always)]
+    fn nth(&mut self, p: usize) -> Option<&mut Agents> {
+        self.agents.get_mut(p).map(Exclusive::get)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -337,7 +340,7 @@ struct StagingLists<'s> {
 #[inline(never)]
 fn stage_any(
     lists: StagingLists<'_>,
-    all: &mut [&mut Agents],
+    policies: &mut Policies,
     (i, e, agent, obs, mask): (usize, Entity, &Agent, &Observation, Option<&ActionMask>),
 ) -> u32 {
     let StagingLists {
@@ -351,7 +354,7 @@ fn stage_any(
         fresh.push((i, e));
         return 0;
     };
-    let Some(a) = all.get_mut(policy.0) else {
+    let Some(a) = policies.nth(policy.0) else {
         return 0;
     };
     let start = agent.episode_start;
@@ -462,8 +465,7 @@ fn act_system(
     // remembers its registration, so no map lookup per agent per tick) aside; those are registered in
     // entity-index order after it, then staged.
     {
-        // Each policy's agents unlocked once per tick, not once per agent.
-        let mut all = policies.all_mut();
+        let policies = &mut *policies;
         let errors = &mut errors.0;
         let q = queries.p0();
         // Every row written in place (the query's length is the sum of its tables' lengths): a push per agent
@@ -480,8 +482,8 @@ fn act_system(
                 agent.episode_start,
                 mask,
             ) {
-                (Some(id), true, false, None) if failed.is_empty() => all
-                    .get_mut(policy.0)
+                (Some(id), true, false, None) if failed.is_empty() => policies
+                    .nth(policy.0)
                     .and_then(|a| a.observe(id, &obs.0).ok().map(|()| a.staged() as u32)),
                 _ => None,
             };
@@ -494,7 +496,7 @@ fn act_system(
                         fresh,
                         respawned,
                     },
-                    &mut all,
+                    policies,
                     (i, e, agent, obs, mask),
                 ),
             };
@@ -572,10 +574,10 @@ fn act_system(
     // inside a system; an entity whose Action a game removed would shift the pairing, and the check then falls
     // back to the lookup by id.
     let ticks: Vec<Option<TickRows<'_>>> = policies
-        .all()
-        .into_iter()
+        .agents
+        .iter_mut()
         .enumerate()
-        .map(|(p, a)| (!failed.contains(&PolicyHandle(p))).then(|| TickRows::of(a)))
+        .map(|(p, a)| (!failed.contains(&PolicyHandle(p))).then(|| TickRows::of(a.get())))
         .collect();
     let mut rows = rows.iter();
     queries.p1().iter_mut().for_each(|(agent, action)| {
