@@ -845,18 +845,21 @@ impl Agents {
         }
         let (k, tick) = (self.shape.action_len, self.last());
         let o = tick.outputs();
+        // Every id was staged by this call and acted (its row exists); looked up without a panic all the same,
+        // and `out` untouched unless every row is there.
+        let mut rows = Vec::with_capacity(ids.len());
+        for id in ids {
+            rows.push(tick.row(*id).ok_or(AgentsError::UnknownAgent(*id))?);
+        }
         out.discrete.clear();
         out.continuous.clear();
         out.value.clear();
-        for id in ids {
-            let r = tick.row(*id).expect("staged and acted this tick");
-            if !o.discrete.is_empty() {
-                out.discrete
-                    .extend_from_slice(&o.discrete[r * k..(r + 1) * k]);
+        for r in rows {
+            if let Some(d) = o.discrete.get(r * k..(r + 1) * k) {
+                out.discrete.extend_from_slice(d);
             }
-            if !o.continuous.is_empty() {
-                out.continuous
-                    .extend_from_slice(&o.continuous[r * k..(r + 1) * k]);
+            if let Some(c) = o.continuous.get(r * k..(r + 1) * k) {
+                out.continuous.extend_from_slice(c);
             }
             if let Some(v) = o.value.get(r) {
                 out.value.push(*v);
