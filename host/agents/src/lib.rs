@@ -710,8 +710,7 @@ impl Agents {
     pub fn unobserve(&mut self, id: AgentId) -> bool {
         match self.slot(id) {
             Ok(s) if s.staged(self.tick) != 0 => {
-                let row = s.staged(self.tick) as usize - 1;
-                let tick = self.tick;
+                let (tick, row) = (self.tick, s.staged(self.tick) as usize - 1);
                 self.slots[id.slot as usize].set_staged(tick, 0);
                 self.unstage(row);
                 true

@@ -217,34 +217,13 @@ struct Staging<'a> {
     mask: Option<&'a ActionMask>,
 }
 
-/// Stage one registered agent's observation (and mask) with its policy `a`; a refusal withdraws that policy's
-/// rows for this tick and records the error. Returns the agent's row in its policy's tick + 1 (0: not staged).
-/// The common case (no respawn, no mask, nothing refused yet this tick) is the inlined `Agents::observe` alone
-/// (`#[inline]` left this a call per agent in the Act system's loop).
-#[inline(always)]
-fn stage(
-    a: &mut Agents,
-    s: Staging<'_>,
-    failed: &mut Vec<PolicyHandle>,
-    errors: &mut Vec<(PolicyHandle, AgentsError)>,
-) -> u32 {
-    if s.obs.0.is_empty() {
-        return 0;
-    }
-    if !s.episode_start
-        && s.mask.is_none_or(|m| m.0.is_empty())
-        && failed.is_empty()
-        && a.observe(s.id, &s.obs.0).is_ok()
-    {
-        return a.staged() as u32;
-    }
-    stage_general(a, s, failed, errors)
-}
-
-/// [`stage`] for a respawn, a mask, a policy that refused this tick or an observation `Agents` refuses. A
+/// Stage one registered agent's observation (and mask) with its policy `a` — the general path: a respawn, a
+/// mask, a policy that refused this tick, an observation `Agents` refuses (the common case is the Act system's
+/// inline `Agents::observe`). A refusal withdraws that policy's rows for this tick and records the error; a
 /// respawn is done unless the policy already refused this tick (then the agent's flag stays set for the next).
+/// Returns the agent's row in its policy's tick + 1 (0: not staged; an empty observation sits the tick out).
 #[inline(never)]
-fn stage_general(
+fn stage(
     a: &mut Agents,
     s: Staging<'_>,
     failed: &mut Vec<PolicyHandle>,
@@ -257,7 +236,7 @@ fn stage_general(
         obs,
         mask,
     } = s;
-    if failed.contains(&policy) {
+    if obs.0.is_empty() || failed.contains(&policy) {
         return 0;
     }
     if episode_start {
