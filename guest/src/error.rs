@@ -64,6 +64,68 @@ pub enum PolicyError {
         backend: Backend,
         feature: &'static str,
     },
+    /// The sandbox the policy runs in (the wasm plugin under wasmtime: `policyport-wasmtime`) refused the call
+    /// from inside, or failed itself (deadline, memory cap, trap, a plugin that breaks its ABI).
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+}
+
+/// What went wrong inside the sandbox a policy runs in (`Backend::Wasmtime`). The plugin's own refusals keep the
+/// kind a native session would report ([`SandboxError::Refused`]); the sandbox's own failures are
+/// [`ErrorKind::Sandbox`]. After a deadline, memory-cap hit or trap the session's instance is not trusted again
+/// (its state may be torn): every later call of that session is [`SandboxError::Poisoned`]; make a new session.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SandboxError {
+    /// The plugin's runtime refused the call, with the kind of the refusal (the plugin ABI's error code).
+    #[error("refused in the sandbox ({kind}) by '{call}': {message}")]
+    Refused {
+        kind: ErrorKind,
+        call: &'static str,
+        message: String,
+    },
+    /// A call ran past the policy's per-call deadline (`WasmLimits::deadline`).
+    #[error("plugin call '{call}' passed its deadline of {deadline_ms} ms")]
+    Deadline {
+        call: &'static str,
+        deadline_ms: u64,
+    },
+    /// The plugin tried to grow its memory past the cap (`WasmLimits::memory_bytes`), or its allocator ran out
+    /// under it.
+    #[error("plugin tried to grow its memory past the cap of {cap_bytes} bytes")]
+    MemoryCap { cap_bytes: usize },
+    #[error("plugin trapped in '{call}': {message}")]
+    Trap { call: &'static str, message: String },
+    /// The plugin broke its ABI (an unknown result code, an info word out of range, a buffer outside its memory,
+    /// a description of the policy other than the host's reading): a broken or hostile plugin.
+    #[error("broken plugin: {0}")]
+    Broken(String),
+    /// The plugin could not be instantiated: not a policyport plugin of this ABI version (missing exports,
+    /// foreign imports), or the engine refused it.
+    #[error("plugin: {0}")]
+    Plugin(String),
+    /// An earlier deadline, memory-cap hit or trap of this session (the message) left its instance untrusted.
+    #[error("this session's sandboxed instance failed earlier ({0}); make a new session")]
+    Poisoned(String),
+}
+
+impl SandboxError {
+    /// [`ErrorKind::Sandbox`], except for the plugin's own refusals, which keep their kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SandboxError::Refused { kind, .. } => *kind,
+            _ => ErrorKind::Sandbox,
+        }
+    }
+
+    /// Whether the instance that raised it must not be used again (its memory or state may be torn).
+    pub fn poisons_the_instance(&self) -> bool {
+        matches!(
+            self,
+            SandboxError::Deadline { .. }
+                | SandboxError::MemoryCap { .. }
+                | SandboxError::Trap { .. }
+        )
+    }
 }
 
 /// What kind of refusal a [`PolicyError`] is: the one classification every boundary maps from — the C ABI's
@@ -92,11 +154,14 @@ pub enum ErrorKind {
     TooLarge,
     /// The policy computed NaN or infinity.
     NonFinite,
+    /// The sandbox the policy runs in failed (deadline, memory cap, trap, a broken plugin, an instance poisoned
+    /// by one of these): the policy's inputs were not at fault. Never reported from inside a plugin.
+    Sandbox,
 }
 
 impl ErrorKind {
     /// Every kind, in code order.
-    pub const ALL: [ErrorKind; 7] = [
+    pub const ALL: [ErrorKind; 8] = [
         ErrorKind::Artifact,
         ErrorKind::Observation,
         ErrorKind::Call,
@@ -104,10 +169,12 @@ impl ErrorKind {
         ErrorKind::Backend,
         ErrorKind::TooLarge,
         ErrorKind::NonFinite,
+        ErrorKind::Sandbox,
     ];
 
     /// A negative number, the same as the wasm plugin ABI's error code of this kind (`policyport_abi::ErrorCode`;
-    /// that ABI's codes -6 and -7 are the sandbox's own failures, not kinds of a policy error).
+    /// that ABI's codes -6 and -7 are the plugin's handle table and allocator, not kinds of a policy error).
+    /// [`ErrorKind::Sandbox`] is -10, a code no plugin returns (a plugin cannot report its own trap).
     pub const fn code(self) -> i32 {
         match self {
             ErrorKind::Artifact => -1,
@@ -117,6 +184,7 @@ impl ErrorKind {
             ErrorKind::Backend => -5,
             ErrorKind::TooLarge => -8,
             ErrorKind::NonFinite => -9,
+            ErrorKind::Sandbox => -10,
         }
     }
 
@@ -130,6 +198,7 @@ impl ErrorKind {
             ErrorKind::Backend => "backend",
             ErrorKind::TooLarge => "too_large",
             ErrorKind::NonFinite => "non_finite",
+            ErrorKind::Sandbox => "sandbox",
         }
     }
 
@@ -161,6 +230,7 @@ impl PolicyError {
             PolicyError::Backend(_) | PolicyError::NotCompiled { .. } => ErrorKind::Backend,
             PolicyError::Memory { .. } | PolicyError::Allocation { .. } => ErrorKind::TooLarge,
             PolicyError::NonFiniteOutput { .. } => ErrorKind::NonFinite,
+            PolicyError::Sandbox(e) => e.kind(),
         }
     }
 }

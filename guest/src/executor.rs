@@ -36,6 +36,13 @@ pub struct Placement {
     /// uint8 frames as bytes, and widens them itself; the session then neither copies nor widens them
     /// ([`StepInput::obs`] is empty).
     pub raw_observations: bool,
+    /// With `sampling`: the executor writes the act's outputs itself ([`Executor::launch_outputs`]: actions,
+    /// finished distribution parameters, value) instead of rows, and [`Executor::launch`] is not called. The
+    /// session still checks them (finite, actions in range, sizes), draws on the host where the request has a
+    /// mask or an epsilon, and makes them the session's outputs only when they pass. The sandbox does: its
+    /// plugin returns outputs, and packing them into rows for the session to unpack again turned every discrete
+    /// action into an f32 and back.
+    pub outputs: bool,
 }
 
 /// One step's inputs, after the session's checks.
@@ -216,6 +223,23 @@ pub trait Executor: Send + Sync {
 
     /// Run this session's steps on `threads` threads (the caller's and `threads - 1` workers the scratch owns);
     /// 1: on the caller's thread only (the default). Backends without intra-op threads accept 1 and refuse more.
+    /// Run one step into `out` (an executor whose placement has [`Placement::outputs`]): `batch` rows of
+    /// actions, finished distribution parameters and, unless [`StepInput::skip_value`], values; `out.batch` set.
+    /// `out` is the session's spare outputs (last-but-one act's buffers, to be reused): it becomes the session's
+    /// outputs only once its checks pass, so a failed step leaves the caller's outputs as they were.
+    fn launch_outputs(
+        &self,
+        scratch: &mut ExecScratch,
+        step: &StepInput<'_>,
+        out: &mut crate::ActOutputs,
+    ) -> Result<(), PolicyError> {
+        let _ = (scratch, step, out);
+        Err(BackendError::Unsupported(
+            "writing act() outputs directly (Placement::outputs) on this backend",
+        )
+        .into())
+    }
+
     fn set_threads(&self, scratch: &mut ExecScratch, threads: usize) -> Result<(), PolicyError> {
         let _ = scratch;
         if threads > 1 {

@@ -50,7 +50,7 @@ pub use backend::{Backend, CpuOptions, Precision, UnknownBackend, UnknownPrecisi
 pub use compiled::{CompiledPolicy, PolicyInfo, Selection};
 pub use error::{
     BackendError, EnvIdError, ErrorKind, HeadControlError, ObservationError, PolicyError,
-    StateError,
+    SandboxError, StateError,
 };
 // The backend SPI (what an executor outside this crate implements: libtorch in `policyport-torch`, the sandbox in
 // `policyport-wasmtime`) stays in its modules, `policyport::executor` and `policyport::lower`, not at the root,

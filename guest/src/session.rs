@@ -13,7 +13,9 @@ use policyport_format::philox::Stream;
 use policyport_format::sampling::ActMode;
 
 use crate::compiled::CompiledPolicy;
-use crate::error::{EnvIdError, ObservationError, PolicyError, StateError, try_reserve_len};
+use crate::error::{
+    BackendError, EnvIdError, ObservationError, PolicyError, StateError, try_reserve_len,
+};
 use crate::executor::{ExecScratch, Pending, StepInput};
 use crate::observations::{Observations, check_observations};
 use crate::state::HostState;
@@ -202,6 +204,10 @@ pub struct Session {
     state: HostState,
     max_envs: usize,
     out: ActOutputs,
+    /// Where an executor that writes outputs itself
+    /// ([`Placement::outputs`](crate::executor::Placement::outputs)) writes the next act's: swapped with `out`
+    /// once they pass the session's checks (a failed act leaves `out` as it was, at no copy).
+    staged: ActOutputs,
     obs_buf: Vec<f32>,
     rows: Vec<f32>,
     ids: Vec<u32>,
@@ -220,6 +226,13 @@ impl std::fmt::Debug for Session {
             .field("num_envs", &self.state.num_envs)
             .finish()
     }
+}
+
+/// Where an executor writes a step: rows for the session to unpack, or the outputs themselves
+/// ([`Placement::outputs`](crate::executor::Placement::outputs)).
+enum Sink<'r> {
+    Rows(&'r mut Vec<f32>),
+    Outputs(&'r mut ActOutputs),
 }
 
 /// What one act() checked and prepared before anything was mutated.
@@ -245,6 +258,7 @@ impl Session {
             max_envs: DEFAULT_MAX_ENVS,
             policy,
             out: ActOutputs::default(),
+            staged: ActOutputs::default(),
             obs_buf: vec![],
             rows: vec![],
             ids: vec![],
@@ -330,11 +344,38 @@ impl Session {
     /// On WebGPU in a browser use [`Session::act_async`] (this returns a typed error there).
     pub fn act(&mut self, req: &Request<'_>) -> Result<&ActOutputs, PolicyError> {
         let p = self.prepare(req)?;
+        if self.policy.executor().placement().outputs {
+            return self.act_into_outputs(&p, req);
+        }
         let mut rows = std::mem::take(&mut self.rows);
         let result = self
-            .launch(&p, req.obs, &mut rows)
+            .launch(&p, req.obs, Sink::Rows(&mut rows))
             .and_then(|pending| pending.wait(&mut rows));
         self.complete(result, rows, &p, req)
+    }
+
+    /// act() on an executor that writes the outputs itself
+    /// ([`Placement::outputs`](crate::executor::Placement::outputs); it never defers).
+    fn act_into_outputs(
+        &mut self,
+        p: &Prepared,
+        req: &Request<'_>,
+    ) -> Result<&ActOutputs, PolicyError> {
+        let mut staged = std::mem::take(&mut self.staged);
+        let result = self
+            .launch(p, req.obs, Sink::Outputs(&mut staged))
+            .map(|_ready| ())
+            .and_then(|()| self.check_outputs(&staged, p));
+        if let Err(e) = result {
+            self.staged = staged;
+            return Err(e);
+        }
+        if req.action_mask.is_some() || req.epsilon.is_some() {
+            self.redraw(&mut staged, p, req);
+        }
+        std::mem::swap(&mut self.out, &mut staged);
+        self.staged = staged;
+        Ok(&self.out)
     }
 
     /// Every check [`Session::act`] makes on `req` (batch, env ids, episode starts, masks, observations), without
@@ -348,8 +389,11 @@ impl Session {
     /// readback is awaited instead of waited for. CPU backends finish without awaiting anything.
     pub async fn act_async(&mut self, req: &Request<'_>) -> Result<&ActOutputs, PolicyError> {
         let p = self.prepare(req)?;
+        if self.policy.executor().placement().outputs {
+            return self.act_into_outputs(&p, req);
+        }
         let mut rows = std::mem::take(&mut self.rows);
-        let result = match self.launch(&p, req.obs, &mut rows) {
+        let result = match self.launch(&p, req.obs, Sink::Rows(&mut rows)) {
             Ok(pending) => pending.wait_async(&mut rows).await,
             Err(e) => Err(e),
         };
@@ -605,7 +649,7 @@ impl Session {
         &mut self,
         p: &Prepared,
         obs: Observations<'_>,
-        rows: &mut Vec<f32>,
+        sink: Sink<'_>,
     ) -> Result<Pending, PolicyError> {
         let exec = self.policy.executor();
         let placement = exec.placement();
@@ -641,7 +685,114 @@ impl Session {
             num_envs: self.state.num_envs,
             skip_value: p.skip_value,
         };
-        exec.launch(&mut self.scratch, &step, rows)
+        match sink {
+            Sink::Rows(rows) => exec.launch(&mut self.scratch, &step, rows),
+            Sink::Outputs(out) => exec
+                .launch_outputs(&mut self.scratch, &step, out)
+                .map(|()| Pending::Ready),
+        }
+    }
+
+    /// The outputs an executor wrote itself ([`Placement::outputs`](crate::executor::Placement::outputs)),
+    /// checked before they become the session's:
+    /// the sizes the head gives, every number finite (the same rule as for rows: `non_finite_outputs_are_a_typed_
+    /// error`), and every discrete action one of its component's. The sandbox's plugin is not trusted to keep
+    /// them: a broken or hostile one must not hand a game an action index past its action space.
+    fn check_outputs(&self, out: &ActOutputs, p: &Prepared) -> Result<(), PolicyError> {
+        let head = self.policy.head();
+        let (batch, k, np) = (p.batch, head.action_len, head.dist_params_len);
+        let discrete = head.is_discrete();
+        let wants_value = head.has_value() && !p.skip_value;
+        let (actions, other) = match discrete {
+            true => (out.discrete.len(), out.continuous.len()),
+            false => (out.continuous.len(), out.discrete.len()),
+        };
+        if out.batch != batch
+            || actions != batch * k
+            || other != 0
+            || out.dist_params.len() != batch * np
+            || out.value.len() != if wants_value { batch } else { 0 }
+        {
+            return Err(BackendError::Device(format!(
+                "the {} executor wrote outputs of other sizes than the policy's head: batch {} (asked {batch}), \
+                 {actions} actions ({k} per row), {} distribution numbers ({np} per row), {} values",
+                self.policy.backend().name(),
+                out.batch,
+                out.dist_params.len(),
+                out.value.len(),
+            ))
+            .into());
+        }
+        let non_finite = |values: &[f32], per_row: usize, what: &'static str| {
+            match crate::observations::first_non_finite(values) {
+                Some(i) => Err(PolicyError::NonFiniteOutput {
+                    row: i / per_row.max(1),
+                    what,
+                    value: values[i],
+                }),
+                None => Ok(()),
+            }
+        };
+        non_finite(&out.dist_params, np, "output (action distribution)")?;
+        non_finite(&out.continuous, k, "action")?;
+        non_finite(&out.value, 1, "value")?;
+        if discrete {
+            for (i, (&a, &n)) in out
+                .discrete
+                .iter()
+                .zip(head.segments.iter().cycle())
+                .enumerate()
+            {
+                if a < 0 || a as u64 >= n as u64 {
+                    return Err(BackendError::Device(format!(
+                        "the {} executor answered action {a} for env row {} (component {} has {n} actions)",
+                        self.policy.backend().name(),
+                        i / k.max(1),
+                        i % k.max(1),
+                    ))
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A request's mask or epsilon on outputs an executor drew
+    /// ([`Placement::outputs`](crate::executor::Placement::outputs)): the host draws again
+    /// from the finished parameters, with the same code as every other backend (`finish`'s `host_draws`).
+    fn redraw(&mut self, out: &mut ActOutputs, p: &Prepared, req: &Request<'_>) {
+        let head = self.policy.head();
+        let (batch, k, np) = (p.batch, head.action_len, head.dist_params_len);
+        let streams = match p.mode {
+            ActMode::Sample { seed, step } => {
+                policyport_format::philox::first_blocks(
+                    seed,
+                    step,
+                    &self.ids[..batch],
+                    &mut self.first_blocks,
+                );
+                Some((seed, step))
+            }
+            ActMode::Deterministic => None,
+        };
+        let discrete = head.is_discrete();
+        let mask_len = head.mask_len();
+        for row in 0..batch {
+            let params = &mut out.dist_params[row * np..(row + 1) * np];
+            let controls = req.controls_of(row, mask_len);
+            if let Some(m) = controls.mask {
+                head.mask_params(params, m);
+            }
+            let (d, c) = if discrete {
+                (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+            } else {
+                (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+            };
+            let stream = streams.map(|(seed, step)| {
+                Stream::with_first_block(seed, self.ids[row], step, self.first_blocks[row])
+            });
+            head.act_row_from(params, stream, &controls, d, c);
+        }
     }
 
     fn complete(

@@ -281,6 +281,7 @@ impl Executor for WgpuExecutor {
             state: true,
             sampling: true,
             raw_observations: self.preprocess.is_some(),
+            outputs: false,
         }
     }
 

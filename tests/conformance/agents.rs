@@ -7,7 +7,7 @@
 //! - agents that spawn, despawn and respawn at random ticks on a recurrent policy keep their rows isolated: each
 //!   agent acts as if it ran alone in its own session (fresh state at each of its episode starts, even on an env
 //!   id a despawned agent held), whatever else shares its batch;
-//! - the sandboxed backend (`Agents::sandboxed`, a `WasmPolicy`) and every other backend give the native cpu
+//! - every backend, the sandbox (`policyport_wasmtime::load`, `on_wasmtime`) among them, gives the native cpu
 //!   backend's actions (values within rounding);
 //! - stale ids, a second observation in one tick, wrong lengths and a refused act() are typed errors that change
 //!   nothing.
@@ -20,7 +20,7 @@ use policyport_cli::demo::run_episodes_batched;
 use policyport_cli::envs::{CartPole, Env, Pendulum};
 use policyport_conformance::{compile_fixture, fixtures_dir, load_fixture, plugin_runtime};
 use policyport_import::{FixtureIo, StorageDType, compile_sb3};
-use policyport_wasmtime::{WasmLimits, WasmPolicy};
+use policyport_wasmtime::WasmLimits;
 
 /// xorshift64: the test's own stream for orders, spawn times and observations.
 struct Rng(u64);
@@ -44,28 +44,20 @@ impl Rng {
     }
 }
 
-fn sandboxed(bytes: &[u8], config: AgentsConfig) -> Agents {
+fn sandboxed(bytes: &[u8], config: AgentsConfig) -> Result<Agents, AgentsError> {
     let limits = WasmLimits {
         deadline: std::time::Duration::from_secs(60),
         ..Default::default()
     };
-    Agents::sandboxed(
-        WasmPolicy::load(&plugin_runtime(), bytes, limits).expect("the plugin loads the policy"),
-        config,
-    )
+    let policy = policyport_wasmtime::load(&plugin_runtime(), bytes, limits)?;
+    Ok(Agents::new(policy, config))
 }
 
-/// Agents on `bytes`, with their name for messages: on `Some(backend)`, one backend of the suite (each test that
-/// takes one is one test per backend, `per_backend!`), or with `None` in the raw sandbox (`Agents::sandboxed`, a
-/// `WasmPolicy`: each such test has a twin `..._in_the_sandbox`).
-fn agents_on(bytes: &[u8], backend: Option<Backend>, config: AgentsConfig) -> (String, Agents) {
-    match backend {
-        Some(b) => {
-            let p = policyport_conformance::load(bytes, b).unwrap();
-            (b.name().to_string(), Agents::native(p, config))
-        }
-        None => ("sandbox (WasmPolicy)".into(), sandboxed(bytes, config)),
-    }
+/// Agents on `bytes` on one backend of the suite (each test that takes one is one test per backend,
+/// `per_backend!`; the sandbox is `on_wasmtime`), with the backend's name for messages.
+fn agents_on(bytes: &[u8], backend: Backend, config: AgentsConfig) -> (String, Agents) {
+    let p = policyport_conformance::load(bytes, backend).unwrap();
+    (backend.name().to_string(), Agents::new(p, config))
 }
 
 /// One agent per evaluation episode, spawned at tick 0 in episode order (so agent env ids are the episode
@@ -126,9 +118,8 @@ fn episode_returns<E: Env<Obs = f32>>(
 
 /// The trained fixtures' evaluation episodes through agents in shuffled order equal the demo's own batched
 /// runner (`policyport demo`: one act() per step, rows in episode order) exactly, on `backend` (the demo on the
-/// same backend) or in the sandbox (`None`: the native cpu demo's, within rounding); CartPole's equal the PyTorch
-/// policy's too.
-fn replay_through_agents<E: Env<Obs = f32>>(fixture: &str, backend: Option<Backend>) {
+/// same backend); CartPole's equal the PyTorch policy's too.
+fn replay_through_agents<E: Env<Obs = f32>>(fixture: &str, backend: Backend) {
     let f = load_fixture(fixture);
     let eval = f.io.eval.clone().unwrap();
     let bytes = compile_fixture(&f);
@@ -144,10 +135,7 @@ fn replay_through_agents<E: Env<Obs = f32>>(fixture: &str, backend: Option<Backe
             ..Default::default()
         };
         let demo = {
-            let p = match backend {
-                None => CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
-                Some(b) => policyport_conformance::load(&bytes, b).unwrap(),
-            };
+            let p = policyport_conformance::load(&bytes, backend).unwrap();
             run_episodes_batched::<E>(
                 &mut p.session(),
                 episodes,
@@ -161,20 +149,10 @@ fn replay_through_agents<E: Env<Obs = f32>>(fixture: &str, backend: Option<Backe
         for order_seed in [1, 0x9e37_79b9_7f4a_7c15] {
             let (name, mut agents) = agents_on(&bytes, backend, config);
             let got = episode_returns::<E>(&mut agents, episodes, env_seed, order_seed);
-            if backend.is_none() {
-                // The raw sandbox against the native cpu demo: the same episodes within rounding.
-                for (g, d) in got.iter().zip(&demo) {
-                    assert!(
-                        (g - d).abs() <= 1e-3 * d.abs().max(1.0),
-                        "{fixture} {key} on {name}: {g} vs {d}"
-                    );
-                }
-            } else {
-                assert_eq!(
-                    got, demo,
-                    "{fixture} {key} on {name}, observation order {order_seed:#x}"
-                );
-            }
+            assert_eq!(
+                got, demo,
+                "{fixture} {key} on {name}, observation order {order_seed:#x}"
+            );
             if fixture == "cartpole" {
                 let want: Vec<f64> = serde_json::from_value(eval[key].clone()).unwrap();
                 assert_eq!(got, want, "{key} on {name}: the PyTorch returns");
@@ -184,16 +162,10 @@ fn replay_through_agents<E: Env<Obs = f32>>(fixture: &str, backend: Option<Backe
 }
 
 fn agents_in_any_order_replay_the_demos_episodes_on_every_backend(backend: Backend) {
-    replay_through_agents::<CartPole>("cartpole", Some(backend));
-    replay_through_agents::<Pendulum>("pendulum", Some(backend));
+    replay_through_agents::<CartPole>("cartpole", backend);
+    replay_through_agents::<Pendulum>("pendulum", backend);
 }
 per_backend!(agents_in_any_order_replay_the_demos_episodes_on_every_backend);
-
-#[test]
-fn agents_in_any_order_replay_the_demos_episodes_in_the_sandbox() {
-    replay_through_agents::<CartPole>("cartpole", None);
-    replay_through_agents::<Pendulum>("pendulum", None);
-}
 
 /// What one agent did in one tick: (tick, its actions, its value).
 type Step = (u64, Vec<i64>, f32);
@@ -309,7 +281,7 @@ fn churn_reference() -> (
         ..Default::default()
     };
     let cpu = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
-    let reference = churn(&mut Agents::native(cpu, config), 5, 60);
+    let reference = churn(&mut Agents::new(cpu, config), 5, 60);
     (bytes, config, reference)
 }
 
@@ -357,20 +329,13 @@ fn churning_agents_keep_their_recurrent_rows_isolated() {
 /// The same churn on every backend: the cpu reference's actions, and its values (bit for bit on the cpu backend
 /// itself).
 fn churning_agents_keep_their_recurrent_rows_isolated_on_every_backend(backend: Backend) {
-    churn_like_the_reference(Some(backend));
+    churn_like_the_reference(backend);
 }
 per_backend!(churning_agents_keep_their_recurrent_rows_isolated_on_every_backend);
 
-/// The same churn in the raw sandbox: the cpu reference's actions, and its values within rounding.
-#[test]
-fn churning_agents_keep_their_recurrent_rows_isolated_in_the_sandbox() {
-    churn_like_the_reference(None);
-}
-
-fn churn_like_the_reference(backend: Option<Backend>) {
+fn churn_like_the_reference(backend: Backend) {
     let (bytes, config, reference) = churn_reference();
-    // The same churn on every backend and in the raw sandbox: the same actions; the cpu-kernel sandboxes the
-    // same bits.
+    // The same churn on every backend (the sandbox too): the same actions.
     let (name, mut agents) = agents_on(&bytes, backend, config);
     let got = churn(&mut agents, 5, 60);
     assert_eq!(got.len(), reference.len(), "{name}");
@@ -397,16 +362,11 @@ fn churn_like_the_reference(backend: Option<Backend>) {
 }
 
 fn agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing(backend: Backend) {
-    calls_that_do_not_fit(Some(backend));
+    calls_that_do_not_fit(backend);
 }
 per_backend!(agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing);
 
-#[test]
-fn agents_calls_that_do_not_fit_are_typed_errors_that_change_nothing_in_the_sandbox() {
-    calls_that_do_not_fit(None);
-}
-
-fn calls_that_do_not_fit(backend: Option<Backend>) {
+fn calls_that_do_not_fit(backend: Backend) {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
     let (name, mut agents) = agents_on(&bytes, backend, AgentsConfig::default());
@@ -415,7 +375,7 @@ fn calls_that_do_not_fit(backend: Option<Backend>) {
     agents.set_threads(1).unwrap();
     let more = agents.set_threads(2);
     match backend {
-        Some(Backend::Cpu) => {
+        Backend::Cpu => {
             more.unwrap();
             assert_eq!(agents.threads(), 2);
             // A session set up by the caller keeps its threads (what the C ABI's pp_agents_new hands over).
@@ -459,10 +419,7 @@ fn calls_that_do_not_fit(backend: Option<Backend>) {
     // A non-finite observation: the runtime refuses the act; the staging, ids and tick stay.
     agents.observe(b, &[f32::NAN, 0.0, 0.0, 0.0]).unwrap();
     assert!(
-        matches!(
-            agents.act(),
-            Err(AgentsError::Policy(_) | AgentsError::Sandbox(_))
-        ),
+        matches!(agents.act(), Err(AgentsError::Policy(_))),
         "{name}"
     );
     assert_eq!(
@@ -487,7 +444,7 @@ fn calls_that_do_not_fit(backend: Option<Backend>) {
     assert_eq!(AgentId::from_bits(a.to_bits()), a);
     assert!(!agents.contains(AgentId::from_bits(a.to_bits() + (7 << 32))));
     // The limit on live agents.
-    let mut few = Agents::native(
+    let mut few = Agents::new(
         CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
         AgentsConfig {
             max_agents: 2,
@@ -508,16 +465,11 @@ fn calls_that_do_not_fit(backend: Option<Backend>) {
 
 /// A mask per agent: forbidden actions are never chosen; agents without one in the same tick act unmasked.
 fn agents_masks_reach_the_runtime_per_agent(backend: Backend) {
-    masks_per_agent(Some(backend));
+    masks_per_agent(backend);
 }
 per_backend!(agents_masks_reach_the_runtime_per_agent);
 
-#[test]
-fn agents_masks_reach_the_runtime_per_agent_in_the_sandbox() {
-    masks_per_agent(None);
-}
-
-fn masks_per_agent(backend: Option<Backend>) {
+fn masks_per_agent(backend: Backend) {
     let dir = fixtures_dir().join("sb3").join("maskable_ppo_discrete");
     let io: FixtureIo =
         serde_json::from_slice(&std::fs::read(dir.join("io.json")).unwrap()).unwrap();
@@ -580,15 +532,14 @@ fn agents_auto_picks_a_timed_candidate_and_returns_it_fresh() {
     let f = load_fixture("cartpole");
     let bytes = compile_fixture(&f);
     let cpu = || -> Result<Agents, AgentsError> {
-        Ok(Agents::native(
+        Ok(Agents::new(
             CompiledPolicy::load(&bytes, Backend::Cpu)?,
             AgentsConfig::default(),
         ))
     };
-    let sandbox =
-        || -> Result<Agents, AgentsError> { Ok(sandboxed(&bytes, AgentsConfig::default())) };
+    let sandbox = || -> Result<Agents, AgentsError> { sandboxed(&bytes, AgentsConfig::default()) };
     let broken = || -> Result<Agents, AgentsError> {
-        Ok(Agents::native(
+        Ok(Agents::new(
             CompiledPolicy::load(b"junk", Backend::Cpu)?,
             AgentsConfig::default(),
         ))
@@ -623,7 +574,7 @@ fn agents_last_tick_stays_readable_by_id_while_the_next_is_staged() {
         deterministic: true,
         ..Default::default()
     };
-    let mut agents = Agents::native(policy, config);
+    let mut agents = Agents::new(policy, config);
     let ids: Vec<AgentId> = (0..4).map(|_| agents.spawn().unwrap()).collect();
     let obs = |k: usize| [0.02 * k as f32, -0.1, 0.03 * k as f32, 0.2 - 0.1 * k as f32];
     // Tick 0: agents 3, 1, 0 (2 sits out).

@@ -74,16 +74,15 @@ fn bevy_cartpole_scene_plays_the_c_examples_episodes_natively_and_sandboxed() {
         let bytes = sb3(name);
         let want = c_returns(&bytes, &dir, false);
         assert!(want.len() > 40, "{name}: {} episodes", want.len());
-        let native = Agents::native(CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(), config);
+        let native = Agents::new(CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(), config);
         assert_eq!(
             play(native, 32, 1200),
             want,
             "{name}: Bevy (native cpu) vs agents.c"
         );
         let wasm =
-            policyport_wasmtime::WasmPolicy::load(&plugin_runtime(), &bytes, Default::default())
-                .unwrap();
-        let got = play(Agents::sandboxed(wasm, config), 32, 1200);
+            policyport_wasmtime::load(&plugin_runtime(), &bytes, Default::default()).unwrap();
+        let got = play(Agents::new(wasm, config), 32, 1200);
         assert_eq!(
             got,
             c_returns(&bytes, &dir, true),
@@ -98,7 +97,7 @@ fn bevy_cartpole_scene_plays_the_c_examples_episodes_natively_and_sandboxed() {
 #[test]
 fn bevy_a_tick_the_policy_refuses_is_an_error_entry_never_a_panic() {
     let bytes = sb3("ppo_cartpole");
-    let agents = Agents::native(
+    let agents = Agents::new(
         CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
         AgentsConfig::default(),
     );
@@ -170,8 +169,8 @@ fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch(
     let (a, b) = {
         let mut p = app.world_mut().resource_mut::<Policies>();
         (
-            p.add(Agents::native(policy.clone(), config(1))),
-            p.add(Agents::native(policy.clone(), config(2))),
+            p.add(Agents::new(policy.clone(), config(1))),
+            p.add(Agents::new(policy.clone(), config(2))),
         )
     };
     let allowed = |k: usize| k % 2;
@@ -244,17 +243,14 @@ fn bevy_an_action_holds_exactly_its_ticks_outputs_whatever_it_held() {
     let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
     let mut app = App::new();
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    let h = app
-        .world_mut()
-        .resource_mut::<Policies>()
-        .add(Agents::native(
-            policy,
-            AgentsConfig {
-                values: true,
-                deterministic: true,
-                ..Default::default()
-            },
-        ));
+    let h = app.world_mut().resource_mut::<Policies>().add(Agents::new(
+        policy,
+        AgentsConfig {
+            values: true,
+            deterministic: true,
+            ..Default::default()
+        },
+    ));
     let entities: Vec<_> = (0..4)
         .map(|k| {
             let o = vec![0.01 * k as f32, 0.0, -0.02, 0.1];

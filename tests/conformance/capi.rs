@@ -706,8 +706,8 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
             };
             let mut twin = if sandboxed {
                 let limits = policyport_wasmtime::WasmLimits::default();
-                policyport_agents::Agents::sandboxed(
-                    policyport_wasmtime::WasmPolicy::load(
+                policyport_agents::Agents::new(
+                    policyport_wasmtime::load(
                         &policyport_conformance::plugin_runtime(),
                         &bytes,
                         limits,
@@ -716,7 +716,7 @@ fn c_abi_agents_reach_the_pytorch_returns_and_the_c_example_runs_on_both_routes(
                     config,
                 )
             } else {
-                policyport_agents::Agents::native(
+                policyport_agents::Agents::new(
                     CompiledPolicy::load(&bytes, Backend::Cpu).unwrap(),
                     config,
                 )

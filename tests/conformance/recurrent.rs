@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use policyport::{
-    ActMode, ActOutputs, Backend, CompiledPolicy, EnvIdError, EnvIds, Observations, PolicyError,
-    Request, StateError,
+    ActMode, Backend, CompiledPolicy, EnvIdError, EnvIds, Observations, PolicyError, Request,
+    StateError,
 };
 use policyport_format::container::{StorageDType, Tensor};
 use policyport_format::*;
@@ -232,34 +232,6 @@ fn episode_starts_zero_the_state_before_the_step_on_every_backend(backend: Backe
 }
 per_backend!(episode_starts_zero_the_state_before_the_step_on_every_backend);
 
-/// The same episode-start mask through the sandboxed plugin's ABI (v2, `WasmPolicy` directly): the cpu session's
-/// answers. (Every backend of `backends()`, libtorch and wasmtime included, runs the test above.)
-#[test]
-fn episode_starts_through_the_plugin_abi_give_the_cpu_answers() {
-    let (bytes, _) = elman();
-    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7];
-    let cpu = CompiledPolicy::load(&bytes, policyport::Backend::Cpu).unwrap();
-    let rt = policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
-    let mut plugin =
-        policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
-    let mut want = cpu.session();
-    let mut got = ActOutputs::default();
-    for step in 0..5u64 {
-        let x: Vec<f32> = obs.iter().map(|v| v * (1.0 + step as f32)).collect();
-        let starts = [step == 3, step == 2 || step == 4];
-        let req = Request::new(Observations::F32(&x), 2, ActMode::Sample { seed: 9, step })
-            .envs(EnvIds::List(&[0, 1]))
-            .episode_starts(&starts);
-        let w = want.act(&req).unwrap();
-        plugin.act(&req, &mut got).unwrap();
-        assert_eq!(got.discrete, w.discrete, "plugin step {step}");
-        assert_eq!(got.dist_params.len(), w.dist_params.len());
-        for (a, b) in got.dist_params.iter().zip(&w.dist_params) {
-            assert!((a - b).abs() < 1e-5, "plugin step {step}: {a} vs {b}");
-        }
-    }
-}
-
 /// Regression (one env-id rule for every runtime): a recurrent batch naming one env twice was refused on wgpu and
 /// libtorch, but on cpu, flex and the wasm plugin the second row's next state silently overwrote the first's.
 /// Now every runtime refuses it with the same typed error and changes no state: one test per backend of
@@ -295,29 +267,6 @@ fn a_recurrent_batch_naming_one_env_twice_is_refused_everywhere(backend: Backend
     );
 }
 per_backend!(a_recurrent_batch_naming_one_env_twice_is_refused_everywhere);
-
-/// The duplicate-env rule of the test above through the sandboxed plugin's ABI (`WasmPolicy` directly): a bad
-/// call.
-#[test]
-fn a_recurrent_batch_naming_one_env_twice_is_a_bad_call_through_the_plugin_abi() {
-    let (bytes, _) = elman();
-    let obs = [0.5f32, -0.2, 0.1, 0.3, 0.3, -0.7, 0.1, 0.2, 0.3];
-    let dup = [2u32, 0, 2];
-    // The sandboxed plugin: the same rule through the ABI (bad call).
-    let rt = policyport_wasmtime::WasmRuntime::new(&policyport_conformance::plugin_wasm()).unwrap();
-    let mut w = policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default()).unwrap();
-    let mut out = ActOutputs::default();
-    match w.act(
-        &Request::new(Observations::F32(&obs), 3, ActMode::Deterministic).envs(EnvIds::List(&dup)),
-        &mut out,
-    ) {
-        Err(policyport_wasmtime::WasmError::Guest { code, message, .. }) => {
-            assert_eq!(code, policyport_abi::ErrorCode::Call, "{message}");
-            assert!(message.contains("env 2 appears twice"), "{message}");
-        }
-        other => panic!("plugin: {other:?}"),
-    }
-}
 
 /// The browser suite runs this recurrent policy too (`tests/browser/run.mjs`: per-env state, episode starts and
 /// the duplicate-env rule through the JS API, on cpu-wasm and WebGPU): its bytes and a scripted episode with

@@ -1,14 +1,17 @@
-//! The sandboxed plugin under wasmtime, what only it has: the zero-copy observation buffer, the ABI contract, limits
-//! (deadline, memory cap), hostile modules, the module cache, and many threads. Parity, sampling, the state model
-//! and request checks run in the whole suite (`Backend::Wasmtime` is one of `backends()`).
+//! The sandboxed plugin under wasmtime, what only it has: the ABI contract, limits (deadline, memory cap), hostile
+//! modules, the module cache, an instance per session on many threads, and the host-lent kernel. Parity,
+//! sampling, the state model and request checks run in the whole suite (`Backend::Wasmtime` is one of
+//! `backends()`: `policyport_wasmtime::load` gives a `CompiledPolicy` like every backend's).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, EnvIds, Observations, Request};
+use policyport::{
+    ActMode, Backend, CompiledPolicy, ErrorKind, Observations, PolicyError, Request, SandboxError,
+};
 use policyport_abi::{ErrorCode, host};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture, plugin_wasm};
-use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
+use policyport_wasmtime::{WasmError, WasmLimits, WasmRuntime};
 
 fn runtime() -> Arc<WasmRuntime> {
     WasmRuntime::new(&plugin_wasm()).unwrap()
@@ -26,97 +29,80 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
         / scale
 }
 
-/// The zero-copy path of `WasmPolicy` (observations written straight into guest memory, `act_prepared`) gives the
-/// native answers on every fixture. (The plugin's parity with PyTorch, its sampling, state model and request
-/// checks run in the whole suite: `Backend::Wasmtime` is one of `backends()`.)
-#[test]
-fn the_zero_copy_observation_buffer_gives_the_native_actions() {
-    let rt = runtime();
-    for name in fixture_names() {
-        let f = load_fixture(&name);
-        let bytes = compile_fixture(&f);
-        let native_policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
-        let mut native = native_policy.session();
-        let mut wasm = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
-        assert_eq!(wasm.info().obs_len, native_policy.info().obs_len);
-        for case in &f.io.cases {
-            wasm.obs_buffer(case.batch)
-                .unwrap()
-                .copy_from_slice(&case.obs);
-            let mut b = ActOutputs::default();
-            let mode = ActMode::Sample { seed: 9, step: 4 };
-            wasm.act_prepared(case.batch, mode, EnvIds::Range(2), &mut b)
-                .unwrap();
-            let a = native
-                .act(
-                    &Request::new(Observations::F32(&case.obs), case.batch, mode)
-                        .envs(EnvIds::Range(2)),
-                )
-                .unwrap();
-            assert_eq!(a.discrete, b.discrete, "{name}/{}", case.name);
-            assert!(
-                rel(&b.continuous, &a.continuous) < 1e-5,
-                "{name}/{}",
-                case.name
-            );
-            assert!(
-                rel(&b.value, &a.value) < 1e-5 && rel(&b.dist_params, &a.dist_params) < 1e-5,
-                "{name}/{}",
-                case.name
-            );
-            assert!(!b.dist_params.is_empty(), "{name}: nothing compared");
-        }
+/// The bundled CartPole policy: the artifact every hostile module below is "loaded" with (the host reads and
+/// validates it before any plugin sees it; the hostile modules ignore it).
+fn cartpole() -> Vec<u8> {
+    compile_fixture(&load_fixture("cartpole"))
+}
+
+/// `load` on a hostile module: only its error (a `CompiledPolicy` is not `Debug`).
+fn load_err(rt: &Arc<WasmRuntime>, limits: WasmLimits) -> PolicyError {
+    match policyport_wasmtime::load(rt, &cartpole(), limits) {
+        Ok(_) => panic!("the hostile module was accepted"),
+        Err(e) => e,
     }
 }
 
 #[test]
-fn plugin_errors_are_typed_and_the_instance_survives_them() {
+fn sandbox_errors_are_typed_and_the_session_survives_them() {
     let rt = runtime();
-    let bytes = compile_fixture(&load_fixture("cartpole"));
-    let mut p = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
-    let mut out = ActOutputs::default();
+    let bytes = cartpole();
+    let mut s = policyport_wasmtime::load(&rt, &bytes, WasmLimits::default())
+        .unwrap()
+        .session();
     let nan = [f32::NAN, 0.0, 0.0, 0.0];
-    match p.act(
-        &Request::new(Observations::F32(&nan), 1, ActMode::Deterministic),
-        &mut out,
-    ) {
-        Err(WasmError::Guest {
-            code: ErrorCode::Observation,
-            message,
-            ..
-        }) => assert!(message.contains("non-finite"), "{message}"),
-        other => panic!("{other:?}"),
-    }
+    let e = s
+        .act(&Request::new(
+            Observations::F32(&nan),
+            1,
+            ActMode::Deterministic,
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(e, PolicyError::Observation(_)) && e.to_string().contains("non-finite"),
+        "{e}"
+    );
+    // A short observation buffer is the runtime's own observation error, as on the native session.
     assert!(matches!(
-        p.act(
-            &Request::new(Observations::F32(&[0.0; 3]), 1, ActMode::Deterministic),
-            &mut out
-        ),
-        // A short observation buffer is the runtime's own observation error, as on the native session.
-        Err(WasmError::Policy(policyport::PolicyError::Observation(_)))
+        s.act(&Request::new(
+            Observations::F32(&[0.0; 3]),
+            1,
+            ActMode::Deterministic
+        )),
+        Err(PolicyError::Observation(_))
     ));
-    p.act(
-        &Request::new(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic)
-            .envs(EnvIds::List(&[4, 1])),
-        &mut out,
-    )
-    .unwrap();
+    let out = s
+        .act(
+            &Request::new(Observations::F32(&[0.01; 8]), 2, ActMode::Deterministic)
+                .envs(policyport::EnvIds::List(&[4, 1])),
+        )
+        .unwrap();
     assert_eq!(out.discrete.len(), 2);
-    // A malformed artifact through the sandbox.
+    // A malformed artifact: refused by the host's reader (the fuzzed one) before the plugin sees it.
     let mut bad = bytes.clone();
     bad[200] ^= 1;
-    match WasmPolicy::load(&rt, &bad, WasmLimits::default()) {
-        Err(WasmError::Guest {
-            code: ErrorCode::Artifact,
-            message,
-            ..
-        }) => assert!(message.contains("checksum"), "{message}"),
-        other => panic!("{:?}", other.err()),
+    match policyport_wasmtime::load(&rt, &bad, WasmLimits::default()) {
+        Err(PolicyError::Artifact(e)) => assert!(e.to_string().contains("checksum"), "{e}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("accepted"),
     }
+}
+
+/// `pp_info` of a hostile module: the bundled CartPole policy's words (obs 4, 1 action, 2 logits, a value,
+/// discrete, no state, f32 observations, the ABI version), so that the host takes it for a plugin that loaded it.
+fn cartpole_info(abi_version: u32) -> String {
+    let words = [4, 1, 2, 1, 1, 0, 0, abi_version];
+    let stores: String = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| format!("(i32.store offset={} (local.get 1) (i32.const {w}))", 4 * i))
+        .collect();
+    format!(r#"(func (export "pp_info") (param i32 i32) (result i32) {stores} i32.const 0)"#)
 }
 
 /// A minimal ABI-shaped module whose `pp_load` body is `body` (WAT).
 fn hostile(abi_version: u32, load_body: &str) -> String {
+    let info = cartpole_info(abi_version);
     format!(
         r#"(module
           (memory (export "memory") 2)
@@ -124,7 +110,7 @@ fn hostile(abi_version: u32, load_body: &str) -> String {
           (func (export "pp_alloc") (param i32) (result i32) i32.const 1024)
           (func (export "pp_free") (param i32 i32))
           (func (export "pp_load") (param i32 i32) (result i32) {load_body})
-          (func (export "pp_info") (param i32 i32) (result i32) i32.const 0)
+          {info}
           (func (export "pp_act") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32) (result i32) i32.const 0)
           (func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) i32.const 0)
           (func (export "pp_reset") (param i32 i32 i32) (result i32) i32.const 0)
@@ -144,9 +130,8 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
     let mut best = Duration::MAX;
     for _ in 0..3 {
         let t0 = Instant::now();
-        let r = WasmPolicy::load(
+        let r = load_err(
             &rt,
-            b"x",
             WasmLimits {
                 deadline,
                 ..Default::default()
@@ -156,14 +141,14 @@ fn a_guest_that_loops_forever_is_stopped_at_its_deadline() {
         assert!(
             matches!(
                 r,
-                Err(WasmError::Deadline {
+                PolicyError::Sandbox(SandboxError::Deadline {
                     call: "pp_load",
                     deadline_ms: 50
                 })
             ),
-            "{:?}",
-            r.err()
+            "{r}"
         );
+        assert_eq!(r.kind(), ErrorKind::Sandbox);
         best = best.min(took);
     }
     assert!(
@@ -190,16 +175,20 @@ fn the_deadline_outlives_the_runtime_handle() {
         deadline: Duration::from_millis(50),
         ..Default::default()
     };
-    let mut p = WasmPolicy::load(&rt, b"x", limits).unwrap();
+    let mut p = policyport_wasmtime::load(&rt, &cartpole(), limits)
+        .unwrap()
+        .session();
     drop(rt);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let obs = vec![0.0f32; p.info().obs_len];
-        let mut out = ActOutputs::default();
-        let r = p.act(
-            &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic),
-            &mut out,
-        );
+        let obs = vec![0.0f32; p.policy().info().obs_len];
+        let r = p
+            .act(&Request::new(
+                Observations::F32(&obs),
+                1,
+                ActMode::Deterministic,
+            ))
+            .map(|_| ());
         let _ = tx.send(format!("{r:?}"));
     });
     let r = rx
@@ -216,9 +205,10 @@ fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
         memory_bytes: 4 << 20,
         ..Default::default()
     };
-    assert!(
-        matches!(WasmPolicy::load(&rt, b"x", limits), Err(WasmError::MemoryCap { cap_bytes }) if cap_bytes == 4 << 20)
-    );
+    assert!(matches!(
+        load_err(&rt, limits),
+        PolicyError::Sandbox(SandboxError::MemoryCap { cap_bytes }) if cap_bytes == 4 << 20
+    ));
     // The real plugin, a cap too small for the benchmark model's weights.
     let bytes = compile_fixture(&load_fixture("mlp64"));
     let limits = WasmLimits {
@@ -226,8 +216,8 @@ fn a_guest_that_grows_memory_past_the_cap_fails_cleanly() {
         ..Default::default()
     };
     assert!(matches!(
-        WasmPolicy::load(&runtime(), &bytes, limits),
-        Err(WasmError::MemoryCap { .. })
+        policyport_wasmtime::load(&runtime(), &bytes, limits).err(),
+        Some(PolicyError::Sandbox(SandboxError::MemoryCap { .. }))
     ));
 }
 
@@ -238,46 +228,108 @@ fn a_plugin_breaking_the_abi_is_a_typed_error() {
     let rt =
         WasmRuntime::new(hostile(policyport_wasmtime::ABI_VERSION, "i32.const -99").as_bytes())
             .unwrap();
-    assert!(matches!(
-        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
-        Err(WasmError::UnknownCode {
-            call: "pp_load",
-            code: -99
-        })
-    ));
+    let e = load_err(&rt, WasmLimits::default());
+    assert!(
+        matches!(&e, PolicyError::Sandbox(SandboxError::Broken(m)) if m.contains("-99") && m.contains("pp_load")),
+        "{e}"
+    );
+    let info = cartpole_info(policyport_wasmtime::ABI_VERSION);
+    let stored_discrete = "(i32.store offset=16 (local.get 1) (i32.const 1))";
+    assert!(info.contains(stored_discrete));
     let bad_info = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
-        r#"(func (export "pp_info") (param i32 i32) (result i32) i32.const 0)"#,
-        r#"(func (export "pp_info") (param i32 i32) (result i32)
-             (i32.store (i32.add (local.get 1) (i32.const 16)) (i32.const 5)) i32.const 0)"#,
+        stored_discrete,
+        "(i32.store offset=16 (local.get 1) (i32.const 5))",
     );
     let rt = WasmRuntime::new(bad_info.as_bytes()).unwrap();
-    assert!(matches!(
-        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
-        Err(WasmError::BadInfo { index: 4, value: 5 })
-    ));
-    // pp_alloc hands small buffers out properly, then the batch buffer 16 bytes before the end of its 2 pages:
-    // the host used to slice its memory there and panic.
+    let e = load_err(&rt, WasmLimits::default());
+    assert!(
+        matches!(&e, PolicyError::Sandbox(SandboxError::Broken(m)) if m.contains("word 4 is 5")),
+        "{e}"
+    );
+    // A plugin describing another policy than the host read (2 actions where the artifact has 1): refused at
+    // load, before its outputs could be read with its sizes.
+    let other = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
+        "(i32.store offset=4 (local.get 1) (i32.const 1))",
+        "(i32.store offset=4 (local.get 1) (i32.const 2))",
+    );
+    let rt = WasmRuntime::new(other.as_bytes()).unwrap();
+    let e = load_err(&rt, WasmLimits::default());
+    assert!(
+        matches!(&e, PolicyError::Sandbox(SandboxError::Broken(m)) if m.contains("mismatched")),
+        "{e}"
+    );
+    // pp_alloc hands small buffers (the info words) and large ones (the artifact) out properly, then the batch
+    // buffer 16 bytes before the end of its 2 pages: the host used to slice its memory there and panic.
     let bad_alloc = hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
         r#"(func (export "pp_alloc") (param i32) (result i32) i32.const 1024)"#,
         r#"(func (export "pp_alloc") (param i32) (result i32)
-             (select (i32.const 1024) (i32.const 0x1FFF0) (i32.le_u (local.get 0) (i32.const 32))))"#,
+             (select (i32.const 0x1FFF0) (i32.const 1024)
+               (i32.and (i32.gt_u (local.get 0) (i32.const 32)) (i32.le_u (local.get 0) (i32.const 1024)))))"#,
     );
     let rt = WasmRuntime::new(bad_alloc.as_bytes()).unwrap();
-    let mut p = WasmPolicy::load(&rt, b"x", WasmLimits::default()).unwrap();
-    let mut out = ActOutputs::default();
-    let obs = vec![0.0f32; p.info().obs_len];
-    let r = p.act(
-        &Request::new(Observations::F32(&obs), 1, ActMode::Deterministic),
-        &mut out,
-    );
+    let mut p = policyport_wasmtime::load(&rt, &cartpole(), WasmLimits::default())
+        .unwrap()
+        .session();
+    let r = p
+        .act(&Request::new(
+            Observations::F32(&[0.0; 4]),
+            1,
+            ActMode::Deterministic,
+        ))
+        .map(|_| ());
     assert!(
-        matches!(r, Err(WasmError::BadAllocation { ptr: 0x1FFF0, .. })),
+        matches!(&r, Err(PolicyError::Sandbox(SandboxError::Broken(m))) if m.contains("at 131056")),
         "{r:?}"
     );
-    assert!(matches!(
-        p.obs_buffer(4),
-        Err(WasmError::BadAllocation { .. })
-    ));
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Sandbox);
+}
+
+/// A plugin that answers the host with outputs no policy could give — an action index past the action space, a
+/// NaN logit — never reaches the caller: the session checks what the sandbox wrote before it becomes the act's
+/// outputs (a NaN is the same typed non-finite error as on every backend), and the last good outputs stay.
+#[test]
+fn outputs_a_plugin_could_not_have_computed_are_refused() {
+    // pp_act_masked writes action `action` and logits (logit, 0) into the buffers the host passed (actions: arg
+    // 9, distribution: arg 11) for its one row.
+    let answering = |action: &str, logit: &str| {
+        hostile(policyport_wasmtime::ABI_VERSION, "i32.const 0").replace(
+            r#"(func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32) i32.const 0)"#,
+            &format!(
+                r#"(func (export "pp_act_masked") (param i32 i32 i32 i32 i32 i32 i32 i64 i64 i32 i32 i32 i32 i32 f32) (result i32)
+                   (i32.store (local.get 9) (i32.const {action}))
+                   (f32.store (local.get 11) (f32.const {logit}))
+                   (f32.store offset=4 (local.get 11) (f32.const 0))
+                   i32.const 0)"#
+            ),
+        )
+    };
+    let obs = [0.0f32; 4];
+    let req = Request::new(Observations::F32(&obs), 1, ActMode::Deterministic).skip_value();
+    let session = |wat: String| {
+        let rt = WasmRuntime::new(wat.as_bytes()).unwrap();
+        policyport_wasmtime::load(&rt, &cartpole(), WasmLimits::default())
+            .unwrap()
+            .session()
+    };
+    let mut honest = session(answering("1", "0.5"));
+    let out = honest.act(&req).unwrap();
+    assert_eq!(
+        (&out.discrete[..], &out.dist_params[..]),
+        (&[1i64][..], &[0.5f32, 0.0][..])
+    );
+    for (action, logit, want) in [
+        ("2", "0.5", "action 2"),
+        ("-1", "0.5", "action -1"),
+        ("0", "nan", "non-finite"),
+    ] {
+        let mut s = session(answering(action, logit));
+        let e = s.act(&req).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains(want), "{action}/{logit}: {e}");
+        assert!(
+            s.outputs().discrete.is_empty(),
+            "{action}/{logit}: refused outputs became the act's"
+        );
+    }
 }
 
 #[test]
@@ -293,10 +345,11 @@ fn hostile_and_foreign_modules_are_refused() {
     // Plugins of earlier ABI versions (1: before episode starts, 2: before pp_state) are refused by this host.
     for old in 1..policyport_wasmtime::ABI_VERSION {
         let rt = WasmRuntime::new(hostile(old, "i32.const 0").as_bytes()).unwrap();
-        assert!(matches!(
-            WasmPolicy::load(&rt, b"x", WasmLimits::default()),
-            Err(WasmError::AbiVersion { found, expected }) if found == old && expected == policyport_wasmtime::ABI_VERSION
-        ));
+        let e = load_err(&rt, WasmLimits::default());
+        assert!(
+            matches!(&e, PolicyError::Sandbox(SandboxError::Plugin(m)) if m.contains(&format!("ABI version {old},"))),
+            "{e}"
+        );
     }
     let rt = WasmRuntime::new(
         format!(
@@ -306,10 +359,11 @@ fn hostile_and_foreign_modules_are_refused() {
         .as_bytes(),
     )
     .unwrap();
-    assert!(matches!(
-        WasmPolicy::load(&rt, b"x", WasmLimits::default()),
-        Err(WasmError::MissingExport(_))
-    ));
+    let e = load_err(&rt, WasmLimits::default());
+    assert!(
+        matches!(&e, PolicyError::Sandbox(SandboxError::Plugin(m)) if m.contains("missing export")),
+        "{e}"
+    );
     let importing = r#"(module (import "env" "f" (func)) (memory (export "memory") 1))"#;
     assert!(
         matches!(WasmRuntime::new(importing.as_bytes()), Err(WasmError::Imports(i)) if i == ["env::f"])
@@ -318,8 +372,8 @@ fn hostile_and_foreign_modules_are_refused() {
         WasmRuntime::new(hostile(policyport_wasmtime::ABI_VERSION, "unreachable").as_bytes())
             .unwrap();
     assert!(matches!(
-        WasmPolicy::load(&trapping, b"x", WasmLimits::default()),
-        Err(WasmError::Trap {
+        load_err(&trapping, WasmLimits::default()),
+        PolicyError::Sandbox(SandboxError::Trap {
             call: "pp_load",
             ..
         })
@@ -345,7 +399,7 @@ fn the_plugin_imports_only_the_host_kernel_and_the_module_cache_round_trips() {
     assert!(warm.from_cache, "second load must come from the cache");
     println!("plugin module: compile {cold_t:?}, from .cwasm cache {warm_t:?}");
     let bytes = compile_fixture(&load_fixture("cartpole"));
-    WasmPolicy::load(&warm, &bytes, WasmLimits::default()).unwrap();
+    policyport_wasmtime::load(&warm, &bytes, WasmLimits::default()).unwrap();
     // One entry, named by a SHA-256, no temporary file left behind; the directory was made private.
     let names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -389,7 +443,7 @@ fn the_plugin_imports_only_the_host_kernel_and_the_module_cache_round_trips() {
     std::fs::write(&entry, b"garbage").unwrap();
     let again = WasmRuntime::with_cache_dir(&wasm, &dir).unwrap();
     assert!(!again.from_cache);
-    WasmPolicy::load(&again, &bytes, WasmLimits::default()).unwrap();
+    policyport_wasmtime::load(&again, &bytes, WasmLimits::default()).unwrap();
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -416,25 +470,24 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
         })
         .collect();
     let expected = Arc::new(expected);
+    // One policy, a session (and so an instance of the plugin) per thread.
+    let policy = policyport_wasmtime::load(&rt, &bytes, WasmLimits::default()).unwrap();
+    let instances = rt.instances();
     let threads: Vec<_> = (0..8)
         .map(|t| {
-            let (rt, bytes, case, expected) =
-                (rt.clone(), bytes.clone(), case.clone(), expected.clone());
+            let (policy, case, expected) = (policy.clone(), case.clone(), expected.clone());
             std::thread::spawn(move || {
-                let mut p = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
-                let mut o = ActOutputs::default();
+                let mut p = policy.session();
                 for round in 0..4 {
                     for step in 0..50u64 {
                         let s = (step + t as u64 * 7 + round) % 50;
-                        p.act(
-                            &Request::new(
+                        let o = p
+                            .act(&Request::new(
                                 Observations::F32(&case.obs),
                                 case.batch,
                                 ActMode::Sample { seed: 77, step: s },
-                            ),
-                            &mut o,
-                        )
-                        .unwrap();
+                            ))
+                            .unwrap();
                         assert_eq!(o.discrete, expected[s as usize], "thread {t} step {s}");
                     }
                 }
@@ -444,6 +497,8 @@ fn eight_threads_each_with_an_instance_get_the_right_answers() {
     for t in threads {
         t.join().unwrap();
     }
+    // The load's instance went to the first session; the seven others made their own.
+    assert_eq!((instances, rt.instances()), (1, 8));
 }
 
 /// A host calling the plugin's exports directly (not through policyport-wasmtime).
@@ -611,15 +666,22 @@ fn the_host_lent_kernel_computes_the_plugins_dense_layers() {
         let bytes = compile_fixture(&f);
         let native_policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
         let mut native = native_policy.session();
-        let mut wasm = WasmPolicy::load(&rt, &bytes, lend).unwrap();
-        let plain = WasmPolicy::load(&rt, &bytes, WasmLimits::default()).unwrap();
-        assert_eq!(plain.lent_layers(), 0, "{name}: lent without lend_dense");
-        lent_somewhere += wasm.lent_layers();
+        let before = rt.lent_layers();
+        let mut wasm = policyport_wasmtime::load(&rt, &bytes, lend)
+            .unwrap()
+            .session();
+        let lent = rt.lent_layers() - before;
+        policyport_wasmtime::load(&rt, &bytes, WasmLimits::default()).unwrap();
+        assert_eq!(
+            rt.lent_layers() - before,
+            lent,
+            "{name}: lent without lend_dense"
+        );
+        lent_somewhere += lent;
         for case in &f.io.cases {
             let mode = ActMode::Sample { seed: 3, step: 1 };
             let req = Request::new(Observations::F32(&case.obs), case.batch, mode);
-            let mut b = ActOutputs::default();
-            wasm.act(&req, &mut b).unwrap();
+            let b = wasm.act(&req).unwrap().clone();
             let a = native.act(&req).unwrap();
             assert_eq!(a.discrete, b.discrete, "{name}/{}", case.name);
             assert!(
@@ -722,13 +784,13 @@ fn a_hostile_guest_gets_refusals_from_the_host_lent_kernel() {
         lend_dense: true,
         ..Default::default()
     };
-    if let Err(e) = WasmPolicy::load(&rt, b"x", lend_on) {
+    if let Err(e) = policyport_wasmtime::load(&rt, &cartpole(), lend_on) {
         panic!("a host answer differed from the ABI's (UnknownCode -1000 - i is check i): {e}");
     }
     // Without lend_dense the host declines every layer, however well-formed.
     let declined =
         WasmRuntime::new(lending_guest(&checks(&[(&lend(2, 3, 64, 128), -1)])).as_bytes()).unwrap();
-    WasmPolicy::load(&declined, b"x", WasmLimits::default()).unwrap();
+    policyport_wasmtime::load(&declined, &cartpole(), WasmLimits::default()).unwrap();
     // The host holds lent weights against the instance's memory cap: 1 MiB takes exactly 8 layers of 128 KiB
     // (128 × 255 weights + 128 biases), then declines.
     let count = r#"(local $n i32)
@@ -744,7 +806,7 @@ fn a_hostile_guest_gets_refusals_from_the_host_lent_kernel() {
         memory_bytes: 1 << 20,
         ..Default::default()
     };
-    if let Err(e) = WasmPolicy::load(&rt, b"x", capped) {
+    if let Err(e) = policyport_wasmtime::load(&rt, &cartpole(), capped) {
         panic!("lent bytes past the memory cap (UnknownCode -2000 - n: n layers taken): {e}");
     }
 }
@@ -763,8 +825,8 @@ fn a_host_lent_layer_stops_at_the_calls_deadline() {
         ..Default::default()
     };
     assert!(matches!(
-        WasmPolicy::load(&rt, b"x", limits),
-        Err(WasmError::Deadline {
+        load_err(&rt, limits),
+        PolicyError::Sandbox(SandboxError::Deadline {
             call: "pp_load",
             ..
         })
@@ -774,7 +836,7 @@ fn a_host_lent_layer_stops_at_the_calls_deadline() {
         deadline: Duration::from_secs(5),
         ..limits
     };
-    WasmPolicy::load(&rt, b"x", limits).unwrap();
+    policyport_wasmtime::load(&rt, &cartpole(), limits).unwrap();
 }
 
 /// Plugin ABI 6's `pp_act_masked` called as any wasm host would: a mask pointer past the memory's end, a mask

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use policyport::{Backend, BackendError, CompiledPolicy, PolicyError};
 use policyport_import::{FixtureIo, ImportSpec, StorageDType, compile_onnx};
 use policyport_torch::{TorchError, TorchOptions};
-use policyport_wasmtime::{WasmError, WasmRuntime};
+use policyport_wasmtime::WasmRuntime;
 
 /// This package's directory (`tests/`) as `cargo test` names it when it runs the binary, else where it was built.
 ///
@@ -165,10 +165,7 @@ pub fn load(bytes: &[u8], backend: Backend) -> Result<Arc<CompiledPolicy>, Polic
                 lend_dense: wasm_lend(),
                 ..Default::default()
             };
-            policyport_wasmtime::load(&plugin_runtime(), bytes, limits).map_err(|e| match e {
-                WasmError::Policy(p) => p,
-                other => BackendError::Device(other.to_string()).into(),
-            })
+            policyport_wasmtime::load(&plugin_runtime(), bytes, limits)
         }
         _ => CompiledPolicy::load(bytes, backend),
     }

@@ -14,8 +14,9 @@
 //!   order; [`Agents::act`] runs one `act()` over the staged rows with the env-id list and the episode starts, the
 //!   tick as the sampling step, and returns a [`Tick`] whose views are indexed by agent id, so nothing depends on
 //!   the order agents were observed in;
-//! - the backend is native ([`Agents::native`]: a [`Session`] on a [`CompiledPolicy`]) or sandboxed
-//!   ([`Agents::sandboxed`]: a [`WasmPolicy`] under wasmtime's deadline and memory cap) behind the same type.
+//! - the backend is whatever the [`CompiledPolicy`] runs on ([`Agents::new`]: one [`Session`]): native kernels,
+//!   a GPU, or the wasm sandbox (`policyport_wasmtime::load`: each session its own plugin instance under
+//!   wasmtime's deadline and memory cap). One type and one code path for every backend.
 //!
 //! Errors are typed ([`AgentsError`]); a refused call changes nothing (no agent, id, staged row or state moves).
 
@@ -25,7 +26,6 @@ use std::sync::Arc;
 use policyport::{
     ActMode, ActOutputs, CompiledPolicy, EnvIds, Observations, PolicyError, Request, Session,
 };
-use policyport_wasmtime::{WasmError, WasmPolicy};
 
 pub mod script;
 pub use script::{ScriptError, ScriptRunner};
@@ -127,10 +127,9 @@ pub enum AgentsError {
     MaskOnContinuous { agent: AgentId },
     #[error("{max} agents are alive: the limit (AgentsConfig::max_agents)")]
     TooManyAgents { max: usize },
+    /// The policy refused the tick or failed (the sandbox's own failures too: `PolicyError::Sandbox`).
     #[error(transparent)]
     Policy(#[from] PolicyError),
-    #[error("sandbox: {0}")]
-    Sandbox(#[from] WasmError),
     /// A candidate of [`Agents::auto`] could not be built or timed (its error, as text).
     #[error("candidate unavailable: {0}")]
     Unavailable(String),
@@ -145,33 +144,6 @@ struct Shape {
     mask_len: usize,
     discrete: bool,
     has_value: bool,
-}
-
-enum Runner {
-    Native(Box<Session>),
-    Sandboxed {
-        policy: Box<WasmPolicy>,
-        out: ActOutputs,
-    },
-}
-
-impl Runner {
-    fn act(&mut self, req: &Request<'_>) -> Result<&ActOutputs, AgentsError> {
-        match self {
-            Runner::Native(session) => Ok(session.act(req)?),
-            Runner::Sandboxed { policy, out } => {
-                policy.act(req, out)?;
-                Ok(out)
-            }
-        }
-    }
-
-    fn backend_name(&self) -> String {
-        match self {
-            Runner::Native(s) => s.policy().backend().name().to_string(),
-            Runner::Sandboxed { .. } => "sandbox".to_string(),
-        }
-    }
 }
 
 /// One env id's occupant.
@@ -212,7 +184,7 @@ impl Slot {
 
 /// Agents acting through one policy: ids, this tick's staged rows, the last tick's outputs.
 pub struct Agents {
-    runner: Runner,
+    session: Box<Session>,
     shape: Shape,
     config: AgentsConfig,
     slots: Vec<Slot>,
@@ -242,7 +214,7 @@ pub struct Agents {
 impl fmt::Debug for Agents {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Agents")
-            .field("backend", &self.runner.backend_name())
+            .field("backend", &self.backend())
             .field("alive", &self.alive)
             .field("staged", &self.ids.len())
             .field("tick", &self.tick)
@@ -251,12 +223,14 @@ impl fmt::Debug for Agents {
 }
 
 impl Agents {
-    /// Agents acting through a session on `policy` (any native backend).
-    pub fn native(policy: Arc<CompiledPolicy>, config: AgentsConfig) -> Self {
+    /// Agents acting through a session on `policy`, whatever it runs on: the native kernels, a GPU, libtorch
+    /// (`policyport_torch::load`) or the wasm sandbox (`policyport_wasmtime::load`: the session gets its own
+    /// plugin instance, under the policy's deadline and memory cap for every tick).
+    pub fn new(policy: Arc<CompiledPolicy>, config: AgentsConfig) -> Self {
         Self::from_session(Session::new(policy), config)
     }
 
-    /// [`Agents::native`] on a session the caller set up (its intra-op threads: `Session::set_threads`, kept).
+    /// [`Agents::new`] on a session the caller set up (its intra-op threads: `Session::set_threads`, kept).
     /// Its recurrent state rows are not: every agent starts a new episode at its first act().
     pub fn from_session(mut session: Session, config: AgentsConfig) -> Self {
         let policy = session.policy().clone();
@@ -274,32 +248,7 @@ impl Agents {
             has_value: info.has_value,
         };
         session.set_max_envs(config.max_agents);
-        Self::with(Runner::Native(Box::new(session)), shape, config)
-    }
-
-    /// Agents acting through a policy loaded in the wasm sandbox (its deadline and memory cap hold for every
-    /// tick). The answers are the native cpu kernels' bit for bit (the plugin runs the same code).
-    pub fn sandboxed(policy: WasmPolicy, config: AgentsConfig) -> Self {
-        let info = policy.info();
-        let shape = Shape {
-            obs_len: info.obs_len,
-            action_len: info.action_len,
-            mask_len: if info.discrete {
-                info.dist_params_len
-            } else {
-                0
-            },
-            discrete: info.discrete,
-            has_value: info.has_value,
-        };
-        Self::with(
-            Runner::Sandboxed {
-                policy: Box::new(policy),
-                out: ActOutputs::default(),
-            },
-            shape,
-            config,
-        )
+        Self::with(Box::new(session), shape, config)
     }
 
     /// The fastest of several ways to run the same policy (native backends, the sandbox) at `agents` agents:
@@ -355,9 +304,9 @@ impl Agents {
         }
     }
 
-    fn with(runner: Runner, shape: Shape, config: AgentsConfig) -> Self {
+    fn with(session: Box<Session>, shape: Shape, config: AgentsConfig) -> Self {
         Agents {
-            runner,
+            session,
             shape,
             config,
             slots: vec![],
@@ -375,9 +324,9 @@ impl Agents {
         }
     }
 
-    /// "cpu", "flex", "wgpu", ... or "sandbox".
+    /// The policy's backend's name: "cpu", "flex", "wgpu", "torch", "wasmtime" (the sandbox), ...
     pub fn backend(&self) -> String {
-        self.runner.backend_name()
+        self.session.policy().backend().name().to_string()
     }
 
     /// Observation numbers per agent.
@@ -436,10 +385,7 @@ impl Agents {
 
     /// The threads each act() uses (1 in the sandbox).
     pub fn threads(&mut self) -> usize {
-        match &mut self.runner {
-            Runner::Native(session) => session.threads(),
-            Runner::Sandboxed { .. } => 1,
-        }
+        self.session.threads()
     }
 
     /// Split each act() over `threads` threads by rows (the calling thread and `threads - 1` workers the policy's
@@ -448,16 +394,7 @@ impl Agents {
     /// for its share instead of the whole batch. The sandboxed plugin runs on the calling thread only:
     /// more than one is refused there ([`BackendError::Unsupported`](policyport::BackendError::Unsupported)).
     pub fn set_threads(&mut self, threads: usize) -> Result<(), AgentsError> {
-        match &mut self.runner {
-            Runner::Native(session) => Ok(session.set_threads(threads)?),
-            Runner::Sandboxed { .. } if threads == 1 => Ok(()),
-            Runner::Sandboxed { .. } => {
-                Err(PolicyError::from(policyport::BackendError::Unsupported(
-                    "intra-op threads in the sandboxed plugin (it runs on the calling thread)",
-                ))
-                .into())
-            }
-        }
+        Ok(self.session.set_threads(threads)?)
     }
 
     /// A new agent: a free env id (a despawned agent's, else the next unused one); its first act() starts a new
@@ -605,9 +542,7 @@ impl Agents {
     #[cold]
     #[inline(never)]
     fn tick_starts(&mut self) {
-        if let Runner::Native(session) = &mut self.runner {
-            session.wake_threads();
-        }
+        self.session.wake_threads();
     }
 
     /// `observe`'s general path, out of line so `observe` stays small enough to inline.
@@ -764,7 +699,7 @@ impl Agents {
             if !self.config.values {
                 req = req.skip_value();
             }
-            self.runner.act(&req)?;
+            self.session.act(&req)?;
         }
         // Committed: the staged agents' rows become the last act's rows as the tick advances (`Slot::rows`); the
         // episodes that started are under way.
@@ -869,11 +804,10 @@ impl Agents {
 
     /// The outputs of the last act() (empty before the first, or after a tick with no agent observed).
     pub fn last(&self) -> Tick<'_> {
-        let out = match &self.runner {
-            Runner::Native(s) => s.outputs(),
-            Runner::Sandboxed { out, .. } => out,
-        };
-        Tick { agents: self, out }
+        Tick {
+            agents: self,
+            out: self.session.outputs(),
+        }
     }
 }
 

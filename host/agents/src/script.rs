@@ -92,7 +92,7 @@ impl ScriptRunner {
             values: self.values,
             ..Default::default()
         };
-        self.agents = Some(Agents::native(policy, config));
+        self.agents = Some(Agents::new(policy, config));
         self.rows = RowOutputs::default();
         self.ok()
     }

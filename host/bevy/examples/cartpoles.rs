@@ -77,14 +77,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seed: 7,
         ..Default::default()
     };
-    let agents = match arg(&args, "--sandbox") {
+    let policy = match arg(&args, "--sandbox") {
         Some(plugin) => {
             let rt = policyport_wasmtime::WasmRuntime::new(&std::fs::read(plugin)?)?;
-            let p = policyport_wasmtime::WasmPolicy::load(&rt, &bytes, Default::default())?;
-            Agents::sandboxed(p, config)
+            policyport_wasmtime::load(&rt, &bytes, Default::default())?
         }
-        None => Agents::native(CompiledPolicy::load(&bytes, Backend::Cpu)?, config),
+        None => CompiledPolicy::load(&bytes, Backend::Cpu)?,
     };
+    let agents = Agents::new(policy, config);
     let backend = agents.backend();
 
     let mut app = App::new();

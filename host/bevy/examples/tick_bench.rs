@@ -118,7 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     values,
                     ..Default::default()
                 };
-                let mut agents = Agents::native(policy.clone(), config);
+                let mut agents = Agents::new(policy.clone(), config);
                 let ids: Vec<AgentId> = (0..n).map(|_| agents.spawn().unwrap()).collect();
                 let obs = &obs;
                 paths.push(Box::new(move |out| {
@@ -237,7 +237,7 @@ fn bevy_app(
         values,
         ..Default::default()
     };
-    let mut agents = Agents::native(policy.clone(), config);
+    let mut agents = Agents::new(policy.clone(), config);
     agents.set_threads(threads)?;
     let h = app.world_mut().resource_mut::<Policies>().add(agents);
     app.add_systems(

@@ -16,7 +16,7 @@ use policyport::{
     PolicyInfo, Request, Session,
 };
 use policyport_agents::{AgentId, Agents, AgentsConfig, AgentsError, RowOutputs};
-use policyport_wasmtime::{WasmError, WasmLimits, WasmPolicy, WasmRuntime};
+use policyport_wasmtime::{WasmError, WasmLimits, WasmRuntime};
 
 /// Path of the generated header (for build scripts and tests).
 /// cbindgen:ignore
@@ -90,25 +90,26 @@ pub struct PpInfo {
     pub sandboxed: u32,
 }
 
-enum Inner {
-    /// The runtime's session: its state per env id, outputs and scratch.
-    Native {
-        session: Session,
-        info: PolicyInfo,
-    },
-    Wasm {
-        policy: WasmPolicy,
-        out: ActOutputs,
-    },
-}
-
-/// An opaque loaded policy.
+/// An opaque loaded policy: one runtime `Session` for both routes (its state per env id, outputs and scratch; in
+/// the sandbox, its own plugin instance).
 pub struct PpPolicy {
-    inner: Inner,
+    session: Session,
+    info: PolicyInfo,
     /// `pp_policy_act`'s episode-start bytes as flags (reused across calls).
     starts: Vec<bool>,
     /// `pp_policy_act_masked`'s mask bytes as flags (reused across calls).
     mask: Vec<bool>,
+}
+
+impl PpPolicy {
+    fn new(policy: Arc<CompiledPolicy>) -> Self {
+        PpPolicy {
+            info: policy.info(),
+            session: policy.session(),
+            starts: vec![],
+            mask: vec![],
+        }
+    }
 }
 
 thread_local! {
@@ -134,15 +135,16 @@ fn status_of_kind(kind: ErrorKind) -> PpStatus {
         ErrorKind::Backend => PpStatus::Backend,
         ErrorKind::TooLarge => PpStatus::TooLarge,
         ErrorKind::NonFinite => PpStatus::NonFiniteOutput,
+        // A deadline, memory cap or trap in the plugin, a broken plugin, a session poisoned by one of these.
+        ErrorKind::Sandbox => PpStatus::Sandbox,
         // A kind added to the core after this ABI: the closest status every caller already handles.
         _ => PpStatus::Backend,
     }
 }
 
-/// The status of a sandbox error: its kind's, as a native error's ([`WasmError::kind`]); a failure of the sandbox
-/// itself (deadline, memory cap, trap, the host's handle, a broken plugin) is `Sandbox`.
+/// The status of an error making the sandbox's runtime (the plugin module): its kind's, as every error's.
 fn wasm_status(e: &WasmError) -> PpStatus {
-    e.kind().map_or(PpStatus::Sandbox, status_of_kind)
+    status_of_kind(e.kind())
 }
 
 /// Run `f`, turning errors and panics into a status and a message.
@@ -273,14 +275,7 @@ pub unsafe extern "C" fn pp_policy_load(
             ),
         };
         let policy = loaded.map_err(|e| (status_of(&e), e.to_string()))?;
-        let p = Box::new(PpPolicy {
-            starts: vec![],
-            mask: vec![],
-            inner: Inner::Native {
-                info: policy.info(),
-                session: policy.session(),
-            },
-        });
+        let p = Box::new(PpPolicy::new(policy));
         // SAFETY: `out` is non-null (checked above) and writable (this function's contract).
         unsafe { *out = Box::into_raw(p) };
         Ok(())
@@ -366,16 +361,9 @@ pub unsafe extern "C" fn pp_policy_load_wasm(
         if deadline_ms > 0 {
             limits.deadline = std::time::Duration::from_millis(deadline_ms as u64);
         }
-        let policy =
-            WasmPolicy::load(&rt, bytes, limits).map_err(|e| (wasm_status(&e), e.to_string()))?;
-        let p = Box::new(PpPolicy {
-            starts: vec![],
-            mask: vec![],
-            inner: Inner::Wasm {
-                policy,
-                out: ActOutputs::default(),
-            },
-        });
+        let policy = policyport_wasmtime::load(&rt, bytes, limits)
+            .map_err(|e| (status_of(&e), e.to_string()))?;
+        let p = Box::new(PpPolicy::new(policy));
         // SAFETY: `out` is non-null (checked above) and writable (this function's contract).
         unsafe { *out = Box::into_raw(p) };
         Ok(())
@@ -395,26 +383,14 @@ pub unsafe extern "C" fn pp_policy_info(policy: *const PpPolicy, out: *mut PpInf
         // SAFETY: the contract: `out` is null (refused) or an aligned, writable `PpInfo` the caller does not
         // touch during the call.
         let out = unsafe { out.as_mut() }.ok_or_else(|| null("out"))?;
-        *out = match &p.inner {
-            Inner::Native { info: i, .. } => PpInfo {
-                obs_len: i.obs_len as u32,
-                action_len: i.action_len as u32,
-                dist_params_len: i.dist_params_len as u32,
-                has_value: i.has_value as u32,
-                discrete: i.action.is_discrete() as u32,
-                sandboxed: 0,
-            },
-            Inner::Wasm { policy, .. } => {
-                let i = policy.info();
-                PpInfo {
-                    obs_len: i.obs_len as u32,
-                    action_len: i.action_len as u32,
-                    dist_params_len: i.dist_params_len as u32,
-                    has_value: i.has_value as u32,
-                    discrete: i.discrete as u32,
-                    sandboxed: 1,
-                }
-            }
+        let i = &p.info;
+        *out = PpInfo {
+            obs_len: i.obs_len as u32,
+            action_len: i.action_len as u32,
+            dist_params_len: i.dist_params_len as u32,
+            has_value: i.has_value as u32,
+            discrete: i.action.is_discrete() as u32,
+            sandboxed: (i.backend == Backend::Wasmtime) as u32,
         };
         Ok(())
     })
@@ -636,10 +612,7 @@ unsafe fn act_with(
             );
         }
         let starts = (!episode_starts.is_null()).then_some(&p.starts[..]);
-        let mask_len = match &p.inner {
-            Inner::Native { session, .. } => session.policy().head().mask_len(),
-            Inner::Wasm { policy, .. } => policy.info().dist_params_len,
-        };
+        let mask_len = p.session.policy().head().mask_len();
         if !action_mask.is_null() {
             let n = batch
                 .checked_mul(mask_len)
@@ -665,47 +638,24 @@ unsafe fn act_with(
                 EnvIds::List(unsafe { std::slice::from_raw_parts(list, batch) })
             }
         };
-        let out = match &mut p.inner {
-            Inner::Native { session, info } => {
-                let n = batch
-                    .checked_mul(info.obs_len)
-                    .ok_or((PpStatus::BadCall, "batch too large".into()))?;
-                // SAFETY: `obs` is non-null and aligned (both checked above); the contract: it covers `batch ×
-                // obs_len` = n readable floats, unchanged during the call.
-                let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
-                // A null `value` buffer: the value is not computed (a PPO critic's layers are skipped).
-                let req = Request {
-                    episode_starts: starts,
-                    action_mask: mask,
-                    epsilon,
-                    skip_value: value.is_null(),
-                    ..Request::new(o, batch, mode).envs(envs)
-                };
-                session
-                    .act(&req)
-                    .map_err(|e| (status_of(&e), e.to_string()))?
-            }
-            Inner::Wasm { policy, out } => {
-                let n = batch
-                    .checked_mul(policy.info().obs_len)
-                    .ok_or((PpStatus::BadCall, "batch too large".into()))?;
-                // SAFETY: as in the native arm: non-null and aligned (checked), `batch × obs_len` floats by the
-                // contract.
-                let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
-                // A null `value` buffer: the value is not computed (a PPO critic's layers are skipped).
-                let req = Request {
-                    episode_starts: starts,
-                    action_mask: mask,
-                    epsilon,
-                    skip_value: value.is_null(),
-                    ..Request::new(o, batch, mode).envs(envs)
-                };
-                policy
-                    .act(&req, out)
-                    .map_err(|e| (wasm_status(&e), e.to_string()))?;
-                &*out
-            }
+        let n = batch
+            .checked_mul(p.info.obs_len)
+            .ok_or((PpStatus::BadCall, "batch too large".into()))?;
+        // SAFETY: `obs` is non-null and aligned (both checked above); the contract: it covers `batch × obs_len` =
+        // n readable floats, unchanged during the call.
+        let o = Observations::F32(unsafe { std::slice::from_raw_parts(obs, n) });
+        // A null `value` buffer: the value is not computed (a PPO critic's layers are skipped).
+        let req = Request {
+            episode_starts: starts,
+            action_mask: mask,
+            epsilon,
+            skip_value: value.is_null(),
+            ..Request::new(o, batch, mode).envs(envs)
         };
+        let out = p
+            .session
+            .act(&req)
+            .map_err(|e| (status_of(&e), e.to_string()))?;
         // SAFETY: the caller's contract: non-null buffers have the batch's sizes.
         unsafe {
             copy_out(&out.discrete, discrete_actions);
@@ -745,14 +695,9 @@ pub unsafe extern "C" fn pp_policy_reset(
             // SAFETY: non-null and aligned (checked above), n ≤ MAX_BATCH; the contract: `envs` covers n ids.
             unsafe { std::slice::from_raw_parts(envs, n) }
         };
-        match &mut p.inner {
-            Inner::Native { session, .. } => session
-                .reset(ids)
-                .map_err(|e| (status_of(&e), e.to_string())),
-            Inner::Wasm { policy, .. } => policy
-                .reset(ids)
-                .map_err(|e| (wasm_status(&e), e.to_string())),
-        }
+        p.session
+            .reset(ids)
+            .map_err(|e| (status_of(&e), e.to_string()))
     })
 }
 
@@ -769,16 +714,9 @@ pub unsafe extern "C" fn pp_policy_set_threads(policy: *mut PpPolicy, threads: u
         // SAFETY: the contract: `policy` is null (refused) or live, and (the module's rule) used by one thread at
         // a time, so this call may borrow it mutably.
         let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
-        match &mut p.inner {
-            Inner::Native { session, .. } => session
-                .set_threads(threads)
-                .map_err(|e| (status_of(&e), e.to_string())),
-            Inner::Wasm { .. } if threads <= 1 => Ok(()),
-            Inner::Wasm { .. } => Err((
-                PpStatus::Backend,
-                "the sandboxed plugin runs on the calling thread: no intra-op threads".into(),
-            )),
-        }
+        p.session
+            .set_threads(threads)
+            .map_err(|e| (status_of(&e), e.to_string()))
     })
 }
 
@@ -817,7 +755,6 @@ fn agents_status(e: &AgentsError) -> PpStatus {
         AgentsError::ObservationLength { .. } => PpStatus::BadObservation,
         AgentsError::TooManyAgents { .. } => PpStatus::TooLarge,
         AgentsError::Policy(p) => status_of(p),
-        AgentsError::Sandbox(w) => wasm_status(w),
         AgentsError::Unavailable(_) => PpStatus::Backend,
     }
 }
@@ -863,11 +800,8 @@ pub unsafe extern "C" fn pp_agents_new(
         // SAFETY: non-null (checked above); the contract: a live policy from a load function (a leaked `Box`)
         // that no other thread uses; it is consumed here, as this function's docs tell the caller.
         let p = unsafe { Box::from_raw(policy) };
-        let agents = match p.inner {
-            // The policy's session itself: what `pp_policy_set_threads` set carries over.
-            Inner::Native { session, .. } => Agents::from_session(session, config),
-            Inner::Wasm { policy, .. } => Agents::sandboxed(policy, config),
-        };
+        // The policy's session itself: what `pp_policy_set_threads` set carries over.
+        let agents = Agents::from_session(p.session, config);
         let a = Box::new(PpAgents {
             agents,
             mask: vec![],

@@ -979,6 +979,7 @@ impl ExecutorBuilder for TorchBuilder {
                     state: true,
                     sampling: device_sampling,
                     raw_observations: false,
+                    outputs: false,
                 }
             } else {
                 Placement::default()

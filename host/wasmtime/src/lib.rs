@@ -1,15 +1,14 @@
 //! The sandboxed runtime: the policyport plugin (`guest/plugin`, ABI of guest/plugin/ABI.md) under wasmtime.
 //!
 //! A [`WasmRuntime`] holds the engine, the compiled module (from a `.cwasm` cache when one fits this engine) and
-//! a 1 ms epoch ticker; it is shared (`Arc`) across threads. A [`WasmPolicy`] is one instance with one loaded
-//! artifact, its own store, a memory cap and a per-call deadline; use one per thread (it is `Send`, not `Sync`).
-//! Observations go into a buffer inside the guest's linear memory ([`WasmPolicy::obs_buffer`] lets callers write
-//! them there directly); traps, deadlines and memory-cap hits come back as typed errors, after which the policy
-//! must be re-created (a trapped instance is not trusted again).
+//! a 1 ms epoch ticker; it is shared (`Arc`) across threads. [`load`] gives a `policyport::CompiledPolicy` on
+//! `Backend::Wasmtime`: the same `Session` API as every native backend (request checks, state model, outputs),
+//! each session running in its own instance of the plugin — its own store, memory cap and per-call deadline
+//! ([`WasmLimits`]). Traps, deadlines and memory-cap hits are typed (`PolicyError::Sandbox`, kind
+//! `ErrorKind::Sandbox`); after one the session's instance is not trusted again and the session refuses every
+//! later call (make a new session). The instance itself (`WasmPolicy`, this crate's) is private: there is one
+//! policy API.
 
-//!
-//! [`executor`]: the same plugin as a runtime `Executor` (`Backend::Wasmtime`): [`load`] gives a
-//! `policyport::CompiledPolicy` whose sessions each own one sandboxed instance.
 //!
 //! Built only with the cargo feature `wasmtime` (default; it brings wasmtime and cranelift). Without it every type here
 //! still exists and [`WasmRuntime::new`] returns [`WasmError::NotCompiled`] (the lean demo build uses that).
@@ -17,18 +16,21 @@
 use std::path::Path;
 use std::sync::Arc;
 #[cfg(feature = "wasmtime")]
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 #[cfg_attr(not(feature = "wasmtime"), allow(unused_imports))]
-use policyport::{ActMode, ActOutputs, EnvIds, HeadControlError, Observations, Request};
+use policyport::{
+    ActMode, ActOutputs, EnvIds, ErrorKind, HeadControlError, Observations, PolicyError, Request,
+    SandboxError,
+};
 use thiserror::Error;
 #[cfg(feature = "wasmtime")]
 use wasmtime::{
     Config, Engine, Instance, Linker, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc,
 };
 
-pub mod executor;
+mod executor;
 #[cfg(feature = "wasmtime")]
 mod lent;
 pub use executor::load;
@@ -93,17 +95,73 @@ pub enum WasmError {
 }
 
 impl WasmError {
-    /// The [`ErrorKind`](policyport::ErrorKind) of a refusal of the caller's input, as a native session would
-    /// report it: the guest's ABI code is its kind's code, a host-side check's policy error has its kind, a
-    /// malformed call is `Call`. `None` for failures of the sandbox itself (deadline, memory cap, trap, a broken
-    /// plugin), which no kind describes.
-    pub fn kind(&self) -> Option<policyport::ErrorKind> {
+    /// Its [`ErrorKind`]: the kind of the [`PolicyError`] it becomes (`From`), the one classification every
+    /// boundary maps (the C ABI's status, C#'s exception).
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            WasmError::Guest { code, .. } => policyport::ErrorKind::from_code(code.code()),
-            WasmError::Policy(p) => Some(p.kind()),
-            WasmError::Call(_) => Some(policyport::ErrorKind::Call),
-            _ => None,
+            WasmError::Guest { code, .. } => guest_kind(*code).unwrap_or(ErrorKind::Sandbox),
+            WasmError::Policy(p) => p.kind(),
+            WasmError::Call(_) => ErrorKind::Call,
+            WasmError::NotCompiled => ErrorKind::Backend,
+            _ => ErrorKind::Sandbox,
         }
+    }
+}
+
+/// The kind of a plugin's refusal: its ABI code's, and the plugin's allocator running out under its cap is over
+/// the memory limit. `None` for the handle code (the host's handle unknown to the plugin: a broken plugin).
+fn guest_kind(code: ErrorCode) -> Option<ErrorKind> {
+    match code {
+        ErrorCode::Memory => Some(ErrorKind::TooLarge),
+        c => ErrorKind::from_code(c.code()),
+    }
+}
+
+/// The runtime's error for what the sandbox did: a plugin's refusal keeps its kind, the sandbox's own failures
+/// are `SandboxError`s of kind `ErrorKind::Sandbox`, a refusal of the host's own checks is the runtime's error
+/// it carries.
+impl From<WasmError> for PolicyError {
+    fn from(e: WasmError) -> Self {
+        let message = e.to_string();
+        PolicyError::Sandbox(match e {
+            WasmError::Policy(p) => return p,
+            WasmError::NotCompiled => {
+                return PolicyError::NotCompiled {
+                    backend: policyport::Backend::Wasmtime,
+                    feature: "wasmtime (of policyport-wasmtime)",
+                };
+            }
+            WasmError::Guest {
+                call,
+                code,
+                message,
+            } => match guest_kind(code) {
+                Some(kind) => SandboxError::Refused {
+                    kind,
+                    call,
+                    message,
+                },
+                None => SandboxError::Broken(format!("'{call}': {message}")),
+            },
+            WasmError::Call(message) => SandboxError::Refused {
+                kind: ErrorKind::Call,
+                call: "host",
+                message,
+            },
+            WasmError::Deadline { call, deadline_ms } => {
+                SandboxError::Deadline { call, deadline_ms }
+            }
+            WasmError::MemoryCap { cap_bytes } => SandboxError::MemoryCap { cap_bytes },
+            WasmError::Trap { call, message } => SandboxError::Trap { call, message },
+            WasmError::UnknownCode { .. }
+            | WasmError::BadInfo { .. }
+            | WasmError::BadAllocation { .. } => SandboxError::Broken(message),
+            WasmError::Module(_)
+            | WasmError::MissingExport(_)
+            | WasmError::AbiVersion { .. }
+            | WasmError::Imports(_)
+            | WasmError::Cache(_) => SandboxError::Plugin(message),
+        })
     }
 }
 
@@ -134,7 +192,8 @@ impl Default for WasmLimits {
     }
 }
 
-/// Engine + compiled plugin + epoch ticker, shared by every [`WasmPolicy`] made from it.
+/// Engine + compiled plugin + epoch ticker, shared by every policy [`load`]ed on it and each of their sessions'
+/// instances.
 #[cfg(feature = "wasmtime")]
 pub struct WasmRuntime {
     engine: Engine,
@@ -142,6 +201,10 @@ pub struct WasmRuntime {
     stop: Arc<AtomicBool>,
     /// Whether the module came from a precompiled cache file.
     pub from_cache: bool,
+    /// Instances of the plugin that loaded a policy, and the dense layers they lent the host (counters for
+    /// reports and tests: [`WasmRuntime::instances`], [`WasmRuntime::lent_layers`]).
+    instances: AtomicUsize,
+    lent_layers: AtomicUsize,
 }
 
 #[cfg(feature = "wasmtime")]
@@ -233,7 +296,21 @@ impl WasmRuntime {
             module,
             stop,
             from_cache,
+            instances: AtomicUsize::new(0),
+            lent_layers: AtomicUsize::new(0),
         }))
+    }
+
+    /// Instances of the plugin that have loaded a policy on this runtime so far (one per session that acted,
+    /// plus each policy's warm-up at [`load`]).
+    pub fn instances(&self) -> usize {
+        self.instances.load(Ordering::Relaxed)
+    }
+
+    /// Dense layers those instances lent the host so far ([`WasmLimits::lend_dense`]; 0 when off, or when the
+    /// plugin declined every layer).
+    pub fn lent_layers(&self) -> usize {
+        self.lent_layers.load(Ordering::Relaxed)
     }
 }
 
@@ -296,7 +373,7 @@ struct Exports {
 
 /// What a plugin-loaded policy is (from `pp_info`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WasmInfo {
+pub(crate) struct WasmInfo {
     pub obs_len: usize,
     pub action_len: usize,
     pub dist_params_len: usize,
@@ -323,9 +400,9 @@ struct ActControls<'a> {
     skip_value: bool,
 }
 
-/// One sandboxed instance with one loaded policy.
+/// One sandboxed instance with one loaded policy: a session's, behind the plugin executor (`executor.rs`).
 #[cfg(feature = "wasmtime")]
-pub struct WasmPolicy {
+pub(crate) struct WasmPolicy {
     /// Keeps the engine and its epoch ticker alive as long as this instance: the deadline of every call depends
     /// on the ticker, and dropping the caller's `WasmRuntime` used to stop it (a looping plugin then hung the
     /// host; regression test `the_deadline_outlives_the_runtime_handle`).
@@ -453,16 +530,14 @@ impl WasmPolicy {
             recurrent_states: info.recurrent_states as usize,
             u8_obs: info.u8_obs,
         };
+        rt.instances.fetch_add(1, Ordering::Relaxed);
+        rt.lent_layers
+            .fetch_add(p.store.data().lent.len(), Ordering::Relaxed);
         Ok(p)
     }
 
     pub fn info(&self) -> WasmInfo {
         self.info
-    }
-
-    /// How many of the policy's dense layers the host computes ([`WasmLimits::lend_dense`]; 0 when off).
-    pub fn lent_layers(&self) -> usize {
-        self.store.data().lent.len()
     }
 
     fn call<R>(
@@ -546,7 +621,7 @@ impl WasmPolicy {
                 cap_bytes: self.limits.memory_bytes,
             });
         }
-        // The host slices guest memory at this buffer directly (zero-copy reads and `obs_buffer`): a broken or
+        // The host slices guest memory at this buffer directly (the outputs are read from it): a broken or
         // hostile plugin returning a buffer outside its memory, or misaligned, must be a typed error, not a
         // slice panic in the host. Checked once: wasm memory never shrinks, so a buffer inside stays inside.
         let end = p as usize + total as usize;
@@ -560,25 +635,6 @@ impl WasmPolicy {
         self.buf = Some((p, total));
         self.capacity = cap;
         Ok(())
-    }
-
-    /// The observation buffer for `batch` envs inside the guest's memory: write observations here and call
-    /// [`act_prepared`](Self::act_prepared) to skip the copy `act` makes.
-    pub fn obs_buffer(&mut self, batch: usize) -> Result<&mut [f32], WasmError> {
-        self.ensure_capacity(batch)?;
-        let (ptr, _) = self.buf.unwrap();
-        let n = batch * self.info.obs_len;
-        let mem = self.memory.data_mut(&mut self.store);
-        let bytes = &mut mem[ptr as usize..ptr as usize + n * 4];
-        // The guest offset is 16-aligned (checked in ensure_capacity); the host address also depends on where
-        // wasmtime mapped the memory (page-aligned in practice): checked, never assumed.
-        if bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) != 0 {
-            return Err(WasmError::Call(
-                "the guest buffer is not f32-aligned in host memory".into(),
-            ));
-        }
-        // SAFETY: aligned (checked above) and inside the memory; f32 has no invalid bit patterns.
-        Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, n) })
     }
 
     /// act() with observations copied into the guest (f32 or u8), outputs read back into `out`. The same
@@ -634,26 +690,6 @@ impl WasmPolicy {
             skip_value: req.skip_value,
         };
         self.run(batch, dtype, mode, envs, req.episode_starts, controls, out)
-    }
-
-    /// act() on observations already written through [`obs_buffer`](Self::obs_buffer).
-    pub fn act_prepared(
-        &mut self,
-        batch: usize,
-        mode: ActMode,
-        envs: EnvIds<'_>,
-        out: &mut ActOutputs,
-    ) -> Result<(), WasmError> {
-        self.ensure_capacity(batch.max(1))?;
-        self.run(
-            batch,
-            ObsDType::F32,
-            mode,
-            envs,
-            None,
-            ActControls::default(),
-            out,
-        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -772,34 +808,36 @@ impl WasmPolicy {
         let rc = self.call("pp_act_masked", |s, x| x.act_masked.call(s, args))?;
         self.check("pp_act_masked", rc)?;
         // Read the outputs straight from linear memory.
+        // Read the outputs straight from linear memory into the caller's buffers (reused: no allocation once they
+        // have grown to the batch).
         let i = self.info;
         let mem = self.memory.data(&self.store);
-        let f32s = |off: u32, n: usize| -> Vec<f32> {
-            mem[off as usize..off as usize + n * 4]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect()
+        let f32s = |dst: &mut Vec<f32>, off: u32, n: usize| {
+            dst.clear();
+            dst.extend(
+                mem[off as usize..off as usize + n * 4]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
         };
         out.batch = batch;
         let k = batch * i.action_len;
+        out.discrete.clear();
+        out.continuous.clear();
         if i.discrete {
-            out.continuous.clear();
-            out.discrete.clear();
             out.discrete.extend(
                 mem[at(2) as usize..at(2) as usize + k * 4]
                     .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64),
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64),
             );
         } else {
-            out.discrete.clear();
-            out.continuous = f32s(at(2), k);
+            f32s(&mut out.continuous, at(2), k);
         }
-        out.value = if i.has_value && !skip_value {
-            f32s(at(3), batch)
-        } else {
-            vec![]
-        };
-        out.dist_params = f32s(at(4), batch * i.dist_params_len);
+        match i.has_value && !skip_value {
+            true => f32s(&mut out.value, at(3), batch),
+            false => out.value.clear(),
+        }
+        f32s(&mut out.dist_params, at(4), batch * i.dist_params_len);
         Ok(())
     }
 
@@ -1021,10 +1059,18 @@ mod compiled_out {
         pub fn with_cache_dir(_wasm: &[u8], _dir: &Path) -> Result<Arc<Self>, WasmError> {
             Err(WasmError::NotCompiled)
         }
+
+        pub fn instances(&self) -> usize {
+            match self.never {}
+        }
+
+        pub fn lent_layers(&self) -> usize {
+            match self.never {}
+        }
     }
 
     /// Uninhabited without the `wasmtime` feature.
-    pub struct WasmPolicy {
+    pub(crate) struct WasmPolicy {
         never: std::convert::Infallible,
     }
 
@@ -1041,25 +1087,7 @@ mod compiled_out {
             match self.never {}
         }
 
-        pub fn lent_layers(&self) -> usize {
-            match self.never {}
-        }
-
-        pub fn obs_buffer(&mut self, _batch: usize) -> Result<&mut [f32], WasmError> {
-            match self.never {}
-        }
-
         pub fn act(&mut self, _req: &Request<'_>, _out: &mut ActOutputs) -> Result<(), WasmError> {
-            match self.never {}
-        }
-
-        pub fn act_prepared(
-            &mut self,
-            _batch: usize,
-            _mode: ActMode,
-            _envs: EnvIds<'_>,
-            _out: &mut ActOutputs,
-        ) -> Result<(), WasmError> {
             match self.never {}
         }
 
@@ -1090,4 +1118,6 @@ mod compiled_out {
     }
 }
 #[cfg(not(feature = "wasmtime"))]
-pub use compiled_out::{WasmPolicy, WasmRuntime};
+pub(crate) use compiled_out::WasmPolicy;
+#[cfg(not(feature = "wasmtime"))]
+pub use compiled_out::WasmRuntime;

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use policyport::{ActMode, ActOutputs, Backend, CompiledPolicy, Observations, Request};
+use policyport::{ActMode, Backend, CompiledPolicy, Observations, Request};
 
 use super::{load_policy, read};
 
@@ -96,25 +96,22 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         bail!("--precision is the native cpu backend's (--backend cpu, no --plugin)");
     }
     let bytes = read(&artifact)?;
-    let policy = match precision {
-        policyport::Precision::F32 => load_policy(&bytes, backend)?,
-        _ => CompiledPolicy::load_cpu(&bytes, policyport::CpuOptions { precision })?,
-    };
-    let mut session = policy.session();
-    session.set_threads(threads)?;
-    let threads = session.threads();
-    let raw_len = policy.info().obs_len;
-    let mut sandboxed = match &plugin {
-        Some(p) => {
+    let policy = match (&plugin, precision) {
+        (Some(p), _) => {
             let rt = policyport_wasmtime::WasmRuntime::new(&read(p)?)?;
             let limits = policyport_wasmtime::WasmLimits {
                 lend_dense,
                 ..Default::default()
             };
-            Some(policyport_wasmtime::WasmPolicy::load(&rt, &bytes, limits)?)
+            policyport_wasmtime::load(&rt, &bytes, limits)?
         }
-        None => None,
+        (None, policyport::Precision::F32) => load_policy(&bytes, backend)?,
+        (None, _) => CompiledPolicy::load_cpu(&bytes, policyport::CpuOptions { precision })?,
     };
+    let mut session = policy.session();
+    session.set_threads(threads)?;
+    let threads = session.threads();
+    let raw_len = policy.info().obs_len;
     let runtime = match &plugin {
         Some(_) if lend_dense => "policyport-wasm-lent".to_string(),
         Some(_) => "policyport-wasm".to_string(),
@@ -126,17 +123,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     for b in batches.split(',') {
         let batch: usize = b.trim().parse().context("--batches")?;
         let obs = BenchObs::new(&policy.manifest().observation, batch);
-        let mut out = ActOutputs::default();
         let mut step = 0u64;
         let median = median_us(seconds, |_| {
             let mode = ActMode::Sample { seed: 1, step };
             step += 1;
-            match sandboxed.as_mut() {
-                Some(w) => w.act(&Request::new(obs.get(), batch, mode), &mut out)?,
-                None => {
-                    session.act(&Request::new(obs.get(), batch, mode))?;
-                }
-            }
+            session.act(&Request::new(obs.get(), batch, mode))?;
             Ok(())
         })?;
         // The native cpu backend's instruction set (the plugin's kernels are its own: SIMD128).
