@@ -439,7 +439,7 @@ bevy_example() {
   grep -q '64 agents on cpu, 600 ticks: [0-9]* episodes finished, mean return 4[5-9][0-9]' "$d/native.txt"
   "$exe" --agents 64 --ticks 100 --out "$d/sandboxed.png" \
     --sandbox "$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm" | tee "$d/sandboxed.txt"
-  grep -q '64 agents on sandbox' "$d/sandboxed.txt"
+  grep -q '64 agents on wasmtime' "$d/sandboxed.txt"
   [ "$(head -c 8 "$d/cartpoles.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]
 }
 check "Bevy example: 64 carts on the bundled policy natively (mean return >= 450) and sandboxed, a PNG of the scene" bevy_example

@@ -102,7 +102,7 @@ impl WasmError {
             WasmError::Guest { code, .. } => guest_kind(*code).unwrap_or(ErrorKind::Sandbox),
             WasmError::Policy(p) => p.kind(),
             WasmError::Call(_) => ErrorKind::Call,
-            WasmError::NotCompiled => ErrorKind::Backend,
+            // A build without the sandbox (the C ABI's native-only library): PP_STATUS_SANDBOX, as documented.
             _ => ErrorKind::Sandbox,
         }
     }
@@ -125,12 +125,6 @@ impl From<WasmError> for PolicyError {
         let message = e.to_string();
         PolicyError::Sandbox(match e {
             WasmError::Policy(p) => return p,
-            WasmError::NotCompiled => {
-                return PolicyError::NotCompiled {
-                    backend: policyport::Backend::Wasmtime,
-                    feature: "wasmtime (of policyport-wasmtime)",
-                };
-            }
             WasmError::Guest {
                 call,
                 code,
@@ -160,7 +154,8 @@ impl From<WasmError> for PolicyError {
             | WasmError::MissingExport(_)
             | WasmError::AbiVersion { .. }
             | WasmError::Imports(_)
-            | WasmError::Cache(_) => SandboxError::Plugin(message),
+            | WasmError::Cache(_)
+            | WasmError::NotCompiled => SandboxError::Plugin(message),
         })
     }
 }
