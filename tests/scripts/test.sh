@@ -361,8 +361,11 @@ check "aarch64: every ONNX fixture compiled and verified (f32; bf16 storage), SB
 # The kernels say which instruction set they run: NEON, not the portable loops.
 check "aarch64: the cpu backend runs its NEON kernels" \
   bash -c '"$@" | grep -q "\"kernels\":\"neon\""' _ "${A64[@]}" bench "$out/mlp64.a64.policy" --batches 1 --seconds 0.05
-check "aarch64: the demo (trained CartPole and Pendulum policies against PyTorch's returns)" \
-  "${A64[@]}" demo --out-dir "$CARGO_TARGET_DIR/policyport-demo-aarch64"
+# 8 episodes per env and mode (each compared with PyTorch's, episode by episode): under qemu the demo runs ~100x
+# slower than natively, and its default 32 took ~118 s of this stage on the 2-core Zen 3 VM (the Catch CNN most of
+# it); the x86 demo below plays 20, and the fixtures above check every kernel's numbers.
+check "aarch64: the demo (trained CartPole, Pendulum and Catch policies against PyTorch's returns, 8 episodes each)" \
+  "${A64[@]}" demo --episodes 8 --out-dir "$CARGO_TARGET_DIR/policyport-demo-aarch64"
 
 step "npm package: packed from the three bundles, installed from its tarball into a consumer project, typed by tsc"
 check "npm package (tests/scripts/npm-pack.sh: npm pack, npm install of the tarball, exports resolved, tsc --strict)" \
