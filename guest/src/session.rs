@@ -762,7 +762,7 @@ impl Session {
     /// from the finished parameters, with the same code as every other backend (`finish`'s `host_draws`).
     fn redraw(&mut self, out: &mut ActOutputs, p: &Prepared, req: &Request<'_>) {
         let head = self.policy.head();
-        let (batch, k, np) = (p.batch, head.action_len, head.dist_params_len);
+        let batch = p.batch;
         let streams = match p.mode {
             ActMode::Sample { seed, step } => {
                 policyport_format::philox::first_blocks(
@@ -775,23 +775,12 @@ impl Session {
             }
             ActMode::Deterministic => None,
         };
-        let discrete = head.is_discrete();
         let mask_len = head.mask_len();
         for row in 0..batch {
-            let params = &mut out.dist_params[row * np..(row + 1) * np];
-            let controls = req.controls_of(row, mask_len);
-            if let Some(m) = controls.mask {
-                head.mask_params(params, m);
-            }
-            let (d, c) = if discrete {
-                (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
-            } else {
-                (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
-            };
             let stream = streams.map(|(seed, step)| {
                 Stream::with_first_block(seed, self.ids[row], step, self.first_blocks[row])
             });
-            head.act_row_from(params, stream, &controls, d, c);
+            draw_row(head, out, row, &req.controls_of(row, mask_len), stream);
         }
     }
 
@@ -947,18 +936,10 @@ impl Session {
                     out.value[row] = src[raw];
                 }
             }
-            if let Some(m) = controls.mask {
-                head.mask_params(params, m);
-            }
-            let (d, c) = if discrete {
-                (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
-            } else {
-                (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
-            };
             let stream = streams.map(|(seed, step)| {
                 Stream::with_first_block(seed, self.ids[row], step, self.first_blocks[row])
             });
-            head.act_row_from(params, stream, &controls, d, c);
+            draw_row(head, out, row, &controls, stream);
         }
         if self.state.is_recurrent() && !placement.state {
             let mut off = raw + has_value as usize;
@@ -972,6 +953,28 @@ impl Session {
             }
         }
     }
+}
+
+/// One row's draw on the host (`Session::finish`'s rows, `Session::redraw`'s outputs): the request's mask applied
+/// to the row's finished distribution parameters, then the head's action from them into the row's actions.
+fn draw_row(
+    head: &policyport_format::HeadPlan,
+    out: &mut ActOutputs,
+    row: usize,
+    controls: &RowControls<'_>,
+    stream: Option<Stream>,
+) {
+    let (k, np) = (head.action_len, head.dist_params_len);
+    let params = &mut out.dist_params[row * np..(row + 1) * np];
+    if let Some(m) = controls.mask {
+        head.mask_params(params, m);
+    }
+    let (d, c) = if head.is_discrete() {
+        (&mut out.discrete[row * k..(row + 1) * k], &mut [][..])
+    } else {
+        (&mut [][..], &mut out.continuous[row * k..(row + 1) * k])
+    };
+    head.act_row_from(params, stream, controls, d, c);
 }
 
 #[cfg(test)]
