@@ -654,3 +654,121 @@ fn agents_last_tick_stays_readable_by_id_while_the_next_is_staged() {
     assert_eq!(tick.row(reused), Some(1));
     assert_eq!(tick.discrete(reused).map(<[i64]>::to_vec), first[1]);
 }
+
+/// Regression for `Agents::tick_rows`' bulk staging and its outputs copied as one run of rows (the Godot runner's
+/// and the C ABI's tick): on the recurrent policy, with agents spawning, despawning and respawning (episode starts
+/// in the bulk rows, some ticks with none), rows staged earlier in the tick by `observe` (the bulk rows then start
+/// past them), and refused calls (a duplicate or a dead id in the middle, a short observation) that must stage
+/// nothing and leave the last outputs as they were, every agent's actions and values equal those of the same
+/// agents observed one by one in another `Agents`.
+#[test]
+fn tick_rows_in_bulk_gives_what_observing_one_by_one_gives() {
+    let (bytes, config, _) = churn_reference();
+    let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
+    let (mut one_by_one, mut bulk) = (
+        Agents::new(policy.clone(), config),
+        Agents::new(policy, config),
+    );
+    let mut rng = Rng(41);
+    let mut alive: Vec<AgentId> = vec![];
+    let mut out = policyport_agents::RowOutputs::default();
+    let (mut refused, mut with_earlier_rows, mut starts) = (0, 0, 0);
+    for t in 0..80 {
+        if alive.len() < 16 && rng.below(2) == 0 || alive.len() < 3 {
+            for _ in 0..1 + rng.below(3) {
+                let id = one_by_one.spawn().unwrap();
+                assert_eq!(bulk.spawn().unwrap(), id, "the same ids in the same order");
+                alive.push(id);
+                starts += 1;
+            }
+        }
+        if alive.len() > 4 && rng.below(4) == 0 {
+            let id = alive.swap_remove(rng.below(alive.len()));
+            one_by_one.despawn(id).unwrap();
+            bulk.despawn(id).unwrap();
+        }
+        if rng.below(4) == 0 {
+            let id = alive[rng.below(alive.len())];
+            one_by_one.respawn(id).unwrap();
+            bulk.respawn(id).unwrap();
+            starts += 1;
+        }
+        let mut observed: Vec<AgentId> = alive
+            .iter()
+            .copied()
+            .filter(|_| rng.below(5) != 0)
+            .collect();
+        rng.shuffle(&mut observed);
+        let obs: Vec<f32> = (0..observed.len() * 4)
+            .map(|i| rng.unit() * (1 + i % 4) as f32 * 0.5)
+            .collect();
+        for (k, id) in observed.iter().enumerate() {
+            one_by_one.observe(*id, &obs[k * 4..k * 4 + 4]).unwrap();
+        }
+        one_by_one.act().unwrap();
+        // Some rows first by observe(), the rest in one tick_rows.
+        let early = if observed.len() > 2 && rng.below(3) == 0 {
+            1 + rng.below(observed.len() - 1)
+        } else {
+            0
+        };
+        for (k, id) in observed[..early].iter().enumerate() {
+            bulk.observe(*id, &obs[k * 4..k * 4 + 4]).unwrap();
+        }
+        with_earlier_rows += usize::from(early > 0);
+        let rest = &observed[early..];
+        if rest.len() > 1 && rng.below(3) == 0 {
+            let before = out.clone();
+            let dead = AgentId::from_bits(u64::MAX - 5);
+            let mut dup = rest.to_vec();
+            dup[rest.len() - 1] = rest[0];
+            let mut with_dead = rest.to_vec();
+            with_dead.insert(rest.len() / 2, dead);
+            let p = early * 4 + rest.len() / 2 * 4;
+            let obs_dead = [&obs[early * 4..p], &[0.0; 4][..], &obs[p..]].concat();
+            for (what, ids, o) in [
+                ("a duplicate id", &dup[..], &obs[early * 4..]),
+                ("a dead id in the middle", &with_dead[..], &obs_dead[..]),
+                ("a short observation", rest, &obs[early * 4..obs.len() - 1]),
+            ] {
+                assert!(
+                    bulk.tick_rows(ids, o, None, &mut out).is_err(),
+                    "tick {t}: {what}"
+                );
+                assert_eq!(bulk.staged(), early, "tick {t}: {what} staged nothing");
+                assert_eq!(
+                    out, before,
+                    "tick {t}: {what} left the outputs as they were"
+                );
+            }
+            refused += 1;
+        }
+        bulk.tick_rows(rest, &obs[early * 4..], None, &mut out)
+            .unwrap();
+        let last = one_by_one.last();
+        for (k, id) in rest.iter().enumerate() {
+            assert_eq!(
+                out.discrete[k..k + 1],
+                *last.discrete(*id).unwrap(),
+                "tick {t}: agent {id}'s action"
+            );
+            assert_eq!(
+                out.value[k],
+                last.value(*id).unwrap(),
+                "tick {t}: agent {id}'s value"
+            );
+        }
+        let bulk_last = bulk.last();
+        for id in &observed[..early] {
+            assert_eq!(
+                bulk_last.discrete(*id),
+                last.discrete(*id),
+                "tick {t}: agent {id} observed first"
+            );
+        }
+    }
+    assert!(
+        refused > 5 && with_earlier_rows > 5 && starts > 20,
+        "{refused} refusals, {with_earlier_rows} ticks with earlier rows, {starts} starts"
+    );
+}

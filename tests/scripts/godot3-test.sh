@@ -4,8 +4,10 @@
 # CartPoles, one PolicyRunner.tick per physics frame in a rotating order, respawns, agent 0 replaced midway. The
 # C program runs on the same trained policy (SB3's briefly trained CartPole: episodes of 9..500 steps, so equal
 # returns mean something) and every finished episode's return must be equal, in order. The scene first drives the
-# runner's refusals (a PoolIntArray of ids, a float id, a dead id, a short row, a missing argument, a mask byte of
-# 7, ...) and checks each is refused with its reason and changes nothing. Then demo/group.tscn: 64 cart nodes of a
+# runner's refusals (a PoolIntArray of ids, a float id, a String as the second id, one id twice, a dead id, a short
+# row, a missing argument, a mask byte of 7, ...) and checks each is refused with its reason and changes nothing,
+# that the ids' Array is read in place on this engine (`info().ids_in_place`), and that the PoolIntArray
+# discrete_actions() answered keeps its numbers after the next tick. Then demo/group.tscn: 64 cart nodes of a
 # group driven by the GDScript PolicyAgents node (policy_agents.gd) on the bundled policy, one cart freed and one
 # added midway: its id must be released (64 agents alive at the end) and the carts balance (mean return >= 450).
 # Needs test.sh's build (the CLI, the GDNative library and the C ABI library in $PP_OUT); installs godot3-server.
@@ -45,7 +47,8 @@ fail() {
 [ "$rc" = 0 ] || fail "godot3-server exited $rc"
 if grep -q 'godot3: FAILED' "$d/run.log"; then fail "the scene reported a failure"; fi
 refusals=$(grep -c '^godot3: refused as it should: ' "$d/run.log" || true)
-[ "$refusals" = 9 ] || fail "$refusals of the scene's 9 refusal checks ran"
+[ "$refusals" = 11 ] || fail "$refusals of the scene's 11 refusal checks ran"
+grep -q '^godot3: the last actions are kept while the next are written' "$d/run.log" || fail "no check of kept actions"
 grep -q "^godot3: $agents agents, $ticks ticks, [0-9]* episodes finished" "$d/run.log" || fail "no closing line"
 c_returns=$(grep '^returns:' "$d/c.txt")
 g_returns=$(grep '^returns:' "$d/run.log" || true)

@@ -735,9 +735,14 @@ impl Agents {
         out: &mut RowOutputs,
     ) -> Result<(), AgentsError> {
         let (o, m) = (self.shape.obs_len, self.shape.mask_len);
+        // Rows staged earlier in this tick come first: this call's rows are `base..base + ids.len()`.
+        let base = self.ids.len();
         let mut staged = 0;
         let mut result = Ok(());
-        for (i, id) in ids.iter().enumerate() {
+        if masks.is_none() && self.stage_rows(ids, obs) {
+            staged = ids.len();
+        }
+        for (i, id) in ids.iter().enumerate().skip(staged) {
             let (Some(row), mask) = (
                 obs.get(i * o..(i + 1) * o),
                 masks.map(|ms| ms.get(i * m..(i + 1) * m)),
@@ -777,29 +782,94 @@ impl Agents {
             }
             return Err(e);
         }
-        let (k, tick) = (self.shape.action_len, self.last());
-        let o = tick.outputs();
-        // Every id was staged by this call and acted (its row exists); looked up without a panic all the same,
-        // and `out` untouched unless every row is there.
-        let mut rows = Vec::with_capacity(ids.len());
-        for id in ids {
-            rows.push(tick.row(*id).ok_or(AgentsError::UnknownAgent(*id))?);
+        // act() acts on the staged rows in the order they were staged, so this call's outputs are one run of
+        // rows, `base..base + ids.len()`, copied as slices (no lookup per id: it was ~5 ns of a Godot agent's
+        // ~25). `acted` is checked to hold exactly these ids there; `out` is untouched unless it does.
+        let (k, n) = (self.shape.action_len, ids.len());
+        let o = self.session.outputs();
+        if self.acted.get(base..base + n) != Some(ids) {
+            return Err(AgentsError::UnknownAgent(
+                ids.first().copied().unwrap_or(AgentId::from_bits(u64::MAX)),
+            ));
         }
+        let rows = |len: usize, per_row: usize| {
+            if len == 0 {
+                0..0
+            } else {
+                base * per_row..(base + n) * per_row
+            }
+        };
+        let (discrete, continuous, value) = (
+            o.discrete.get(rows(o.discrete.len(), k)),
+            o.continuous.get(rows(o.continuous.len(), k)),
+            o.value.get(rows(o.value.len(), 1)),
+        );
+        let (Some(discrete), Some(continuous), Some(value)) = (discrete, continuous, value) else {
+            return Err(AgentsError::UnknownAgent(
+                ids.first().copied().unwrap_or(AgentId::from_bits(u64::MAX)),
+            ));
+        };
         out.discrete.clear();
+        out.discrete.extend_from_slice(discrete);
         out.continuous.clear();
+        out.continuous.extend_from_slice(continuous);
         out.value.clear();
-        for r in rows {
-            if let Some(d) = o.discrete.get(r * k..(r + 1) * k) {
-                out.discrete.extend_from_slice(d);
-            }
-            if let Some(c) = o.continuous.get(r * k..(r + 1) * k) {
-                out.continuous.extend_from_slice(c);
-            }
-            if let Some(v) = o.value.get(r) {
-                out.value.push(*v);
+        out.value.extend_from_slice(value);
+        Ok(())
+    }
+
+    /// [`Agents::tick_rows`]'s common case in bulk: unmasked rows (`obs` holds exactly `ids.len()` rows). True
+    /// when every row was staged, in order; **false with nothing staged** where any row is not the common case
+    /// (an agent not alive or already observed this tick, a tick with masks, `obs` of another length): the caller
+    /// then stages row by row ([`Agents::observe`]) for the precise error.
+    ///
+    /// One pass checks each slot and marks its row; the ids and observations are then appended as two copies,
+    /// and episode-start flags written only in a tick where some row starts one. Per agent that is a slot read
+    /// and write instead of [`Agents::observe`]'s pushes (which store each Vec's length at every row: ~8 ns of a
+    /// 100-agent Godot tick's agent, measured with perf).
+    fn stage_rows(&mut self, ids: &[AgentId], obs: &[f32]) -> bool {
+        let base = self.ids.len();
+        if self.masked
+            || obs.len() != ids.len() * self.shape.obs_len
+            || base + ids.len() >= u32::MAX as usize
+        {
+            return false;
+        }
+        let tick = self.tick;
+        let (mut marked, mut any_start) = (0, false);
+        for id in ids {
+            match self.slots.get_mut(id.slot as usize) {
+                Some(s) if s.alive && s.generation == id.generation && s.staged(tick) == 0 => {
+                    any_start |= s.start;
+                    marked += 1;
+                    s.set_staged(tick, (base + marked) as u32);
+                }
+                _ => break,
             }
         }
-        Ok(())
+        if marked < ids.len() {
+            // Unmarked again (every slot marked here was unstaged before: the check above), nothing else done.
+            for id in &ids[..marked] {
+                self.slots[id.slot as usize].set_staged(tick, 0);
+            }
+            return false;
+        }
+        if base == 0 && !ids.is_empty() {
+            self.tick_starts();
+        }
+        self.ids.extend_from_slice(ids);
+        self.obs.extend_from_slice(obs);
+        if any_start || self.any_start {
+            if !self.any_start {
+                self.starts.clear();
+                self.starts.resize(base, false);
+                self.any_start = true;
+            }
+            let slots = &self.slots;
+            self.starts
+                .extend(ids.iter().map(|id| slots[id.slot as usize].start));
+        }
+        true
     }
 
     /// The outputs of the last act() (empty before the first, or after a tick with no agent observed).

@@ -56,6 +56,8 @@ func _check_refusals() -> bool:
 		and _refused(fresh.spawn() != -1, fresh, "spawn() before load()", "load()")
 		and _refused(runner.tick(PoolIntArray([0]), zeros), runner, "ids as a PoolIntArray", "64-bit")
 		and _refused(runner.tick([0.5], zeros), runner, "a float id", "not an int")
+		and _refused(runner.tick([id, "x"], zeros + zeros), runner, "a String as the second id", "ids[1] is String")
+		and _refused(runner.tick([id, id], zeros + zeros), runner, "one id twice", "already observed")
 		and _refused(runner.tick([123456789], zeros), runner, "an id never spawned", "not alive")
 		and _refused(runner.tick([id], PoolRealArray([0, 0, 0])), runner, "3 observation numbers for 4", "observation")
 		and _refused(runner.tick([id]), runner, "tick() without observations", "argument 2")
@@ -113,9 +115,37 @@ func _ready() -> void:
 	if gone < 0 or not runner.despawn(gone) or runner.respawn(gone):
 		_fail("a stale id")
 		return
-	if not _check_refusals():
+	if not info.get("ids_in_place", false):
+		_fail("the runner reads the ids element by element through the API on this Godot (info: %s)" % str(info))
+		return
+	if not _check_refusals() or not _check_actions_are_kept(path if path != "" else "res://cartpole.policy"):
 		get_tree().quit(1)
 		set_physics_process(false)
+
+
+# The array discrete_actions() answered keeps its numbers after the next tick (the runner writes the next
+# answer into the same PoolIntArray, which Godot copies first while this one is held), on a runner of its own.
+func _check_actions_are_kept(path: String) -> bool:
+	var r = Policyport.load_runner(path, 1, false)
+	var a = r.spawn()
+	var b = r.spawn()
+	var right = [0.0, 0.0, 0.15, 1.0]
+	var left = [0.0, 0.0, -0.15, -1.0]
+	if not r.tick([a, b], PoolRealArray(right + left)):
+		return _failed("tick: %s" % r.last_error())
+	var first = r.discrete_actions()
+	if not r.tick([a, b], PoolRealArray(left + right)):
+		return _failed("tick: %s" % r.last_error())
+	var second = r.discrete_actions()
+	if first[0] == first[1] or first[0] != second[1] or first[1] != second[0]:
+		return _failed("the first tick's actions %s changed with the second's %s" % [str(first), str(second)])
+	print("godot3: the last actions are kept while the next are written: %s then %s" % [str(first), str(second)])
+	return true
+
+
+func _failed(what: String) -> bool:
+	print("godot3: FAILED: %s" % what)
+	return false
 
 
 func _physics_process(_delta: float) -> void:

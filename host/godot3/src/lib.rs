@@ -102,13 +102,39 @@ pub unsafe extern "C" fn godot_nativescript_init(handle: *mut c_void) {
     }
 }
 
-/// NativeScript's constructor of a `PolicyRunner`: a new [`ScriptRunner`], boxed, as the instance's user data.
+/// A `PolicyRunner` instance's user data: the engine-neutral runner, and the PoolIntArray `discrete_actions()`
+/// last answered.
+///
+/// Why keep that array: Godot's pool arrays are copy-on-write, so writing the next tick's actions into this one
+/// reallocates only while the game still holds the last answer; a game that dropped it (a local in
+/// `_physics_process`) gets the same storage back, no allocation per tick (Godot's pool allocator takes a global
+/// mutex: ~0.15 µs of a tick).
+#[derive(Default)]
+struct Runner {
+    script: ScriptRunner,
+    actions: Option<gdnative::PoolIntArray>,
+}
+
+impl std::ops::Deref for Runner {
+    type Target = ScriptRunner;
+    fn deref(&self) -> &ScriptRunner {
+        &self.script
+    }
+}
+
+impl std::ops::DerefMut for Runner {
+    fn deref_mut(&mut self) -> &mut ScriptRunner {
+        &mut self.script
+    }
+}
+
+/// NativeScript's constructor of a `PolicyRunner`: a new [`Runner`], boxed, as the instance's user data.
 ///
 /// # Safety
 /// None of its own (it reads neither argument): `unsafe` because [`InstanceCreate`] takes an `unsafe extern "C"`
 /// function. The box it returns must be freed once, by [`runner_destroy`].
 unsafe extern "C" fn runner_create(_object: *mut c_void, _method_data: *mut c_void) -> *mut c_void {
-    Box::into_raw(Box::new(ScriptRunner::default())).cast()
+    Box::into_raw(Box::new(Runner::default())).cast()
 }
 
 /// NativeScript's destructor of a `PolicyRunner`.
@@ -123,12 +149,20 @@ unsafe extern "C" fn runner_destroy(
 ) {
     if !user.is_null() {
         // SAFETY: `user` is the box `runner_create` made for this instance; Godot destroys each instance once.
-        drop(unsafe { Box::from_raw(user.cast::<ScriptRunner>()) });
+        let mut runner = unsafe { Box::from_raw(user.cast::<Runner>()) };
+        if let (Some(mut a), Some(api)) = (runner.actions.take(), API.get()) {
+            // SAFETY: the runner's own reference to an array the API made.
+            unsafe { api.pool_int_array_destroy()(&mut a) };
+        }
+        drop(runner);
     }
 }
 
+/// Filler of the unused entries of [`call`]'s argument array (never passed to a body).
+static NO_ARGUMENT: Variant = Variant::NIL;
+
 /// One method's body: the runner, the engine's API, the arguments; answers a variant.
-type Body = fn(&mut ScriptRunner, &Api, &[&Variant]) -> Variant;
+type Body = fn(&mut Runner, &Api, &[&Variant]) -> Variant;
 
 /// Turns a [`Body`] into the C function NativeScript calls, with the panic guard and argument plumbing.
 macro_rules! methods {
@@ -144,7 +178,7 @@ macro_rules! methods {
                 /// The NativeScript entry of this method: [`call`] with its body.
                 ///
                 /// # Safety
-                /// As for [`call`]: `user` is null or this instance's `ScriptRunner` (from `runner_create`, not
+                /// As for [`call`]: `user` is null or this instance's `Runner` (from `runner_create`, not
                 /// destroyed), used by no other call meanwhile; `argv` holds `argc` live variant pointers.
                 unsafe extern "C" fn $name(
                     _object: *mut c_void,
@@ -166,7 +200,7 @@ macro_rules! methods {
 /// `last_error()` naming the method), never an unwind into the engine.
 ///
 /// # Safety
-/// `user` is null or a `ScriptRunner` from `runner_create`; `argv` holds `argc` live variant pointers.
+/// `user` is null or a `Runner` from `runner_create`; `argv` holds `argc` live variant pointers.
 unsafe fn call(
     name: &str,
     body: Body,
@@ -178,20 +212,31 @@ unsafe fn call(
         return Variant::uninit();
     };
     // SAFETY: per this function's contract.
-    let Some(runner) = (unsafe { user.cast::<ScriptRunner>().as_mut() }) else {
+    let Some(runner) = (unsafe { user.cast::<Runner>().as_mut() }) else {
         return api.nil();
     };
-    let args: Vec<&Variant> = if argv.is_null() || argc <= 0 {
-        vec![]
+    let raw: &[*mut Variant] = if argv.is_null() || argc <= 0 {
+        &[]
     } else {
         // SAFETY: `argc` live argument pointers.
         unsafe { std::slice::from_raw_parts(argv, argc as usize) }
-            .iter()
-            // SAFETY: each is a live variant for the call's duration.
-            .filter_map(|p| unsafe { p.as_ref() })
-            .collect()
     };
-    match catch_unwind(AssertUnwindSafe(|| body(runner, api, &args))) {
+    // SAFETY: each is a live variant for the call's duration.
+    let live = raw.iter().filter_map(|p| unsafe { p.as_ref() });
+    // The arguments on the stack (no method takes more than three: no allocation per call), a Vec past that.
+    let (mut stack, mut heap) = ([&NO_ARGUMENT; 4], Vec::new());
+    let args: &[&Variant] = if raw.len() <= stack.len() {
+        let mut k = 0;
+        for v in live {
+            stack[k] = v;
+            k += 1;
+        }
+        &stack[..k]
+    } else {
+        heap.extend(live);
+        &heap
+    };
+    match catch_unwind(AssertUnwindSafe(|| body(runner, api, args))) {
         Ok(v) => v,
         Err(_) => {
             runner.fail(ScriptError::Argument(format!(
@@ -246,7 +291,7 @@ fn refuse(runner: &mut ScriptRunner, e: ScriptError, failure: Variant) -> Varian
 mod load_bytes {
     use super::*;
     /// `load_bytes(bytes: PoolByteArray, seed: int, sample: bool) -> bool`.
-    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
         let parsed = (|| {
             let bytes = arg(api, "load_bytes", args, 0, &[variant_type::POOL_BYTE_ARRAY])?;
             let seed = arg(api, "load_bytes", args, 1, &[variant_type::INT])?;
@@ -274,7 +319,7 @@ mod load_bytes {
 mod last_error {
     use super::*;
     /// `last_error() -> String` ("" after a call that succeeded).
-    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         api.string_variant(&r.last_error())
     }
 }
@@ -282,7 +327,7 @@ mod last_error {
 mod spawn {
     use super::*;
     /// `spawn() -> int`: a new agent's id, or -1.
-    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         api.int_variant(r.spawn())
     }
 }
@@ -305,7 +350,7 @@ fn with_id(
 mod despawn {
     use super::*;
     /// `despawn(id: int) -> bool`: the agent is gone; its id is refused from now on.
-    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
         with_id(r, api, args, "despawn", ScriptRunner::despawn)
     }
 }
@@ -313,7 +358,7 @@ mod despawn {
 mod respawn {
     use super::*;
     /// `respawn(id: int) -> bool`: a new episode at the agent's next tick.
-    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
         with_id(r, api, args, "respawn", ScriptRunner::respawn)
     }
 }
@@ -354,9 +399,28 @@ fn tick_with(
         Ok(v) => v,
         Err(e) => return refuse(r, e, api.bool_variant(false)),
     };
-    let mut ids = Vec::new();
+    // The ids' buffer is kept between ticks (a thread's own: Godot may call from any thread).
+    thread_local! {
+        static IDS: std::cell::Cell<Vec<i64>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut ids = IDS.take();
+    let result = tick_ids(r, api, args, name, [ids_arg, obs_arg], masked, &mut ids);
+    IDS.set(ids);
+    result
+}
+
+/// [`tick_with`] past its first argument's type check, the ids read into `ids`.
+fn tick_ids(
+    r: &mut ScriptRunner,
+    api: &Api,
+    args: &[&Variant],
+    name: &str,
+    [ids_arg, obs_arg]: [&Variant; 2],
+    masked: bool,
+    ids: &mut Vec<i64>,
+) -> Variant {
     // SAFETY: an Array variant.
-    if let Err((i, t)) = unsafe { api.array_ints(ids_arg, &mut ids) } {
+    if let Err((i, t)) = unsafe { api.array_ints(ids_arg, ids) } {
         let e = ScriptError::Argument(format!(
             "{name}(): ids[{i}] is {}, not an int (agent ids are the ints spawn() answered)",
             variant_type::name(t)
@@ -386,7 +450,7 @@ fn tick_with(
 mod tick {
     use super::*;
     /// `tick(ids: Array, observations: PoolRealArray) -> bool`.
-    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
         tick_with(r, api, args, "tick", false)
     }
 }
@@ -394,7 +458,7 @@ mod tick {
 mod tick_masked {
     use super::*;
     /// `tick_masked(ids: Array, observations: PoolRealArray, masks: PoolByteArray) -> bool`.
-    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
         tick_with(r, api, args, "tick_masked", true)
     }
 }
@@ -402,16 +466,19 @@ mod tick_masked {
 mod discrete_actions {
     use super::*;
     /// `discrete_actions() -> PoolIntArray`: the last tick's actions, `ids × action_len`.
-    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         // Discrete actions are indices below the policy's action count, far inside i32.
-        api.int_array_variant(r.outputs().discrete.iter().map(|a| *a as i32))
+        let Runner { script, actions } = r;
+        let held = actions.get_or_insert_with(|| api.pool_int_array(std::iter::empty()));
+        api.write_pool_int_array(held, script.outputs().discrete.iter().map(|a| *a as i32));
+        api.pool_int_array_variant(held)
     }
 }
 
 mod continuous_actions {
     use super::*;
     /// `continuous_actions() -> PoolRealArray`: the last tick's actions, `ids × action_len`.
-    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         api.real_array_variant(&r.outputs().continuous)
     }
 }
@@ -420,7 +487,7 @@ mod set_values {
     use super::*;
     /// `set_values(on: bool) -> bool`: compute value estimates from the next tick on (off by default: a policy's
     /// separate critic is then not run at all).
-    pub fn body(r: &mut ScriptRunner, api: &Api, args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
         match arg(api, "set_values", args, 0, &[variant_type::BOOL]) {
             Ok(on) => {
                 // SAFETY: a typed live variant.
@@ -436,7 +503,7 @@ mod values {
     use super::*;
     /// `values() -> PoolRealArray`: the last tick's value estimates, one per id (empty without a value head, or
     /// with values off: `set_values`).
-    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         api.real_array_variant(&r.outputs().value)
     }
 }
@@ -444,7 +511,7 @@ mod values {
 mod info {
     use super::*;
     /// `info() -> Dictionary`: obs_len, action_len, mask_len, discrete, alive, tick, backend (empty before load).
-    pub fn body(r: &mut ScriptRunner, api: &Api, _args: &[&Variant]) -> Variant {
+    pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         let entries = match r.agents() {
             Some(a) => vec![
                 ("obs_len", api.int_variant(a.obs_len() as i64)),
@@ -454,6 +521,8 @@ mod info {
                 ("alive", api.int_variant(a.len() as i64)),
                 ("tick", api.int_variant(a.tick() as i64)),
                 ("backend", api.string_variant(&a.backend())),
+                // Whether tick() reads the ids' Array in place (gdnative::Api::probe_ints_in_place).
+                ("ids_in_place", api.bool_variant(api.ints_in_place())),
             ],
             None => vec![],
         };
