@@ -465,7 +465,7 @@ fi
 step "Godot 3 in a real engine (Debian's godot3-server 3.2, headless): the GDNative PolicyRunner (host/godot3) plays agents.c's episodes"
 # The scene is agents.c in GDScript on the same policy: every finished return must equal the C program's, and the
 # runner's refusals (wrong types, dead ids, short rows, bad mask bytes) are checked in the engine first.
-check "Godot 3.2 headless scene: 64 CartPoles through the GDNative PolicyRunner, returns equal to agents.c's, 9 refusals" \
+check "Godot 3.2 headless scene: 64 CartPoles through the GDNative PolicyRunner, returns equal to agents.c's, 11 refusals" \
   bash tests/scripts/godot3-test.sh
 
 step "C# binding under Mono (host/csharp: the C examples' CartPole loop and agents game again in C#, both routes)"
