@@ -1828,7 +1828,11 @@ mod tests {
     /// refusal.
     #[test]
     fn log_std_from_values_an_output_or_a_missing_initializer() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/pendulum");
+        // The manifest dir at run time (cargo test sets it): the compile-time one names the checkout that built
+        // this binary, which a shared target dir reuses from another checkout (CONTRIBUTING: "Freshness is by
+        // mtime, across checkouts"; this test failed so once that checkout was deleted).
+        let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+        let dir = format!("{root}/../../tests/fixtures/pendulum");
         let bytes = std::fs::read(format!("{dir}/policy.onnx")).unwrap();
         let json = std::fs::read_to_string(format!("{dir}/import.json")).unwrap();
         let with = |log_std: serde_json::Value| {
