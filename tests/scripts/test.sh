@@ -104,7 +104,7 @@ ensure_browser_deps
 echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
 ensure_wasm_target
-step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv and the fuzz targets' builds (log: background-installs.log)"
+step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv, the CPU browser bundles' and the fuzz targets' builds (log: background-installs.log)"
 # The main build keeps 2 cores busy only part of the time (a cold run used 1.3 cores on average: long single-crate
 # compiles and links), so installs that compile or download overlap it instead of running after it: ~4-6 min of a
 # cold run. Each has its own target dir (cargo install would otherwise wait on the build's lock); every piece is
@@ -114,12 +114,18 @@ bg_log="$CARGO_TARGET_DIR/background-installs.log"
 # core each cold) go in their own target dir, built here at low priority so the main build keeps the cores it uses;
 # the fuzz step at the end then only runs them.
 FUZZ_TARGET_DIR="$CARGO_TARGET_DIR/fuzz-builds"
+MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
 (
   set -e
   export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds"
   ensure_fuzz_tools
   ensure_wasm_bindgen
   ensure_py_venv
+  # The two CPU browser bundles' cargo builds (wasm32, their own profiles: no lock shared with the main build),
+  # niced, so the bundles stage after the main build finds them done; the WebGPU bundle stays there (it patches
+  # Cargo.lock while it resolves, which nothing else may do meanwhile).
+  echo "== the CPU browser bundles' cargo builds (nice 10; web-build.sh --prebuild-cpu)"
+  CARGO_TARGET_DIR="$MAIN_TARGET_DIR" nice -n 10 bash tests/scripts/web-build.sh --prebuild-cpu
   for d in guest/fuzz host/import/fuzz; do
     echo "== cargo fuzz build -O in $d (nice 10)"
     (cd "$d" && CARGO_TARGET_DIR="$FUZZ_TARGET_DIR" nice -n 10 cargo +nightly fuzz build -O)

@@ -4,11 +4,15 @@
 # gzipped each, enforced). Full: + burn-wgpu on WebGPU (goal <= 3 MB gzipped, enforced when this run built it;
 # POLICYPORT_WEB_CPU_ONLY=1 skips it). Installs wasm-bindgen-cli at exactly the crate's version (cached under
 # ~/.cache/policyport/tools) when it is missing.
+#
+# `--prebuild-cpu`: only the two CPU bundles' cargo builds (no wasm-bindgen, no wasm-opt), the same commands as
+# below, so a later full run finds them fresh: test.sh runs this in the background during its main build (niced),
+# where a cold run left most of a core idle, instead of after it.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 need_cargo
-ensure_wasm_bindgen
+[ "${1:-}" = --prebuild-cpu ] || ensure_wasm_bindgen
 ensure_wasm_target
-WB="$PP_WASM_BINDGEN"
+WB="${PP_WASM_BINDGEN:-}"
 WASM_DIR="$CARGO_TARGET_DIR/wasm32-unknown-unknown"
 # Dependencies' panic locations carry their source paths (~970 in the full bundle): under the machine's CARGO_HOME
 # they made the bundles' size depend on where the registry lives (the full bundle measured 1.9 KB gzipped bigger
@@ -18,15 +22,18 @@ REGISTRY_SRC="${CARGO_HOME:-$HOME/.cargo}/registry/src"
 REMAP="--remap-path-prefix=$REGISTRY_SRC=/crates"
 REMAP_CONFIG="target.wasm32-unknown-unknown.rustflags=[\"$REMAP\"]"
 
+cargo_cpu() {
+  cargo build --profile web -p policyport-web --target wasm32-unknown-unknown --config "$REMAP_CONFIG"
+}
+
 build_cpu() {
   echo "== CPU bundle (policyport-web, no features; SIMD128 from .cargo/config.toml)"
-  cargo build --profile web -p policyport-web --target wasm32-unknown-unknown --config "$REMAP_CONFIG"
+  cargo_cpu
   rm -rf web/pkg/cpu && "$WB" --target web --out-dir web/pkg/cpu "$WASM_DIR/web/policyport_web.wasm"
 }
 
-build_cpu_threads() {
+cargo_cpu_threads() {
   local a THREAD_LINK=""
-  echo "== CPU bundle with wasm threads (policyport-web built with +atomics, std rebuilt: -Z build-std)"
   # Shared memory needs std compiled with atomics, which rustup's wasm32 std is not: `-Z build-std` on the same
   # stable compiler as every other build (RUSTC_BOOTSTRAP=1 unlocks the -Z flags; a nightly would be a second
   # 300 MB toolchain and a different LLVM for the single- vs multi-threaded comparison). The link arguments make
@@ -41,6 +48,11 @@ build_cpu_threads() {
   RUSTC_BOOTSTRAP=1 \
     RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd,+atomics,+bulk-memory,+mutable-globals$THREAD_LINK $REMAP --remap-path-prefix=$(rustc --print sysroot)/lib/rustlib/src/rust=/rust-src" \
     cargo build -Z build-std=std,panic_abort --profile web-threads -p policyport-web --target wasm32-unknown-unknown
+}
+
+build_cpu_threads() {
+  echo "== CPU bundle with wasm threads (policyport-web built with +atomics, std rebuilt: -Z build-std)"
+  cargo_cpu_threads
   rm -rf web/pkg/cpu-threads
   "$WB" --target web --out-dir web/pkg/cpu-threads "$WASM_DIR/web-threads/policyport_web.wasm"
   # The profile keeps the name section (see Cargo.toml's web-threads): strip it after wasm-bindgen, with binaryen,
@@ -84,14 +96,28 @@ build_webgpu() {
 }
 
 optimise_webgpu() {
+  local flags key cache in=web/pkg/webgpu/policyport_web_bg.wasm
   echo "== wasm-opt -O2 on the full bundle (binaryen from web/node_modules)"
   # The producers and target_features custom sections (~280 bytes) are for linkers, not browsers: stripped, as
   # the threads bundle's are (the full bundle sat 52 bytes over its 3 MB goal on 2026-12-05 without this).
-  web/node_modules/.bin/wasm-opt -O2 --enable-simd --enable-relaxed-simd --enable-bulk-memory \
-    --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals --enable-multivalue \
-    --enable-reference-types --strip-debug --strip-producers --strip-target-features \
-    web/pkg/webgpu/policyport_web_bg.wasm -o web/pkg/webgpu/policyport_web_bg.opt.wasm
-  mv web/pkg/webgpu/policyport_web_bg.opt.wasm web/pkg/webgpu/policyport_web_bg.wasm
+  flags=(-O2 --enable-simd --enable-relaxed-simd --enable-bulk-memory --enable-nontrapping-float-to-int
+    --enable-sign-ext --enable-mutable-globals --enable-multivalue --enable-reference-types --strip-debug
+    --strip-producers --strip-target-features)
+  # ~2.5 min of one core whatever changed: kept by the hash of its input, flags and wasm-opt version, so a run
+  # whose bundle is byte for byte the last one's (a test run after a change outside guest/) reuses its output.
+  key=$({ sha256sum <"$in"; echo "${flags[*]}"; web/node_modules/.bin/wasm-opt --version; } | sha256sum | cut -c1-40)
+  cache="$CARGO_TARGET_DIR/wasm-opt-cache/$key.wasm"
+  if [ -f "$cache" ]; then
+    cp "$cache" "$in"
+    echo "(the same input, flags and wasm-opt as a run before: its output reused, $cache)"
+    return
+  fi
+  web/node_modules/.bin/wasm-opt "${flags[@]}" "$in" -o web/pkg/webgpu/policyport_web_bg.opt.wasm
+  mv web/pkg/webgpu/policyport_web_bg.opt.wasm "$in"
+  mkdir -p "$(dirname "$cache")"
+  # Only the newest few outputs (13 MB each) are kept.
+  find "$(dirname "$cache")" -name '*.wasm' -printf '%T@ %p\n' | sort -rn | tail -n +4 | cut -d' ' -f2- | xargs -r rm -f
+  cp "$in" "$cache.tmp" && mv "$cache.tmp" "$cache"
 }
 
 # Order and overlap (2026-12-06): the WebGPU build first (it patches Cargo.lock while it resolves, and restores it
@@ -99,6 +125,13 @@ optimise_webgpu() {
 # CPU bundles' builds (their own profile dirs, so no shared cargo lock; their fat-LTO links are one core each too).
 # Run one after another they kept a core idle for most of this stage. Each background build writes its own log,
 # printed when it is done.
+if [ "${1:-}" = --prebuild-cpu ]; then
+  ensure_rust_src
+  echo "== prebuilding the CPU bundles' cargo artifacts (web, web-threads profiles)"
+  cargo_cpu
+  cargo_cpu_threads
+  exit 0
+fi
 ensure_rust_src
 ensure_node
 ensure_node_modules
