@@ -326,3 +326,51 @@ fn bevy_an_action_holds_exactly_its_ticks_outputs_whatever_it_held() {
         assert_eq!(a.value, first[k].value, "agent {k}: its value again");
     }
 }
+
+/// Regression for the Act system's change mark on `PolicyportErrors`: it cleared the list every tick through
+/// `ResMut` (an empty list too), so a game's `resource_changed::<PolicyportErrors>` fired every tick. Now the
+/// resource changes on a tick whose list holds errors, and on the first clean tick after one, and not otherwise.
+#[test]
+fn bevy_the_errors_resource_changes_only_with_its_errors() {
+    #[derive(Resource, Default)]
+    struct Seen(Vec<bool>);
+    #[derive(Resource, Default)]
+    struct Shorten(bool);
+    let agents = Agents::new(
+        CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap(),
+        AgentsConfig::default(),
+    );
+    let mut app = scene_app(agents, 4, 100);
+    app.init_resource::<Seen>().init_resource::<Shorten>();
+    // A game system that cuts one cart's observation short while `Shorten` says so (the policy refuses that tick),
+    // and one that records whether the errors resource changed since it last ran, as a run condition would.
+    fn short(on: Res<Shorten>, mut q: Query<&mut Observation, With<cartpole::Cart>>) {
+        if let (true, Some(mut o)) = (on.0, q.iter_mut().next()) {
+            o.0.truncate(3);
+        }
+    }
+    fn record(errors: Res<PolicyportErrors>, mut seen: ResMut<Seen>) {
+        seen.0.push(errors.is_changed());
+    }
+    app.add_systems(
+        Update,
+        (
+            short
+                .after(cartpole::observe)
+                .in_set(PolicyportSet::Observe),
+            record.in_set(PolicyportSet::Apply),
+        ),
+    );
+    let script = [false, false, false, true, true, false, false, false];
+    for &cut in &script {
+        app.world_mut().resource_mut::<Shorten>().0 = cut;
+        app.update();
+        let n = app.world().resource::<PolicyportErrors>().0.len();
+        assert_eq!(n, usize::from(cut), "errors this tick");
+    }
+    // The first tick sees the resource as added; then: clean, clean, error, error, first clean, clean, clean.
+    assert_eq!(
+        app.world().resource::<Seen>().0,
+        [true, false, false, true, true, true, false, false]
+    );
+}

@@ -136,7 +136,9 @@ pub enum PolicyportSet {
     Apply,
 }
 
-/// What the last tick's act() refused, per policy (empty when every policy acted).
+/// What the last tick's act() refused, per policy (empty when every policy acted). For Bevy's change detection
+/// (`resource_changed::<PolicyportErrors>`, `Res::is_changed`) it changes on a tick that has errors and on the
+/// first clean tick after one, not on other clean ticks.
 #[derive(Resource, Debug, Default)]
 pub struct PolicyportErrors(pub Vec<(PolicyHandle, AgentsError)>);
 
@@ -425,6 +427,12 @@ fn act_system(
         Query<FreshRow<'_>>,
     )>,
 ) {
+    // The errors are written without Bevy's change mark (any `DerefMut`, a `clear()` of an empty list too, set
+    // it: a game's `resource_changed::<PolicyportErrors>` fired every tick), which is set at the end only where
+    // this tick's list differs from the last one's in being empty or not, or holds errors.
+    let had_errors = !errors.0.is_empty();
+    let errors_mark = &mut errors;
+    let errors = errors_mark.bypass_change_detection();
     errors.0.clear();
     for e in removed.read() {
         registered.release(e, &mut policies);
@@ -564,4 +572,7 @@ fn act_system(
             write_action(agent, action, row, &ticks);
         }
     });
+    if had_errors || !errors.0.is_empty() {
+        errors_mark.set_changed();
+    }
 }
