@@ -162,6 +162,12 @@ struct Slot {
 }
 
 impl Slot {
+    /// Whether `id` may stage a row in tick `t`: the slot is alive, of `id`'s generation, not staged yet.
+    #[inline(always)]
+    fn takes(&self, id: AgentId, t: u64) -> bool {
+        self.alive && self.generation == id.generation && self.staged(t) == 0
+    }
+
     /// Its row + 1 in the staging of tick `t` (0: not staged).
     #[inline(always)]
     fn staged(&self, t: u64) -> u32 {
@@ -478,13 +484,7 @@ impl Agents {
     pub fn observe(&mut self, id: AgentId, obs: &[f32]) -> Result<(), AgentsError> {
         let (slot, o) = (id.slot as usize, self.shape.obs_len);
         match self.slots.get(slot) {
-            Some(s)
-                if s.alive
-                    && s.generation == id.generation
-                    && s.staged(self.tick) == 0
-                    && obs.len() == o
-                    && !self.masked =>
-            {
+            Some(s) if s.takes(id, self.tick) && obs.len() == o && !self.masked => {
                 let start = s.start;
                 self.push_row(id, start, obs);
                 let tick = self.tick;
@@ -787,10 +787,11 @@ impl Agents {
         // ~25). `acted` is checked to hold exactly these ids there; `out` is untouched unless it does.
         let (k, n) = (self.shape.action_len, ids.len());
         let o = self.session.outputs();
+        let missing = || {
+            AgentsError::UnknownAgent(ids.first().copied().unwrap_or(AgentId::from_bits(u64::MAX)))
+        };
         if self.acted.get(base..base + n) != Some(ids) {
-            return Err(AgentsError::UnknownAgent(
-                ids.first().copied().unwrap_or(AgentId::from_bits(u64::MAX)),
-            ));
+            return Err(missing());
         }
         let rows = |len: usize, per_row: usize| {
             if len == 0 {
@@ -805,9 +806,7 @@ impl Agents {
             o.value.get(rows(o.value.len(), 1)),
         );
         let (Some(discrete), Some(continuous), Some(value)) = (discrete, continuous, value) else {
-            return Err(AgentsError::UnknownAgent(
-                ids.first().copied().unwrap_or(AgentId::from_bits(u64::MAX)),
-            ));
+            return Err(missing());
         };
         out.discrete.clear();
         out.discrete.extend_from_slice(discrete);
@@ -839,7 +838,7 @@ impl Agents {
         let (mut marked, mut any_start) = (0, false);
         for id in ids {
             match self.slots.get_mut(id.slot as usize) {
-                Some(s) if s.alive && s.generation == id.generation && s.staged(tick) == 0 => {
+                Some(s) if s.takes(*id, tick) => {
                     any_start |= s.start;
                     marked += 1;
                     s.set_staged(tick, (base + marked) as u32);

@@ -102,8 +102,8 @@ pub unsafe extern "C" fn godot_nativescript_init(handle: *mut c_void) {
     }
 }
 
-/// A `PolicyRunner` instance's user data: the engine-neutral runner, and the PoolIntArray `discrete_actions()`
-/// last answered.
+/// A `PolicyRunner` instance's user data: the engine-neutral runner, the ids' buffer `tick()` reads into (kept
+/// between ticks), and the PoolIntArray `discrete_actions()` last answered.
 ///
 /// Why keep that array: Godot's pool arrays are copy-on-write, so writing the next tick's actions into this one
 /// reallocates only while the game still holds the last answer; a game that dropped it (a local in
@@ -112,6 +112,7 @@ pub unsafe extern "C" fn godot_nativescript_init(handle: *mut c_void) {
 #[derive(Default)]
 struct Runner {
     script: ScriptRunner,
+    ids: Vec<i64>,
     actions: Option<gdnative::PoolIntArray>,
 }
 
@@ -365,13 +366,7 @@ mod respawn {
 
 /// `tick` and `tick_masked`: ids (an Array of ints), observations (a PoolRealArray or an Array of numbers) and,
 /// masked, one 0/1 byte per logit per id (a PoolByteArray).
-fn tick_with(
-    r: &mut ScriptRunner,
-    api: &Api,
-    args: &[&Variant],
-    name: &str,
-    masked: bool,
-) -> Variant {
+fn tick_with(r: &mut Runner, api: &Api, args: &[&Variant], name: &str, masked: bool) -> Variant {
     let ids_arg = match arg(
         api,
         name,
@@ -399,17 +394,13 @@ fn tick_with(
         Ok(v) => v,
         Err(e) => return refuse(r, e, api.bool_variant(false)),
     };
-    // The ids' buffer is kept between ticks (a thread's own: Godot may call from any thread).
-    thread_local! {
-        static IDS: std::cell::Cell<Vec<i64>> = const { std::cell::Cell::new(Vec::new()) };
-    }
-    let mut ids = IDS.take();
+    let mut ids = std::mem::take(&mut r.ids);
     let result = tick_ids(r, api, args, name, [ids_arg, obs_arg], masked, &mut ids);
-    IDS.set(ids);
+    r.ids = ids;
     result
 }
 
-/// [`tick_with`] past its first argument's type check, the ids read into `ids`.
+/// [`tick_with`] past its first argument's type check, the ids read into `ids` (the runner's buffer).
 fn tick_ids(
     r: &mut ScriptRunner,
     api: &Api,
@@ -468,7 +459,7 @@ mod discrete_actions {
     /// `discrete_actions() -> PoolIntArray`: the last tick's actions, `ids × action_len`.
     pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         // Discrete actions are indices below the policy's action count, far inside i32.
-        let Runner { script, actions } = r;
+        let Runner { script, actions, .. } = r;
         let held = actions.get_or_insert_with(|| api.pool_int_array(std::iter::empty()));
         api.write_pool_int_array(held, script.outputs().discrete.iter().map(|a| *a as i32));
         api.pool_int_array_variant(held)
