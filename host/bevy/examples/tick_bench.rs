@@ -1,6 +1,7 @@
 //! Per-tick cost of driving N agents through one policy (issue 35's benchmark; numbers, never a timed test):
 //! a bare `Session::act` of the batch, the agents layer (N observations staged by id, one act), and the Bevy
-//! plugin (the Act set of a headless app whose agents are entities), median µs per tick over ~0.3 s each, the
+//! plugin (the Act set of a headless app whose agents are entities, timed by a system on each side of it; less
+//! an empty pair of the same timing systems, the act system's own cost), median µs per tick over ~0.3 s each, the
 //! paths ticked in turn (so they share whatever the machine does meanwhile, and each runs after the others
 //! touched their memory, as a game's systems do).
 //!
@@ -13,6 +14,7 @@
 use std::time::Instant;
 
 use bevy_app::{App, Update};
+use bevy_ecs::component::Mutable;
 use bevy_ecs::prelude::*;
 use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_agents::{AgentId, Agents, AgentsConfig};
@@ -27,9 +29,50 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 #[derive(Component)]
 struct Source(Vec<f32>);
 
-/// The last tick's Act set in seconds, and when the running one started.
+/// A span of the schedule timed by two systems: the last tick's length in seconds, and when the running one
+/// started.
+#[derive(Default)]
+struct Span {
+    last: Option<f64>,
+    started: Option<Instant>,
+}
+
+/// The span around the Act set.
 #[derive(Resource, Default)]
-struct ActTimer(Option<f64>, Option<Instant>);
+struct ActSpan(Span);
+
+/// Two timing systems with nothing between them (after the Apply set): what the timing itself costs (the first
+/// system's return, the executor's step, the second one's parameter fetch and clock read), taken from the Act
+/// set's span to give the act system's own cost in the schedule.
+#[derive(Resource, Default)]
+struct EmptySpan(Span);
+
+trait SpanResource: Resource + Component<Mutability = Mutable> {
+    fn span(&mut self) -> &mut Span;
+}
+
+impl SpanResource for ActSpan {
+    fn span(&mut self) -> &mut Span {
+        &mut self.0
+    }
+}
+
+impl SpanResource for EmptySpan {
+    fn span(&mut self) -> &mut Span {
+        &mut self.0
+    }
+}
+
+fn span_start<R: SpanResource>(mut r: ResMut<R>) {
+    r.span().started = Some(Instant::now());
+}
+
+fn span_end<R: SpanResource>(mut r: ResMut<R>) {
+    let s = r.span();
+    if let Some(t) = s.started.take() {
+        s.last = Some(t.elapsed().as_secs_f64());
+    }
+}
 
 fn observe(mut q: Query<(&Source, &mut Observation)>) {
     for (s, mut o) in q.iter_mut() {
@@ -139,8 +182,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let t0 = Instant::now();
                     app.update();
                     let update = t0.elapsed().as_secs_f64();
-                    if let Some(act) = app.world_mut().resource_mut::<ActTimer>().0.take() {
+                    let act = app.world_mut().resource_mut::<ActSpan>().0.last.take();
+                    let empty = app.world_mut().resource_mut::<EmptySpan>().0.last.take();
+                    if let Some(act) = act {
                         out.push(("bevy_act_set", act));
+                    }
+                    if let (Some(act), Some(empty)) = (act, empty) {
+                        out.push(("bevy_timer_pair", empty));
+                        out.push(("bevy_act_system", act - empty));
                     }
                     out.push(("bevy_update", update));
                     if gap_us > 0 {
@@ -221,7 +270,8 @@ fn interleaved(budget: f64, paths: &mut [TickFn<'_>]) -> Vec<(&'static str, f64)
 }
 
 /// A headless Bevy app whose `n` entities' Observations are copied from a component each tick, with systems just
-/// before and after the Act set that time it (into [`ActTimer`]); the policy's act split over `threads`.
+/// before and after the Act set that time it (into [`ActSpan`]) and an empty pair of the same systems after the
+/// Apply set ([`EmptySpan`]); the policy's act split over `threads`.
 fn bevy_app(
     policy: &std::sync::Arc<CompiledPolicy>,
     obs: &[f32],
@@ -232,7 +282,7 @@ fn bevy_app(
     let obs_len = policy.info().obs_len;
     let mut app = App::new();
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    app.init_resource::<ActTimer>();
+    app.init_resource::<ActSpan>().init_resource::<EmptySpan>();
     let config = AgentsConfig {
         values,
         ..Default::default()
@@ -244,16 +294,15 @@ fn bevy_app(
         Update,
         (
             observe.in_set(PolicyportSet::Observe),
-            (|mut t: ResMut<ActTimer>| t.1 = Some(Instant::now()))
+            span_start::<ActSpan>
                 .after(PolicyportSet::Observe)
                 .before(PolicyportSet::Act),
-            (|mut t: ResMut<ActTimer>| {
-                if let Some(s) = t.1.take() {
-                    t.0 = Some(s.elapsed().as_secs_f64());
-                }
-            })
-            .after(PolicyportSet::Act)
-            .before(PolicyportSet::Apply),
+            span_end::<ActSpan>
+                .after(PolicyportSet::Act)
+                .before(PolicyportSet::Apply),
+            (span_start::<EmptySpan>, span_end::<EmptySpan>)
+                .chain()
+                .after(PolicyportSet::Apply),
         ),
     );
     for k in 0..n {

@@ -459,7 +459,11 @@ fn act_system(
         // costs a growth check and a stored length.
         rows.resize(q.iter().len(), 0);
         let mut i = 0;
-        q.iter().for_each(|(e, agent, obs, mask)| {
+        // A `for` loop, not `for_each`: Bevy's `QueryIter::fold` calls the closure per entity out of line (six
+        // registers saved and the captures reloaded each call); inline, the staging pass took 5.5 % of a
+        // 100-agent CartPole act against 6.1 % (timed inside the system, against the act in the same tick). The
+        // action pass below is the other way round (its `for_each` closure is small enough to inline).
+        for (e, agent, obs, mask) in q.iter() {
             // The common case inline (a registered agent, no respawn, no mask, nothing refused yet this tick):
             // `Agents::observe` alone; everything else, and an observation it refuses, out of line.
             let policy = agent.policy;
@@ -491,7 +495,7 @@ fn act_system(
                 *r = row;
             }
             i += 1;
-        });
+        }
     }
     for &e in respawned.iter() {
         if let Ok((mut agent, _, _)) = queries.p2().get_mut(e) {

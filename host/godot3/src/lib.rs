@@ -459,7 +459,9 @@ mod discrete_actions {
     /// `discrete_actions() -> PoolIntArray`: the last tick's actions, `ids × action_len`.
     pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
         // Discrete actions are indices below the policy's action count, far inside i32.
-        let Runner { script, actions, .. } = r;
+        let Runner {
+            script, actions, ..
+        } = r;
         let held = actions.get_or_insert_with(|| api.pool_int_array(std::iter::empty()));
         api.write_pool_int_array(held, script.outputs().discrete.iter().map(|a| *a as i32));
         api.pool_int_array_variant(held)
