@@ -22,6 +22,12 @@ REGISTRY_SRC="${CARGO_HOME:-$HOME/.cargo}/registry/src"
 REMAP="--remap-path-prefix=$REGISTRY_SRC=/crates"
 REMAP_CONFIG="target.wasm32-unknown-unknown.rustflags=[\"$REMAP\"]"
 
+# The committed Cargo.lock is in place again (or was never touched): tells a caller running this script in the
+# background (test.sh, through PP_WEB_LOCK_RESTORED=FILE) that its own cargo commands may resolve now.
+lock_restored() {
+  [ -z "${PP_WEB_LOCK_RESTORED:-}" ] || touch "$PP_WEB_LOCK_RESTORED"
+}
+
 cargo_cpu() {
   cargo build --profile web -p policyport-web --target wasm32-unknown-unknown --config "$REMAP_CONFIG"
 }
@@ -81,12 +87,25 @@ build_webgpu() {
     rm -rf "$PATCHED" && mkdir -p "$(dirname "$PATCHED")" && cp -r "$SRC" "$PATCHED"
     (cd "$PATCHED" && patch -s -p1 < "$PATCH") && cp "$PATCH" "$PATCHED/.patched"
   fi
-  cp Cargo.lock "$CARGO_TARGET_DIR/Cargo.lock.saved"
+  local saved="$CARGO_TARGET_DIR/Cargo.lock.saved" pid rc=0
+  cp Cargo.lock "$saved"
   trap 'cp "$CARGO_TARGET_DIR/Cargo.lock.saved" "$ROOT/Cargo.lock"' EXIT
   cargo build --profile web-gpu -p policyport-web --features webgpu --target wasm32-unknown-unknown \
     --config "patch.crates-io.cubecl-runtime.path=\"$PATCHED\"" --config "$REMAP_CONFIG" \
-    --config "target.wasm32-unknown-unknown.rustflags=[\"--remap-path-prefix=$PATCHED=/crates/cubecl-runtime-patched\"]"
-  cp "$CARGO_TARGET_DIR/Cargo.lock.saved" Cargo.lock
+    --config "target.wasm32-unknown-unknown.rustflags=[\"--remap-path-prefix=$PATCHED=/crates/cubecl-runtime-patched\"]" &
+  pid=$!
+  # Cargo writes the patched lockfile once, after resolving and before compiling, and never reads it again in this
+  # build: once it has changed (or cargo ended), the committed lockfile goes back at once, so a cargo started
+  # beside this script (test.sh runs its cargo test while this builds, after $PP_WEB_LOCK_RESTORED appears) never
+  # resolves against the patched one.
+  while kill -0 "$pid" 2>/dev/null && cmp -s Cargo.lock "$saved"; do sleep 0.2; done
+  sleep 1
+  cp "$saved" Cargo.lock
+  # No second copy at exit: `cp` truncates before it writes, and another cargo may be reading the lockfile by then.
+  trap - EXIT
+  lock_restored
+  wait "$pid" || rc=$?
+  [ "$rc" = 0 ] || { echo "web-build.sh: the WebGPU bundle's cargo build failed ($rc)" >&2; return "$rc"; }
   rm -rf web/pkg/webgpu && "$WB" --target web --out-dir web/pkg/webgpu "$WASM_DIR/web-gpu/policyport_web.wasm"
   # binaryen's wasm-opt (npm package `binaryen`, pinned in web/package-lock.json) on the full bundle: -O2 (speed
   # first; -Oz saved only 0.5-1 % more and made the bundle's cpu act() 17-30 % slower) took it from 24.2 MB /
@@ -140,6 +159,7 @@ if [ "${POLICYPORT_WEB_CPU_ONLY:-0}" != 1 ]; then
   webgpu=1
   build_webgpu
 fi
+lock_restored
 cpu_log="$CARGO_TARGET_DIR/web-build-cpu.log"
 threads_log="$CARGO_TARGET_DIR/web-build-cpu-threads.log"
 (set -e; build_cpu) >"$cpu_log" 2>&1 &
