@@ -32,21 +32,42 @@ PP_T0="${PP_T0:-$(date +%s)}"
 export PP_T0
 PP_STEPS=()
 PP_STEP_T=()
+PP_STEP_CPU=()
+# cpu_busy_cs: the whole machine's busy CPU time so far, in centiseconds (/proc/stat's first line: user, nice,
+# system, irq, softirq and steal ticks; USER_HZ is 100 on Linux), or nothing where there is no /proc/stat.
+cpu_busy_cs() {
+  [ -r /proc/stat ] || return 0
+  awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
 step() {
   echo
   echo "== $* [+$(( $(date +%s) - PP_T0 )) s]"
   PP_STEPS+=("$*")
   PP_STEP_T+=("$(date +%s)")
+  PP_STEP_CPU+=("$(cpu_busy_cs)")
 }
-# step_times: each step's wall time, measured (a step lasts until the next one starts, the last until now).
+# step_times: each step's wall time, measured (a step lasts until the next one starts, the last until now), and
+# the CPU time the whole machine spent meanwhile (background jobs included: it says which stages are bound by the
+# cores, whose work only less compiling or testing shortens, and which leave them idle, where overlapping helps).
 step_times() {
-  local i n=${#PP_STEPS[@]} now end
+  local i n=${#PP_STEPS[@]} now end cpu_now cpu_end cpu
   now=$(date +%s)
-  echo "time per stage:"
+  cpu_now=$(cpu_busy_cs)
+  echo "time per stage (wall; the machine's CPU seconds meanwhile, background jobs included, and cores busy on average):"
   for ((i = 0; i < n; i++)); do
     end=${PP_STEP_T[i + 1]:-$now}
-    printf '%6d s  %s\n' $((end - PP_STEP_T[i])) "${PP_STEPS[i]:0:110}"
+    cpu_end=${PP_STEP_CPU[i + 1]:-$cpu_now}
+    if [ -n "${PP_STEP_CPU[i]}" ] && [ -n "$cpu_end" ]; then
+      cpu=$(( (cpu_end - PP_STEP_CPU[i]) / 100 ))
+      printf '%6d s  %6d cpu-s  %4s cores  %s\n' $((end - PP_STEP_T[i])) "$cpu" \
+        "$(awk -v c="$cpu" -v w=$((end - PP_STEP_T[i])) 'BEGIN { printf (w > 0 ? "%.1f" : "-"), (w > 0 ? c / w : 0) }')" \
+        "${PP_STEPS[i]:0:100}"
+    else
+      printf '%6d s  %s\n' $((end - PP_STEP_T[i])) "${PP_STEPS[i]:0:110}"
+    fi
   done
+  [ -z "${PP_STEP_CPU[0]:-}" ] || [ -z "$cpu_now" ] ||
+    echo "  all stages: $(( (cpu_now - PP_STEP_CPU[0]) / 100 )) cpu-s over $((now - PP_STEP_T[0])) s on $(nproc) cores"
 }
 
 # Build and run against the venv's libtorch (the `tch` feature): torch-sys finds torch through the venv's python,
