@@ -224,6 +224,10 @@ done
 # Every unsafe block, impl and fn in the library code says why it is sound (the workspace's clippy lints ask the
 # same; this check needs no compile, where a clippy pass over the full graph would add minutes to a cold run).
 check "every unsafe has its SAFETY reason (tests/scripts/unsafe_audit.py)" python3 tests/scripts/unsafe_audit.py
+# rustfmt over the workspace, no compile (~1 s): unformatted code had landed in host/godot3 with every test green
+# (found 2026-12-07). rustfmt is in rustup's default profile; added where a minimal one left it out.
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+check "the workspace is rustfmt-formatted (cargo fmt --all --check)" cargo fmt --all --check
 
 # The aarch64 runtime's build and unit tests (under qemu) start here, in the background: the CLI stage below runs
 # one process at a time (the vmstat of a warm run: a core ~47 % idle through it), the aarch64 build is a cargo graph
