@@ -14,7 +14,6 @@
 use std::time::Instant;
 
 use bevy_app::{App, Update};
-use bevy_ecs::component::Mutable;
 use bevy_ecs::prelude::*;
 use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
 use policyport_agents::{AgentId, Agents, AgentsConfig};
@@ -30,45 +29,37 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 struct Source(Vec<f32>);
 
 /// A span of the schedule timed by two systems: the last tick's length in seconds, and when the running one
-/// started.
-#[derive(Default)]
-struct Span {
+/// started. `M` names the span: [`ActSet`] or [`EmptyPair`].
+#[derive(Resource)]
+struct Span<M: Send + Sync + 'static> {
     last: Option<f64>,
     started: Option<Instant>,
+    _span: std::marker::PhantomData<M>,
+}
+
+impl<M: Send + Sync + 'static> Default for Span<M> {
+    fn default() -> Self {
+        Span {
+            last: None,
+            started: None,
+            _span: std::marker::PhantomData,
+        }
+    }
 }
 
 /// The span around the Act set.
-#[derive(Resource, Default)]
-struct ActSpan(Span);
+struct ActSet;
 
 /// Two timing systems with nothing between them (after the Apply set): what the timing itself costs (the first
 /// system's return, the executor's step, the second one's parameter fetch and clock read), taken from the Act
 /// set's span to give the act system's own cost in the schedule.
-#[derive(Resource, Default)]
-struct EmptySpan(Span);
+struct EmptyPair;
 
-trait SpanResource: Resource + Component<Mutability = Mutable> {
-    fn span(&mut self) -> &mut Span;
+fn span_start<M: Send + Sync + 'static>(mut s: ResMut<Span<M>>) {
+    s.started = Some(Instant::now());
 }
 
-impl SpanResource for ActSpan {
-    fn span(&mut self) -> &mut Span {
-        &mut self.0
-    }
-}
-
-impl SpanResource for EmptySpan {
-    fn span(&mut self) -> &mut Span {
-        &mut self.0
-    }
-}
-
-fn span_start<R: SpanResource>(mut r: ResMut<R>) {
-    r.span().started = Some(Instant::now());
-}
-
-fn span_end<R: SpanResource>(mut r: ResMut<R>) {
-    let s = r.span();
+fn span_end<M: Send + Sync + 'static>(mut s: ResMut<Span<M>>) {
     if let Some(t) = s.started.take() {
         s.last = Some(t.elapsed().as_secs_f64());
     }
@@ -182,8 +173,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let t0 = Instant::now();
                     app.update();
                     let update = t0.elapsed().as_secs_f64();
-                    let act = app.world_mut().resource_mut::<ActSpan>().0.last.take();
-                    let empty = app.world_mut().resource_mut::<EmptySpan>().0.last.take();
+                    let act = app.world_mut().resource_mut::<Span<ActSet>>().last.take();
+                    let empty = app
+                        .world_mut()
+                        .resource_mut::<Span<EmptyPair>>()
+                        .last
+                        .take();
                     if let Some(act) = act {
                         out.push(("bevy_act_set", act));
                     }
@@ -270,8 +265,8 @@ fn interleaved(budget: f64, paths: &mut [TickFn<'_>]) -> Vec<(&'static str, f64)
 }
 
 /// A headless Bevy app whose `n` entities' Observations are copied from a component each tick, with systems just
-/// before and after the Act set that time it (into [`ActSpan`]) and an empty pair of the same systems after the
-/// Apply set ([`EmptySpan`]); the policy's act split over `threads`.
+/// before and after the Act set that time it (into `Span<ActSet>`) and an empty pair of the same systems after the
+/// Apply set (`Span<EmptyPair>`); the policy's act split over `threads`.
 fn bevy_app(
     policy: &std::sync::Arc<CompiledPolicy>,
     obs: &[f32],
@@ -282,7 +277,8 @@ fn bevy_app(
     let obs_len = policy.info().obs_len;
     let mut app = App::new();
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    app.init_resource::<ActSpan>().init_resource::<EmptySpan>();
+    app.init_resource::<Span<ActSet>>()
+        .init_resource::<Span<EmptyPair>>();
     let config = AgentsConfig {
         values,
         ..Default::default()
@@ -294,13 +290,13 @@ fn bevy_app(
         Update,
         (
             observe.in_set(PolicyportSet::Observe),
-            span_start::<ActSpan>
+            span_start::<ActSet>
                 .after(PolicyportSet::Observe)
                 .before(PolicyportSet::Act),
-            span_end::<ActSpan>
+            span_end::<ActSet>
                 .after(PolicyportSet::Act)
                 .before(PolicyportSet::Apply),
-            (span_start::<EmptySpan>, span_end::<EmptySpan>)
+            (span_start::<EmptyPair>, span_end::<EmptyPair>)
                 .chain()
                 .after(PolicyportSet::Apply),
         ),
