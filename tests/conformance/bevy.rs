@@ -374,3 +374,66 @@ fn bevy_the_errors_resource_changes_only_with_its_errors() {
         [true, false, false, true, true, true, false, false]
     );
 }
+
+/// Regression for `Agent`'s derived `Clone`: a clone (Bevy's `clone_and_spawn`, a game's prefab) carried the
+/// original's agent id, so two entities staged the same id — the second observe was refused as a double
+/// observation, and with it the whole policy's tick, every tick; once the original was despawned, its id (still
+/// held by the clone) was released and the clone's stale id refused every tick after. A clone is a new agent now.
+#[test]
+fn bevy_a_cloned_agent_entity_is_a_new_agent_with_its_own_id() {
+    use policyport_bevy::{Action, Agent};
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let h = app.world_mut().resource_mut::<Policies>().add(Agents::new(
+        policy,
+        AgentsConfig {
+            deterministic: true,
+            ..Default::default()
+        },
+    ));
+    let obs = vec![0.01f32, 0.0, -0.02, 0.1];
+    let a = app
+        .world_mut()
+        .spawn((Agent::new(h), Observation(obs.clone())))
+        .id();
+    app.update();
+    let id_a = app.world().get::<Agent>(a).unwrap().id();
+    assert!(id_a.is_some());
+    // Bevy's own entity cloning (every Clone component), and a game cloning the component by hand.
+    let b = app.world_mut().entity_mut(a).clone_and_spawn();
+    let agent = app.world().get::<Agent>(a).unwrap().clone();
+    assert_eq!(
+        agent.id(),
+        None,
+        "a clone holds no id before its first tick"
+    );
+    let c = app.world_mut().spawn((agent, Observation(obs))).id();
+    for tick in 2..=3u64 {
+        app.update();
+        assert!(
+            app.world().resource::<PolicyportErrors>().0.is_empty(),
+            "tick {tick}: {:?}",
+            app.world().resource::<PolicyportErrors>().0
+        );
+        let ids: Vec<_> = [a, b, c]
+            .iter()
+            .map(|e| app.world().get::<Agent>(*e).unwrap().id().unwrap())
+            .collect();
+        assert!(
+            ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+            "{ids:?}"
+        );
+        assert_eq!(ids[0], id_a.unwrap(), "the original keeps its id");
+        for e in [a, b, c] {
+            assert_eq!(app.world().get::<Action>(e).unwrap().tick, tick);
+        }
+    }
+    // The original leaves; the clones act on.
+    app.world_mut().despawn(a);
+    app.update();
+    assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    for e in [b, c] {
+        assert_eq!(app.world().get::<Action>(e).unwrap().tick, 4);
+    }
+}

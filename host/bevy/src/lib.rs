@@ -79,7 +79,7 @@ impl Policies {
 }
 
 /// An entity that acts through a policy.
-#[derive(Component, Debug, Clone)]
+#[derive(Component, Debug)]
 #[require(Action)]
 pub struct Agent {
     pub policy: PolicyHandle,
@@ -104,6 +104,19 @@ impl Agent {
     /// The agent's id in its policy's agents (after its first tick).
     pub fn id(&self) -> Option<AgentId> {
         self.id
+    }
+}
+
+/// A clone is a new agent: it keeps the policy and the episode-start flag, not the id, which stays the original
+/// entity's (two entities staging one id would have the policy refuse the tick for all of its agents). Bevy's
+/// entity cloning (`clone_and_spawn`, a scene's prefab) goes through this; the clone gets its own id, and a new
+/// episode, at its first tick.
+impl Clone for Agent {
+    fn clone(&self) -> Self {
+        Agent {
+            episode_start: self.episode_start,
+            ..Agent::new(self.policy)
+        }
     }
 }
 
