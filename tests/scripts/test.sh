@@ -104,14 +104,15 @@ ensure_browser_deps
 echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
 ensure_wasm_target
-step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv, the CPU browser bundles' builds (log: background-installs.log)"
+step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv, the CPU browser bundles' and the fuzz targets' builds (log: background-installs.log)"
 # The main build keeps 2 cores busy only part of the time (a cold run used 1.3 cores on average: long single-crate
 # compiles and links), so installs that compile or download overlap it instead of running after it: ~4-6 min of a
 # cold run. Each has its own target dir (cargo install would otherwise wait on the build's lock); every piece is
 # idempotent and is asked for again where it is used, so a failure here is retried (and reported) there.
 bg_log="$CARGO_TARGET_DIR/background-installs.log"
-# The fuzz targets' own builds (nightly, AddressSanitizer) go in their own target dir; they start in the background
-# at the aarch64 stage (below), and the fuzz step at the end then only runs them.
+# The fuzz targets' own builds (nightly, AddressSanitizer; the runtime's and the importer's crates, ~2 min of one
+# core each cold) go in their own target dir, built here at low priority so the main build keeps the cores it uses;
+# the fuzz step at the end then only runs them.
 FUZZ_TARGET_DIR="$CARGO_TARGET_DIR/fuzz-builds"
 MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
 (
@@ -125,6 +126,10 @@ MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
   # Cargo.lock while it resolves, which nothing else may do meanwhile).
   echo "== the CPU browser bundles' cargo builds (nice 10; web-build.sh --prebuild-cpu)"
   CARGO_TARGET_DIR="$MAIN_TARGET_DIR" nice -n 10 bash tests/scripts/web-build.sh --prebuild-cpu
+  for d in guest/fuzz host/import/fuzz; do
+    echo "== cargo fuzz build -O in $d (nice 10)"
+    (cd "$d" && CARGO_TARGET_DIR="$FUZZ_TARGET_DIR" nice -n 10 cargo +nightly fuzz build -O)
+  done
 ) >"$bg_log" 2>&1 &
 bg_pid=$!
 
@@ -375,21 +380,6 @@ step "aarch64 under qemu-user: the NEON kernels (runtime unit tests, every fixtu
 # the SB3, CleanRL and RLlib ones the x86 CLI wrote above too) and runs the demo's trained policies. ~2 min cold.
 # Built (and its unit tests run) in the background since the CLI stage began: its log, then its counts.
 wait "$a64_pid" || true
-# The fuzz targets' builds (nightly, AddressSanitizer: the runtime's and the importer's crates and the targets, ~3
-# min of a core in a fresh clone, more cold) run niced in the background from here until the fuzz stage, which
-# waits for them: this stage (qemu runs one process), the browser suite and the Python tests leave a core partly
-# idle (1.0, 1.5 and 1.3 cores busy in a warm run), where beside the main build, with both cores busy, they had the
-# run wait ~150 s for them after it (2026-12-07, warm fresh clone). Their own target dir: no cargo lock shared with
-# anything that runs meanwhile. A failed build is retried, and reported, by the fuzz stage.
-fuzz_build_log="$CARGO_TARGET_DIR/fuzz-builds.log"
-(
-  CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds" ensure_fuzz_tools || exit 0
-  for d in guest/fuzz host/import/fuzz; do
-    echo "== cargo fuzz build -O in $d (nice 10)"
-    (cd "$d" && CARGO_TARGET_DIR="$FUZZ_TARGET_DIR" nice -n 10 cargo +nightly fuzz build -O)
-  done
-) >"$fuzz_build_log" 2>&1 &
-fuzz_build_pid=$!
 cat "$a64_log" "$a64_test_log" 2>/dev/null || true
 read -r a64_state a64_test_rc a64_build_rc <"$a64_rc" 2>/dev/null || a64_state=missing
 if [ "$a64_state" != ok ]; then
@@ -667,9 +657,6 @@ fuzz_importer() {
     "pickle_graph cargo +nightly fuzz run -O pickle_graph '$corpus/pickle_graph' -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10" \
     "trainer_files cargo +nightly fuzz run -O trainer_files '$corpus/trainer_files' -- -max_total_time=$((fuzz_s - 10)) -rss_limit_mb=2048 -timeout=10 -max_len=1100000"
 }
-# Their builds, started at the aarch64 stage, first (two cargo commands must not share FUZZ_TARGET_DIR's lock).
-wait "$fuzz_build_pid" || true
-grep '^== ' "$fuzz_build_log" || true
 if ensure_fuzz_tools; then
   check "cargo fuzz: load_act, act, differential and artifact (guest/fuzz)" fuzz_runtime
   check "cargo fuzz: pickle_graph (structure-aware pickles) and trainer_files (host/import/fuzz)" fuzz_importer
