@@ -210,10 +210,11 @@ per_backend!(eight_threads_share_one_compiled_policy);
 /// (200 rows: parts of 48, 48, 48, 48 and 8 that the 3 threads take in turn, in whatever order they get to
 /// them); warm threaded act() allocates nothing. (Which backends take more than one thread: the test after this one.)
 ///
-/// The pixel fixtures (a row of 1 024 numbers or more: Catch, NatureCNN, IMPALA) split at 17 and 26 rows only, and
-/// check allocations over fewer rows and steps: how rows are cut into parts does not depend on the model (at least
-/// 8 rows a part, whole 12-row tiles from 96 rows on: the MLPs cover those sizes and `pool.rs` the cutting itself),
-/// and IMPALA alone at 200 rows took 40 of this test's 59 s on the portable kernels' rerun (2026-12-07, Zen 3).
+/// The large pixel fixtures (a row of 1 024 numbers or more: NatureCNN, IMPALA; Catch's 768 keep every size) split
+/// at 17 and 26 rows only, and check allocations over fewer rows and steps: how rows are cut into parts does not
+/// depend on the model (at least 8 rows a part, whole 12-row tiles from 96 rows on: the MLPs cover those sizes and
+/// `pool.rs` the cutting itself), and IMPALA alone at 200 rows took 40 of this test's 59 s on the portable kernels'
+/// rerun (2026-12-07, Zen 3).
 #[test]
 fn intra_op_threads_give_the_single_thread_answers() {
     for name in fixture_names() {
