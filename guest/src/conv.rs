@@ -150,6 +150,32 @@ impl Conv2d {
         (p * (self.c / g) * self.k[0] * self.k[1], p * (self.o / g))
     }
 
+    /// Floats of the patch and result buffers [`run`](Self::run) uses at most, whatever the batch: the executor
+    /// reserves them before a threaded act, so a thread's first large part does not grow them mid-call. Why it
+    /// matters: the threads take parts of varying size (a late worker leaves the caller bigger ones), and the
+    /// channels-first chunk below once sized `result` by the part, so a warm threaded act allocated whenever a
+    /// part came bigger than any before (caught by `parity::intra_op_threads_give_the_single_thread_answers` on
+    /// `dict_obs`, 1 allocation in 5 of 12 loaded runs).
+    pub(crate) fn scratch_max(&self) -> (usize, usize) {
+        let (plen, rlen) = self.scratch_len();
+        if self.reads_in_place() {
+            if self.out_nhwc {
+                (0, 0)
+            } else {
+                (0, self.chunk_envs_max() * self.oh * self.ow * self.o)
+            }
+        } else {
+            (plen, if self.out_nhwc { 0 } else { rlen })
+        }
+    }
+
+    /// Envs per channels-first chunk on the in-place path: as many as one env's patches and result would hold
+    /// (the scratch the memory estimate counts, validate.rs), at least one.
+    fn chunk_envs_max(&self) -> usize {
+        let (plen, rlen) = self.scratch_len();
+        ((plen + rlen) / (self.oh * self.ow * self.o).max(1)).max(1)
+    }
+
     pub(crate) fn run(
         &self,
         x: &[f32],
@@ -191,9 +217,12 @@ impl Conv2d {
             // buffer within the scratch the memory estimate counts for a convolution (validate.rs: one env's
             // patches and result; the patch buffer itself is not used on this path).
             let env_out = p * self.o;
-            let chunk = ((plen + rlen) / env_out).clamp(1, batch.max(1));
-            if result.len() < chunk * env_out {
-                result.resize(chunk * env_out, 0.0);
+            let chunk_max = self.chunk_envs_max();
+            let chunk = chunk_max.min(batch.max(1));
+            // Sized for the largest chunk, not this batch's (see `scratch_max`): a smaller part first must not
+            // leave a later, larger one to grow it.
+            if result.len() < chunk_max * env_out {
+                result.resize(chunk_max * env_out, 0.0);
             }
             let mut b0 = 0;
             while b0 < batch {
@@ -611,6 +640,73 @@ mod tests {
                                 "{isa:?} {layout:?} case {ci} env {bi} element {i}: {g} vs {w}"
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Regression (a warm threaded act allocated on `dict_obs`: a thread's one-env part sized the channels-first
+    /// chunk buffer, a later larger part grew it): the first run sizes the buffers for every batch, within
+    /// [`Conv2d::scratch_max`] (what the executor reserves), on either path (im2col; read in place, channels-first
+    /// chunks).
+    #[test]
+    fn scratch_max_covers_every_batch() {
+        for isa in kernels::available() {
+            for (ci, (input, ws, stride)) in [
+                (
+                    [3usize, 30usize, 30usize],
+                    [40usize, 3usize, 4usize, 4usize],
+                    [2usize, 2usize],
+                ),
+                ([2, 11, 11], [24, 2, 3, 3], [3, 4]),
+                ([16, 5, 5], [32, 16, 1, 1], [1, 1]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let oh = (input[1] - ws[2]) / stride[0] + 1;
+                let ow = (input[2] - ws[3]) / stride[1] + 1;
+                let wt = lcg(ws.iter().product(), 7 + ci as u32);
+                let b = lcg(ws[0], 8 + ci as u32);
+                for layout in [
+                    ConvInput::ChannelsFirst,
+                    ConvInput::ChannelsLast {
+                        scale: 1.0,
+                        shift: 0.0,
+                    },
+                ] {
+                    let conv = Conv2d::new(
+                        isa,
+                        &wt,
+                        &ws,
+                        Some(&b),
+                        &input,
+                        &[ws[0], oh, ow],
+                        stride,
+                        [0; 4],
+                        [1, 1],
+                        1,
+                        layout,
+                    );
+                    // From empty buffers: the first run (one env) sizes them for every batch after it, within
+                    // `scratch_max`; later, larger runs move nothing.
+                    let (sp, sr) = conv.scratch_max();
+                    let (mut p, mut r) = (vec![], vec![]);
+                    let mut first = None;
+                    let n_in: usize = input.iter().product();
+                    for batch in [1, 2, 9, 3, 40] {
+                        let x = lcg(batch * n_in, 9);
+                        let mut y = vec![0.0; batch * ws[0] * oh * ow];
+                        conv.run(&x, &mut y, batch, Act::Relu, &mut p, &mut r);
+                        let now = (p.len(), r.len(), p.as_ptr(), r.as_ptr());
+                        assert!(
+                            now.0 <= sp && now.1 <= sr && *first.get_or_insert(now) == now,
+                            "{isa:?} {layout:?} case {ci} batch {batch}: buffers ({}, {}) after {first:?}, \
+                             scratch_max ({sp}, {sr})",
+                            now.0,
+                            now.1
+                        );
                     }
                 }
             }

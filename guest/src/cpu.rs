@@ -145,6 +145,8 @@ pub(crate) struct CpuExecutor {
     slot_numel: Vec<usize>,
     /// The widest `DenseSplit` joint row (`n1 + n2`), 0 without one: the split scratch per row.
     split_width: usize,
+    /// The largest patch and result buffers a convolution uses ([`crate::conv::Conv2d::scratch_max`]), any batch.
+    conv_scratch: (usize, usize),
     obs_slot: usize,
     state_slots: Vec<(usize, usize)>,
     state_sizes: Vec<usize>,
@@ -447,6 +449,14 @@ impl CpuExecutor {
             })
             .max()
             .unwrap_or(0);
+        // The convolutions' patch and result buffers at their largest, whatever the batch (after precision and
+        // lending, which decide each one's path): reserved with the activations, so no part grows them.
+        let conv_scratch = every_instr(&mut instrs, &mut without_value)
+            .filter_map(|i| match i {
+                Instr::Conv { conv, .. } => Some(conv.scratch_max()),
+                _ => None,
+            })
+            .fold((0, 0), |(p, r), (cp, cr)| (p.max(cp), r.max(cr)));
         // The widest joint row of a DenseSplit (its scratch per row), found once here, not per act().
         let split_width = instrs
             .iter()
@@ -463,6 +473,7 @@ impl CpuExecutor {
             bf16_bytes_per_row,
             isa,
             split_width,
+            conv_scratch,
             instrs,
             without_value,
             value_readback,
@@ -494,6 +505,13 @@ impl CpuExecutor {
         let split = rows.saturating_mul(self.split_width);
         if b.split.len() < split {
             try_resize(&mut b.split, split, 0.0, "the policy's activations")?;
+        }
+        let (patches, result) = self.conv_scratch;
+        if b.patches.len() < patches {
+            try_resize(&mut b.patches, patches, 0.0, "a convolution's patches")?;
+        }
+        if b.result.len() < result {
+            try_resize(&mut b.result, result, 0.0, "a convolution's patches")?;
         }
         Ok(())
     }

@@ -138,14 +138,29 @@ pub mod alloc_count {
 
     thread_local! {
         static COUNT: Cell<usize> = const { Cell::new(0) };
+        /// Inside [`allocations_in`] with `POLICYPORT_TRACE_ALLOCS` set: print where each allocation came from.
+        static TRACE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The backtrace of an allocation made while tracing (the capture allocates too: tracing is off meanwhile).
+    fn trace() {
+        if TRACE.with(|t| t.replace(false)) {
+            eprintln!(
+                "allocation on a thread that should not allocate:\n{}",
+                std::backtrace::Backtrace::force_capture()
+            );
+            TRACE.with(|t| t.set(true));
+        }
     }
 
     pub struct Counting;
 
-    // SAFETY: forwards to the system allocator; only adds a thread-local counter.
+    // SAFETY: forwards to the system allocator; only adds a thread-local counter (and, when tracing, a backtrace
+    // printed with tracing off, so it does not recurse).
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             COUNT.with(|c| c.set(c.get() + 1));
+            trace();
             unsafe { System.alloc(layout) }
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -153,15 +168,22 @@ pub mod alloc_count {
         }
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
             COUNT.with(|c| c.set(c.get() + 1));
+            trace();
             unsafe { System.realloc(ptr, layout, new_size) }
         }
     }
 
+    /// Allocations `f` made on this thread. With `POLICYPORT_TRACE_ALLOCS=1` each one's backtrace goes to stderr:
+    /// how the threaded act()'s one allocation in a loaded run was found (a convolution's chunk buffer).
+    pub fn allocations_in(f: impl FnOnce()) -> usize {
+        let tracing = std::env::var_os("POLICYPORT_TRACE_ALLOCS").is_some_and(|v| v == "1");
+        let before = COUNT.with(|c| c.get());
+        TRACE.with(|t| t.set(tracing));
+        f();
+        TRACE.with(|t| t.set(false));
+        COUNT.with(|c| c.get()) - before
+    }
+
     #[global_allocator]
     static GLOBAL: Counting = Counting;
-
-    /// Allocations made by this thread so far.
-    pub fn count() -> usize {
-        COUNT.with(|c| c.get())
-    }
 }

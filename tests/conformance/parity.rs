@@ -138,12 +138,12 @@ fn warm_cpu_act_does_not_allocate() {
             let mode = |step| ActMode::Sample { seed: 5, step };
             p.act(&Request::new(Observations::F32(&obs), batch, mode(0)))
                 .unwrap();
-            let before = crate::alloc_count::count();
-            for step in 1..50 {
-                p.act(&Request::new(Observations::F32(&obs), batch, mode(step)))
-                    .unwrap();
-            }
-            let allocs = crate::alloc_count::count() - before;
+            let allocs = crate::alloc_count::allocations_in(|| {
+                for step in 1..50 {
+                    p.act(&Request::new(Observations::F32(&obs), batch, mode(step)))
+                        .unwrap();
+                }
+            });
             assert_eq!(
                 allocs, 0,
                 "{name} batch {batch}: {allocs} allocations in 49 warm act() calls"
@@ -263,14 +263,14 @@ fn intra_op_threads_give_the_single_thread_answers() {
             )
         };
         many.act(&req(0)).unwrap();
-        let before = crate::alloc_count::count();
-        for step in 1..steps {
-            many.act(&req(step)).unwrap();
-        }
+        let allocs = crate::alloc_count::allocations_in(|| {
+            for step in 1..steps {
+                many.act(&req(step)).unwrap();
+            }
+        });
         assert_eq!(
-            crate::alloc_count::count() - before,
-            0,
-            "{name}: threaded act() allocated"
+            allocs, 0,
+            "{name}: threaded act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
         );
         many.set_threads(1).unwrap();
         assert_eq!(many.threads(), 1);
