@@ -833,8 +833,21 @@ impl Executor for CpuExecutor {
         }
         let main = Mutex::new(&mut s.main);
         let out = RowsPtr(rows.as_mut_ptr());
+        // Each thread's bf16 input buffer is a thread-local of dense_bf16.rs, sized for the largest part at once
+        // (a no-op once it is; see `dense_bf16::reserve_input`): the caller's here, before any part (a caller whose
+        // warm-up parts all went to workers would otherwise grow its own in a later act), a worker's at each part
+        // it takes. (A worker that took no part yet still grows its own at its first: once, on that thread, not
+        // the caller's; the buffer belongs in `Bufs`, reserved with the rest, once the dense kernels take their
+        // scratch from the executor.)
+        let bf16_bytes = (per as u64).saturating_mul(self.bf16_bytes_per_row);
+        if bf16_bytes > 0 {
+            crate::dense_bf16::reserve_input(bf16_bytes);
+        }
         pool.run(split, &|thread, part| {
             let (r0, r1) = (part.start, part.end);
+            if bf16_bytes > 0 && thread > 0 {
+                crate::dense_bf16::reserve_input(bf16_bytes);
+            }
             // SAFETY: `rows` holds `batch x width` numbers and outlives the job (`pool.run` returns after every
             // part); the parts' row ranges are disjoint.
             let out = unsafe { out.slice(r0 * width, (r1 - r0) * width) };

@@ -156,6 +156,28 @@ thread_local! {
     static INPUT_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Grow this thread's rounded-input buffer to what `bytes` of bf16 pairs need (twice that for [`DotBy::Fma`],
+/// which widens each value back to 32 bits), so that no later part of a batch up to that size grows it. Why: the
+/// intra-op pool hands out parts of varying size (a late worker leaves the caller larger ones), and the buffer
+/// grew whenever a thread's part came larger than any before: an allocation inside a warm act(), the f32 form of
+/// which `parity::intra_op_threads_give_the_single_thread_answers` caught in a convolution's buffer. A failed
+/// reservation is left to the layer itself (the session's memory estimate counts these bytes already).
+pub(crate) fn reserve_input(bytes: u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let words = usize::try_from(bytes.div_ceil(4)).unwrap_or(usize::MAX);
+        let words = match dot_by() {
+            DotBy::Fma => words.saturating_mul(2),
+            DotBy::Vdpbf16ps => words,
+        };
+        INPUT_PAIRS.with_borrow_mut(|xp| {
+            if xp.len() < words && xp.try_reserve_exact(words - xp.len()).is_ok() {
+                xp.resize(words, 0);
+            }
+        });
+    }
+}
+
 /// `y[m, n] = act(x[m, k] Wᵀ + b)` with bf16 products (see the module docs; `panels.by` says how). `bias` is
 /// padded to whole panels.
 ///
@@ -638,6 +660,42 @@ mod tests {
         assert_eq!(round_bf16(f32::INFINITY), f32::INFINITY);
         // The largest finite f32 rounds to infinity in bf16, as the hardware does.
         assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
+    }
+
+    /// Regression (a warm threaded act grew a thread's rounded-input buffer whenever the pool gave it a part larger
+    /// than any before): `reserve_input` for `rows` rows of the layer's own estimate
+    /// (`PackedDense::bf16_bytes_per_row`, what the executor reserves per part) covers every run of up to `rows`
+    /// rows, so nothing grows after it. Each case on a new thread: its buffer starts empty.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(
+        not(policyport_host_avx512bf16),
+        ignore = "needs a CPU with AVX512-BF16 (guest/build.rs found none on this machine)"
+    )]
+    fn reserve_input_covers_every_part_up_to_its_rows() {
+        for (k, n) in [(64usize, 256usize), (7, 130), (3136, 40), (1, 17)] {
+            std::thread::spawn(move || {
+                let rows = 40;
+                let (x, w) = crate::dense::test_operands(rows, k, n);
+                let mut dense = crate::dense::PackedDense::new(Isa::Avx512, &w, n, k, None);
+                dense.set_precision(crate::Precision::Bf16);
+                let per_row = dense.bf16_bytes_per_row();
+                assert!(per_row > 0, "k{k} n{n}: not packed in bf16");
+                reserve_input(rows as u64 * per_row);
+                let reserved = INPUT_PAIRS.with_borrow(|xp| (xp.as_ptr(), xp.len()));
+                for m in [1, 17, rows, 3] {
+                    let mut y = vec![0.0; m * n];
+                    dense.run(&x, &mut y, m, Act::Tanh);
+                    let now = INPUT_PAIRS.with_borrow(|xp| (xp.as_ptr(), xp.len()));
+                    assert_eq!(
+                        now, reserved,
+                        "k{k} n{n}: {m} rows grew the buffer reserved for {rows}"
+                    );
+                }
+            })
+            .join()
+            .unwrap();
+        }
     }
 
     /// The kernel computes exactly the bf16-rounded products summed in f32: against f64 sums of the rounded

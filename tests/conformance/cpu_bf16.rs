@@ -128,6 +128,47 @@ fn bf16_one_thread_and_the_pool_agree_bit_for_bit() {
     }
 }
 
+/// Regression: a warm threaded bf16 act() allocates nothing on the calling thread (a new session warmed by one
+/// act, all of it beside a busy core, so the pool's parts vary from act to act, as parity.rs does for f32). Each
+/// thread's rounded-input buffer (a thread-local of dense_bf16.rs) grew part by part: on Zen 5 (2026-12-07) this
+/// test failed 3 of 10 runs so; reserved for the largest part at each part a thread takes, 4 of 14 (a caller whose
+/// warm-up parts all went to the workers reserved at its first part later); reserved on the caller before the
+/// parts too, 0 of 16. The workers' own allocations are not counted here (the counter is per thread).
+#[test]
+#[cfg_attr(
+    not(policyport_host_avx512bf16),
+    ignore = "needs a CPU with AVX512-BF16 (tests/build.rs found none on this machine)"
+)]
+fn bf16_warm_threaded_act_does_not_allocate() {
+    for name in ["mlp64", "nature_cnn", "lstm_policy"] {
+        let f = load_fixture(name);
+        let policy = load_bf16(&compile_fixture(&f)).unwrap();
+        let rows = if name == "nature_cnn" { 24 } else { 64 };
+        let obs = policyport_import::random_obs(&policy.manifest().observation, rows, 5);
+        let mut s = policy.session();
+        s.set_threads(3).unwrap();
+        let req = |step| {
+            Request::new(
+                Observations::F32(&obs),
+                rows,
+                ActMode::Sample { seed: 4, step },
+            )
+        };
+        let allocs = crate::beside_a_busy_core(|| {
+            s.act(&req(0)).unwrap();
+            crate::alloc_count::allocations_in(|| {
+                for step in 1..30 {
+                    s.act(&req(step)).unwrap();
+                }
+            })
+        });
+        assert_eq!(
+            allocs, 0,
+            "{name}: a warm threaded bf16 act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
+        );
+    }
+}
+
 /// Loading in bf16 works exactly where the kernel runs; elsewhere (no AVX512-BF16, or the portable kernels
 /// forced, as in test.sh's POLICYPORT_CPU_BASELINE pass) it is a typed error at load, never a silent f32 policy.
 #[test]

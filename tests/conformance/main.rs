@@ -131,6 +131,26 @@ mod trainer_files;
 mod values;
 mod wasm;
 
+/// Runs `f` beside a thread that spins on a core (as the rest of a loaded CI run would): the intra-op pool's workers
+/// then wake late and are preempted, so the parts of a threaded act() vary in size from call to call. A buffer
+/// sized by the part a thread happened to take (instead of the largest it can take) shows as an allocation in a
+/// warm act() this way; unloaded it showed in 0 of many runs (see CONTRIBUTING, "A test that fails only under
+/// load").
+pub fn beside_a_busy_core<R>(f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let r = f();
+        stop.store(true, Ordering::Relaxed);
+        r
+    })
+}
+
 /// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.
 pub mod alloc_count {
     use std::alloc::{GlobalAlloc, Layout, System};
