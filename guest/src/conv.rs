@@ -545,6 +545,36 @@ mod tests {
             .collect()
     }
 
+    /// An unpadded, undilated, one-group convolution of `input` (`[C, H, W]`) by weights of shape `ws` with
+    /// seeded weights and bias (returned too), and its output height and width.
+    fn unpadded(
+        isa: Isa,
+        input: [usize; 3],
+        ws: [usize; 4],
+        stride: [usize; 2],
+        layout: ConvInput,
+        seed: u32,
+    ) -> (Conv2d, Vec<f32>, Vec<f32>, usize, usize) {
+        let oh = (input[1] - ws[2]) / stride[0] + 1;
+        let ow = (input[2] - ws[3]) / stride[1] + 1;
+        let wt = lcg(ws.iter().product(), seed);
+        let b = lcg(ws[0], seed + 100);
+        let conv = Conv2d::new(
+            isa,
+            &wt,
+            &ws,
+            Some(&b),
+            &input,
+            &[ws[0], oh, ow],
+            stride,
+            [0; 4],
+            [1, 1],
+            1,
+            layout,
+        );
+        (conv, wt, b, oh, ow)
+    }
+
     /// Strides, asymmetric padding, dilation and groups against the definition, on every instruction set here.
     #[test]
     fn conv2d_matches_the_definition() {
@@ -665,10 +695,6 @@ mod tests {
             .into_iter()
             .enumerate()
             {
-                let oh = (input[1] - ws[2]) / stride[0] + 1;
-                let ow = (input[2] - ws[3]) / stride[1] + 1;
-                let wt = lcg(ws.iter().product(), 7 + ci as u32);
-                let b = lcg(ws[0], 8 + ci as u32);
                 for layout in [
                     ConvInput::ChannelsFirst,
                     ConvInput::ChannelsLast {
@@ -676,19 +702,8 @@ mod tests {
                         shift: 0.0,
                     },
                 ] {
-                    let conv = Conv2d::new(
-                        isa,
-                        &wt,
-                        &ws,
-                        Some(&b),
-                        &input,
-                        &[ws[0], oh, ow],
-                        stride,
-                        [0; 4],
-                        [1, 1],
-                        1,
-                        layout,
-                    );
+                    let (conv, _, _, oh, ow) =
+                        unpadded(isa, input, ws, stride, layout, 7 + ci as u32);
                     // From empty buffers: the first run (one env) sizes them for every batch after it, within
                     // `scratch_max`; later, larger runs move nothing.
                     let (sp, sr) = conv.scratch_max();
@@ -737,29 +752,15 @@ mod tests {
         .enumerate()
         {
             let [c, h, w] = input;
-            let oh = (h - ws[2]) / stride[0] + 1;
-            let ow = (w - ws[3]) / stride[1] + 1;
             let batch = 3;
             let n_in = c * h * w;
             let x = lcg(batch * n_in, 11 + ci as u32);
-            let wt = lcg(ws.iter().product(), 111 + ci as u32);
-            let b = lcg(ws[0], 211 + ci as u32);
-            let mut conv = Conv2d::new(
-                Isa::Avx512,
-                &wt,
-                &ws,
-                Some(&b),
-                &input,
-                &[ws[0], oh, ow],
-                stride,
-                [0; 4],
-                [1, 1],
-                1,
-                ConvInput::ChannelsLast {
-                    scale: 1.0,
-                    shift: 0.0,
-                },
-            );
+            let layout = ConvInput::ChannelsLast {
+                scale: 1.0,
+                shift: 0.0,
+            };
+            let (mut conv, wt, b, oh, ow) =
+                unpadded(Isa::Avx512, input, ws, stride, layout, 111 + ci as u32);
             conv.set_precision(crate::Precision::Bf16);
             assert!(conv.reads_in_place() && conv.groups[0].rows_must_be_even());
             // The channels-last input and the channels-first reference both from the rounded values.

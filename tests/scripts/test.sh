@@ -171,7 +171,7 @@ step "conformance suite again on the cpu backend's portable kernels (no AVX2/AVX
 # filtered out here (cargo reports them as filtered, not run: they are not counted twice, nor as skipped), and so
 # are the other backends' per-backend tests (`<check>::on_flex` ...: on_backend() fails them where only cpu runs).
 POLICYPORT_CPU_BASELINE=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-baseline.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
-  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded --skip cpu_bf16::bf16_warm \
   --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 
 step "conformance suite again on the cpu backend's AVX2 kernels (a CPU with AVX-512 runs those in the first pass)"
@@ -181,7 +181,7 @@ step "conformance suite again on the cpu backend's AVX2 kernels (a CPU with AVX-
 # per-backend tests only, as in the rerun before.
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
   POLICYPORT_CPU_AVX2=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-avx2.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
-    -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+    -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded --skip cpu_bf16::bf16_warm \
     --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 else
   echo "no AVX-512 here: the first pass ran the cpu backend on its AVX2 (or portable) kernels already"
@@ -192,7 +192,7 @@ step "conformance suite again on the cpu backend's 128-bit kernels (SSE; the til
 # CPUs without FMA, is held to f64 in the unit tests). The same generic tile is the NEON one on aarch64 (the
 # qemu step below) and the plugin's SIMD128 one. The cpu backend's per-backend tests only, as in the reruns before.
 POLICYPORT_CPU_SIMD128=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-simd128.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
-  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded --skip cpu_bf16::bf16_warm \
   --skip ::on_flex --skip ::on_wgpu --skip ::on_torch --skip ::on_wasmtime
 
 step "conformance suite again on the wasm sandbox with the host-lent dense kernel (WasmLimits::lend_dense)"
@@ -201,7 +201,7 @@ step "conformance suite again on the wasm sandbox with the host-lent dense kerne
 # the plain sandbox) in the first pass; gpu/torch/wasm tests do not read the variable, so they are filtered out, and
 # so are the other backends' per-backend tests (`<check>::on_cpu` ...: only `<check>::on_wasmtime` runs here).
 POLICYPORT_WASM_LEND=1 cargo_test "$CARGO_TARGET_DIR/cargo-test-lend.log" --profile "$PP_PROFILE" --workspace "${FEATURES[@]}" --test conformance \
-  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded \
+  -- --skip gpu:: --skip torch:: --skip wasm:: --skip cpu_bf16::bf16_within --skip cpu_bf16::bf16_one_thread --skip cpu_bf16::bf16_rounded --skip cpu_bf16::bf16_warm \
   --skip ::on_cpu --skip ::on_flex --skip ::on_wgpu --skip ::on_torch
 
 step "without tch, flex and wasmtime: the same API, typed 'not compiled' errors (host crates' tests, lean graph)"
