@@ -165,7 +165,10 @@ impl Conv2d {
                 (0, self.chunk_envs_max() * self.oh * self.ow * self.o)
             }
         } else {
-            (plen, if self.out_nhwc { 0 } else { rlen })
+            // The im2col path sizes both whatever the output layout (its result buffer is unused when the GEMM
+            // writes channels-last rows straight into the output, but sized all the same: what `run` grows is
+            // what must be reserved; a 0 here let the SIMD128 kernels' NatureCNN allocate in a loaded run).
+            (plen, rlen)
         }
     }
 
@@ -704,24 +707,28 @@ mod tests {
                 ] {
                     let (conv, _, _, oh, ow) =
                         unpadded(isa, input, ws, stride, layout, 7 + ci as u32);
-                    // From empty buffers: the first run (one env) sizes them for every batch after it, within
-                    // `scratch_max`; later, larger runs move nothing.
-                    let (sp, sr) = conv.scratch_max();
-                    let (mut p, mut r) = (vec![], vec![]);
-                    let mut first = None;
-                    let n_in: usize = input.iter().product();
-                    for batch in [1, 2, 9, 3, 40] {
-                        let x = lcg(batch * n_in, 9);
-                        let mut y = vec![0.0; batch * ws[0] * oh * ow];
-                        conv.run(&x, &mut y, batch, Act::Relu, &mut p, &mut r);
-                        let now = (p.len(), r.len(), p.as_ptr(), r.as_ptr());
-                        assert!(
-                            now.0 <= sp && now.1 <= sr && *first.get_or_insert(now) == now,
-                            "{isa:?} {layout:?} case {ci} batch {batch}: buffers ({}, {}) after {first:?}, \
+                    // Both output layouts (channels-last rows straight from the GEMM, or scattered channels-first).
+                    for conv in [conv.clone(), conv.with_channels_last_output()] {
+                        // From empty buffers: the first run (one env) sizes them for every batch after it, within
+                        // `scratch_max`; later, larger runs move nothing.
+                        let (sp, sr) = conv.scratch_max();
+                        let (mut p, mut r) = (vec![], vec![]);
+                        let mut first = None;
+                        let n_in: usize = input.iter().product();
+                        for batch in [1, 2, 9, 3, 40] {
+                            let x = lcg(batch * n_in, 9);
+                            let mut y = vec![0.0; batch * ws[0] * oh * ow];
+                            conv.run(&x, &mut y, batch, Act::Relu, &mut p, &mut r);
+                            let now = (p.len(), r.len(), p.as_ptr(), r.as_ptr());
+                            assert!(
+                                now.0 <= sp && now.1 <= sr && *first.get_or_insert(now) == now,
+                                "{isa:?} {layout:?} nhwc out {} case {ci} batch {batch}: buffers ({}, {}) after {first:?}, \
                              scratch_max ({sp}, {sr})",
-                            now.0,
-                            now.1
-                        );
+                                conv.out_nhwc,
+                                now.0,
+                                now.1
+                            );
+                        }
                     }
                 }
             }
