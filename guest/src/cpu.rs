@@ -511,7 +511,7 @@ impl CpuExecutor {
             try_resize(&mut b.patches, patches, 0.0, "a convolution's patches")?;
         }
         if b.result.len() < result {
-            try_resize(&mut b.result, result, 0.0, "a convolution's patches")?;
+            try_resize(&mut b.result, result, 0.0, "a convolution's result")?;
         }
         Ok(())
     }

@@ -145,8 +145,6 @@ fn bf16_warm_threaded_act_does_not_allocate() {
         let policy = load_bf16(&compile_fixture(&f)).unwrap();
         let rows = if name == "nature_cnn" { 24 } else { 64 };
         let obs = policyport_import::random_obs(&policy.manifest().observation, rows, 5);
-        let mut s = policy.session();
-        s.set_threads(3).unwrap();
         let req = |step| {
             Request::new(
                 Observations::F32(&obs),
@@ -154,14 +152,7 @@ fn bf16_warm_threaded_act_does_not_allocate() {
                 ActMode::Sample { seed: 4, step },
             )
         };
-        let allocs = crate::beside_a_busy_core(|| {
-            s.act(&req(0)).unwrap();
-            crate::alloc_count::allocations_in(|| {
-                for step in 1..30 {
-                    s.act(&req(step)).unwrap();
-                }
-            })
-        });
+        let allocs = crate::warm_threaded_act_allocations(&mut policy.session(), 30, req);
         assert_eq!(
             allocs, 0,
             "{name}: a warm threaded bf16 act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"

@@ -151,6 +151,25 @@ pub fn beside_a_busy_core<R>(f: impl FnOnce() -> R) -> R {
     })
 }
 
+/// Allocations on the calling thread over acts `1..steps` of `session` with 3 intra-op threads, after one warm-up
+/// act (`req(step)` is step's request), all of it beside a busy core: the zero-allocation check of a threaded
+/// act() (parity.rs in f32, cpu_bf16.rs in bf16). A new session: its buffers sized by nothing but this warm-up.
+pub fn warm_threaded_act_allocations<'a>(
+    session: &mut policyport::Session,
+    steps: u64,
+    req: impl Fn(u64) -> policyport::Request<'a>,
+) -> usize {
+    session.set_threads(3).unwrap();
+    beside_a_busy_core(|| {
+        session.act(&req(0)).unwrap();
+        alloc_count::allocations_in(|| {
+            for step in 1..steps {
+                session.act(&req(step)).unwrap();
+            }
+        })
+    })
+}
+
 /// Counts heap allocations per thread, so tests can assert a warm act() allocates nothing.
 pub mod alloc_count {
     use std::alloc::{GlobalAlloc, Layout, System};

@@ -264,16 +264,7 @@ fn intra_op_threads_give_the_single_thread_answers() {
                 ActMode::Sample { seed: 2, step },
             )
         };
-        let mut warm = policy.session();
-        warm.set_threads(3).unwrap();
-        let allocs = crate::beside_a_busy_core(|| {
-            warm.act(&req(0)).unwrap();
-            crate::alloc_count::allocations_in(|| {
-                for step in 1..steps {
-                    warm.act(&req(step)).unwrap();
-                }
-            })
-        });
+        let allocs = crate::warm_threaded_act_allocations(&mut policy.session(), steps, req);
         assert_eq!(
             allocs, 0,
             "{name}: threaded act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
