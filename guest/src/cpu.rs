@@ -19,6 +19,7 @@ use crate::lower::{
     act_of, affine_group, expand_affine, lower, needed_without_readback, transpose_index,
 };
 use crate::pool::{RowPool, Split};
+use crate::thread_split::{Choice, SplitChooser, ThreadSplit, now_ns};
 
 #[derive(Debug, Clone)]
 enum Instr {
@@ -172,10 +173,14 @@ struct Bufs {
 pub(crate) struct CpuScratch {
     main: Bufs,
     threads: Option<Threads>,
+    /// How the threads are used ([`crate::Session::set_thread_split`]); kept when the threads change.
+    split_mode: ThreadSplit,
 }
 
 struct Threads {
     pool: RowPool,
+    /// Whether a step splits, by the measured time of both ways (see [`crate::thread_split`]).
+    chooser: SplitChooser,
     /// Worker `i`'s buffers at `i - 1` (each locked only by its own part: never contended).
     bufs: Vec<Mutex<Bufs>>,
 }
@@ -753,6 +758,7 @@ impl Executor for CpuExecutor {
         Box::new(CpuScratch {
             main: Bufs::default(),
             threads: None,
+            split_mode: ThreadSplit::default(),
         })
     }
 
@@ -765,6 +771,7 @@ impl Executor for CpuExecutor {
             s.threads = None;
             s.threads = Some(Threads {
                 pool: RowPool::new(threads - 1)?,
+                chooser: SplitChooser::new(s.split_mode),
                 bufs: (1..threads).map(|_| Mutex::new(Bufs::default())).collect(),
             });
         }
@@ -778,8 +785,24 @@ impl Executor for CpuExecutor {
             .map_or(1, |t| t.pool.threads())
     }
 
+    fn set_thread_split(&self, scratch: &mut ExecScratch, mode: ThreadSplit) {
+        let s = scratch_of::<CpuScratch>(scratch);
+        s.split_mode = mode;
+        if let Some(t) = &mut s.threads {
+            t.chooser.set_mode(mode);
+        }
+    }
+
+    fn thread_split(&self, scratch: &mut ExecScratch) -> ThreadSplit {
+        scratch_of::<CpuScratch>(scratch).split_mode
+    }
+
     fn wake_threads(&self, scratch: &mut ExecScratch) {
-        if let Some(t) = &scratch_of::<CpuScratch>(scratch).threads {
+        // Not when the next step will run on the caller alone: a woken worker spins ~60 µs, on a core that other
+        // work may need (that is when a split measures slower).
+        if let Some(t) = &scratch_of::<CpuScratch>(scratch).threads
+            && t.chooser.next_splits()
+        {
             t.pool.wake();
         }
     }
@@ -802,7 +825,30 @@ impl Executor for CpuExecutor {
         let threads = s.threads.as_ref().map_or(1, |t| {
             t.pool.threads().min(batch / MIN_ROWS_PER_THREAD).max(1)
         });
-        let (Some(Threads { pool, bufs }), true) = (&mut s.threads, threads > 1) else {
+        // A step big enough to split splits only while that measures faster than the caller alone (or always, if
+        // the session says so): see `thread_split`. Timed from here to the last row, both ways.
+        let start = if threads > 1 { now_ns() } else { None };
+        let measured = start.is_some() && s.split_mode == ThreadSplit::Measured;
+        let choice = match &mut s.threads {
+            Some(t) if threads > 1 => Some(t.chooser.choose(batch, start.is_some())),
+            _ => None,
+        };
+        let record = |s: &mut CpuScratch| {
+            if let (Some(t), Some(choice), Some(start)) = (&mut s.threads, choice, start)
+                && let Some(end) = now_ns()
+            {
+                t.chooser.record(choice, batch, end.saturating_sub(start));
+            }
+        };
+        let (
+            Some(Threads { pool, bufs, .. }),
+            Some(Choice {
+                split: true,
+                linger,
+                ..
+            }),
+        ) = (&mut s.threads, choice)
+        else {
             self.reserve(&mut s.main, batch)?;
             self.run(
                 &mut s.main,
@@ -814,6 +860,7 @@ impl Executor for CpuExecutor {
                 step.skip_value,
                 rows,
             );
+            record(s);
             return Ok(Pending::Ready);
         };
         // Parts of the batch that the threads take in turn, shrinking as rows run out (`RowPool::run`: a worker
@@ -827,7 +874,11 @@ impl Executor for CpuExecutor {
             align: 12,
         };
         let per = split.largest();
-        self.reserve(&mut s.main, per)?;
+        // Measured, the caller may run the whole batch alone at a later step of this size (a probe, or the split
+        // measuring slower): its buffers are sized for the whole batch now, not for the largest part, so that a
+        // warm act() allocates nothing whichever way it goes.
+        let caller_rows = if measured { batch } else { per };
+        self.reserve(&mut s.main, caller_rows)?;
         for b in bufs.iter().take(threads - 1) {
             self.reserve(&mut lock(b), per)?;
         }
@@ -841,9 +892,13 @@ impl Executor for CpuExecutor {
         // scratch from the executor.)
         let bf16_bytes = (per as u64).saturating_mul(self.bf16_bytes_per_row);
         if bf16_bytes > 0 {
-            crate::dense_bf16::reserve_input(bf16_bytes);
+            crate::dense_bf16::reserve_input(
+                (caller_rows as u64).saturating_mul(self.bf16_bytes_per_row),
+            );
         }
-        pool.run(split, &|thread, part| {
+        // The workers spin for the next step after this one (a split, most likely), except after the last step of
+        // a probe of the split (the caller alone is in use): then they sleep at once, leaving the core to others.
+        pool.run(split, linger, &|thread, part| {
             let (r0, r1) = (part.start, part.end);
             if bf16_bytes > 0 && thread > 0 {
                 crate::dense_bf16::reserve_input(bf16_bytes);
@@ -871,6 +926,7 @@ impl Executor for CpuExecutor {
                 out,
             );
         })?;
+        record(s);
         Ok(Pending::Ready)
     }
 }

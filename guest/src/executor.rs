@@ -257,6 +257,18 @@ pub trait Executor: Send + Sync {
         1
     }
 
+    /// How this session's steps use its threads (see [`crate::Session::set_thread_split`]); backends without
+    /// intra-op threads have nothing to choose and keep nothing.
+    fn set_thread_split(&self, scratch: &mut ExecScratch, mode: crate::ThreadSplit) {
+        let _ = (scratch, mode);
+    }
+
+    /// The mode [`Executor::set_thread_split`] set ([`crate::ThreadSplit::Measured`] where it keeps none).
+    fn thread_split(&self, scratch: &mut ExecScratch) -> crate::ThreadSplit {
+        let _ = scratch;
+        crate::ThreadSplit::default()
+    }
+
     /// Wake this session's worker threads ahead of its next step (see [`crate::Session::wake_threads`]); none:
     /// nothing to do.
     fn wake_threads(&self, scratch: &mut ExecScratch) {

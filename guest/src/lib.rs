@@ -42,6 +42,7 @@ mod observations;
 mod pool;
 mod session;
 mod state;
+mod thread_split;
 pub mod web_workers;
 #[cfg(feature = "wgpu")]
 mod wgpu_exec;
@@ -65,6 +66,7 @@ pub use policyport_shaders::Activation;
 pub use session::{
     ActOutputs, DEFAULT_MAX_ENVS, EnvIds, MAX_BATCH, MAX_THREADS, Request, Session, flags_into,
 };
+pub use thread_split::ThreadSplit;
 
 /// The instruction set of the `cpu` backend's f32 kernels on this machine, as a policy loaded now would use it:
 /// `"avx512"`, `"avx2+fma"`, `"sse+fma"` or `"sse2"` (x86-64), `"neon"` (aarch64), `"simd128"` (wasm), or

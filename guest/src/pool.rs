@@ -42,6 +42,8 @@ struct Job {
     /// The worker's thread number (1..): which buffers its parts use.
     thread: usize,
     caller: Thread,
+    /// Spin for the next job after this one ([`SPIN`]) rather than sleep at once (see [`RowPool::run`]).
+    linger: bool,
 }
 
 /// One worker's mailbox. No lock: the owner writes `job` only while the worker is idle (`done == posted`, every
@@ -208,9 +210,14 @@ impl RowPool {
     /// part a worker is running: a worker's parts start at `split.min` rows and double as it keeps up, so one
     /// that runs slowly holds little. Measured the same way: 2 threads at 1 000 rows within 0-25 % of one
     /// thread (runs vary), 1.7x faster at 10 000; back to back ~1.75x at 1 000.
+    ///
+    /// `linger`: whether the workers spin for the next job afterwards ([`SPIN`]) or sleep at once — false when the
+    /// next step will run on the caller alone (a probe of the split, see [`crate::thread_split`]): a spinning
+    /// worker takes a core that other work may need, which is when the split measures slower.
     pub(crate) fn run(
         &mut self,
         split: Split,
+        linger: bool,
         job: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
     ) -> Result<(), BackendError> {
         let workers = &self.workers[..split.threads.saturating_sub(1).min(self.workers.len())];
@@ -255,6 +262,7 @@ impl RowPool {
                     f,
                     thread: i + 1,
                     caller: me.clone(),
+                    linger,
                 })
             };
             slot.posted.store(number, Ordering::Release);
@@ -312,7 +320,10 @@ impl Drop for Join<'_> {
 #[derive(Clone, Copy, PartialEq)]
 enum Waiter {
     Caller,
-    Worker,
+    /// `linger`: spin before the first park (false: park at once; after a wake it spins as usual).
+    Worker {
+        linger: bool,
+    },
 }
 
 /// Spin for [`SPIN`], then park until `ready` (unparks may be early or spurious: always re-checked). A worker
@@ -321,16 +332,18 @@ enum Waiter {
 fn wait_until(who: Waiter, ready: impl Fn() -> bool) {
     let mut start = Instant::now();
     let mut spins = 0u32;
+    let mut spin = who != Waiter::Worker { linger: false };
     while !ready() {
-        if spins < 64 || start.elapsed() < SPIN {
+        if spin && (spins < 64 || start.elapsed() < SPIN) {
             spins = spins.wrapping_add(1);
             std::hint::spin_loop();
         } else {
             // Whoever makes `ready` true unparks this thread afterwards; a token left from before returns at once.
             std::thread::park();
-            if who == Waiter::Worker {
+            if who != Waiter::Caller {
                 start = Instant::now();
                 spins = 0;
+                spin = true;
             }
         }
     }
@@ -342,7 +355,11 @@ fn wait_until(who: Waiter, ready: impl Fn() -> bool) {
 #[cfg(policyport_wasm_threads)]
 fn wait_until(who: Waiter, ready: impl Fn() -> bool) {
     const SPINS: u32 = 1 << 15;
-    let mut spins = 0u32;
+    let mut spins = if who == (Waiter::Worker { linger: false }) {
+        SPINS
+    } else {
+        0u32
+    };
     while !ready() {
         if who == Waiter::Caller || spins < SPINS {
             spins = spins.wrapping_add(1);
@@ -358,8 +375,9 @@ fn wait_until(who: Waiter, ready: impl Fn() -> bool) {
 /// before the worker thread gets here: it would skip that job and its caller would wait forever).
 fn worker_loop(slot: &Slot) {
     let mut seen = 0;
+    let mut linger = true;
     loop {
-        wait_until(Waiter::Worker, || {
+        wait_until(Waiter::Worker { linger }, || {
             slot.exit.load(Ordering::Acquire) || slot.posted.load(Ordering::Acquire) != seen
         });
         if slot.exit.load(Ordering::Acquire) {
@@ -378,7 +396,14 @@ fn worker_loop(slot: &Slot) {
         // it again before `done` reaches `seen` (stored below, after the last read); the claim above made it
         // this worker's alone.
         let job = unsafe { (*slot.job.get()).clone() };
-        if let Some(Job { f, thread, caller }) = job {
+        if let Some(Job {
+            f,
+            thread,
+            caller,
+            linger: then,
+        }) = job
+        {
+            linger = then;
             // SAFETY: the caller posted `f` for job `seen` and waits until `done` reaches it.
             let ok = catch_unwind(AssertUnwindSafe(|| unsafe { (*f.0)(thread) })).is_ok();
             if !ok {
@@ -509,6 +534,28 @@ mod tests {
         }
     }
 
+    /// A job posted with `linger: false` (a probe's last step: the workers sleep at once, not spin) is still
+    /// finished, and so are the jobs after it, whether they come at once (the worker is still running or going
+    /// to sleep) or after the worker slept: no job waits for a wake-up that never comes.
+    #[test]
+    fn workers_that_sleep_at_once_still_take_the_next_jobs() {
+        let mut pool = RowPool::new(2).unwrap();
+        for round in 0..200 {
+            let linger = round % 3 != 0;
+            let rows = 100 + round % 50;
+            let hits = AtomicUsize::new(0);
+            pool.run(split(rows, 3), linger, &|_, r| {
+                hits.fetch_add(r.len(), Ordering::Relaxed);
+            })
+            .unwrap();
+            assert_eq!(hits.load(Ordering::Relaxed), rows, "round {round}");
+            if round % 20 == 0 {
+                // Long enough for every worker to have gone to sleep, spinning or not.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+    }
+
     #[test]
     fn every_row_runs_once_per_job_in_parts_of_bounded_size() {
         let mut pool = RowPool::new(3).unwrap();
@@ -516,7 +563,7 @@ mod tests {
             let hits: Vec<AtomicUsize> = (0..rows).map(|_| AtomicUsize::new(0)).collect();
             for _ in 0..50 {
                 let parts = std::sync::Mutex::new(vec![]);
-                pool.run(split(rows, threads), &|thread, r| {
+                pool.run(split(rows, threads), true, &|thread, r| {
                     assert!(thread < threads, "thread {thread} of {threads}");
                     parts.lock().unwrap().push(r.clone());
                     for h in &hits[r] {
@@ -553,7 +600,7 @@ mod tests {
         for _ in 0..20 {
             // The part holding row 20 panics on whichever thread takes it.
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                pool.run(split(40, 2), &|_, r| {
+                pool.run(split(40, 2), true, &|_, r| {
                     if r.contains(&20) {
                         panic!("row 20");
                     }
@@ -566,7 +613,7 @@ mod tests {
         }
         // The pool still works afterwards.
         let n = AtomicUsize::new(0);
-        pool.run(split(40, 2), &|_, r| {
+        pool.run(split(40, 2), true, &|_, r| {
             n.fetch_add(r.len(), Ordering::Relaxed);
         })
         .unwrap();
@@ -580,11 +627,11 @@ mod tests {
     fn a_slow_worker_leaves_the_rest_of_the_rows_to_the_caller() {
         let mut pool = RowPool::new(1).unwrap();
         // A step first, so the worker thread is up and spinning when the measured one starts.
-        pool.run(split(16, 2), &|_, _| {}).unwrap();
+        pool.run(split(16, 2), true, &|_, _| {}).unwrap();
         let by_caller = AtomicUsize::new(0);
         let by_worker = AtomicUsize::new(0);
         let slept = AtomicBool::new(false);
-        pool.run(split(1000, 2), &|thread, r| {
+        pool.run(split(1000, 2), true, &|thread, r| {
             if thread == 0 {
                 by_caller.fetch_add(r.len(), Ordering::Relaxed);
                 // Parts that take a while, so the worker gets to take one.
@@ -617,7 +664,7 @@ mod tests {
             for _ in 0..200 {
                 let mut pool = RowPool::new(1).unwrap();
                 let n = AtomicUsize::new(0);
-                pool.run(split(16, 2), &|_, r| {
+                pool.run(split(16, 2), true, &|_, r| {
                     n.fetch_add(r.len(), Ordering::Relaxed);
                 })
                 .unwrap();
@@ -635,7 +682,7 @@ mod tests {
         let n = AtomicUsize::new(0);
         for _ in 0..3 {
             std::thread::sleep(Duration::from_millis(5));
-            pool.run(split(16, 2), &|_, r| {
+            pool.run(split(16, 2), true, &|_, r| {
                 n.fetch_add(r.len(), Ordering::Relaxed);
             })
             .unwrap();

@@ -294,7 +294,8 @@ impl Session {
     }
 
     /// Split this session's act() over `threads` threads by batch rows: the calling thread and `threads - 1`
-    /// worker threads the session owns (they spin briefly after a step, then sleep; dropped with the session).
+    /// worker threads the session owns (they spin briefly after a step, then sleep; dropped with the session),
+    /// where that measures faster than the calling thread alone ([`Session::set_thread_split`]).
     /// 0 means one per core the OS reports; 1 (the default) runs on the calling thread only. The batch is cut into
     /// up to four parts per thread that the threads take in turn, so a worker that is slow to start (asleep since
     /// the last act) delays the call by at most the part it runs. Only the cpu backend
@@ -324,6 +325,25 @@ impl Session {
     /// The threads this session's act() uses (see [`Session::set_threads`]).
     pub fn threads(&mut self) -> usize {
         self.policy.executor().threads(&mut self.scratch)
+    }
+
+    /// How act() uses this session's threads: [`ThreadSplit::Measured`] (the default) splits a batch only while
+    /// splitting measures faster than the calling thread alone, per batch size — so threads never make act()
+    /// slower than one thread (beyond a probe now and then), also when other work takes the cores;
+    /// [`ThreadSplit::Always`] splits every batch big enough (for tests and benchmarks of the split). Results
+    /// are the same either way. Kept across [`Session::set_threads`]; a no-op on backends without threads.
+    ///
+    /// [`ThreadSplit::Measured`]: crate::ThreadSplit::Measured
+    /// [`ThreadSplit::Always`]: crate::ThreadSplit::Always
+    pub fn set_thread_split(&mut self, mode: crate::ThreadSplit) {
+        self.policy
+            .executor()
+            .set_thread_split(&mut self.scratch, mode);
+    }
+
+    /// The mode [`Session::set_thread_split`] set.
+    pub fn thread_split(&mut self) -> crate::ThreadSplit {
+        self.policy.executor().thread_split(&mut self.scratch)
     }
 
     /// Wake this session's worker threads now, so that an act() in the next few tens of µs finds them awake.

@@ -42,6 +42,19 @@ pub fn serve_worker(
     }
 }
 
+/// Lend the cpu backend a clock, in ms (the page's `performance.now()`, on every thread that calls act()), so that
+/// [`ThreadSplit::Measured`](crate::ThreadSplit::Measured) can time its steps: wasm32-unknown-unknown's std has
+/// none, and without one a session with threads splits every step big enough, however it measures. The first
+/// clock lent stays; a no-op off wasm (native builds use the OS's clock).
+pub fn set_clock(ms: fn() -> f64) {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = crate::thread_split::CLOCK.set(ms);
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    let _ = ms;
+}
+
 /// The worker's [`serve_worker`] trapped (a panic aborts in wasm, which the page sees as an exception in that
 /// worker): called by the page on that worker's thread, it marks the worker gone, so the session waiting for its
 /// rows gets a typed error instead of waiting forever, and no session borrows it again.

@@ -310,6 +310,8 @@ try {
       const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
       const run = async (threads) => {
         const p = await tb.Policy.load(bytes, { backend: "cpu", threads });
+        // Every batch split, whatever the clock measures (the default splits only where that is faster).
+        if (threads > 1) p.setThreadSplit("always");
         const info = p.info();
         const got = [];
         for (const batch of [64, 203]) {
@@ -350,6 +352,15 @@ try {
     a.free();
     out.afterFree = await name(() => b.setThreads(2));
     out.bThreads = b.info().threads;
+    // The default split, measured with the page's clock (lent by startThreads): whichever way each step takes
+    // (the split for the first 16 steps of a batch size, then a probe of the page's thread alone, then the faster
+    // of the two), the answers are 1 thread's.
+    out.badSplit = await name(() => b.setThreadSplit("sometimes"));
+    const c = await tb.Policy.load(bytes, { backend: "cpu" });
+    const x = new Float32Array(64 * c.info().obsLen).map((_, i) => ((i * 7919) % 13) / 6.5 - 1);
+    const trace = (p) => Array.from({ length: 40 }, (_, step) => Array.from(p.actSync(x, { seed: 9, step }).actions));
+    out.measuredSame = JSON.stringify(trace(b)) === JSON.stringify(trace(c));
+    c.free();
     b.setThreads(1);
     out.idleAfter = tb.idleWorkers();
     b.free();
@@ -360,6 +371,8 @@ try {
     return out;
   }, { fixtureBytes });
   results.threads = threadsCheck;
+  check("threads: the measured split (the default, timed with the page's clock) gives 1 thread's answers over 40 steps", threadsCheck.measuredSame === true, String(threadsCheck.measuredSame));
+  check("threads: an unknown thread split is a typed error (PolicyportArgumentError)", threadsCheck.badSplit.startsWith("PolicyportArgumentError"), threadsCheck.badSplit);
   check("cpu-threads bundle: built with wasm threads, 1 Web Worker started", threadsCheck.bundle === "cpu-threads" && threadsCheck.wasmThreads && threadsCheck.idle === 1, JSON.stringify([threadsCheck.bundle, threadsCheck.wasmThreads, threadsCheck.idle]));
   for (const f of threadsCheck.fixtures) {
     check(`threads: ${f.name} on 2 threads = 1 thread, bit for bit (batches 64, 203; 3 steps)`, f.same && f.threads === 2, f.error ?? `threads ${f.threads}`);

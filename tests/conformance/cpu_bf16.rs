@@ -13,7 +13,7 @@ use std::sync::Arc;
 use policyport::format::{Op, read_artifact};
 use policyport::{
     ActMode, BackendError, CompiledPolicy, CpuOptions, EnvIds, Observations, PolicyError,
-    Precision, Request,
+    Precision, Request, ThreadSplit,
 };
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
 
@@ -118,6 +118,7 @@ fn bf16_one_thread_and_the_pool_agree_bit_for_bit() {
                 let mut s = policy.session();
                 s.set_max_envs(batch);
                 s.set_threads(threads).unwrap();
+                s.set_thread_split(ThreadSplit::Always);
                 let req = Request::new(Observations::F32(&obs), batch, ActMode::Deterministic)
                     .envs(EnvIds::Range(0));
                 let out = s.act(&req).unwrap();
@@ -152,11 +153,14 @@ fn bf16_warm_threaded_act_does_not_allocate() {
                 ActMode::Sample { seed: 4, step },
             )
         };
-        let allocs = crate::warm_threaded_act_allocations(&mut policy.session(), 30, req);
-        assert_eq!(
-            allocs, 0,
-            "{name}: a warm threaded bf16 act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
-        );
+        for split in [ThreadSplit::Always, ThreadSplit::Measured] {
+            let allocs =
+                crate::warm_threaded_act_allocations(&mut policy.session(), split, 30, req);
+            assert_eq!(
+                allocs, 0,
+                "{name}, {split:?}: a warm threaded bf16 act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
+            );
+        }
     }
 }
 

@@ -151,15 +151,19 @@ pub fn beside_a_busy_core<R>(f: impl FnOnce() -> R) -> R {
     })
 }
 
-/// Allocations on the calling thread over acts `1..steps` of `session` with 3 intra-op threads, after one warm-up
-/// act (`req(step)` is step's request), all of it beside a busy core: the zero-allocation check of a threaded
-/// act() (parity.rs in f32, cpu_bf16.rs in bf16). A new session: its buffers sized by nothing but this warm-up.
+/// Allocations on the calling thread over acts `1..steps` of `session` with 3 intra-op threads used as `split`
+/// says, after one warm-up act (`req(step)` is step's request), all of it beside a busy core: the zero-allocation
+/// check of a threaded act() (parity.rs in f32, cpu_bf16.rs in bf16). A new session: its buffers sized by nothing
+/// but this warm-up. `ThreadSplit::Measured` switches between the split and the caller alone from step to step
+/// (its first probe of the caller alone at step 17): give it more than 20 steps.
 pub fn warm_threaded_act_allocations<'a>(
     session: &mut policyport::Session,
+    split: policyport::ThreadSplit,
     steps: u64,
     req: impl Fn(u64) -> policyport::Request<'a>,
 ) -> usize {
     session.set_threads(3).unwrap();
+    session.set_thread_split(split);
     beside_a_busy_core(|| {
         session.act(&req(0)).unwrap();
         alloc_count::allocations_in(|| {

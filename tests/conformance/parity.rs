@@ -1,4 +1,4 @@
-use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
+use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, ThreadSplit};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
 
 /// Every fixture, every backend: golden vectors (PyTorch float64 + Python Philox samples) within tolerance.
@@ -227,6 +227,9 @@ fn intra_op_threads_give_the_single_thread_answers() {
         let (mut one, mut many) = (policy.session(), policy.session());
         many.set_threads(3).unwrap();
         assert_eq!(many.threads(), 3);
+        // Every batch split (the default splits only where that measures faster: `measured` below).
+        many.set_thread_split(ThreadSplit::Always);
+        assert_eq!(many.thread_split(), ThreadSplit::Always);
         let batches: &[usize] = if pixels {
             &[1, 17, 26]
         } else {
@@ -250,6 +253,31 @@ fn intra_op_threads_give_the_single_thread_answers() {
                 assert_eq!(got, &want, "{name}: batch {batch}, step {step}");
             }
         }
+        // The measured split: its first 16 steps of a batch size split, the next 4 probe the caller alone, then
+        // whichever measured faster (beside the other tests, either): 1 thread's answers throughout. (Not the
+        // pixel fixtures: their acts are long, and the row cutting is the same as above.)
+        if !pixels {
+            // New sessions: the recurrent fixtures' state starts at zero on both.
+            let (mut one, mut measured) = (policy.session(), policy.session());
+            measured.set_threads(3).unwrap();
+            assert_eq!(measured.thread_split(), ThreadSplit::Measured);
+            let batch = 50;
+            let obs: Vec<f32> = (0..batch)
+                .flat_map(|r| case.obs[(r % case.batch) * width..][..width].to_vec())
+                .collect();
+            let starts: Vec<bool> = (0..batch).map(|r| r % 5 == 1).collect();
+            for step in 0..40u64 {
+                let req = Request::new(
+                    Observations::F32(&obs),
+                    batch,
+                    ActMode::Sample { seed: 11, step },
+                )
+                .episode_starts(&starts);
+                let want = one.act(&req).unwrap().clone();
+                let got = measured.act(&req).unwrap();
+                assert_eq!(got, &want, "{name}: measured split, step {step}");
+            }
+        }
         // Warm, threaded: nothing allocated on the calling thread. A new session, warmed by one act, all of it
         // beside a busy core: its parts then vary from act to act, from the warm-up on (a buffer sized by the
         // part a thread happened to take grows later; how dict_obs's chunk buffer was caught).
@@ -264,10 +292,27 @@ fn intra_op_threads_give_the_single_thread_answers() {
                 ActMode::Sample { seed: 2, step },
             )
         };
-        let allocs = crate::warm_threaded_act_allocations(&mut policy.session(), steps, req);
+        let allocs = crate::warm_threaded_act_allocations(
+            &mut policy.session(),
+            ThreadSplit::Always,
+            steps,
+            req,
+        );
         assert_eq!(
             allocs, 0,
             "{name}: threaded act() allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
+        );
+        // Measured: the caller runs whole batches too (probes, or the split measuring slower beside the busy
+        // core), on buffers the split steps sized.
+        let allocs = crate::warm_threaded_act_allocations(
+            &mut policy.session(),
+            ThreadSplit::Measured,
+            if pixels { 24 } else { 30 },
+            req,
+        );
+        assert_eq!(
+            allocs, 0,
+            "{name}: threaded act(), measured split, allocated (POLICYPORT_TRACE_ALLOCS=1 prints where)"
         );
         many.set_threads(1).unwrap();
         assert_eq!(many.threads(), 1);

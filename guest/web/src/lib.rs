@@ -213,6 +213,9 @@ pub async fn start_threads(n: u32) -> Result<u32, JsValue> {
                 .map_or_else(|| format!("{e:?}"), |e| String::from(e.message()));
             error("PolicyportBackendError", ErrorKind::Backend, message)
         };
+        // The page's clock, so that sessions with threads time their steps and split only where that is
+        // faster (policyport::ThreadSplit::Measured; wasm32's std has no clock).
+        policyport::web_workers::set_clock(performance_now);
         let started =
             spawn_workers(wasm_bindgen::module(), wasm_bindgen::memory(), n).map_err(failed)?;
         wasm_bindgen_futures::JsFuture::from(started)
@@ -748,6 +751,26 @@ impl Policy {
             .session
             .set_threads(threads.max(1) as usize)
             .map_err(|e| policy_error(&e))
+    }
+
+    /// How act() uses this policy's threads: "measured" (the default: a batch is split over the threads only
+    /// while that measures faster than the calling thread alone, per batch size, so threads never slow act()
+    /// down, also when the page's other work takes the cores) or "always" (every batch of at least 8 rows per
+    /// thread: for tests and benchmarks of the split). Answers are the same either way.
+    #[wasm_bindgen(js_name = setThreadSplit)]
+    pub fn set_thread_split(&self, mode: &str) -> Result<(), JsValue> {
+        let mode = match mode {
+            "measured" => policyport::ThreadSplit::Measured,
+            "always" => policyport::ThreadSplit::Always,
+            other => {
+                return Err(arg_error(format!(
+                    "thread split {other:?}: \"measured\" or \"always\""
+                )));
+            }
+        };
+        let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        guard.session.set_thread_split(mode);
+        Ok(())
     }
 
     /// Zero the recurrent state of these envs (episode boundaries); a no-op for feed-forward policies.

@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// Intra-op threads of the session (cpu backend; 0: one per core). 1 is the default everywhere.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// With --threads: split each batch only while that measures faster than one thread (measured, the
+    /// default everywhere), or every batch big enough (always). See policyport::ThreadSplit.
+    #[arg(long, value_enum, default_value = "measured")]
+    pub split: SplitArg,
     /// The cpu backend's dense-layer precision: f32 (default) or bf16 (needs AVX512-BF16; see
     /// policyport::Precision; f16 is a typed error there).
     #[arg(long, default_value = "f32")]
@@ -60,6 +64,13 @@ pub struct BenchTorchArgs {
     pub seconds: f64,
 }
 
+/// `bench --split`: policyport::ThreadSplit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SplitArg {
+    Measured,
+    Always,
+}
+
 /// `bench-torch --launch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LaunchArg {
@@ -87,6 +98,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         plugin,
         lend_dense,
         threads,
+        split,
         precision,
     } = args;
     if lend_dense && plugin.is_none() {
@@ -110,6 +122,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     };
     let mut session = policy.session();
     session.set_threads(threads)?;
+    session.set_thread_split(match split {
+        SplitArg::Measured => policyport::ThreadSplit::Measured,
+        SplitArg::Always => policyport::ThreadSplit::Always,
+    });
     let threads = session.threads();
     let raw_len = policy.info().obs_len;
     let runtime = match &plugin {
@@ -134,7 +150,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let kernels = (plugin.is_none() && backend == Backend::Cpu).then(policyport::cpu_kernels);
         println!(
             "{}",
-            serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median, "threads": threads,
+            serde_json::json!({"runtime": runtime, "batch": batch, "obs_len": raw_len, "us_per_act": median, "threads": threads, "split": format!("{split:?}").to_lowercase(),
                 "dispatches_per_act": policy.info().dispatches_per_act, "kernels": kernels})
         );
     }
