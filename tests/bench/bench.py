@@ -10,6 +10,7 @@ policyport's act() includes what a user gets from it: observation checks, prepro
 seeded sampling of the action, and the value estimate.
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -115,6 +116,7 @@ def main():
         # The threads rows (ours and onnxruntime's) join the same rounds: on a 2-core VM a single threaded run
         # differed from the next by up to 25 % (1.38x vs 1.69-1.73x at batch 1024, Zen 3, 2026-12-06).
         cpu_rounds, native_rounds, peaks, bf16_rounds, mt_rounds, native_mt_rounds = [], [], [], [], [], []
+        always_rounds, busy_one_rounds, busy_mt_rounds, busy_always_rounds = [], [], [], []
         bf16 = bf16_runs(args, art)
         median = lambda rounds: {b: float(np.median([r[b] for r in rounds])) for b in rounds[0]}
         for _ in range(args.rounds):
@@ -128,12 +130,24 @@ def main():
                                             ["--backend", "cpu", "--threads", str(args.threads)]))
                 native_mt_rounds.append(ort_native(args, f"{FIX}/policy.onnx", args.batches,
                                                    threads=args.threads))
+                mt = ["--backend", "cpu", "--threads", str(args.threads)]
+                always_rounds.append(bench_ours(args, art, args.batches, mt + ["--split", "always"]))
+                # Beside a busy core (another process spinning, as a game's render thread or a second env
+                # process would): the threads' default (measured split) against one thread and the forced split.
+                with busy_core():
+                    busy_one_rounds.append(bench_ours(args, art, args.batches, ["--backend", "cpu"]))
+                    busy_mt_rounds.append(bench_ours(args, art, args.batches, mt))
+                    busy_always_rounds.append(bench_ours(args, art, args.batches, mt + ["--split", "always"]))
         ours["cpu"] = median(cpu_rounds)
         native = median(native_rounds)
         if bf16:
             ours["cpu_bf16"] = median(bf16_rounds)
         if args.threads > 1:
             ours["cpu_mt"] = median(mt_rounds)
+            ours["cpu_mt_always"] = median(always_rounds)
+            ours["busy_cpu"] = median(busy_one_rounds)
+            ours["busy_cpu_mt"] = median(busy_mt_rounds)
+            ours["busy_cpu_mt_always"] = median(busy_always_rounds)
         if args.tch:
             out = subprocess.run([args.policyport, "bench-torch", art, "--batches", args.batches, "--seconds",
                                   str(args.seconds), "--threads", "1"], check=True, capture_output=True,
@@ -217,17 +231,32 @@ def main():
     if "cpu_mt" in ours:
         t = args.threads
         print()
-        print(f"opt-in intra-op threads (Session::set_threads({t}) / --threads {t}) vs one thread; onnxruntime "
-              f"native with intra_op_num_threads={t} alongside")
-        print(f"| batch | policyport 1 thread | policyport {t} threads | speed-up | onnxruntime {t} threads | "
-              f"ort {t}t / policyport {t}t |")
+        print(f"opt-in intra-op threads (Session::set_threads({t}) / --threads {t}; the default measured split, and "
+              f"ThreadSplit::Always) vs one thread; onnxruntime native with intra_op_num_threads={t} alongside")
+        print(f"| batch | policyport 1 thread | policyport {t} threads | speed-up | {t} threads, always split | "
+              f"speed-up | onnxruntime {t} threads | ort {t}t / policyport {t}t |")
+        print("|---|---|---|---|---|---|---|---|")
+        for b in batches:
+            one, mt, al, o = ours["cpu"][b], ours["cpu_mt"][b], ours["cpu_mt_always"][b], native_mt.get(b)
+            print(f"| {b} | {one:.1f} | {mt:.1f} | {one / mt:.2f}x | {al:.1f} | {one / al:.2f}x | {fmt(o)} "
+                  f"| {ratio(o, mt)} |")
+        print()
+        print(f"the same beside a busy core (another process spinning on one core): threads must not make act() "
+              f"slower than one thread")
+        print(f"| batch | policyport 1 thread | policyport {t} threads | speed-up | {t} threads, always split | "
+              f"speed-up |")
         print("|---|---|---|---|---|---|")
         for b in batches:
-            one, mt, o = ours["cpu"][b], ours["cpu_mt"][b], native_mt.get(b)
-            print(f"| {b} | {one:.1f} | {mt:.1f} | {one / mt:.2f}x | {fmt(o)} | {ratio(o, mt)} |")
+            one, mt, al = ours["busy_cpu"][b], ours["busy_cpu_mt"][b], ours["busy_cpu_mt_always"][b]
+            print(f"| {b} | {one:.1f} | {mt:.1f} | {one / mt:.2f}x | {al:.1f} | {one / al:.2f}x |")
         for r in rows:
-            r["policyport_cpu_threads_us"] = ours["cpu_mt"][r["batch"]]
-            r["onnxruntime_native_threads_us"] = native_mt.get(r["batch"])
+            b = r["batch"]
+            r["policyport_cpu_threads_us"] = ours["cpu_mt"][b]
+            r["policyport_cpu_threads_always_split_us"] = ours["cpu_mt_always"][b]
+            r["busy_core_policyport_cpu_us"] = ours["busy_cpu"][b]
+            r["busy_core_policyport_cpu_threads_us"] = ours["busy_cpu_mt"][b]
+            r["busy_core_policyport_cpu_threads_always_split_us"] = ours["busy_cpu_mt_always"][b]
+            r["onnxruntime_native_threads_us"] = native_mt.get(b)
             r["threads"] = t
     if "wasm" in ours:
         print()
@@ -323,6 +352,18 @@ def ort_native(args, model, batches, threads=1, recurrent=False):
            str(args.seconds), "--threads", str(threads)] + (["--recurrent"] if recurrent else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return {r["batch"]: r["us_per_run"] for r in map(json.loads, out.strip().splitlines())}
+
+
+@contextlib.contextmanager
+def busy_core():
+    """Another process spinning on a core for the duration (killed after, also on error)."""
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        p.kill()
+        p.wait()
 
 
 def bench_ours(args, art, batches, extra):
