@@ -403,6 +403,13 @@ impl Agents {
         Ok(self.session.set_threads(threads)?)
     }
 
+    /// How act() uses those threads ([`policyport::Session::set_thread_split`]): by default a tick's batch is
+    /// split only while that measures faster than the calling thread alone (the game's own threads may take the
+    /// cores); [`ThreadSplit::Always`](policyport::ThreadSplit::Always) splits every batch big enough.
+    pub fn set_thread_split(&mut self, split: policyport::ThreadSplit) {
+        self.session.set_thread_split(split);
+    }
+
     /// A new agent: a free env id (a despawned agent's, else the next unused one); its first act() starts a new
     /// episode.
     pub fn spawn(&mut self) -> Result<AgentId, AgentsError> {

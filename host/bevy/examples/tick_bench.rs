@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use bevy_app::{App, Update};
 use bevy_ecs::prelude::*;
-use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request};
+use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, ThreadSplit};
 use policyport_agents::{AgentId, Agents, AgentsConfig};
 use policyport_bevy::{Agent, Observation, Policies, PolicyportPlugin, PolicyportSet};
 
@@ -90,6 +90,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `--gap-us 2000`: the Bevy app sleeps that long after each tick (outside the timed Act set), as a game's
     // frame does; back to back (0, the default) a worker thread is still awake at the next tick.
     let gap_us: u64 = arg(&args, "--gap-us").map_or(Ok(0), |v| v.parse())?;
+    // `--split always`: with --threads, every batch split (`ThreadSplit::Always`) rather than only where that
+    // measures faster than one thread (`measured`, the default).
+    let split = match arg(&args, "--split").as_deref() {
+        None | Some("measured") => ThreadSplit::Measured,
+        Some("always") => ThreadSplit::Always,
+        Some(other) => return Err(format!("--split {other}: measured or always").into()),
+    };
     // `--values`: every path computes the value estimate too (`AgentsConfig::values`); by default none does, as
     // a game acting with a policy does not (the engines' own exports leave the critic out). The bare act with the
     // value is measured beside it either way (`session_act_with_value`).
@@ -123,6 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     let mut session = policy.session();
                     session.set_threads(t)?;
+                    session.set_thread_split(split);
                     let mut step = 0u64;
                     let (obs, env_ids, starts) = (&obs, &env_ids, &starts);
                     paths.push(Box::new(move |out| {
@@ -168,7 +176,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             // 3. The Bevy plugin: entities with an Observation copied from a component, the Act set timed.
             if run("bevy") {
-                let mut app = bevy_app(&policy, &obs, n, t, values)?;
+                let mut app = bevy_app(&policy, &obs, n, t, split, values)?;
                 paths.push(Box::new(move |out| {
                     let t0 = Instant::now();
                     app.update();
@@ -216,7 +224,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "{}",
                     format_args!(
-                        "{{\"policy\": \"{name}\", \"path\": \"{path}\", \"agents\": {n}, \"threads\": {t}, \"us_per_tick\": {:.2}}}",
+                        "{{\"policy\": \"{name}\", \"path\": \"{path}\", \"agents\": {n}, \"threads\": {t}, \"split\": \"{split:?}\", \"us_per_tick\": {:.2}}}",
                         secs * 1e6
                     )
                 );
@@ -272,6 +280,7 @@ fn bevy_app(
     obs: &[f32],
     n: usize,
     threads: usize,
+    split: ThreadSplit,
     values: bool,
 ) -> Result<App, Box<dyn std::error::Error>> {
     let obs_len = policy.info().obs_len;
@@ -285,6 +294,7 @@ fn bevy_app(
     };
     let mut agents = Agents::new(policy.clone(), config);
     agents.set_threads(threads)?;
+    agents.set_thread_split(split);
     let h = app.world_mut().resource_mut::<Policies>().add(agents);
     app.add_systems(
         Update,
