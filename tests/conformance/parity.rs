@@ -1,4 +1,6 @@
-use policyport::{ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, ThreadSplit};
+use policyport::{
+    ActMode, Backend, CompiledPolicy, EnvIds, Observations, Request, Session, ThreadSplit,
+};
 use policyport_conformance::{compile_fixture, fixture_names, load_fixture};
 
 /// Every fixture, every backend: golden vectors (PyTorch float64 + Python Philox samples) within tolerance.
@@ -235,13 +237,23 @@ fn intra_op_threads_give_the_single_thread_answers() {
         } else {
             &[1, 17, 50, 200]
         };
-        for &batch in batches {
-            // The case's rows repeated: valid observations for any input kind (frames, one-hots, dicts).
-            let obs: Vec<f32> = (0..batch)
+        // The case's rows repeated: valid observations for any input kind (frames, one-hots, dicts).
+        let rows = |n: usize| -> Vec<f32> {
+            (0..n)
                 .flat_map(|r| case.obs[(r % case.batch) * width..][..width].to_vec())
-                .collect();
-            let starts: Vec<bool> = (0..batch).map(|r| r % 7 == 3).collect();
-            for step in 0..3u64 {
+                .collect()
+        };
+        // `steps` acts of `batch` rows on both sessions (every row `r` with `r % start_every == start_at` starting
+        // an episode): the same outputs.
+        let same = |one: &mut Session,
+                    other: &mut Session,
+                    batch: usize,
+                    steps: std::ops::Range<u64>,
+                    (start_every, start_at): (usize, usize),
+                    what: &str| {
+            let obs = rows(batch);
+            let starts: Vec<bool> = (0..batch).map(|r| r % start_every == start_at).collect();
+            for step in steps {
                 let req = Request::new(
                     Observations::F32(&obs),
                     batch,
@@ -249,9 +261,12 @@ fn intra_op_threads_give_the_single_thread_answers() {
                 )
                 .episode_starts(&starts);
                 let want = one.act(&req).unwrap().clone();
-                let got = many.act(&req).unwrap();
-                assert_eq!(got, &want, "{name}: batch {batch}, step {step}");
+                let got = other.act(&req).unwrap();
+                assert_eq!(got, &want, "{name}: {what}, batch {batch}, step {step}");
             }
+        };
+        for &batch in batches {
+            same(&mut one, &mut many, batch, 0..3, (7, 3), "split");
         }
         // The measured split: its first 16 steps of a batch size split, the next 4 probe the caller alone, then
         // whichever measured faster (beside the other tests, either): 1 thread's answers throughout. (Not the
@@ -261,34 +276,17 @@ fn intra_op_threads_give_the_single_thread_answers() {
             let (mut one, mut measured) = (policy.session(), policy.session());
             measured.set_threads(3).unwrap();
             assert_eq!(measured.thread_split(), ThreadSplit::Measured);
-            let batch = 50;
-            let obs: Vec<f32> = (0..batch)
-                .flat_map(|r| case.obs[(r % case.batch) * width..][..width].to_vec())
-                .collect();
-            let starts: Vec<bool> = (0..batch).map(|r| r % 5 == 1).collect();
-            for step in 0..40u64 {
-                let req = Request::new(
-                    Observations::F32(&obs),
-                    batch,
-                    ActMode::Sample { seed: 11, step },
-                )
-                .episode_starts(&starts);
-                let want = one.act(&req).unwrap().clone();
-                let got = measured.act(&req).unwrap();
-                assert_eq!(got, &want, "{name}: measured split, step {step}");
-            }
+            same(&mut one, &mut measured, 50, 0..40, (5, 1), "measured split");
         }
         // Warm, threaded: nothing allocated on the calling thread. A new session, warmed by one act, all of it
         // beside a busy core: its parts then vary from act to act, from the warm-up on (a buffer sized by the
         // part a thread happened to take grows later; how dict_obs's chunk buffer was caught).
-        let (rows, steps) = if pixels { (24, 6) } else { (64, 20) };
-        let obs: Vec<f32> = (0..rows)
-            .flat_map(|r| case.obs[(r % case.batch) * width..][..width].to_vec())
-            .collect();
+        let (batch, steps) = if pixels { (24, 6) } else { (64, 20) };
+        let obs = rows(batch);
         let req = |step| {
             Request::new(
                 Observations::F32(&obs),
-                rows,
+                batch,
                 ActMode::Sample { seed: 2, step },
             )
         };
