@@ -39,6 +39,16 @@ namespace Policyport
         CpuBf16 = 2,
     }
 
+    /// <summary>How act() uses a policy's threads (<see cref="Policy.SetThreadSplit"/>).</summary>
+    public enum ThreadSplit : uint
+    {
+        /// <summary>Split a batch only while that measures faster than the calling thread alone (the default):
+        /// threads never slow act() down when the game's own threads take the cores.</summary>
+        Measured = 0,
+        /// <summary>Split every batch of at least 8 rows per thread (benchmarks and tests of the split).</summary>
+        Always = 1,
+    }
+
     /// <summary>A call the library refused; <see cref="Status"/> says which kind, the message why. Nothing
     /// changed.</summary>
     public class PolicyportException : Exception
@@ -134,6 +144,7 @@ namespace Policyport
         [DllImport(Lib)] internal static extern unsafe Status pp_policy_act_ids(PolicyHandle policy, float* obs, UIntPtr batch, uint* envIds, int sample, ulong seed, ulong step, long* discrete, float* continuous, float* value, float* distParams, byte* episodeStarts, byte* actionMask, float epsilon);
         [DllImport(Lib)] internal static extern unsafe Status pp_policy_reset(PolicyHandle policy, uint* envs, UIntPtr n);
         [DllImport(Lib)] internal static extern Status pp_policy_set_threads(PolicyHandle policy, UIntPtr threads);
+        [DllImport(Lib)] internal static extern Status pp_policy_set_thread_split(PolicyHandle policy, uint split);
         [DllImport(Lib)] internal static extern void pp_policy_free(IntPtr policy);
         [DllImport(Lib)] internal static extern Status pp_agents_new(IntPtr policy, ulong seed, int sample, UIntPtr maxAgents, out AgentsHandle agents);
         [DllImport(Lib)] internal static extern Status pp_agents_spawn(AgentsHandle agents, out ulong id);
@@ -157,7 +168,7 @@ namespace Policyport
         }
 
         /// <summary>The ABI this binding speaks.</summary>
-        internal const uint AbiVersion = 6;
+        internal const uint AbiVersion = 7;
 
         internal static void CheckAbi()
         {
@@ -264,6 +275,14 @@ namespace Policyport
         {
             if (threads < 0) throw new ArgumentOutOfRangeException(nameof(threads));
             Native.Check(Native.pp_policy_set_threads(Handle, (UIntPtr)threads));
+        }
+
+        /// <summary>How act() uses the threads <see cref="SetThreads"/> gave: <see cref="ThreadSplit.Measured"/>
+        /// (the default) or <see cref="ThreadSplit.Always"/>; the same actions either way. Another value is a
+        /// <c>BadCallException</c>.</summary>
+        public void SetThreadSplit(ThreadSplit split)
+        {
+            Native.Check(Native.pp_policy_set_thread_split(Handle, (uint)split));
         }
 
         public void Dispose() { Handle.Dispose(); }

@@ -177,6 +177,21 @@ fn c_abi_errors_are_typed_and_never_panic() {
         assert_eq!(pp_policy_set_threads(p, 2), PpStatus::Ok);
         assert_eq!(pp_policy_set_threads(p, 1_000_000), PpStatus::Backend);
         assert!(last_error().contains("threads"), "{}", last_error());
+        // How the threads are used: the two modes, a typed refusal for another code, a null policy.
+        assert_eq!(
+            pp_policy_set_thread_split(p, PP_THREAD_SPLIT_ALWAYS),
+            PpStatus::Ok
+        );
+        assert_eq!(
+            pp_policy_set_thread_split(p, PP_THREAD_SPLIT_MEASURED),
+            PpStatus::Ok
+        );
+        assert_eq!(pp_policy_set_thread_split(p, 2), PpStatus::BadCall);
+        assert!(last_error().contains("thread split 2"), "{}", last_error());
+        assert_eq!(
+            pp_policy_set_thread_split(std::ptr::null_mut(), 0),
+            PpStatus::NullPointer
+        );
         assert_eq!(pp_policy_set_threads(p, 1), PpStatus::Ok);
         assert_eq!(
             pp_policy_set_threads(std::ptr::null_mut(), 2),

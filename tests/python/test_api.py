@@ -348,6 +348,20 @@ def test_intra_op_threads_give_the_same_answers_and_refuse_typed():
         a, b = one.act(obs, seed=2, step=step), many.act(obs, seed=2, step=step)
         assert np.array_equal(a.actions, b.actions) and np.array_equal(a.value, b.value)
         assert np.array_equal(a.dist_inputs, b.dist_inputs)
+    # The forced split and the measured one (the default) over enough steps for the measured one to probe the
+    # calling thread alone (its 17th-20th of a batch size): one thread's answers throughout.
+    assert many.thread_split == "measured"
+    forced = pp.Policy.load(art, threads=3)
+    forced.set_thread_split("always")
+    assert forced.thread_split == "always"
+    for step in range(24):
+        a = one.act(obs, seed=3, step=step)
+        for other in (many, forced):
+            b = other.act(obs, seed=3, step=step)
+            assert np.array_equal(a.actions, b.actions) and np.array_equal(a.dist_inputs, b.dist_inputs)
+    with pytest.raises(ValueError, match="thread split"):
+        many.set_thread_split("sometimes")
+    assert many.thread_split == "measured"
     many.set_threads(1)
     assert many.threads == 1
     with pytest.raises(pp.BackendError):

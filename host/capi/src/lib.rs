@@ -25,8 +25,16 @@ pub const HEADER: &str = env!("POLICYPORT_HEADER");
 /// Version of this C ABI. Version 2 added `pp_policy_act`'s `episode_starts`; version 3 `pp_policy_set_threads`;
 /// version 4 `PP_BACKEND_CPU_BF16`, and `pp_policy_load` takes the backend as a `uint32_t` code (the same values);
 /// version 5 `pp_policy_act_masked` (action masks and an epsilon override, format 1.4); version 6 the agents
-/// (`pp_agents_*`: many game agents by stable id, one batched act() per tick) and `pp_policy_act_ids`.
-pub const PP_ABI_VERSION: u32 = 6;
+/// (`pp_agents_*`: many game agents by stable id, one batched act() per tick) and `pp_policy_act_ids`; version 7
+/// `pp_policy_set_thread_split` (threads used only where they measure faster, the default, or always).
+pub const PP_ABI_VERSION: u32 = 7;
+
+/// `pp_policy_set_thread_split`: split a batch over the threads only while that measures faster than the calling
+/// thread alone, per batch size (the default; `policyport::ThreadSplit::Measured`).
+pub const PP_THREAD_SPLIT_MEASURED: u32 = 0;
+/// `pp_policy_set_thread_split`: split every batch of at least 8 rows per thread (for benchmarks and tests of the
+/// split; `policyport::ThreadSplit::Always`).
+pub const PP_THREAD_SPLIT_ALWAYS: u32 = 1;
 
 /// Result of every call.
 #[repr(C)]
@@ -717,6 +725,35 @@ pub unsafe extern "C" fn pp_policy_set_threads(policy: *mut PpPolicy, threads: u
         p.session
             .set_threads(threads)
             .map_err(|e| (status_of(&e), e.to_string()))
+    })
+}
+
+/// How this policy's act() uses its threads (`pp_policy_set_threads`): `PP_THREAD_SPLIT_MEASURED` (0, the default:
+/// a batch is split only while that measures faster than the calling thread alone, so threads never slow act()
+/// down when the game's own threads take the cores) or `PP_THREAD_SPLIT_ALWAYS` (1). Another code is
+/// `PP_STATUS_BAD_CALL`. The same results either way; a no-op on backends without threads.
+///
+/// # Safety
+/// `policy` is live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pp_policy_set_thread_split(policy: *mut PpPolicy, split: u32) -> PpStatus {
+    guard(|| {
+        // SAFETY: as in `pp_policy_set_threads`.
+        let p = unsafe { policy.as_mut() }.ok_or_else(|| null("policy"))?;
+        let split = match split {
+            PP_THREAD_SPLIT_MEASURED => policyport::ThreadSplit::Measured,
+            PP_THREAD_SPLIT_ALWAYS => policyport::ThreadSplit::Always,
+            other => {
+                return Err((
+                    PpStatus::BadCall,
+                    format!(
+                        "thread split {other}: PP_THREAD_SPLIT_MEASURED (0) or PP_THREAD_SPLIT_ALWAYS (1)"
+                    ),
+                ));
+            }
+        };
+        p.session.set_thread_split(split);
+        Ok(())
     })
 }
 

@@ -191,14 +191,23 @@ static class Tests
                 Assert(got == cAgents.Replace("native:", "sandboxed:"), "sandboxed agents differ");
             }
         });
-        Test("agents from a policy on 2 threads play the same game; the sandbox refuses threads, typed", () =>
+        Test("agents from a policy on 2 threads (measured and always split) play the same game; an unknown split and the sandbox's threads are refused, typed", () =>
         {
-            var threaded = Policy.Load(artifact);
-            threaded.SetThreads(2);
-            using (var agents = Agents.FromPolicy(threaded, 7))
+            foreach (var split in new[] { ThreadSplit.Measured, ThreadSplit.Always })
             {
-                string got = AgentsGame(agents, false, 32, 1200);
-                Assert(got == cAgents, "2 threads: C# and C agents outputs differ:\nC#: " + got + "\nC:  " + cAgents);
+                var threaded = Policy.Load(artifact);
+                threaded.SetThreads(2);
+                threaded.SetThreadSplit(split);
+                using (var agents = Agents.FromPolicy(threaded, 7))
+                {
+                    string got = AgentsGame(agents, false, 32, 1200);
+                    Assert(got == cAgents, "2 threads, " + split + ": C# and C agents outputs differ:\nC#: " + got + "\nC:  " + cAgents);
+                }
+            }
+            using (var p = Policy.Load(artifact))
+            {
+                var e = Throws<BadCallException>(() => p.SetThreadSplit((ThreadSplit)7), "thread split 7");
+                Assert(e.Status == Status.BadCall, "status " + e.Status);
             }
             using (var p = Policy.LoadSandboxed(artifact, plugin, 0, 1000))
             {

@@ -714,6 +714,33 @@ impl PyPolicy {
         Ok(self.lock().threads())
     }
 
+    /// How act() uses those threads: "measured" (the default: a batch is split only while that measures faster
+    /// than the calling thread alone, so threads never slow act() down when other work takes the cores) or
+    /// "always" (every batch of at least 8 rows per thread: benchmarks and tests of the split). The same answers
+    /// either way; another value is a ValueError.
+    fn set_thread_split(&self, split: &str) -> PyResult<()> {
+        let split = match split {
+            "measured" => policyport::ThreadSplit::Measured,
+            "always" => policyport::ThreadSplit::Always,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "thread split {other:?}: \"measured\" or \"always\""
+                )));
+            }
+        };
+        self.lock().set_thread_split(split);
+        Ok(())
+    }
+
+    /// "measured" or "always" (see `set_thread_split`).
+    #[getter]
+    fn thread_split(&self) -> &'static str {
+        match self.lock().thread_split() {
+            policyport::ThreadSplit::Measured => "measured",
+            policyport::ThreadSplit::Always => "always",
+        }
+    }
+
     /// Another session on the same compiled weights (its own recurrent state): one per thread that acts.
     fn new_session(&self) -> Self {
         PyPolicy {

@@ -1,7 +1,7 @@
 """Type stubs of policyport's native module (host/python/src/lib.rs)."""
 
 import os
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, ClassVar, Literal, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +81,9 @@ class Policy:
     def set_threads(self, threads: int) -> None: ...
     @property
     def threads(self) -> int: ...
+    def set_thread_split(self, split: Literal["measured", "always"]) -> None: ...
+    @property
+    def thread_split(self) -> Literal["measured", "always"]: ...
     @property
     def info(self) -> PolicyInfo: ...
     @property
