@@ -352,7 +352,9 @@ impl Session {
     /// [`Session::set_threads`]). An engine calls this when a tick starts gathering its observations, so the
     /// wake-up overlaps with the gathering (`policyport-agents` does, on a tick's first observation). Measured on
     /// a 2-core VM, 1 000 CartPole agents on 2 threads in Bevy, ticks back to back: ~190 → ~182 µs per tick.
-    /// Cheap (one wake per worker); a no-op without threads.
+    /// Cheap (one wake per worker); a no-op without threads, and when the measured split
+    /// ([`Session::set_thread_split`]) will run the next step on the calling thread alone (its time is counted
+    /// into the next step's when that step splits, so the split is judged with what waking costs).
     pub fn wake_threads(&mut self) {
         self.policy.executor().wake_threads(&mut self.scratch);
     }
