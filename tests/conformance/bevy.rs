@@ -131,8 +131,16 @@ fn bevy_a_tick_the_policy_refuses_is_an_error_entry_never_a_panic() {
 /// world. Twelve agents on two policies, each with its own observation (so its value names its row) and most with
 /// a mask that allows one action (its own), one agent without an `Observation`, one with an empty one (it sits the
 /// tick out), and an agent moved to the other policy between ticks.
+/// With 2 policies, and with 4 more that no agent uses added first (6 in all: past the action pass's stack room
+/// for 4, `INLINE_POLICIES`, so its per-tick list is the heap one).
 #[test]
 fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch() {
+    for idle_policies in [0, 4] {
+        each_agent_gets_its_own_row(idle_policies);
+    }
+}
+
+fn each_agent_gets_its_own_row(idle_policies: usize) {
     use policyport::{ActMode, Observations, Request};
     use policyport_bevy::{Action, ActionMask, Agent};
     let bytes = sb3("ppo_cartpole");
@@ -168,6 +176,9 @@ fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch(
     };
     let (a, b) = {
         let mut p = app.world_mut().resource_mut::<Policies>();
+        for i in 0..idle_policies {
+            p.add(Agents::new(policy.clone(), config(10 + i as u64)));
+        }
         (
             p.add(Agents::new(policy.clone(), config(1))),
             p.add(Agents::new(policy.clone(), config(2))),

@@ -400,6 +400,17 @@ fn write_action(agent: &Agent, action: Mut<'_, Action>, row: u32, ticks: &[Optio
     t.write(r, action);
 }
 
+/// Policy `p`'s last tick for the action pass, unless its act failed this tick.
+fn tick_of<'a>(
+    failed: &[PolicyHandle],
+    (p, a): (usize, &'a mut Exclusive<Agents>),
+) -> Option<TickRows<'a>> {
+    (!failed.contains(&PolicyHandle(p))).then(|| TickRows::of(a.get()))
+}
+
+/// Policies whose ticks the action pass holds on the stack; more go to a per-tick Vec.
+const INLINE_POLICIES: usize = 4;
+
 /// The Act system's per-tick lists, kept across ticks so a tick allocates nothing once they have grown.
 #[derive(Default)]
 struct ActScratch {
@@ -577,12 +588,28 @@ fn act_system(
     // an Agent and an Observation (Agent requires Action) and visit them in table order, which nothing changes
     // inside a system; an entity whose Action a game removed would shift the pairing, and the check then falls
     // back to the lookup by id.
-    let ticks: Vec<Option<TickRows<'_>>> = policies
-        .agents
-        .iter_mut()
-        .enumerate()
-        .map(|(p, a)| (!failed.contains(&PolicyHandle(p))).then(|| TickRows::of(a.get())))
-        .collect();
+    // Up to INLINE_POLICIES on the stack (a game's usual few policies): no heap allocation per tick.
+    let (mut inline, heap): ([Option<TickRows<'_>>; INLINE_POLICIES], Vec<_>);
+    let ticks: &[Option<TickRows<'_>>] = if policies.len() <= INLINE_POLICIES {
+        inline = [const { None }; INLINE_POLICIES];
+        let n = policies.len();
+        for (slot, tick) in inline
+            .iter_mut()
+            .zip(policies.agents.iter_mut().enumerate())
+            .map(|(slot, pa)| (slot, tick_of(failed, pa)))
+        {
+            *slot = tick;
+        }
+        &inline[..n]
+    } else {
+        heap = policies
+            .agents
+            .iter_mut()
+            .enumerate()
+            .map(|pa| tick_of(failed, pa))
+            .collect();
+        &heap
+    };
     let mut rows = rows.iter();
     queries.p1().iter_mut().for_each(|(agent, action)| {
         if let Some(&row) = rows.next() {
