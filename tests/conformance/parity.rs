@@ -319,7 +319,8 @@ fn intra_op_threads_give_the_single_thread_answers() {
 
 /// `Session::set_threads` on every backend: the cpu backend takes more than one thread, and refuses an absurd
 /// count with a typed error (not a million threads); other backends accept 1 thread and refuse more with a typed
-/// error.
+/// error. `Session::set_thread_split`: the cpu backend keeps the mode across thread counts; the others accept it
+/// and keep nothing.
 fn only_the_cpu_backend_takes_more_than_one_thread(backend: Backend) {
     use policyport::{BackendError, PolicyError};
     let bytes = compile_fixture(&load_fixture("mlp64"));
@@ -339,7 +340,23 @@ fn only_the_cpu_backend_takes_more_than_one_thread(backend: Backend) {
             2,
             "a refused count leaves the session as it was"
         );
+        // The thread split is the session's, set before or after its threads, and kept when they change.
+        let mut t = policyport_conformance::load(&bytes, backend)
+            .unwrap()
+            .session();
+        assert_eq!(t.thread_split(), ThreadSplit::Measured);
+        t.set_thread_split(ThreadSplit::Always);
+        t.set_threads(3).unwrap();
+        assert_eq!(t.thread_split(), ThreadSplit::Always);
+        t.set_threads(2).unwrap();
+        t.set_threads(1).unwrap();
+        assert_eq!(t.thread_split(), ThreadSplit::Always);
+        s.set_thread_split(ThreadSplit::Always);
+        assert_eq!(s.thread_split(), ThreadSplit::Always);
     } else {
+        // Nothing to split: the mode is accepted and changes nothing.
+        s.set_thread_split(ThreadSplit::Always);
+        assert_eq!(s.thread_split(), ThreadSplit::Measured, "{backend}");
         assert!(
             matches!(
                 more,
