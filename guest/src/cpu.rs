@@ -173,14 +173,14 @@ struct Bufs {
 pub(crate) struct CpuScratch {
     main: Bufs,
     threads: Option<Threads>,
-    /// How the threads are used ([`crate::Session::set_thread_split`]); kept when the threads change.
-    split_mode: ThreadSplit,
+    /// Whether a step splits over the threads: the mode ([`crate::Session::set_thread_split`], kept when the
+    /// threads change) and the measured time of both ways (see [`crate::thread_split`]; started afresh with new
+    /// threads).
+    chooser: SplitChooser,
 }
 
 struct Threads {
     pool: RowPool,
-    /// Whether a step splits, by the measured time of both ways (see [`crate::thread_split`]).
-    chooser: SplitChooser,
     /// Time the caller spent waking the workers ahead of the next step ([`Executor::wake_threads`]), in ns:
     /// counted into that step's time if it splits.
     wake_ns: u64,
@@ -761,7 +761,7 @@ impl Executor for CpuExecutor {
         Box::new(CpuScratch {
             main: Bufs::default(),
             threads: None,
-            split_mode: ThreadSplit::default(),
+            chooser: SplitChooser::new(ThreadSplit::default()),
         })
     }
 
@@ -772,9 +772,9 @@ impl Executor for CpuExecutor {
         } else if s.threads.as_ref().map(|t| t.pool.threads()) != Some(threads) {
             // The old workers (if any) are joined before the new ones start.
             s.threads = None;
+            s.chooser = SplitChooser::new(s.chooser.mode());
             s.threads = Some(Threads {
                 pool: RowPool::new(threads - 1)?,
-                chooser: SplitChooser::new(s.split_mode),
                 wake_ns: 0,
                 bufs: (1..threads).map(|_| Mutex::new(Bufs::default())).collect(),
             });
@@ -790,22 +790,19 @@ impl Executor for CpuExecutor {
     }
 
     fn set_thread_split(&self, scratch: &mut ExecScratch, mode: ThreadSplit) {
-        let s = scratch_of::<CpuScratch>(scratch);
-        s.split_mode = mode;
-        if let Some(t) = &mut s.threads {
-            t.chooser.set_mode(mode);
-        }
+        scratch_of::<CpuScratch>(scratch).chooser.set_mode(mode);
     }
 
     fn thread_split(&self, scratch: &mut ExecScratch) -> ThreadSplit {
-        scratch_of::<CpuScratch>(scratch).split_mode
+        scratch_of::<CpuScratch>(scratch).chooser.mode()
     }
 
     fn wake_threads(&self, scratch: &mut ExecScratch) {
         // Not when the next step will run on the caller alone: a woken worker spins ~60 µs, on a core that other
         // work may need (that is when a split measures slower).
-        if let Some(t) = &mut scratch_of::<CpuScratch>(scratch).threads
-            && t.chooser.next_splits()
+        let s = scratch_of::<CpuScratch>(scratch);
+        if let Some(t) = &mut s.threads
+            && s.chooser.next_splits()
         {
             // What the wake costs the caller (a system call per sleeping worker) is part of the split step's
             // cost: added to its time (`launch`), or the chooser would see the split cheaper than it is (measured
@@ -839,11 +836,8 @@ impl Executor for CpuExecutor {
         // A step big enough to split splits only while that measures faster than the caller alone (or always, if
         // the session says so): see `thread_split`. Timed from here to the last row, both ways.
         let start = if threads > 1 { now_ns() } else { None };
-        let measured = start.is_some() && s.split_mode == ThreadSplit::Measured;
-        let choice = match &mut s.threads {
-            Some(t) if threads > 1 => Some(t.chooser.choose(batch, start.is_some())),
-            _ => None,
-        };
+        let measured = start.is_some() && s.chooser.mode() == ThreadSplit::Measured;
+        let choice = (threads > 1).then(|| s.chooser.choose(batch, start.is_some()));
         let record = |s: &mut CpuScratch| {
             if let (Some(t), Some(choice), Some(start)) = (&mut s.threads, choice, start)
                 && let Some(end) = now_ns()
@@ -853,7 +847,7 @@ impl Executor for CpuExecutor {
                 } else {
                     0
                 };
-                t.chooser.record(
+                s.chooser.record(
                     choice,
                     batch,
                     end.saturating_sub(start).saturating_add(wake),

@@ -80,7 +80,7 @@ const RECENT_WEIGHT: f32 = 0.125;
 pub(crate) struct Choice {
     pub(crate) split: bool,
     class: u8,
-    pub(crate) probe: Probe,
+    probe: Probe,
     /// Whether the workers should spin for the next step after this one (it splits too, most likely) rather
     /// than sleep at once (see [`crate::pool::RowPool::run`]).
     pub(crate) linger: bool,
@@ -193,6 +193,10 @@ impl SplitChooser {
             classes: [Class::NEW; CLASSES],
             last: None,
         }
+    }
+
+    pub(crate) fn mode(&self) -> ThreadSplit {
+        self.mode
     }
 
     /// A new mode forgets nothing: the measurements stay valid.

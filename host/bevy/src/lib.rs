@@ -593,12 +593,11 @@ fn act_system(
     let ticks: &[Option<TickRows<'_>>] = if policies.len() <= INLINE_POLICIES {
         inline = [const { None }; INLINE_POLICIES];
         let n = policies.len();
-        for (slot, tick) in inline
+        for (slot, pa) in inline
             .iter_mut()
             .zip(policies.agents.iter_mut().enumerate())
-            .map(|(slot, pa)| (slot, tick_of(failed, pa)))
         {
-            *slot = tick;
+            *slot = tick_of(failed, pa);
         }
         &inline[..n]
     } else {
