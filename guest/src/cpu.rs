@@ -842,11 +842,10 @@ impl Executor for CpuExecutor {
             if let (Some(t), Some(choice), Some(start)) = (&mut s.threads, choice, start)
                 && let Some(end) = now_ns()
             {
-                let wake = if choice.split {
-                    std::mem::take(&mut t.wake_ns)
-                } else {
-                    0
-                };
+                // The wake belongs to this step only: a step that did not split drops it (kept, it would be
+                // charged to some later split step of any batch size).
+                let wake = std::mem::take(&mut t.wake_ns);
+                let wake = if choice.split { wake } else { 0 };
                 s.chooser.record(
                     choice,
                     batch,
