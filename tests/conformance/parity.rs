@@ -84,6 +84,78 @@ fn sampling_depends_on_env_id_not_on_batch_position(backend: Backend) {
 }
 per_backend!(sampling_depends_on_env_id_not_on_batch_position);
 
+/// A batch bigger than the cpu executor's row block (a block of rows passes every layer before the next block;
+/// 96 rows or more, `BLOCK_BYTES` in guest/src/cpu.rs) acts as its rows would one at a time, over two steps (the
+/// recurrent fixtures carry each env's state from the first): the rows of every fixture, env ids 0..n. Exact on
+/// the backends that run the cpu kernels (native, the sandbox: a row's numbers never depend on its neighbours);
+/// the others over 9 rows, within 1e-4 with deterministic actions (their kernels may sum in another order at
+/// another batch).
+fn a_batch_of_many_blocks_acts_as_its_rows_one_at_a_time(backend: Backend) {
+    let exact = matches!(backend, Backend::Cpu | Backend::Wasmtime);
+    for name in fixture_names() {
+        let f = load_fixture(&name);
+        let p = policyport_conformance::load(&compile_fixture(&f), backend).unwrap();
+        let case = f.io.cases.iter().max_by_key(|c| c.batch).unwrap();
+        let width = case.obs.len() / case.batch;
+        // Past a block or more and a partial one on the cpu kernels: every fixture here has 96-row blocks (over
+        // 1.3 KB of activations a row); 3 x 288 + 9 rows cover blocks up to 288 rows for a smaller net. Fewer rows
+        // elsewhere (a single act on lavapipe takes milliseconds).
+        let n = match (exact, width >= 1024) {
+            (true, true) => 105,
+            (true, false) => 3 * 288 + 9,
+            (false, _) => 9,
+        };
+        // The case's rows in a scrambled order (valid observations of any kind: frames, one-hots, dicts): a row
+        // run with another's observation (a block's rows misplaced by any offset) shows.
+        let pick = |r: usize| ((r as u64).wrapping_mul(2_654_435_761) >> 7) as usize % case.batch;
+        let obs: Vec<f32> = (0..n)
+            .flat_map(|r| case.obs[pick(r) * width..][..width].to_vec())
+            .collect();
+        let (mut whole, mut single) = (p.session(), p.session());
+        for step in 0..2 {
+            let mode = match exact {
+                true => ActMode::Sample { seed: 5, step },
+                false => ActMode::Deterministic,
+            };
+            let all = whole
+                .act(&Request::new(Observations::F32(&obs), n, mode))
+                .unwrap()
+                .clone();
+            for r in 0..n {
+                let one = single
+                    .act(
+                        &Request::new(Observations::F32(&obs[r * width..][..width]), 1, mode)
+                            .envs(EnvIds::Range(r as u32)),
+                    )
+                    .unwrap();
+                let k = one.discrete.len();
+                let what = format!("{name} on {}, row {r} of {n}, step {step}", backend.name());
+                assert_eq!(one.discrete, all.discrete[r * k..][..k], "{what}: discrete");
+                for (part, got, want) in [
+                    ("continuous", &one.continuous, &all.continuous),
+                    ("value", &one.value, &all.value),
+                    ("dist_params", &one.dist_params, &all.dist_params),
+                ] {
+                    let k = got.len();
+                    let want = &want[r * k..][..k];
+                    match exact {
+                        true => assert_eq!(got.as_slice(), want, "{what}: {part}"),
+                        false => {
+                            for (g, w) in got.iter().zip(want) {
+                                assert!(
+                                    (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                                    "{what}: {part} {g} vs {w}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+per_backend!(a_batch_of_many_blocks_acts_as_its_rows_one_at_a_time);
+
 /// A session's output buffers are reused: a warm act() keeps their allocations.
 fn outputs_are_reused_without_reallocation(backend: Backend) {
     let f = load_fixture("cartpole");
