@@ -104,9 +104,10 @@ fn bevy_a_tick_the_policy_refuses_is_an_error_entry_never_a_panic() {
     let mut app = scene_app(agents, 4, 100);
     app.update();
     assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
-    // A game system writing a 3-number observation for one cart: that policy's tick is refused, typed.
+    // A game system writing a 3-number observation for one cart (the third: in the middle of the staging pass's
+    // run of agents through their policy): that policy's tick is refused, typed.
     fn short(mut q: Query<&mut Observation, With<cartpole::Cart>>) {
-        if let Some(mut o) = q.iter_mut().next() {
+        if let Some(mut o) = q.iter_mut().nth(2) {
             o.0.truncate(3);
         }
     }
