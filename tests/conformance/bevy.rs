@@ -449,3 +449,74 @@ fn bevy_a_cloned_agent_entity_is_a_new_agent_with_its_own_id() {
         assert_eq!(app.world().get::<Action>(e).unwrap().tick, 4);
     }
 }
+
+/// Regression for the staging pass's gathered runs (a policy's common-case agents staged in one
+/// `Agents::observe_rows` call at the end of their run): a run the policy refuses — here an agent the game staged
+/// itself through `Policies` before the Act set — is that policy's error entry for the tick (typed, never a
+/// panic), its agents keep their last actions, another policy's agents act, and the next tick is clean.
+#[test]
+fn bevy_a_gathered_run_the_policy_refuses_is_an_error_entry() {
+    use policyport_agents::AgentsError;
+    use policyport_bevy::{Action, Agent};
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let config = || AgentsConfig {
+        deterministic: true,
+        ..Default::default()
+    };
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let (h, other) = {
+        let mut policies = app.world_mut().resource_mut::<Policies>();
+        (
+            policies.add(Agents::new(policy.clone(), config())),
+            policies.add(Agents::new(policy, config())),
+        )
+    };
+    let obs = vec![0.01f32, 0.0, -0.02, 0.1];
+    let mine: Vec<Entity> = (0..5)
+        .map(|_| {
+            app.world_mut()
+                .spawn((Agent::new(h), Observation(obs.clone())))
+                .id()
+        })
+        .collect();
+    let theirs = app
+        .world_mut()
+        .spawn((Agent::new(other), Observation(obs.clone())))
+        .id();
+    app.update();
+    assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    let ticks = |app: &App, es: &[Entity]| -> Vec<u64> {
+        es.iter()
+            .map(|e| app.world().get::<Action>(*e).unwrap().tick)
+            .collect()
+    };
+    assert_eq!(ticks(&app, &mine), vec![1; 5]);
+    // The game stages the third agent's id itself: the plugin's run then stages it a second time.
+    let id = app.world().get::<Agent>(mine[2]).unwrap().id().unwrap();
+    app.world_mut()
+        .resource_mut::<Policies>()
+        .get_mut(h)
+        .unwrap()
+        .observe(id, &obs)
+        .unwrap();
+    app.update();
+    let errors = &app.world().resource::<PolicyportErrors>().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].0, h);
+    assert!(
+        matches!(errors[0].1, AgentsError::AlreadyObserved(a) if a == id),
+        "{:?}",
+        errors[0].1
+    );
+    assert_eq!(
+        ticks(&app, &mine),
+        vec![1; 5],
+        "the refused tick wrote no action"
+    );
+    assert_eq!(ticks(&app, &[theirs]), vec![2], "the other policy acted");
+    app.update();
+    assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    assert_eq!(ticks(&app, &mine), vec![2; 5]);
+    assert_eq!(ticks(&app, &[theirs]), vec![3]);
+}

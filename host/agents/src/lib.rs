@@ -730,20 +730,18 @@ impl Agents {
         Ok(self.last())
     }
 
-    /// A whole tick in one call, for engines that gather their agents into arrays (the C ABI's `pp_agents_tick`,
-    /// Godot's runner): stage `ids` (row `i` of `obs`, and of `masks` when given, for `ids[i]`), act once, and
-    /// write each agent's outputs in the same order into `out`. Rows staged earlier act in the same call. On error
-    /// the rows this call staged are withdrawn (nothing else changes) and `out` is left as it was.
-    pub fn tick_rows(
+    /// Stage many agents at once: row `i` of `obs` (and of `masks` when given) for `ids[i]`, as
+    /// [`Agents::observe`] / [`Agents::observe_masked`] would one by one, in that order, at a fraction of their
+    /// cost per agent where no row is unusual (one pass over the agents' slots, then the ids and observations
+    /// appended as two copies). All or nothing: on a refusal the rows this call staged are withdrawn (rows
+    /// staged before it stay) and the first refusal is returned.
+    pub fn observe_rows(
         &mut self,
         ids: &[AgentId],
         obs: &[f32],
         masks: Option<&[bool]>,
-        out: &mut RowOutputs,
     ) -> Result<(), AgentsError> {
         let (o, m) = (self.shape.obs_len, self.shape.mask_len);
-        // Rows staged earlier in this tick come first: this call's rows are `base..base + ids.len()`.
-        let base = self.ids.len();
         let mut staged = 0;
         let mut result = Ok(());
         if masks.is_none() && self.stage_rows(ids, obs) {
@@ -783,8 +781,31 @@ impl Agents {
                 found: obs.len(),
             });
         }
-        if let Err(e) = result.and_then(|()| self.act().map(|_| ())) {
+        if let Err(e) = result {
             for id in &ids[..staged] {
+                self.unobserve(*id);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A whole tick in one call, for engines that gather their agents into arrays (the C ABI's `pp_agents_tick`,
+    /// Godot's runner): stage `ids` (row `i` of `obs`, and of `masks` when given, for `ids[i]`), act once, and
+    /// write each agent's outputs in the same order into `out`. Rows staged earlier act in the same call. On error
+    /// the rows this call staged are withdrawn (nothing else changes) and `out` is left as it was.
+    pub fn tick_rows(
+        &mut self,
+        ids: &[AgentId],
+        obs: &[f32],
+        masks: Option<&[bool]>,
+        out: &mut RowOutputs,
+    ) -> Result<(), AgentsError> {
+        // Rows staged earlier in this tick come first: this call's rows are `base..base + ids.len()`.
+        let base = self.ids.len();
+        self.observe_rows(ids, obs, masks)?;
+        if let Err(e) = self.act() {
+            for id in ids {
                 self.unobserve(*id);
             }
             return Err(e);
