@@ -14,7 +14,8 @@ need_cargo
 torch_env
 ensure_mono
 ensure_godot3
-cargo build --profile "$PP_PROFILE" --workspace --all-targets --features "$PP_FEATURES"
+# policyport-bevy's bench-timing: tick_bench's act-system parts timed inside the system (`bevy_in_*`).
+cargo build --profile "$PP_PROFILE" --workspace --all-targets --features "$PP_FEATURES,policyport-bevy/bench-timing"
 rel="$PP_OUT"
 d="$CARGO_TARGET_DIR/engine-bench"
 rm -rf "$d" && mkdir -p "$d"
@@ -56,8 +57,8 @@ for model in dict.fromkeys(r["model"] for r in rows):
     ort_whole = next(r["us_per_run"] for r in ort if "graph" in r)
     counts = sorted({r["agents"] for r in rows if r["model"] == model and "agents" in r})
     print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run of the actor alone, {ort_whole:.1f} µs with the value)")
-    print("| agents | Session::act | Session::act, env-id list | Session::act with the value | agents layer | Bevy Act set | Bevy act system | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | C# overhead | Godot 3 overhead | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| agents | Session::act | Session::act, env-id list | Session::act with the value | agents layer | Bevy Act set | Bevy act system | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | Bevy overhead, same tick | C# overhead | Godot 3 overhead | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in counts:
         get = lambda p, t=1: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n and r.get("threads", 1) == t)
         s, si, a, b, u, c = get("session_act"), get("session_act_ids"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
@@ -66,7 +67,11 @@ for model in dict.fromkeys(r["model"] for r in rows):
         g, alone = get("godot3_tick"), get("session_act_alone")
         s2, b2 = get("session_act", 2), get("bevy_act_set", 2)
         loop = ort1 * n
-        print(f"| {n} | {s:.1f} | {si:.1f} | {sv:.1f} | {a:.1f} | {b:.1f} | {bs:.1f} | {u:.1f} | {alone:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (bs - s) / s:+.1f} % | "
+        try:
+            same_tick = f"{100 * get('bevy_in_overhead') / get('bevy_in_act'):+.1f} %"
+        except StopIteration:
+            same_tick = "n/a"
+        print(f"| {n} | {s:.1f} | {si:.1f} | {sv:.1f} | {a:.1f} | {b:.1f} | {bs:.1f} | {u:.1f} | {alone:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (bs - s) / s:+.1f} % | {same_tick} | "
               f"{100 * (c - alone) / alone:+.1f} % | {100 * (g - alone) / alone:+.1f} % | **{loop / b:.1f}x** | {s2:.1f} | {b2:.1f} | **{loop / b2:.1f}x** |")
 print("\nEvery path acts without the value estimate (a game's default: AgentsConfig::values off, Request::skip_value; "
       "the cpu backend then skips the critic's own layers), and so does the per-agent onnxruntime loop (the actor alone, as "
@@ -75,7 +80,9 @@ print("\nEvery path acts without the value estimate (a game's default: AgentsCon
       "Session::act alone: the same act back to back, as the C# and Godot processes run theirs (their overheads are against it; "
       "Bevy's against the interleaved Session::act). Session::act, env-id list: the same act with the request the agents layer sends (an env id per row, "
       "episode-start flags). Bevy act system: the Act set's span (a timing system on each side) less an empty pair of the same "
-      "timing systems in the same app and tick (what the timing itself costs, ~0.1 µs). Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act "
+      "timing systems in the same app and tick (what the timing itself costs, ~0.1 µs). Bevy overhead, same tick: the act system "
+      "less the policy's act() timed inside it in the same tick (policyport-bevy's bench-timing feature), over that act (medians): "
+      "free of the run-to-run variation of an act timed in another tick. Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act "
       "(Bevy: its act system; Godot 3: tick() + discrete_actions() "
       "from GDScript, the ids an Array, the observations a PoolRealArray). The per-agent loop: N × onnxruntime's batch-1 Run "
       "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set. 2 threads: the "

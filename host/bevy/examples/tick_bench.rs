@@ -8,7 +8,9 @@
 //!     cargo run -p policyport-bevy --example tick_bench --release -- --policy p.policy --agents 1,100,1000,10000 \
 //!         --threads 2
 //!
-//! Prints one JSON line per (path, agents, threads). tests/scripts/engine-bench.sh runs it next to the C# binding and
+//! Prints one JSON line per (path, agents, threads). Built with policyport-bevy's `bench-timing` feature, the Bevy
+//! lines include the act system's parts timed inside it (`bevy_in_*`) and its overhead against the act of the same
+//! tick (`bevy_in_overhead`, the act being `bevy_in_act`). tests/scripts/engine-bench.sh runs it next to the C# binding and
 //! onnxruntime's batch-1 loop and prints the ratios.
 
 use std::time::Instant;
@@ -101,6 +103,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // a game acting with a policy does not (the engines' own exports leave the critic out). The bare act with the
     // value is measured beside it either way (`session_act_with_value`).
     let values = args.iter().any(|a| a == "--values");
+    // What one clock read costs here: the act system's five (`bench-timing`) are taken from its overhead.
+    let clock_read = {
+        let t0 = Instant::now();
+        let mut last = t0;
+        for _ in 0..100_000 {
+            last = std::hint::black_box(Instant::now());
+        }
+        (last - t0).as_secs_f64() / 100_000.0
+    };
     let bytes = std::fs::read(&path)?;
     let policy = CompiledPolicy::load(&bytes, Backend::Cpu)?;
     let obs_len = policy.info().obs_len;
@@ -193,6 +204,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     if let (Some(act), Some(empty)) = (act, empty) {
                         out.push(("bevy_timer_pair", empty));
                         out.push(("bevy_act_system", act - empty));
+                        // Built with policyport-bevy's `bench-timing` feature (engine-bench.sh): the act system's
+                        // parts timed inside it, and its overhead against the act of the same tick.
+                        if let Some(parts) = policyport_bevy::bench_timing::last() {
+                            out.push(("bevy_in_act", parts.act));
+                            out.push(("bevy_in_staging", parts.staging));
+                            out.push(("bevy_in_actions", parts.actions));
+                            out.push((
+                                "bevy_in_overhead",
+                                act - empty - parts.act - 5.0 * clock_read,
+                            ));
+                        }
                     }
                     out.push(("bevy_update", update));
                     if gap_us > 0 {

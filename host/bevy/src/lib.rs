@@ -573,6 +573,7 @@ fn act_system(
     // The errors are written without Bevy's change mark (any `DerefMut`, a `clear()` of an empty list too, set
     // it: a game's `resource_changed::<PolicyportErrors>` fired every tick), which is set at the end only where
     // this tick's list differs from the last one's in being empty or not, or holds errors.
+    let start = bench_timing::Mark::now();
     let had_errors = !errors.0.is_empty();
     let errors_mark = &mut errors;
     let errors = errors_mark.bypass_change_detection();
@@ -669,6 +670,7 @@ fn act_system(
         }
         Run::end(run.take(), policies, run_lists!());
     }
+    let staged = bench_timing::Mark::now();
     for &e in respawned.iter() {
         if let Ok((mut agent, _, _)) = queries.p2().get_mut(e) {
             agent.episode_start = false;
@@ -715,6 +717,7 @@ fn act_system(
             }
         }
     }
+    let acting = bench_timing::Mark::now();
     // Act, per policy.
     for p in 0..policies.len() {
         let handle = PolicyHandle(p);
@@ -731,6 +734,7 @@ fn act_system(
             failed.push(handle);
         }
     }
+    let acted = bench_timing::Mark::now();
     // Write actions: each policy's tick looked up once (not per agent); each agent's row is the one staging
     // gave it, checked against the tick's list of who acted in that row. Both queries match the entities with
     // an Agent and an Observation (Agent requires Action) and visit them in table order, which nothing changes
@@ -765,5 +769,65 @@ fn act_system(
     });
     if had_errors || !errors.0.is_empty() {
         errors_mark.set_changed();
+    }
+    bench_timing::record([start, staged, acting, acted, bench_timing::Mark::now()]);
+}
+
+/// The Act system's own parts timed inside it, for issue 35's benchmark (`examples/tick_bench.rs`): with the
+/// `bench-timing` feature the system reads the clock five times per tick and [`bench_timing::last`] returns the
+/// last tick's parts (of the last app to tick, process-wide); without it (the default) nothing is read and `last`
+/// is None. Why: the plugin's overhead against an act timed in another tick (or another app) carries that
+/// act's own variation, ±3 points of a 100-agent ratio run to run; against the act of the same tick it does not.
+pub mod bench_timing {
+    /// A clock reading (nothing without the `bench-timing` feature).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Mark(#[cfg(feature = "bench-timing")] std::time::Instant);
+
+    impl Mark {
+        #[inline(always)]
+        pub(crate) fn now() -> Self {
+            Mark(
+                #[cfg(feature = "bench-timing")]
+                std::time::Instant::now(),
+            )
+        }
+    }
+
+    /// The last tick's Act system, in seconds: the staging pass (from the system's start: releases,
+    /// registration of new agents not included), the policies' act() calls, the action pass (to the system's
+    /// end), and the rest (registration, respawn flags).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Parts {
+        pub staging: f64,
+        pub act: f64,
+        pub actions: f64,
+        pub rest: f64,
+    }
+
+    #[cfg(feature = "bench-timing")]
+    static LAST: std::sync::Mutex<Option<Parts>> = std::sync::Mutex::new(None);
+
+    /// The last tick's parts (None without the `bench-timing` feature, or before a tick).
+    pub fn last() -> Option<Parts> {
+        #[cfg(feature = "bench-timing")]
+        return *LAST.lock().unwrap_or_else(|e| e.into_inner());
+        #[cfg(not(feature = "bench-timing"))]
+        None
+    }
+
+    #[inline(always)]
+    #[cfg_attr(not(feature = "bench-timing"), allow(unused_variables))]
+    pub(crate) fn record(marks: [Mark; 5]) {
+        #[cfg(feature = "bench-timing")]
+        {
+            let [start, staged, acting, acted, end] = marks.map(|m| m.0);
+            let secs = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
+            *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Parts {
+                staging: secs(start, staged),
+                act: secs(acting, acted),
+                actions: secs(acted, end),
+                rest: secs(staged, acting),
+            });
+        }
     }
 }
