@@ -456,22 +456,7 @@ impl Run {
         policy: PolicyHandle,
         lists: RunLists<'_>,
     ) -> Option<Run> {
-        let RunLists {
-            ids,
-            obs,
-            failed,
-            errors,
-        } = lists;
-        Run::end(
-            last,
-            policies,
-            RunLists {
-                ids,
-                obs,
-                failed,
-                errors,
-            },
-        );
+        Run::end(last, policies, lists);
         let a = policies.nth(policy.0)?;
         (a.obs_len() <= GATHER_MAX_OBS).then(|| Run {
             policy,
