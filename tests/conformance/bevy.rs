@@ -131,7 +131,7 @@ fn bevy_a_tick_the_policy_refuses_is_an_error_entry_never_a_panic() {
 /// it back in the query's order): every agent must get its own row's action and value whatever else is in the
 /// world. Twelve agents on two policies, each with its own observation (so its value names its row) and most with
 /// a mask that allows one action (its own), one agent without an `Observation`, one with an empty one (it sits the
-/// tick out), and an agent moved to the other policy between ticks.
+/// tick out), an agent moved to the other policy between ticks, and one whose `Action` the game removed.
 /// With 2 policies, and with 4 more that no agent uses added first (6 in all: past the action pass's stack room
 /// for 4, `INLINE_POLICIES`, so its per-tick list is the heap one).
 #[test]
@@ -201,6 +201,12 @@ fn each_agent_gets_its_own_row(idle_policies: usize) {
     // An agent with no Observation component at all: never staged, never written.
     let bare = app.world_mut().spawn(Agent::new(a)).id();
     for tick in 1..=3u64 {
+        if tick == 2 {
+            // The game removes entity 2's Action (`Agent` requires one at spawn, not forever): it is staged and
+            // acts, and no other agent's Action may take its row (the staging pass and the action pass then visit
+            // different entities).
+            app.world_mut().entity_mut(entities[2]).remove::<Action>();
+        }
         if tick == 3 {
             // Entity 1 moves from policy a to policy b.
             app.world_mut()
@@ -212,6 +218,10 @@ fn each_agent_gets_its_own_row(idle_policies: usize) {
         let errors = &app.world().resource::<PolicyportErrors>().0;
         assert!(errors.is_empty(), "tick {tick}: {errors:?}");
         for (k, &e) in entities.iter().enumerate() {
+            if k == 2 && tick >= 2 {
+                assert!(app.world().get::<Action>(e).is_none());
+                continue;
+            }
             let action = app.world().get::<Action>(e).unwrap();
             if k == 5 {
                 assert_eq!(*action, Action::default(), "the empty observation sat out");

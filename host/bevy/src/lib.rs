@@ -89,6 +89,10 @@ pub struct Agent {
     id: Option<AgentId>,
     /// The policy `id` belongs to (a game may move the entity to another policy).
     registered: Option<PolicyHandle>,
+    /// Its row + 1 in its policy's tick, written by this tick's staging pass for every agent it visits (0: not
+    /// staged) and read back by the action pass: kept on the entity, the action pass needs no pairing of two
+    /// queries' orders and no check of who acted in that row.
+    row: u32,
 }
 
 impl Agent {
@@ -98,6 +102,7 @@ impl Agent {
             episode_start: false,
             id: None,
             registered: None,
+            row: 0,
         }
     }
 
@@ -211,14 +216,20 @@ impl Plugin for PolicyportPlugin {
     }
 }
 
-/// What the staging pass reads of an agent (read-only: a respawned agent's flag is cleared after the pass).
-type StagingRow<'a> = (Entity, &'a Agent, &'a Observation, Option<&'a ActionMask>);
+/// What the staging pass reads of an agent (and the row it writes back, without Bevy's change mark; a respawned
+/// agent's flag is cleared after the pass).
+type StagingRow<'a> = (
+    Entity,
+    &'a mut Agent,
+    &'a Observation,
+    Option<&'a ActionMask>,
+);
 
 /// A new agent (or one that changed policy) being registered.
 type FreshRow<'a> = (&'a mut Agent, &'a Observation, Option<&'a ActionMask>);
 
-/// What the action pass writes: the same entities as [`StagingRow`] (hence `With<Observation>` where it is
-/// used), visited in the same order.
+/// What the action pass writes: entities the staging pass visited this tick (hence `With<Observation>` where it
+/// is used), each with the row it was given.
 type ActionRow<'a> = (&'a Agent, &'a mut Action);
 
 /// One registered agent to stage this tick.
@@ -274,8 +285,6 @@ fn stage(
 
 /// A policy's last tick, its slices taken out once (the action pass reads them per agent).
 struct TickRows<'a> {
-    tick: policyport_agents::Tick<'a>,
-    acted: &'a [AgentId],
     discrete: &'a [i64],
     continuous: &'a [f32],
     value: &'a [f32],
@@ -308,14 +317,12 @@ impl<'a> TickRows<'a> {
         let tick = a.last();
         let out = tick.outputs();
         TickRows {
-            acted: tick.agents(),
             discrete: &out.discrete,
             continuous: &out.continuous,
             value: &out.value,
             k: a.action_len(),
             one_discrete: a.action_len() == 1 && !out.discrete.is_empty() && out.value.is_empty(),
             now: a.tick(),
-            tick,
         }
     }
 }
@@ -324,7 +331,7 @@ impl<'a> TickRows<'a> {
 struct StagingLists<'s> {
     failed: &'s mut Vec<PolicyHandle>,
     errors: &'s mut Vec<(PolicyHandle, AgentsError)>,
-    fresh: &'s mut Vec<(usize, Entity)>,
+    fresh: &'s mut Vec<Entity>,
     respawned: &'s mut Vec<Entity>,
 }
 
@@ -341,14 +348,14 @@ fn fast_id(agent: &Agent) -> Option<AgentId> {
     }
 }
 
-/// The staging pass for any agent (the `i`th of the query): a new one (or one that changed policy) is set aside
+/// The staging pass for any agent: a new one (or one that changed policy) is set aside
 /// to be registered after the pass, a respawn is noted, and a registered one is staged with its policy. Returns
 /// its row + 1 (0: not staged now).
 #[inline(never)]
 fn stage_any(
     lists: StagingLists<'_>,
     policies: &mut Policies,
-    (i, e, agent, obs, mask): (usize, Entity, &Agent, &Observation, Option<&ActionMask>),
+    (e, agent, obs, mask): (Entity, &Agent, &Observation, Option<&ActionMask>),
 ) -> u32 {
     let StagingLists {
         failed,
@@ -358,7 +365,7 @@ fn stage_any(
     } = lists;
     let policy = agent.policy;
     let Some(id) = agent.id.filter(|_| agent.registered == Some(policy)) else {
-        fresh.push((i, e));
+        fresh.push(e);
         return 0;
     };
     let Some(a) = policies.nth(policy.0) else {
@@ -378,23 +385,16 @@ fn stage_any(
     stage(a, staging, failed, errors)
 }
 
-/// Write one agent's [`Action`] from its row of its policy's tick (`row`: the staging pass's row + 1, 0: it did
-/// not act). Small enough to inline into the query's per-table loop: anything unusual is out of line.
+/// Write one agent's [`Action`] from its row of its policy's tick (`Agent::row`, given by this tick's staging
+/// pass; 0: it did not act). Small enough to inline into the query's per-table loop: anything unusual is out of
+/// line.
 #[inline(always)]
-fn write_action(agent: &Agent, action: Mut<'_, Action>, row: u32, ticks: &[Option<TickRows<'_>>]) {
-    let (Some(id), Some(r)) = (agent.id, (row as usize).checked_sub(1)) else {
+fn write_action(agent: &Agent, action: Mut<'_, Action>, ticks: &[Option<TickRows<'_>>]) {
+    let Some(r) = (agent.row as usize).checked_sub(1) else {
         return;
     };
     let Some(Some(t)) = ticks.get(agent.policy.0) else {
         return;
-    };
-    // The staging pass's row, checked; were the two queries' orders ever to differ, the lookup by id.
-    let r = match t.acted.get(r) == Some(&id) {
-        true => r,
-        false => match t.tick.row(id) {
-            Some(r) => r,
-            None => return,
-        },
     };
     let action = action.into_inner();
     // The common shape (one discrete action, no value asked for, the entity's Action already of that shape)
@@ -516,10 +516,8 @@ const INLINE_POLICIES: usize = 4;
 #[derive(Default)]
 struct ActScratch {
     failed: Vec<PolicyHandle>,
-    /// New agents (and agents that changed policy): their place in the query's order, the entity.
-    fresh: Vec<(usize, Entity)>,
-    /// Per agent, in the query's order: its row in its policy's tick + 1 (0: it did not act this tick).
-    rows: Vec<u32>,
+    /// New agents (and agents that changed policy).
+    fresh: Vec<Entity>,
     /// Agents whose episode start was taken this tick (their `Agent::episode_start` is cleared after staging).
     respawned: Vec<Entity>,
     /// The staging pass's gathered run (see [`Run`]): its agents and observations.
@@ -569,14 +567,12 @@ fn act_system(
     let ActScratch {
         failed,
         fresh,
-        rows,
         respawned,
         run_ids,
         run_obs,
     } = &mut *scratch;
     failed.clear();
     fresh.clear();
-    rows.clear();
     respawned.clear();
     // One pass stages every registered agent with an observation, noting each agent's row (so the action pass
     // below needs no lookup by id), and sets the new ones (and agents whose policy changed: the component
@@ -585,7 +581,7 @@ fn act_system(
     {
         let policies = &mut *policies;
         let errors = &mut errors.0;
-        let q = queries.p0();
+        let mut q = queries.p0();
         // The run's buffers and the failure lists, for `Run::begin` / `Run::end`.
         macro_rules! run_lists {
             () => {
@@ -597,16 +593,13 @@ fn act_system(
                 }
             };
         }
-        // Every row written in place (the query's length is the sum of its tables' lengths): a push per agent
-        // costs a growth check and a stored length.
-        rows.resize(q.iter().len(), 0);
         // A `for` loop, not `for_each`: Bevy's `QueryIter::fold` calls the closure per entity out of line (six
         // registers saved and the captures reloaded each call); inline, the staging pass took 5.5 % of a
         // 100-agent CartPole act against 6.1 % (timed inside the system, against the act in the same tick). The
         // action pass below is the other way round (its `for_each` closure is small enough to inline).
         let mut run: Option<Run> = None;
-        let mut i = 0;
-        for (e, agent, obs, mask) in q.iter() {
+        for (e, mut agent_mut, obs, mask) in q.iter_mut() {
+            let agent = &*agent_mut;
             let policy = agent.policy;
             // The common case (a registered agent, no respawn, no mask, nothing refused yet this tick): gathered
             // into the run of its policy's agents (see `Run`), or for a long observation staged at once.
@@ -644,14 +637,13 @@ fn act_system(
                             respawned,
                         },
                         policies,
-                        (i, e, agent, obs, mask),
+                        (e, agent, obs, mask),
                     )
                 }
             };
-            if let Some(r) = rows.get_mut(i) {
-                *r = row;
-            }
-            i += 1;
+            // No change mark: the row is the plugin's own bookkeeping, not a change a game's
+            // `Changed<Agent>` should see every tick.
+            agent_mut.bypass_change_detection().row = row;
         }
         Run::end(run.take(), policies, run_lists!());
     }
@@ -662,8 +654,8 @@ fn act_system(
         }
     }
     // By index (Entity's own Ord compares its bit pattern, whose index part is stored inverted: newest first).
-    fresh.sort_unstable_by_key(|(_, e)| (e.index_u32(), e.generation().to_bits()));
-    for &(i, e) in fresh.iter() {
+    fresh.sort_unstable_by_key(|e| (e.index_u32(), e.generation().to_bits()));
+    for &e in fresh.iter() {
         let mut q = queries.p2();
         let Ok((mut agent, obs, mask)) = q.get_mut(e) else {
             continue;
@@ -692,7 +684,7 @@ fn act_system(
                         obs,
                         mask,
                     };
-                    rows[i] = stage(a, staging, failed, &mut errors.0);
+                    agent.row = stage(a, staging, failed, &mut errors.0);
                 }
             }
             Err(err) => {
@@ -720,11 +712,8 @@ fn act_system(
         }
     }
     let acted = bench_timing::Mark::now();
-    // Write actions: each policy's tick looked up once (not per agent); each agent's row is the one staging
-    // gave it, checked against the tick's list of who acted in that row. Both queries match the entities with
-    // an Agent and an Observation (Agent requires Action) and visit them in table order, which nothing changes
-    // inside a system; an entity whose Action a game removed would shift the pairing, and the check then falls
-    // back to the lookup by id.
+    // Write actions: each policy's tick looked up once (not per agent); each agent's row is the one this tick's
+    // staging pass wrote on it (every entity here was visited by that pass: `With<Observation>`).
     // Up to INLINE_POLICIES on the stack (a game's usual few policies): no heap allocation per tick.
     let (mut inline, heap): ([Option<TickRows<'_>>; INLINE_POLICIES], Vec<_>);
     let ticks: &[Option<TickRows<'_>>] = if policies.len() <= INLINE_POLICIES {
@@ -746,12 +735,10 @@ fn act_system(
             .collect();
         &heap
     };
-    let mut rows = rows.iter();
-    queries.p1().iter_mut().for_each(|(agent, action)| {
-        if let Some(&row) = rows.next() {
-            write_action(agent, action, row, &ticks);
-        }
-    });
+    queries
+        .p1()
+        .iter_mut()
+        .for_each(|(agent, action)| write_action(agent, action, ticks));
     if had_errors || !errors.0.is_empty() {
         errors_mark.set_changed();
     }
