@@ -530,3 +530,44 @@ fn bevy_a_gathered_run_the_policy_refuses_is_an_error_entry() {
     assert_eq!(ticks(&app, &mine), vec![2; 5]);
     assert_eq!(ticks(&app, &[theirs]), vec![3]);
 }
+
+/// The staging pass writes each agent's row on its `Agent` every tick without Bevy's change mark: a game's
+/// `Changed<Agent>` sees an agent when it is spawned (registered), when its respawn flag is taken, and when the
+/// game itself changes it, not at every tick.
+#[test]
+fn bevy_acting_does_not_mark_agents_changed() {
+    use policyport_bevy::Agent;
+    #[derive(Resource, Default)]
+    struct Seen(Vec<usize>);
+    fn count(q: Query<(), Changed<Agent>>, mut seen: ResMut<Seen>) {
+        seen.0.push(q.iter().count());
+    }
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    app.init_resource::<Seen>();
+    app.add_systems(Update, count.in_set(PolicyportSet::Apply));
+    let h = app
+        .world_mut()
+        .resource_mut::<Policies>()
+        .add(Agents::new(policy, AgentsConfig::default()));
+    let agents: Vec<Entity> = (0..4)
+        .map(|_| {
+            app.world_mut()
+                .spawn((Agent::new(h), Observation(vec![0.01, 0.0, -0.02, 0.1])))
+                .id()
+        })
+        .collect();
+    for _ in 0..3 {
+        app.update();
+    }
+    // A respawn the game asks for: the game's own change, and the plugin clearing the flag.
+    app.world_mut()
+        .get_mut::<Agent>(agents[1])
+        .unwrap()
+        .episode_start = true;
+    app.update();
+    app.update();
+    assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    assert_eq!(app.world().resource::<Seen>().0, vec![4, 0, 0, 1, 0]);
+}
