@@ -83,7 +83,7 @@ print("\nEvery path acts without the value estimate (a game's default: AgentsCon
       "timing systems in the same app and tick (what the timing itself costs, ~0.1 µs). Bevy overhead, same tick: the act system "
       "less the policy's act() timed inside it in the same tick (policyport-bevy's bench-timing feature), over that act (medians): "
       "free of the run-to-run variation of an act timed in another tick. Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act "
-      "(Bevy: its act system; Godot 3: tick() + discrete_actions() "
+      "(Bevy: its act system; Godot 3: tick_discrete() "
       "from GDScript, the ids an Array, the observations a PoolRealArray). The per-agent loop: N × onnxruntime's batch-1 Run "
       "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set. 2 threads: the "
       "act() split over the caller and one worker (Session::set_threads, Agents::set_threads), ticks back to back (a worker "

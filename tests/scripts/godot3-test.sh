@@ -3,7 +3,8 @@
 # (host/godot3) and runs host/godot3/demo, a scene that is host/capi/examples/agents.c written in GDScript: 64
 # CartPoles, one PolicyRunner.tick per physics frame in a rotating order, respawns, agent 0 replaced midway. The
 # C program runs on the same trained policy (SB3's briefly trained CartPole: episodes of 9..500 steps, so equal
-# returns mean something) and every finished episode's return must be equal, in order. The scene first drives the
+# returns mean something) and every finished episode's return must be equal, in order (odd frames act through
+# tick_discrete(), even frames through tick() + discrete_actions()). The scene first drives the
 # runner's refusals (a PoolIntArray of ids, a float id, a String as the second id, one id twice, a dead id, a short
 # row, a missing argument, a mask byte of 7, ...) and checks each is refused with its reason and changes nothing,
 # that the ids' Array is read in place on this engine (`info().ids_in_place`), and that the PoolIntArray
@@ -47,7 +48,7 @@ fail() {
 [ "$rc" = 0 ] || fail "godot3-server exited $rc"
 if grep -q 'godot3: FAILED' "$d/run.log"; then fail "the scene reported a failure"; fi
 refusals=$(grep -c '^godot3: refused as it should: ' "$d/run.log" || true)
-[ "$refusals" = 11 ] || fail "$refusals of the scene's 11 refusal checks ran"
+[ "$refusals" = 12 ] || fail "$refusals of the scene's 12 refusal checks ran"
 grep -q '^godot3: the last actions are kept while the next are written' "$d/run.log" || fail "no check of kept actions"
 grep -q "^godot3: $agents agents, $ticks ticks, [0-9]* episodes finished" "$d/run.log" || fail "no closing line"
 c_returns=$(grep '^returns:' "$d/c.txt")

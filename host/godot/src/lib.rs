@@ -113,6 +113,20 @@ impl PolicyRunner {
         )
     }
 
+    /// [`PolicyRunner::tick`] and [`PolicyRunner::discrete_actions`] in one call (one call from GDScript into the
+    /// runner a frame, not two); refused, an empty array (`last_error()` says why).
+    #[func]
+    fn tick_discrete(
+        &mut self,
+        ids: PackedInt64Array,
+        observations: PackedFloat32Array,
+    ) -> PackedInt64Array {
+        match self.tick(ids, observations) {
+            true => self.discrete_actions(),
+            false => PackedInt64Array::new(),
+        }
+    }
+
     /// The last tick's discrete actions (`ids × action_len`).
     #[func]
     fn discrete_actions(&self) -> PackedInt64Array {

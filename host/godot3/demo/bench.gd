@@ -1,5 +1,6 @@
 # Per-tick main-thread cost of the GDNative PolicyRunner (tests/scripts/engine-bench.sh runs this scene): for each
-# agent count, one tick(ids, observations) + discrete_actions() per frame, timed from GDScript, median of ~0.3 s.
+# agent count, one tick_discrete(ids, observations) per frame (the tick and its actions in one call into the
+# runner), timed from GDScript, median of ~0.3 s.
 # Observations are (i * 7919) % 256 over the whole batch, as in the other engines' benchmarks. Prints one JSON line
 # per count. Settings from the environment: POLICYPORT_POLICY, POLICYPORT_BENCH_AGENTS ("1,100,1000,10000"),
 # POLICYPORT_BENCH_SECONDS (0.3).
@@ -41,8 +42,7 @@ func _ready() -> void:
 		while times.size() < 5 or (OS.get_ticks_usec() - start < budget_us and times.size() < 10000):
 			var t0 = OS.get_ticks_usec()
 			for r in reps:
-				runner.tick(ids, obs)
-				runner.discrete_actions()
+				runner.tick_discrete(ids, obs)
 			times.append(float(OS.get_ticks_usec() - t0) / reps)
 		times.sort()
 		print('{"path": "godot3_tick", "agents": %d, "us_per_tick": %.2f}' % [n, times[times.size() / 2]])

@@ -58,6 +58,7 @@ func _check_refusals() -> bool:
 		and _refused(runner.tick([0.5], zeros), runner, "a float id", "not an int")
 		and _refused(runner.tick([id, "x"], zeros + zeros), runner, "a String as the second id", "ids[1] is String")
 		and _refused(runner.tick([id, id], zeros + zeros), runner, "one id twice", "already observed")
+		and _refused(runner.tick_discrete([id, id], zeros + zeros).size() > 0, runner, "tick_discrete: one id twice", "already observed")
 		and _refused(runner.tick([123456789], zeros), runner, "an id never spawned", "not alive")
 		and _refused(runner.tick([id], PoolRealArray([0, 0, 0])), runner, "3 observation numbers for 4", "observation")
 		and _refused(runner.tick([id]), runner, "tick() without observations", "argument 2")
@@ -168,10 +169,19 @@ func _physics_process(_delta: float) -> void:
 		ids.append(a.id)
 		for i in 4:
 			obs.append(a.s[i])
-	if not runner.tick(ids, obs):
-		_fail("tick")
-		return
-	var actions = runner.discrete_actions()
+	# Odd frames the one-call form (tick and discrete_actions together), even frames the two calls: the same
+	# actions either way, so the returns stay the C program's.
+	var actions
+	if t % 2 == 1:
+		actions = runner.tick_discrete(ids, obs)
+		if actions.size() != n:
+			_fail("tick_discrete")
+			return
+	else:
+		if not runner.tick(ids, obs):
+			_fail("tick")
+			return
+		actions = runner.discrete_actions()
 	for j in n:
 		var a = agents[order[j]]
 		a.ret += 1.0
