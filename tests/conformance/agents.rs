@@ -658,8 +658,8 @@ fn agents_last_tick_stays_readable_by_id_while_the_next_is_staged() {
 /// Regression for `Agents::tick_rows`' bulk staging and its outputs copied as one run of rows (the Godot runner's
 /// and the C ABI's tick): on the recurrent policy, with agents spawning, despawning and respawning (episode starts
 /// in the bulk rows, some ticks with none), rows staged earlier in the tick by `observe` (the bulk rows then start
-/// past them), and refused calls (a duplicate or a dead id in the middle, a short observation) that must stage
-/// nothing and leave the last outputs as they were, every agent's actions and values equal those of the same
+/// past them), and refused calls (a duplicate or a dead id in the middle, a short observation, a non-finite one the
+/// act refuses) that must stage nothing and leave the last outputs as they were, every agent's actions and values equal those of the same
 /// agents observed one by one in another `Agents`.
 #[test]
 fn tick_rows_in_bulk_gives_what_observing_one_by_one_gives() {
@@ -726,10 +726,15 @@ fn tick_rows_in_bulk_gives_what_observing_one_by_one_gives() {
             with_dead.insert(rest.len() / 2, dead);
             let p = early * 4 + rest.len() / 2 * 4;
             let obs_dead = [&obs[early * 4..p], &[0.0; 4][..], &obs[p..]].concat();
+            // Staged, then refused by the act itself (a whole tick's rows are acted on where they are, not
+            // copied: the refusal must withdraw them all the same).
+            let mut obs_nan = obs[early * 4..].to_vec();
+            obs_nan[rest.len() / 2 * 4 + 1] = f32::NAN;
             for (what, ids, o) in [
                 ("a duplicate id", &dup[..], &obs[early * 4..]),
                 ("a dead id in the middle", &with_dead[..], &obs_dead[..]),
                 ("a short observation", rest, &obs[early * 4..obs.len() - 1]),
+                ("a non-finite observation", rest, &obs_nan[..]),
             ] {
                 assert!(
                     bulk.tick_rows(ids, o, None, &mut out).is_err(),
