@@ -558,14 +558,15 @@ impl CpuExecutor {
         skip_value: bool,
         out: &mut [f32],
     ) {
+        // By row index, not `chunks_mut` of the output: a plan reads back no number per row only if hostile, and
+        // a chunk size of 0 would panic.
         let width = self.row_width;
-        for (k, out) in out[..rows * width]
-            .chunks_mut(self.block_rows * width)
-            .enumerate()
-        {
-            let first = r0 + k * self.block_rows;
-            let n = out.len() / width.max(1);
-            self.run(scratch, first, n, total, obs, states, skip_value, out);
+        let mut first = 0;
+        while first < rows {
+            let n = self.block_rows.min(rows - first);
+            let part = &mut out[first * width..(first + n) * width];
+            self.run(scratch, r0 + first, n, total, obs, states, skip_value, part);
+            first += n;
         }
     }
 
