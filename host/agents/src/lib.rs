@@ -95,6 +95,23 @@ impl Default for AgentsConfig {
     }
 }
 
+/// `dst.extend_from_slice(obs)` for one agent's observation, as the staging copies it (and an engine gathering
+/// rows for [`Agents::observe_rows`] can): observations are often a handful of numbers, copied as a fixed-size
+/// array (a few register moves), not by a `memcpy` call (a slice's length known only at run time) or an element
+/// loop (which stores the length at every push).
+#[inline(always)]
+pub fn append_observation(dst: &mut Vec<f32>, obs: &[f32]) {
+    match obs.len() {
+        1 => dst.push(obs[0]),
+        2 => extend_fixed::<2>(dst, obs),
+        3 => extend_fixed::<3>(dst, obs),
+        4 => extend_fixed::<4>(dst, obs),
+        6 => extend_fixed::<6>(dst, obs),
+        8 => extend_fixed::<8>(dst, obs),
+        _ => dst.extend_from_slice(obs),
+    }
+}
+
 /// `dst.extend_from_slice(src)` for `src` of N numbers, the length known at compile time.
 #[inline(always)]
 fn extend_fixed<const N: usize>(dst: &mut Vec<f32>, src: &[f32]) {
@@ -512,17 +529,7 @@ impl Agents {
         if start || self.any_start {
             self.push_start(start);
         }
-        // Observations are often a handful of numbers: copied as a fixed-size array (a few register moves), not
-        // by a `memcpy` call or an element loop (which stores the length at every push).
-        match obs.len() {
-            1 => self.obs.push(obs[0]),
-            2 => extend_fixed::<2>(&mut self.obs, obs),
-            3 => extend_fixed::<3>(&mut self.obs, obs),
-            4 => extend_fixed::<4>(&mut self.obs, obs),
-            6 => extend_fixed::<6>(&mut self.obs, obs),
-            8 => extend_fixed::<8>(&mut self.obs, obs),
-            _ => self.obs.extend_from_slice(obs),
-        }
+        append_observation(&mut self.obs, obs);
     }
 
     /// The just-staged last row's episode-start flag (the flags are written only once some row starts one).
@@ -810,22 +817,25 @@ impl Agents {
     ) -> Result<(), AgentsError> {
         // Rows staged earlier in this tick come first: this call's rows are `base..base + ids.len()`.
         let base = self.ids.len();
-        if base == 0 && masks.is_none() && self.stage_rows(ids, obs, false) {
-            // The whole tick is this call's, unmasked: the act reads the caller's observations where they are
-            // (NatureCNN frames at 1 000 agents are 113 MB: copying them into the staging cost C# and Godot
-            // ~10 % over the act).
-            if let Err(e) = self.act_on(Some(obs)) {
-                self.clear_staged();
-                return Err(e);
-            }
-        } else {
+        // The whole tick this call's, unmasked: its rows are staged without their observations and the act reads
+        // the caller's where they are (NatureCNN frames at 1 000 agents are 113 MB: copying them into the
+        // staging cost C# and Godot ~10 % over the act).
+        let whole = base == 0 && masks.is_none() && self.stage_rows(ids, obs, false);
+        if !whole {
             self.observe_rows(ids, obs, masks)?;
-            if let Err(e) = self.act() {
-                for id in ids {
-                    self.unobserve(*id);
+        }
+        if let Err(e) = self.act_on(whole.then_some(obs)) {
+            // Withdrawn: the whole tick at once (rows staged without observations cannot be unobserved one by
+            // one), or this call's rows.
+            match whole {
+                true => self.clear_staged(),
+                false => {
+                    for id in ids {
+                        self.unobserve(*id);
+                    }
                 }
-                return Err(e);
             }
+            return Err(e);
         }
         // act() acts on the staged rows in the order they were staged, so this call's outputs are one run of
         // rows, `base..base + ids.len()`, copied as slices (no lookup per id: it was ~5 ns of a Godot agent's

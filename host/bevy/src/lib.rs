@@ -275,12 +275,26 @@ fn stage(
     match staged {
         Ok(()) => a.staged() as u32,
         Err(err) => {
-            a.clear_staged();
-            failed.push(policy);
-            errors.push((policy, err));
+            refuse_tick(a, policy, err, failed, errors);
             0
         }
     }
+}
+
+/// `policy` (its agents `a`) refused this tick: its staged rows are withdrawn, the policy is out of the tick
+/// (`failed`) and the error recorded; its agents keep their last actions. Out of line: never the common case.
+#[cold]
+#[inline(never)]
+fn refuse_tick(
+    a: &mut Agents,
+    policy: PolicyHandle,
+    err: AgentsError,
+    failed: &mut Vec<PolicyHandle>,
+    errors: &mut Vec<(PolicyHandle, AgentsError)>,
+) {
+    a.clear_staged();
+    failed.push(policy);
+    errors.push((policy, err));
 }
 
 /// A policy's last tick, its slices taken out once (the action pass reads them per agent).
@@ -479,33 +493,10 @@ impl Run {
             && let Some(a) = policies.nth(run.policy.0)
             && let Err(err) = a.observe_rows(ids, obs, None)
         {
-            a.clear_staged();
-            failed.push(run.policy);
-            errors.push((run.policy, err));
+            refuse_tick(a, run.policy, err, failed, errors);
         }
         ids.clear();
         obs.clear();
-    }
-}
-
-/// `dst.extend_from_slice(obs)` with a fixed-size copy (a few register moves) for the usual short observations:
-/// `extend_from_slice` of a length known only at run time is a `memcpy` call per agent.
-#[inline(always)]
-fn gather_obs(dst: &mut Vec<f32>, obs: &[f32]) {
-    fn fixed<const N: usize>(dst: &mut Vec<f32>, obs: &[f32]) {
-        match <&[f32; N]>::try_from(obs) {
-            Ok(a) => dst.extend_from_slice(a),
-            Err(_) => dst.extend_from_slice(obs),
-        }
-    }
-    match obs.len() {
-        1 => dst.push(obs[0]),
-        2 => fixed::<2>(dst, obs),
-        3 => fixed::<3>(dst, obs),
-        4 => fixed::<4>(dst, obs),
-        6 => fixed::<6>(dst, obs),
-        8 => fixed::<8>(dst, obs),
-        _ => dst.extend_from_slice(obs),
     }
 }
 
@@ -611,7 +602,7 @@ fn act_system(
                     match run {
                         Some(r) if obs.0.len() == r.obs_len => {
                             run_ids.push(id);
-                            gather_obs(run_obs, &obs.0);
+                            policyport_agents::append_observation(run_obs, &obs.0);
                             Some(r.base + run_ids.len())
                         }
                         Some(_) => None,
@@ -706,9 +697,7 @@ fn act_system(
             continue;
         }
         if let Err(err) = a.act() {
-            a.clear_staged();
-            errors.0.push((handle, err));
-            failed.push(handle);
+            refuse_tick(a, handle, err, failed, &mut errors.0);
         }
     }
     let acted = bench_timing::Mark::now();

@@ -364,13 +364,6 @@ mod respawn {
     }
 }
 
-/// What a tick call answers: `tick` / `tick_masked` whether it acted, `tick_discrete` the discrete actions.
-#[derive(Clone, Copy, PartialEq)]
-enum TickAnswer {
-    Acted,
-    Discrete,
-}
-
 /// The last tick's discrete actions (none: an empty array) in the runner's held PoolIntArray (`Runner::actions`),
 /// as a variant. Discrete actions are indices below the policy's action count, far inside i32.
 fn discrete_variant(r: &mut Runner, api: &Api, none: bool) -> Variant {
@@ -388,25 +381,9 @@ fn discrete_variant(r: &mut Runner, api: &Api, none: bool) -> Variant {
 }
 
 /// `tick`, `tick_masked` and `tick_discrete`: ids (an Array of ints), observations (a PoolRealArray or an Array of
-/// numbers) and, masked, one 0/1 byte per logit per id (a PoolByteArray).
-fn tick_with(
-    r: &mut Runner,
-    api: &Api,
-    args: &[&Variant],
-    name: &str,
-    masked: bool,
-    answer: TickAnswer,
-) -> Variant {
-    let acted = tick_acted(r, api, args, name, masked);
-    match answer {
-        TickAnswer::Acted => api.bool_variant(acted),
-        // Refused: no actions.
-        TickAnswer::Discrete => discrete_variant(r, api, !acted),
-    }
-}
-
-/// A tick's work for [`tick_with`]: whether it acted (refused: `last_error()` says why).
-fn tick_acted(r: &mut Runner, api: &Api, args: &[&Variant], name: &str, masked: bool) -> bool {
+/// numbers) and, masked, one 0/1 byte per logit per id (a PoolByteArray). Whether it acted (refused:
+/// `last_error()` says why).
+fn tick_with(r: &mut Runner, api: &Api, args: &[&Variant], name: &str, masked: bool) -> bool {
     let ids_arg = match arg(
         api,
         name,
@@ -482,7 +459,7 @@ mod tick {
     use super::*;
     /// `tick(ids: Array, observations: PoolRealArray) -> bool`.
     pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
-        tick_with(r, api, args, "tick", false, TickAnswer::Acted)
+        api.bool_variant(tick_with(r, api, args, "tick", false))
     }
 }
 
@@ -490,7 +467,7 @@ mod tick_masked {
     use super::*;
     /// `tick_masked(ids: Array, observations: PoolRealArray, masks: PoolByteArray) -> bool`.
     pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
-        tick_with(r, api, args, "tick_masked", true, TickAnswer::Acted)
+        api.bool_variant(tick_with(r, api, args, "tick_masked", true))
     }
 }
 
@@ -508,7 +485,8 @@ mod tick_discrete {
     /// `discrete_actions()` in one call (one GDScript call into the runner a frame, not two: ~0.25 µs each);
     /// refused, an empty array (`last_error()` says why; the tick changed nothing).
     pub fn body(r: &mut Runner, api: &Api, args: &[&Variant]) -> Variant {
-        tick_with(r, api, args, "tick_discrete", false, TickAnswer::Discrete)
+        let acted = tick_with(r, api, args, "tick_discrete", false);
+        discrete_variant(r, api, !acted)
     }
 }
 
