@@ -33,6 +33,23 @@ pub enum ThreadSplit {
     Always,
 }
 
+impl ThreadSplit {
+    /// "measured" or "always": the name Python, the browser, the CLI and the benchmarks use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadSplit::Measured => "measured",
+            ThreadSplit::Always => "always",
+        }
+    }
+
+    /// The mode of that name (None for another).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [ThreadSplit::Measured, ThreadSplit::Always]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+}
+
 /// Now, in ns from an arbitrary start, for timing steps; `None` where no clock is available (then
 /// [`ThreadSplit::Measured`] splits every eligible step). Native: the OS's monotonic clock. A browser's threads
 /// bundle: the page's `performance.now()` once lent ([`crate::web_workers::set_clock`]; wasm32-unknown-unknown's
@@ -304,6 +321,16 @@ impl SplitChooser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names the surfaces parse (Python, the browser, tick_bench) round-trip; another is None.
+    #[test]
+    fn thread_split_names_round_trip() {
+        for split in [ThreadSplit::Measured, ThreadSplit::Always] {
+            assert_eq!(ThreadSplit::from_name(split.name()), Some(split));
+        }
+        assert_eq!(ThreadSplit::from_name("Measured"), None);
+        assert_eq!(ThreadSplit::from_name(""), None);
+    }
 
     /// Steps of `batch` rows whose ns per row `time(split, wake_up)` draws; returns the mean ns per row and the
     /// share of steps that split.

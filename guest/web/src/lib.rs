@@ -759,14 +759,10 @@ impl Policy {
     /// thread: for tests and benchmarks of the split). Answers are the same either way.
     #[wasm_bindgen(js_name = setThreadSplit)]
     pub fn set_thread_split(&self, mode: &str) -> Result<(), JsValue> {
-        let mode = match mode {
-            "measured" => policyport::ThreadSplit::Measured,
-            "always" => policyport::ThreadSplit::Always,
-            other => {
-                return Err(arg_error(format!(
-                    "thread split {other:?}: \"measured\" or \"always\""
-                )));
-            }
+        let Some(mode) = policyport::ThreadSplit::from_name(mode) else {
+            return Err(arg_error(format!(
+                "thread split {mode:?}: \"measured\" or \"always\""
+            )));
         };
         let mut guard = self.inner.try_borrow_mut().map_err(|_| busy())?;
         guard.session.set_thread_split(mode);

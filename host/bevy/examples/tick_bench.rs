@@ -94,10 +94,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gap_us: u64 = arg(&args, "--gap-us").map_or(Ok(0), |v| v.parse())?;
     // `--split always`: with --threads, every batch split (`ThreadSplit::Always`) rather than only where that
     // measures faster than one thread (`measured`, the default).
-    let split = match arg(&args, "--split").as_deref() {
-        None | Some("measured") => ThreadSplit::Measured,
-        Some("always") => ThreadSplit::Always,
-        Some(other) => return Err(format!("--split {other}: measured or always").into()),
+    let split = match arg(&args, "--split") {
+        None => ThreadSplit::Measured,
+        Some(name) => ThreadSplit::from_name(&name)
+            .ok_or_else(|| format!("--split {name}: measured or always"))?,
     };
     // `--values`: every path computes the value estimate too (`AgentsConfig::values`); by default none does, as
     // a game acting with a policy does not (the engines' own exports leave the critic out). The bare act with the

@@ -719,14 +719,10 @@ impl PyPolicy {
     /// "always" (every batch of at least 8 rows per thread: benchmarks and tests of the split). The same answers
     /// either way; another value is a ValueError.
     fn set_thread_split(&self, split: &str) -> PyResult<()> {
-        let split = match split {
-            "measured" => policyport::ThreadSplit::Measured,
-            "always" => policyport::ThreadSplit::Always,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "thread split {other:?}: \"measured\" or \"always\""
-                )));
-            }
+        let Some(split) = policyport::ThreadSplit::from_name(split) else {
+            return Err(PyValueError::new_err(format!(
+                "thread split {split:?}: \"measured\" or \"always\""
+            )));
         };
         self.lock().set_thread_split(split);
         Ok(())
@@ -735,10 +731,7 @@ impl PyPolicy {
     /// "measured" or "always" (see `set_thread_split`).
     #[getter]
     fn thread_split(&self) -> &'static str {
-        match self.lock().thread_split() {
-            policyport::ThreadSplit::Measured => "measured",
-            policyport::ThreadSplit::Always => "always",
-        }
+        self.lock().thread_split().name()
     }
 
     /// Another session on the same compiled weights (its own recurrent state): one per thread that acts.
