@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use crate::aligned::AlignedF32;
 #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 use crate::kernels::madd_pub as madd;
 use crate::kernels::{self, Act, Isa};
@@ -41,7 +42,8 @@ pub(crate) struct PackedDense {
     nr: usize,
     k: usize,
     n: usize,
-    panels: Vec<f32>,
+    /// Starts a cache line ([`AlignedF32`]): the kernels load it a whole vector at a time.
+    panels: AlignedF32,
     /// Padded to a whole number of panels.
     bias: Vec<f32>,
     /// Taken by a lender ([`crate::lend`]): runs go there first, these panels compute what it refuses.
@@ -86,7 +88,7 @@ impl PackedDense {
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Avx512 | Isa::Avx2Fma) && n <= DOT_MAX_N && n > 0 {
             let kp = k.div_ceil(16) * 16;
-            let mut panels = vec![0.0f32; n * kp];
+            let mut panels = AlignedF32::zeroed(n * kp);
             for (dst, src) in panels.chunks_exact_mut(kp).zip(w.chunks_exact(k.max(1))) {
                 dst[..k].copy_from_slice(&src[..k]);
             }
@@ -114,7 +116,7 @@ impl PackedDense {
             _ => panel_width(isa),
         };
         let np = n.div_ceil(nr);
-        let mut panels = vec![0.0f32; np * k * nr];
+        let mut panels = AlignedF32::zeroed(np * k * nr);
         for p in 0..np {
             for kk in 0..k {
                 for c in 0..nr {
@@ -148,7 +150,7 @@ impl PackedDense {
         if precision == crate::Precision::Bf16 && self.n > 16 && self.lent.is_none() {
             let w = self.unpacked();
             self.bf16 = Some(crate::dense_bf16::Bf16Panels::new(&w, self.n, self.k));
-            self.panels = Vec::new();
+            self.panels = AlignedF32::default();
         }
     }
 

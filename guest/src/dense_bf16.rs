@@ -112,7 +112,8 @@ pub(crate) struct Bf16Panels {
     /// `ceil(k / 2)`.
     k2: usize,
     /// `[panel][k2][NR]` pairs.
-    pairs: Vec<u32>,
+    /// Starts a cache line ([`crate::aligned::Aligned`]): loaded a whole zmm at a time.
+    pairs: crate::aligned::Aligned<u32>,
 }
 
 impl Bf16Panels {
@@ -120,7 +121,7 @@ impl Bf16Panels {
     pub(crate) fn new(w: &[f32], n: usize, k: usize) -> Self {
         let k2 = k.div_ceil(2);
         let np = n.div_ceil(NR);
-        let mut pairs = vec![0u32; np * k2 * NR];
+        let mut pairs = crate::aligned::Aligned::<u32>::zeroed(np * k2 * NR);
         for p in 0..np {
             for j in 0..k2 {
                 for c in 0..NR {

@@ -19,6 +19,7 @@
 //! reference; the request check, preprocessing, state and sampling around the graph are the session's
 //! (`session.rs`), the same for every backend.
 
+mod aligned;
 mod backend;
 mod builtin;
 #[cfg(feature = "burn")]
