@@ -14,8 +14,10 @@ need_cargo
 torch_env
 ensure_mono
 ensure_godot3
-# policyport-bevy's bench-timing: tick_bench's act-system parts timed inside the system (`bevy_in_*`).
-cargo build --profile "$PP_PROFILE" --workspace --all-targets --features "$PP_FEATURES,policyport-bevy/bench-timing"
+# bench-timing: tick_bench's act-system parts timed inside the Bevy system (`bevy_in_*`), and the Godot 3 runner's
+# acts timed inside its calls (`godot3_in_*`; policyport-agents times the act of `tick_rows`, so the C# binding's
+# ticks carry its two clock reads too, ~0.04 µs).
+cargo build --profile "$PP_PROFILE" --workspace --all-targets --features "$PP_FEATURES,policyport-bevy/bench-timing,policyport-godot3/bench-timing"
 rel="$PP_OUT"
 d="$CARGO_TARGET_DIR/engine-bench"
 rm -rf "$d" && mkdir -p "$d"
@@ -57,8 +59,8 @@ for model in dict.fromkeys(r["model"] for r in rows):
     ort_whole = next(r["us_per_run"] for r in ort if "graph" in r)
     counts = sorted({r["agents"] for r in rows if r["model"] == model and "agents" in r})
     print(f"\n{model} (onnxruntime native at batch 1: {ort1:.1f} µs per Run of the actor alone, {ort_whole:.1f} µs with the value)")
-    print("| agents | Session::act | Session::act, env-id list | Session::act with the value | agents layer | Bevy Act set | Bevy act system | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | Bevy overhead, same tick | C# overhead | Godot 3 overhead | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| agents | Session::act | Session::act, env-id list | Session::act with the value | agents layer | Bevy Act set | Bevy act system | Bevy update | Session::act alone | C# Agents.Tick | Godot 3 tick | onnxruntime, batch 1 per agent | Bevy overhead | Bevy overhead, same tick | C# overhead | Godot 3 overhead | Godot 3 overhead, same tick | vs the per-agent loop | Session::act, 2 threads | Bevy Act set, 2 threads | vs the per-agent loop, 2 threads |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in counts:
         get = lambda p, t=1: next(r["us_per_tick"] for r in rows if r["model"] == model and r.get("path") == p and r["agents"] == n and r.get("threads", 1) == t)
         s, si, a, b, u, c = get("session_act"), get("session_act_ids"), get("agents"), get("bevy_act_set"), get("bevy_update"), get("csharp_tick")
@@ -71,8 +73,12 @@ for model in dict.fromkeys(r["model"] for r in rows):
             same_tick = f"{100 * get('bevy_in_overhead') / get('bevy_in_act'):+.1f} %"
         except StopIteration:
             same_tick = "n/a"
+        try:
+            godot_same_tick = f"{100 * get('godot3_in_overhead') / get('godot3_in_act'):+.1f} %"
+        except StopIteration:
+            godot_same_tick = "n/a"
         print(f"| {n} | {s:.1f} | {si:.1f} | {sv:.1f} | {a:.1f} | {b:.1f} | {bs:.1f} | {u:.1f} | {alone:.1f} | {c:.1f} | {g:.1f} | {loop:.1f} | {100 * (bs - s) / s:+.1f} % | {same_tick} | "
-              f"{100 * (c - alone) / alone:+.1f} % | {100 * (g - alone) / alone:+.1f} % | **{loop / b:.1f}x** | {s2:.1f} | {b2:.1f} | **{loop / b2:.1f}x** |")
+              f"{100 * (c - alone) / alone:+.1f} % | {100 * (g - alone) / alone:+.1f} % | {godot_same_tick} | **{loop / b:.1f}x** | {s2:.1f} | {b2:.1f} | **{loop / b2:.1f}x** |")
 print("\nEvery path acts without the value estimate (a game's default: AgentsConfig::values off, Request::skip_value; "
       "the cpu backend then skips the critic's own layers), and so does the per-agent onnxruntime loop (the actor alone, as "
       "Godot RL Agents exports it); Session::act with the value: the same act computing it, for reference. "
@@ -82,7 +88,9 @@ print("\nEvery path acts without the value estimate (a game's default: AgentsCon
       "episode-start flags). Bevy act system: the Act set's span (a timing system on each side) less an empty pair of the same "
       "timing systems in the same app and tick (what the timing itself costs, ~0.1 µs). Bevy overhead, same tick: the act system "
       "less the policy's act() timed inside it in the same tick (policyport-bevy's bench-timing feature), over that act (medians): "
-      "free of the run-to-run variation of an act timed in another tick. Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act "
+      "free of the run-to-run variation of an act timed in another tick. Godot 3 overhead, same tick: the same for the "
+      "Godot 3 runner (policyport-godot3's bench-timing feature: the acts inside the timed tick_discrete() calls, read from "
+      "info()), free also of what differs between this act and one in another process. Bevy / C# / Godot 3 overhead: (that path − Session::act) / Session::act "
       "(Bevy: its act system; Godot 3: tick_discrete() "
       "from GDScript, the ids an Array, the observations a PoolRealArray). The per-agent loop: N × onnxruntime's batch-1 Run "
       "(measured back to back: what Godot RL Agents' ONNXInference does per agent), against the Bevy Act set. 2 threads: the "

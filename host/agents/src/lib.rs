@@ -30,6 +30,50 @@ use policyport::{
 pub mod script;
 pub use script::{ScriptError, ScriptRunner};
 
+/// The act inside [`Agents::tick_rows`] timed, for issue 35's engine benchmark (tests/scripts/engine-bench.sh): with
+/// the `bench-timing` feature each call reads the clock twice around its act and adds the span to a process-wide
+/// total, [`bench_timing::act_seconds`]; without it (the default) no clock is read and that is None. Why: an
+/// engine's per-tick cost over an act timed in another process (tick_bench's) carries what differs between the two
+/// processes' acts (their cache and code placement: the same 100-agent CartPole act measured 8.1 µs in tick_bench
+/// and 8.5 µs inside Godot 3, 2026-12-07); over the act timed in the same calls it is what the binding adds. Bevy's
+/// act system has the same split (policyport-bevy's `bench_timing`).
+pub mod bench_timing {
+    #[cfg(feature = "bench-timing")]
+    static ACT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// A clock reading (nothing without the `bench-timing` feature).
+    pub(crate) struct Mark(#[cfg(feature = "bench-timing")] std::time::Instant);
+
+    impl Mark {
+        #[inline(always)]
+        pub(crate) fn now() -> Self {
+            Mark(
+                #[cfg(feature = "bench-timing")]
+                std::time::Instant::now(),
+            )
+        }
+
+        /// The time since this mark, added to the acts' total.
+        #[inline(always)]
+        pub(crate) fn add_to_act(self) {
+            #[cfg(feature = "bench-timing")]
+            ACT_NS.fetch_add(
+                u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Seconds spent in the acts of `Agents::tick_rows` by every `Agents` of this process so far (None without the
+    /// `bench-timing` feature): a benchmark reads it before and after the calls it times.
+    pub fn act_seconds() -> Option<f64> {
+        #[cfg(feature = "bench-timing")]
+        return Some(ACT_NS.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9);
+        #[cfg(not(feature = "bench-timing"))]
+        None
+    }
+}
+
 /// The most agents one [`Agents`] holds alive at once unless configured otherwise (the runtime's default
 /// limit of envs with recurrent state).
 pub const DEFAULT_MAX_AGENTS: usize = policyport::DEFAULT_MAX_ENVS;
@@ -824,7 +868,10 @@ impl Agents {
         if !whole {
             self.observe_rows(ids, obs, masks)?;
         }
-        if let Err(e) = self.act_on(whole.then_some(obs)) {
+        let acting = bench_timing::Mark::now();
+        let acted = self.act_on(whole.then_some(obs)).map(|_| ());
+        acting.add_to_act();
+        if let Err(e) = acted {
             // Withdrawn: the whole tick at once (rows staged without observations cannot be unobserved one by
             // one), or this call's rows.
             match whole {

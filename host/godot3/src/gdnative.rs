@@ -753,6 +753,13 @@ impl Api {
         v
     }
 
+    pub fn real_variant(&self, x: f64) -> Variant {
+        let mut v = Variant::uninit();
+        // SAFETY: as `nil`.
+        unsafe { self.variant_new_real()(&mut v, x) };
+        v
+    }
+
     pub fn string_variant(&self, s: &str) -> Variant {
         let mut v = Variant::uninit();
         let mut g = self.string(s);

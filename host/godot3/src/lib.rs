@@ -525,9 +525,10 @@ mod values {
 
 mod info {
     use super::*;
-    /// `info() -> Dictionary`: obs_len, action_len, mask_len, discrete, alive, tick, backend (empty before load).
+    /// `info() -> Dictionary`: obs_len, action_len, mask_len, discrete, alive, tick, backend (empty before load);
+    /// with the `bench-timing` feature also bench_act_seconds.
     pub fn body(r: &mut Runner, api: &Api, _args: &[&Variant]) -> Variant {
-        let entries = match r.agents() {
+        let mut entries = match r.agents() {
             Some(a) => vec![
                 ("obs_len", api.int_variant(a.obs_len() as i64)),
                 ("action_len", api.int_variant(a.action_len() as i64)),
@@ -541,6 +542,14 @@ mod info {
             ],
             None => vec![],
         };
+        // Built with `bench-timing` (engine-bench.sh): the seconds this process has spent in the runners' acts
+        // (policyport_agents::bench_timing), which bench.gd reads around the calls it times.
+        match policyport_agents::bench_timing::act_seconds() {
+            Some(secs) if !entries.is_empty() => {
+                entries.push(("bench_act_seconds", api.real_variant(secs)))
+            }
+            _ => {}
+        }
         api.dictionary_variant(entries)
     }
 }
