@@ -571,3 +571,72 @@ fn bevy_acting_does_not_mark_agents_changed() {
     assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
     assert_eq!(app.world().resource::<Seen>().0, vec![4, 0, 0, 1, 0]);
 }
+
+/// Regression: an agent whose id the game released itself through `Policies` (`Agents::despawn`) while its entity
+/// lived made its policy's every later tick an `UnknownAgent` error (every agent of that policy stopped acting,
+/// for good). Now the tick that meets the released id is that policy's one error entry, and from the next tick the
+/// agent acts under a new id (a new episode) beside the others.
+#[test]
+fn bevy_an_id_the_game_released_through_policies_costs_one_tick() {
+    use policyport_agents::AgentsError;
+    use policyport_bevy::{Action, Agent};
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let h = app.world_mut().resource_mut::<Policies>().add(Agents::new(
+        policy,
+        AgentsConfig {
+            deterministic: true,
+            ..Default::default()
+        },
+    ));
+    let obs = vec![0.01f32, 0.0, -0.02, 0.1];
+    let carts: Vec<Entity> = (0..4)
+        .map(|_| {
+            app.world_mut()
+                .spawn((Agent::new(h), Observation(obs.clone())))
+                .id()
+        })
+        .collect();
+    app.update();
+    assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
+    let id = |app: &App, e: Entity| app.world().get::<Agent>(e).unwrap().id();
+    let released = id(&app, carts[1]).unwrap();
+    app.world_mut()
+        .resource_mut::<Policies>()
+        .get_mut(h)
+        .unwrap()
+        .despawn(released)
+        .unwrap();
+    app.update();
+    let errors = &app.world().resource::<PolicyportErrors>().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        matches!(errors[0], (p, AgentsError::UnknownAgent(a)) if p == h && a == released),
+        "{errors:?}"
+    );
+    // The policy's own tick count did not advance on the refused tick: updates 3 and 4 are its ticks 2 and 3.
+    for tick in 2..=3u64 {
+        app.update();
+        assert!(
+            app.world().resource::<PolicyportErrors>().0.is_empty(),
+            "tick {tick}: {:?}",
+            app.world().resource::<PolicyportErrors>().0
+        );
+        for e in &carts {
+            assert_eq!(app.world().get::<Action>(*e).unwrap().tick, tick);
+        }
+    }
+    let renewed = id(&app, carts[1]).unwrap();
+    assert_ne!(renewed, released, "a new id, so a new episode");
+    let alive = app
+        .world_mut()
+        .resource_mut::<Policies>()
+        .get_mut(h)
+        .map(|a| a.len());
+    assert_eq!(
+        alive,
+        Some(4),
+        "the released id stays released; the agent holds one new id"
+    );
+}

@@ -156,7 +156,10 @@ pub enum PolicyportSet {
 
 /// What the last tick's act() refused, per policy (empty when every policy acted). For Bevy's change detection
 /// (`resource_changed::<PolicyportErrors>`, `Res::is_changed`) it changes on a tick that has errors and on the
-/// first clean tick after one, not on other clean ticks.
+/// first clean tick after one, not on other clean ticks. An agent whose id the game released itself (through
+/// [`Policies::get_mut`] and `Agents::despawn`) while its entity lives makes its policy's tick an
+/// `UnknownAgent` entry once; the plugin then forgets that id, and the agent acts again from the next tick under a
+/// new id (a new episode).
 #[derive(Resource, Debug, Default)]
 pub struct PolicyportErrors(pub Vec<(PolicyHandle, AgentsError)>);
 
@@ -295,6 +298,28 @@ fn refuse_tick(
     a.clear_staged();
     failed.push(policy);
     errors.push((policy, err));
+}
+
+/// Every agent whose id its policy no longer holds loses it (and its entry in `registered`), so the next tick
+/// registers it as a new agent. Only after a tick that met such an id: a pass over every agent.
+#[cold]
+#[inline(never)]
+fn forget_released_ids(
+    policies: &mut Policies,
+    registered: &mut Registered,
+    mut agents: Query<&mut Agent>,
+) {
+    let mut holds =
+        |p: PolicyHandle, id: AgentId| policies.get_mut(p).is_some_and(|a| a.contains(id));
+    registered.0.retain(|_, (p, id)| holds(*p, *id));
+    for mut agent in agents.iter_mut() {
+        if let (Some(id), Some(p)) = (agent.id, agent.registered)
+            && !holds(p, id)
+        {
+            agent.id = None;
+            agent.registered = None;
+        }
+    }
 }
 
 /// A policy's last tick, its slices taken out once (the action pass reads them per agent).
@@ -542,6 +567,7 @@ fn act_system(
         Query<StagingRow<'_>>,
         Query<ActionRow<'_>, With<Observation>>,
         Query<FreshRow<'_>>,
+        Query<&mut Agent>,
     )>,
 ) {
     // The errors are written without Bevy's change mark (any `DerefMut`, a `clear()` of an empty list too, set
@@ -639,6 +665,16 @@ fn act_system(
         Run::end(run.take(), policies, run_lists!());
     }
     let staged = bench_timing::Mark::now();
+    // An id its policy no longer holds (the game released it through `Policies` — `Agents::despawn` — while the
+    // entity lives) is refused by the staging as `UnknownAgent`, and would refuse its policy's every tick: such
+    // agents are forgotten here, and registered afresh at the next tick (a new id: a new episode).
+    if errors
+        .0
+        .iter()
+        .any(|(_, e)| matches!(e, AgentsError::UnknownAgent(_)))
+    {
+        forget_released_ids(&mut policies, &mut registered, queries.p3());
+    }
     for &e in respawned.iter() {
         if let Ok((mut agent, _, _)) = queries.p2().get_mut(e) {
             agent.episode_start = false;
