@@ -300,11 +300,10 @@ fn refuse_tick(
     errors.push((policy, err));
 }
 
-/// Every agent whose id its policy no longer holds loses it (and its entry in `registered`), so the staging pass
-/// registers it as a new agent. Only after a tick that met such an id: a pass over every agent with an
+/// Every agent whose id its policy no longer holds loses it (and its entry in `registered`), so the next staging
+/// pass registers it as a new agent. Only after a tick that met such an id: a pass over every agent with an
 /// observation (one without is never staged, so its stale id refuses nothing until it has one: then this pass
-/// meets it). Through the act system's query of new agents, not a query of its own: a fourth query in its
-/// `ParamSet` cost every tick ~0.2 µs at 1 000 agents (tick_bench, alternating builds).
+/// meets it), through the act system's query of new agents.
 #[cold]
 #[inline(never)]
 fn forget_released_ids(
@@ -577,17 +576,6 @@ fn act_system(
     // this tick's list differs from the last one's in being empty or not, or holds errors.
     let start = bench_timing::Mark::now();
     let had_errors = !errors.0.is_empty();
-    // An id its policy no longer holds (the game released it through `Policies` — `Agents::despawn` — while the
-    // entity lives) was refused by the last tick's staging as `UnknownAgent`, and would refuse its policy's every
-    // tick: such agents are forgotten first, so this tick registers them afresh (a new id: a new episode).
-    if had_errors
-        && errors
-            .0
-            .iter()
-            .any(|(_, e)| matches!(e, AgentsError::UnknownAgent(_)))
-    {
-        forget_released_ids(&mut policies, &mut registered, queries.p2());
-    }
     let errors_mark = &mut errors;
     let errors = errors_mark.bypass_change_detection();
     errors.0.clear();
@@ -678,6 +666,17 @@ fn act_system(
         Run::end(run.take(), policies, run_lists!());
     }
     let staged = bench_timing::Mark::now();
+    // An id its policy no longer holds (the game released it through `Policies` — `Agents::despawn` — while the
+    // entity lives) is refused by the staging as `UnknownAgent`, and would refuse its policy's every tick: such
+    // agents are forgotten now (in this tick: a game may clear `PolicyportErrors` between ticks), and the next
+    // tick registers them afresh (a new id: a new episode).
+    if errors
+        .0
+        .iter()
+        .any(|(_, e)| matches!(e, AgentsError::UnknownAgent(_)))
+    {
+        forget_released_ids(&mut policies, &mut registered, queries.p2());
+    }
     for &e in respawned.iter() {
         if let Ok((mut agent, _, _)) = queries.p2().get_mut(e) {
             agent.episode_start = false;
