@@ -37,6 +37,18 @@ fn scene_app(agents: Agents, carts: usize, ticks: u64) -> App {
     app
 }
 
+/// A headless app with the plugin in `Update` and SB3's CartPole PPO as its one policy.
+fn cartpole_app(config: AgentsConfig) -> (App, policyport_bevy::PolicyHandle) {
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let h = app
+        .world_mut()
+        .resource_mut::<Policies>()
+        .add(Agents::new(policy, config));
+    (app, h)
+}
+
 fn play(agents: Agents, carts: usize, ticks: u64) -> Vec<f64> {
     let mut app = scene_app(agents, carts, ticks);
     for _ in 0..ticks {
@@ -261,18 +273,11 @@ fn each_agent_gets_its_own_row(idle_policies: usize) {
 #[test]
 fn bevy_an_action_holds_exactly_its_ticks_outputs_whatever_it_held() {
     use policyport_bevy::{Action, Agent};
-    let bytes = sb3("ppo_cartpole");
-    let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
-    let mut app = App::new();
-    app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    let h = app.world_mut().resource_mut::<Policies>().add(Agents::new(
-        policy,
-        AgentsConfig {
-            values: true,
-            deterministic: true,
-            ..Default::default()
-        },
-    ));
+    let (mut app, h) = cartpole_app(AgentsConfig {
+        values: true,
+        deterministic: true,
+        ..Default::default()
+    });
     let entities: Vec<_> = (0..4)
         .map(|k| {
             let o = vec![0.01 * k as f32, 0.0, -0.02, 0.1];
@@ -404,16 +409,10 @@ fn bevy_the_errors_resource_changes_only_with_its_errors() {
 #[test]
 fn bevy_a_cloned_agent_entity_is_a_new_agent_with_its_own_id() {
     use policyport_bevy::{Action, Agent};
-    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
-    let mut app = App::new();
-    app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    let h = app.world_mut().resource_mut::<Policies>().add(Agents::new(
-        policy,
-        AgentsConfig {
-            deterministic: true,
-            ..Default::default()
-        },
-    ));
+    let (mut app, h) = cartpole_app(AgentsConfig {
+        deterministic: true,
+        ..Default::default()
+    });
     let obs = vec![0.01f32, 0.0, -0.02, 0.1];
     let a = app
         .world_mut()
@@ -580,16 +579,10 @@ fn bevy_acting_does_not_mark_agents_changed() {
 fn bevy_an_id_the_game_released_through_policies_costs_one_tick() {
     use policyport_agents::AgentsError;
     use policyport_bevy::{Action, Agent};
-    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
-    let mut app = App::new();
-    app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    let h = app.world_mut().resource_mut::<Policies>().add(Agents::new(
-        policy,
-        AgentsConfig {
-            deterministic: true,
-            ..Default::default()
-        },
-    ));
+    let (mut app, h) = cartpole_app(AgentsConfig {
+        deterministic: true,
+        ..Default::default()
+    });
     let obs = vec![0.01f32, 0.0, -0.02, 0.1];
     let carts: Vec<Entity> = (0..4)
         .map(|_| {

@@ -41,16 +41,28 @@ pub mod bench_timing {
     #[cfg(feature = "bench-timing")]
     static ACT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-    /// A clock reading (nothing without the `bench-timing` feature).
-    pub(crate) struct Mark(#[cfg(feature = "bench-timing")] std::time::Instant);
+    /// A clock reading (nothing without the `bench-timing` feature). The engine bindings' own timings use it too
+    /// (policyport-bevy's `bench_timing`, whose feature turns this one on).
+    #[derive(Clone, Copy)]
+    pub struct Mark(#[cfg(feature = "bench-timing")] std::time::Instant);
 
     impl Mark {
         #[inline(always)]
-        pub(crate) fn now() -> Self {
+        pub fn now() -> Self {
             Mark(
                 #[cfg(feature = "bench-timing")]
                 std::time::Instant::now(),
             )
+        }
+
+        /// Seconds from `earlier` to this mark (0 without the feature).
+        #[inline(always)]
+        #[cfg_attr(not(feature = "bench-timing"), allow(unused_variables))]
+        pub fn secs_since(self, earlier: Mark) -> f64 {
+            #[cfg(feature = "bench-timing")]
+            return (self.0 - earlier.0).as_secs_f64();
+            #[cfg(not(feature = "bench-timing"))]
+            0.0
         }
 
         /// The time since this mark, added to the acts' total.

@@ -778,19 +778,8 @@ fn act_system(
 /// is None. Why: the plugin's overhead against an act timed in another tick (or another app) carries that
 /// act's own variation, ±3 points of a 100-agent ratio run to run; against the act of the same tick it does not.
 pub mod bench_timing {
-    /// A clock reading (nothing without the `bench-timing` feature).
-    #[derive(Clone, Copy)]
-    pub(crate) struct Mark(#[cfg(feature = "bench-timing")] std::time::Instant);
-
-    impl Mark {
-        #[inline(always)]
-        pub(crate) fn now() -> Self {
-            Mark(
-                #[cfg(feature = "bench-timing")]
-                std::time::Instant::now(),
-            )
-        }
-    }
+    /// A clock reading (nothing without the `bench-timing` feature): the agents layer's.
+    pub(crate) use policyport_agents::bench_timing::Mark;
 
     /// The last tick's Act system, in seconds: the staging pass (from the system's start: releases,
     /// registration of new agents not included), the policies' act() calls, the action pass (to the system's
@@ -819,8 +808,8 @@ pub mod bench_timing {
     pub(crate) fn record(marks: [Mark; 5]) {
         #[cfg(feature = "bench-timing")]
         {
-            let [start, staged, acting, acted, end] = marks.map(|m| m.0);
-            let secs = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
+            let [start, staged, acting, acted, end] = marks;
+            let secs = |a: Mark, b: Mark| b.secs_since(a);
             *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Parts {
                 staging: secs(start, staged),
                 act: secs(acting, acted),
