@@ -33,10 +33,10 @@ pub use script::{ScriptError, ScriptRunner};
 /// The act inside [`Agents::tick_rows`] timed, for issue 35's engine benchmark (tests/scripts/engine-bench.sh): with
 /// the `bench-timing` feature each call reads the clock twice around its act and adds the span to a process-wide
 /// total, [`bench_timing::act_seconds`]; without it (the default) no clock is read and that is None. Why: an
-/// engine's per-tick cost over an act timed in another process (tick_bench's) carries what differs between the two
-/// processes' acts (their cache and code placement: the same 100-agent CartPole act measured 8.1 µs in tick_bench
-/// and 8.5 µs inside Godot 3, 2026-12-07); over the act timed in the same calls it is what the binding adds. Bevy's
-/// act system has the same split (policyport-bevy's `bench_timing`).
+/// engine's per-tick cost over an act timed in another process (tick_bench's) carries whatever differs between the
+/// two processes' acts (the same 100-agent CartPole act measured 8.1 µs in tick_bench and 8.5 µs inside Godot 3,
+/// 2026-12-07, also back to back inside one call); over the act timed in the same calls it is what the binding adds.
+/// Bevy's act system has the same split (policyport-bevy's `bench_timing`).
 pub mod bench_timing {
     #[cfg(feature = "bench-timing")]
     static ACT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
