@@ -944,10 +944,12 @@ impl Executor for CpuExecutor {
         // Measured, the caller may run the whole batch alone at a later step of this size (a probe, or the split
         // measuring slower): its buffers are sized for the whole batch now (a block of it, as the way without the
         // split runs), not for the largest part, so that a warm act() allocates nothing whichever way it goes.
-        let caller_rows = if measured { batch } else { per };
-        self.reserve(&mut s.main, self.block_of(caller_rows))?;
+        // Rows of each one's buffers: a block of what it may run.
+        let caller_block = self.block_of(if measured { batch } else { per });
+        let part_block = self.block_of(per);
+        self.reserve(&mut s.main, caller_block)?;
         for b in bufs.iter().take(threads - 1) {
-            self.reserve(&mut lock(b), self.block_of(per))?;
+            self.reserve(&mut lock(b), part_block)?;
         }
         let main = Mutex::new(&mut s.main);
         let out = RowsPtr(rows.as_mut_ptr());
@@ -957,10 +959,10 @@ impl Executor for CpuExecutor {
         // it takes. (A worker that took no part yet still grows its own at its first: once, on that thread, not
         // the caller's; the buffer belongs in `Bufs`, reserved with the rest, once the dense kernels take their
         // scratch from the executor.)
-        let bf16_bytes = (self.block_of(per) as u64).saturating_mul(self.bf16_bytes_per_row);
+        let bf16_bytes = (part_block as u64).saturating_mul(self.bf16_bytes_per_row);
         if bf16_bytes > 0 {
             crate::dense_bf16::reserve_input(
-                (self.block_of(caller_rows) as u64).saturating_mul(self.bf16_bytes_per_row),
+                (caller_block as u64).saturating_mul(self.bf16_bytes_per_row),
             );
         }
         // The workers spin for the next step after this one (a split, most likely), except after the last step of

@@ -31,6 +31,7 @@
 // Elsewhere than x86-64 the kernel does not exist: `available` is false, so nothing is packed or run in bf16.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_variables))]
 
+use crate::aligned::Aligned;
 use crate::kernels::Act;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::{self, Isa};
@@ -112,8 +113,8 @@ pub(crate) struct Bf16Panels {
     /// `ceil(k / 2)`.
     k2: usize,
     /// `[panel][k2][NR]` pairs.
-    /// Starts a cache line ([`crate::aligned::Aligned`]): loaded a whole zmm at a time.
-    pairs: crate::aligned::Aligned<u32>,
+    /// Starts a cache line ([`Aligned`]): loaded a whole zmm at a time.
+    pairs: Aligned<u32>,
 }
 
 impl Bf16Panels {
@@ -121,7 +122,7 @@ impl Bf16Panels {
     pub(crate) fn new(w: &[f32], n: usize, k: usize) -> Self {
         let k2 = k.div_ceil(2);
         let np = n.div_ceil(NR);
-        let mut pairs = crate::aligned::Aligned::<u32>::zeroed(np * k2 * NR);
+        let mut pairs = Aligned::<u32>::zeroed(np * k2 * NR);
         for p in 0..np {
             for j in 0..k2 {
                 for c in 0..NR {
