@@ -530,6 +530,141 @@ fn bevy_a_gathered_run_the_policy_refuses_is_an_error_entry() {
     assert_eq!(ticks(&app, &[theirs]), vec![3]);
 }
 
+/// Regression for the staging pass's gathered runs written by index into buffers kept across ticks (grown on the
+/// out-of-line path, in the middle of a run): 300 agents whose policy changes in blocks of 70 and 5 (runs that end
+/// on another policy's agent, some longer than the buffers on the first tick), one respawn and one mask in the
+/// middle of a run (the run ends, the agent takes the general path, a new run begins after its row), one
+/// observation of the wrong length: every agent's value is its own observation's, tick after tick, and the
+/// refused policy's agents keep their last actions.
+#[test]
+fn bevy_runs_longer_than_their_buffers_keep_every_agents_row() {
+    use policyport::{ActMode, Observations, Request};
+    use policyport_agents::AgentsError;
+    use policyport_bevy::{Action, ActionMask, Agent};
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let n = 300;
+    let obs_of = |k: usize| {
+        let k = k as f32;
+        vec![
+            (0.37 * k).sin() * 0.4,
+            (0.11 * k).cos() * 0.5,
+            (0.23 * k).sin() * 0.2,
+            (0.05 * k).cos() * 0.3,
+        ]
+    };
+    let all: Vec<f32> = (0..n).flat_map(obs_of).collect();
+    let want = policy
+        .session()
+        .act(&Request::new(
+            Observations::F32(&all),
+            n,
+            ActMode::Deterministic,
+        ))
+        .unwrap()
+        .value
+        .clone();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let config = AgentsConfig {
+        deterministic: true,
+        values: true,
+        ..Default::default()
+    };
+    let handles = {
+        let mut p = app.world_mut().resource_mut::<Policies>();
+        [0, 1, 2].map(|_| p.add(Agents::new(policy.clone(), config)))
+    };
+    // Blocks of 70 agents of policies 0 and 1 in turn, every fifth block 5 agents of policy 2.
+    let policy_of = |k: usize| match k % 150 {
+        0..70 => handles[0],
+        70..75 => handles[2],
+        _ => handles[1],
+    };
+    let entities: Vec<Entity> = (0..n)
+        .map(|k| {
+            app.world_mut()
+                .spawn((Agent::new(policy_of(k)), Observation(obs_of(k))))
+                .id()
+        })
+        .collect();
+    let values = |app: &App| -> Vec<Option<f32>> {
+        entities
+            .iter()
+            .map(|e| app.world().get::<Action>(*e).unwrap().value)
+            .collect()
+    };
+    let close = |got: Option<f32>, k: usize| {
+        got.is_some_and(|v| (v - want[k]).abs() <= 1e-5 * want[k].abs().max(1.0))
+    };
+    for tick in 1..=4u64 {
+        match tick {
+            // A respawn in the middle of policy 0's first run and a mask in the middle of policy 1's.
+            2 => {
+                app.world_mut()
+                    .get_mut::<Agent>(entities[30])
+                    .unwrap()
+                    .episode_start = true;
+                app.world_mut()
+                    .entity_mut(entities[100])
+                    .insert(ActionMask(vec![true, false]));
+            }
+            // Agent 200 (policy 0) observes a wrong length: policy 0 refuses the tick.
+            3 => {
+                app.world_mut()
+                    .get_mut::<Observation>(entities[200])
+                    .unwrap()
+                    .0 = vec![0.0; 3]
+            }
+            4 => {
+                app.world_mut()
+                    .get_mut::<Observation>(entities[200])
+                    .unwrap()
+                    .0 = obs_of(200)
+            }
+            _ => {}
+        }
+        let before = values(&app);
+        app.update();
+        let errors = &app.world().resource::<PolicyportErrors>().0;
+        let got = values(&app);
+        if tick == 3 {
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(matches!(
+                errors[0],
+                (h, AgentsError::ObservationLength { .. }) if h == handles[0]
+            ));
+        } else {
+            assert!(errors.is_empty(), "tick {tick}: {errors:?}");
+        }
+        for k in 0..n {
+            let refused = tick == 3 && policy_of(k) == handles[0];
+            match refused {
+                true => assert_eq!(got[k], before[k], "tick {tick}, agent {k}: kept"),
+                false => assert!(
+                    close(got[k], k),
+                    "tick {tick}, agent {k}: {:?}, its row's {}",
+                    got[k],
+                    want[k]
+                ),
+            }
+            let action = app.world().get::<Action>(entities[k]).unwrap();
+            let policy_tick = if policy_of(k) == handles[0] && tick >= 3 {
+                tick - 1
+            } else {
+                tick
+            };
+            assert_eq!(action.tick, policy_tick, "tick {tick}, agent {k}");
+        }
+        if tick >= 2 {
+            assert_eq!(
+                app.world().get::<Action>(entities[100]).unwrap().discrete,
+                vec![0],
+                "the masked agent's own mask"
+            );
+        }
+    }
+}
+
 /// The staging pass writes each agent's row on its `Agent` every tick without Bevy's change mark: a game's
 /// `Changed<Agent>` sees an agent when it is spawned (registered), when its respawn flag is taken, and when the
 /// game itself changes it, not at every tick.
