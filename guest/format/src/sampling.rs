@@ -17,6 +17,17 @@ pub enum ActMode {
 /// Accumulated in f32, left to right. Falls back to the last index if rounding leaves no such i.
 #[inline]
 pub fn categorical(logits: &[f32], u: f32) -> usize {
+    // Two to four actions (CartPole's two, most games' few) with the length a constant: the exps and the sums
+    // stay in registers, in straight-line code. The same values in the same order as below, so the same draw.
+    if let Ok(l) = <&[f32; 2]>::try_from(logits) {
+        return categorical_fixed(l, u);
+    }
+    if let Ok(l) = <&[f32; 3]>::try_from(logits) {
+        return categorical_fixed(l, u);
+    }
+    if let Ok(l) = <&[f32; 4]>::try_from(logits) {
+        return categorical_fixed(l, u);
+    }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Each e_i computed once where it fits a small buffer (every policy head seen so far: a few to a few dozen
     // actions); the same values and the same left-to-right sums as computing them twice, so the same draw bit
@@ -48,6 +59,15 @@ pub fn categorical(logits: &[f32], u: f32) -> usize {
         }
     }
     logits.len() - 1
+}
+
+/// [`categorical`] on N logits.
+#[inline(always)]
+fn categorical_fixed<const N: usize>(l: &[f32; N], u: f32) -> usize {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // exp(0) is exactly 1: the largest logit's term without a call.
+    let e: [f32; N] = std::array::from_fn(|i| if l[i] == max { 1.0 } else { (l[i] - max).exp() });
+    draw(&e, u)
 }
 
 /// The index drawn by `u` from unnormalised probabilities `e` (the first whose running sum passes `u` times the
@@ -246,7 +266,7 @@ mod tests {
             }
             logits.len() - 1
         }
-        for n in [1usize, 2, 4, 6, 18, 63, 64, 65, 200] {
+        for n in [1usize, 2, 3, 4, 5, 6, 18, 63, 64, 65, 200] {
             for step in 0..500u64 {
                 let mut s = Stream::new(7, n as u32, step);
                 let logits: Vec<f32> = (0..n)
