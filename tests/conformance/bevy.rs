@@ -49,6 +49,21 @@ fn cartpole_app(config: AgentsConfig) -> (App, policyport_bevy::PolicyHandle) {
     (app, h)
 }
 
+/// Each row's value estimate from a bare session (what each agent's `Action::value` must say): `n` rows of `obs`.
+fn values_of(policy: &std::sync::Arc<CompiledPolicy>, obs: &[f32], n: usize) -> Vec<f32> {
+    use policyport::{ActMode, Observations, Request};
+    policy
+        .session()
+        .act(&Request::new(
+            Observations::F32(obs),
+            n,
+            ActMode::Deterministic,
+        ))
+        .unwrap()
+        .value
+        .clone()
+}
+
 fn play(agents: Agents, carts: usize, ticks: u64) -> Vec<f64> {
     let mut app = scene_app(agents, carts, ticks);
     for _ in 0..ticks {
@@ -170,16 +185,7 @@ fn each_agent_gets_its_own_row(idle_policies: usize) {
     // The value of each agent's observation, from a bare session (what the agent's Action must say).
     let n = 12;
     let all_obs: Vec<f32> = (0..n).flat_map(obs_of).collect();
-    let mut session = policy.session();
-    let want_values = session
-        .act(&Request::new(
-            Observations::F32(&all_obs),
-            n,
-            ActMode::Deterministic,
-        ))
-        .unwrap()
-        .value
-        .clone();
+    let want_values = values_of(&policy, &all_obs, n);
     let mut app = App::new();
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
     let config = |seed| AgentsConfig {
@@ -553,16 +559,7 @@ fn bevy_runs_longer_than_their_buffers_keep_every_agents_row() {
         ]
     };
     let all: Vec<f32> = (0..n).flat_map(obs_of).collect();
-    let want = policy
-        .session()
-        .act(&Request::new(
-            Observations::F32(&all),
-            n,
-            ActMode::Deterministic,
-        ))
-        .unwrap()
-        .value
-        .clone();
+    let want = values_of(&policy, &all, n);
     let mut app = App::new();
     app.add_plugins(PolicyportPlugin::in_schedule(Update));
     let config = AgentsConfig {
