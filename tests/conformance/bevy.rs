@@ -169,7 +169,6 @@ fn bevy_each_agent_gets_its_own_row_with_masks_two_policies_and_a_policy_switch(
 }
 
 fn each_agent_gets_its_own_row(idle_policies: usize) {
-    use policyport::{ActMode, Observations, Request};
     use policyport_bevy::{Action, ActionMask, Agent};
     let bytes = sb3("ppo_cartpole");
     let policy = CompiledPolicy::load(&bytes, Backend::Cpu).unwrap();
@@ -544,7 +543,6 @@ fn bevy_a_gathered_run_the_policy_refuses_is_an_error_entry() {
 /// refused policy's agents keep their last actions.
 #[test]
 fn bevy_runs_longer_than_their_buffers_keep_every_agents_row() {
-    use policyport::{ActMode, Observations, Request};
     use policyport_agents::AgentsError;
     use policyport_bevy::{Action, ActionMask, Agent};
     let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
