@@ -765,3 +765,166 @@ fn bevy_an_id_the_game_released_through_policies_costs_one_tick() {
         "the released id stays released; the agent holds one new id"
     );
 }
+
+/// A seeded game of 300 ticks that does everything a game does to its agents, in every order: spawns (some with
+/// masks), despawns, respawns, policy switches among three policies, masks inserted and removed (the entity moves
+/// to another table, so the staging pass meets the policies' runs in another order), an `Action` removed and put
+/// back, observations emptied (the agent sits the tick out) and of the wrong length (its policy refuses the
+/// tick). After every tick each agent that acted holds its own row's value (a bare session's for its
+/// observation) and its policy's tick, a masked agent an allowed action, and every other agent the action it had.
+#[test]
+fn bevy_a_random_game_keeps_every_agents_row() {
+    use policyport_agents::AgentsError;
+    use policyport_bevy::{Action, ActionMask, Agent, PolicyHandle};
+    let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let config = AgentsConfig {
+        deterministic: true,
+        values: true,
+        ..Default::default()
+    };
+    let handles: Vec<PolicyHandle> = {
+        let mut p = app.world_mut().resource_mut::<Policies>();
+        (0..3)
+            .map(|_| p.add(Agents::new(policy.clone(), config)))
+            .collect()
+    };
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    let obs = |seed: u64| -> Vec<f32> {
+        (0..4)
+            .map(|i| (((seed * 4 + i) * 2_654_435_761) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    };
+    let mut alive: Vec<Entity> = vec![];
+    // Acts per policy so far (an agent's `Action::tick` after its policy acts).
+    let mut acts = [0u64; 3];
+    // What the game exercised: refused ticks, masked actions checked, actions kept, rows checked.
+    let (mut refusals, mut masked, mut kept_actions, mut rows) = (0, 0, 0, 0);
+    for tick in 0..300u64 {
+        // The game's moves for this tick.
+        for _ in 0..next(4) {
+            let h = handles[next(3) as usize];
+            let mut e = app
+                .world_mut()
+                .spawn((Agent::new(h), Observation(obs(next(1 << 20)))));
+            if next(4) == 0 {
+                e.insert(ActionMask(vec![next(2) == 0, true]));
+            }
+            alive.push(e.id());
+        }
+        if !alive.is_empty() {
+            for _ in 0..3 {
+                let e = alive[next(alive.len() as u64) as usize];
+                let mut ent = app.world_mut().entity_mut(e);
+                match next(12) {
+                    0 => {
+                        ent.despawn();
+                        alive.retain(|x| *x != e);
+                    }
+                    1 => ent.get_mut::<Agent>().unwrap().episode_start = true,
+                    2 => ent.get_mut::<Agent>().unwrap().policy = handles[next(3) as usize],
+                    3 => {
+                        ent.insert(ActionMask(vec![true, next(2) == 0]));
+                    }
+                    4 => {
+                        ent.remove::<ActionMask>();
+                    }
+                    5 if ent.contains::<Action>() => {
+                        ent.remove::<Action>();
+                    }
+                    5 => {
+                        ent.insert(Action::default());
+                    }
+                    6 => ent.get_mut::<Observation>().unwrap().0.clear(),
+                    7 if next(3) == 0 => ent.get_mut::<Observation>().unwrap().0 = vec![0.5; 3],
+                    _ => ent.get_mut::<Observation>().unwrap().0 = obs(next(1 << 20)),
+                }
+            }
+        }
+        // What every agent must hold after the tick.
+        let before: Vec<Option<Action>> = alive
+            .iter()
+            .map(|e| app.world().get::<Action>(*e).cloned())
+            .collect();
+        let policy_of = |app: &App, e: Entity| app.world().get::<Agent>(e).unwrap().policy;
+        let obs_of = |app: &App, e: Entity| app.world().get::<Observation>(e).unwrap().0.clone();
+        let refused: Vec<PolicyHandle> = handles
+            .iter()
+            .copied()
+            .filter(|h| {
+                alive
+                    .iter()
+                    .any(|e| policy_of(&app, *e) == *h && !matches!(obs_of(&app, *e).len(), 0 | 4))
+            })
+            .collect();
+        for (p, h) in handles.iter().enumerate() {
+            let staged = alive
+                .iter()
+                .any(|e| policy_of(&app, *e) == *h && obs_of(&app, *e).len() == 4);
+            if staged && !refused.contains(h) {
+                acts[p] += 1;
+            }
+        }
+        app.update();
+        let errors = &app.world().resource::<PolicyportErrors>().0;
+        let mut refused_now: Vec<PolicyHandle> = errors.iter().map(|(h, _)| *h).collect();
+        refused_now.sort_by_key(|h| handles.iter().position(|x| x == h));
+        assert_eq!(refused_now, refused, "tick {tick}: {errors:?}");
+        refusals += refused.len();
+        assert!(
+            errors
+                .iter()
+                .all(|(_, e)| matches!(e, AgentsError::ObservationLength { .. })),
+            "tick {tick}: {errors:?}"
+        );
+        for (i, &e) in alive.iter().enumerate() {
+            let Some(action) = app.world().get::<Action>(e) else {
+                continue;
+            };
+            let (h, o) = (policy_of(&app, e), obs_of(&app, e));
+            let p = handles.iter().position(|x| *x == h).unwrap();
+            let acted = o.len() == 4 && !refused.contains(&h);
+            if !acted {
+                let kept = before[i].clone().unwrap_or_default();
+                assert_eq!(*action, kept, "tick {tick}, {e}: kept its action");
+                kept_actions += 1;
+                continue;
+            }
+            let want = values_of(&policy, &o, 1)[0];
+            let v = action.value.unwrap();
+            assert!(
+                (v - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "tick {tick}, {e} (policy {p}): value {v}, its row's {want}"
+            );
+            assert_eq!(action.tick, acts[p], "tick {tick}, {e} (policy {p})");
+            rows += 1;
+            if let Some(m) = app.world().get::<ActionMask>(e) {
+                assert!(
+                    m.0[action.discrete[0] as usize],
+                    "tick {tick}, {e}: action {:?} against its mask {:?}",
+                    action.discrete, m.0
+                );
+                masked += 1;
+            }
+        }
+        // A wrong length is one tick's mistake: the game puts it right before the next.
+        for &e in &alive {
+            let mut o = app.world_mut().get_mut::<Observation>(e).unwrap();
+            if o.0.len() == 3 {
+                o.0 = obs(next(1 << 20));
+            }
+        }
+    }
+    assert!(alive.len() > 100, "the game grew: {} agents", alive.len());
+    assert!(
+        refusals > 10 && masked > 1000 && kept_actions > 1000 && rows > 10_000,
+        "what the game exercised: {refusals} refused ticks, {masked} masked actions, {kept_actions} kept, {rows} rows"
+    );
+}
