@@ -64,6 +64,18 @@ fn values_of(policy: &std::sync::Arc<CompiledPolicy>, obs: &[f32], n: usize) -> 
         .clone()
 }
 
+/// An agent of policy `h` with observation `obs`, spawned.
+fn spawn_agent(app: &mut App, h: policyport_bevy::PolicyHandle, obs: Vec<f32>) -> Entity {
+    app.world_mut()
+        .spawn((policyport_bevy::Agent::new(h), Observation(obs)))
+        .id()
+}
+
+/// A value an agent's `Action` holds is its row's (`want`, from [`values_of`]) within the suite's tolerance.
+fn value_matches(got: f32, want: f32) -> bool {
+    (got - want).abs() <= 1e-5 * want.abs().max(1.0)
+}
+
 fn play(agents: Agents, carts: usize, ticks: u64) -> Vec<f64> {
     let mut app = scene_app(agents, carts, ticks);
     for _ in 0..ticks {
@@ -254,7 +266,7 @@ fn each_agent_gets_its_own_row(idle_policies: usize) {
             }
             let v = action.value.unwrap();
             assert!(
-                (v - want_values[k]).abs() <= 1e-5 * want_values[k].abs().max(1.0),
+                value_matches(v, want_values[k]),
                 "agent {k}, tick {tick}: value {v}, its row's {}",
                 want_values[k]
             );
@@ -277,17 +289,14 @@ fn each_agent_gets_its_own_row(idle_policies: usize) {
 /// comes back when asked for again.
 #[test]
 fn bevy_an_action_holds_exactly_its_ticks_outputs_whatever_it_held() {
-    use policyport_bevy::{Action, Agent};
+    use policyport_bevy::Action;
     let (mut app, h) = cartpole_app(AgentsConfig {
         values: true,
         deterministic: true,
         ..Default::default()
     });
     let entities: Vec<_> = (0..4)
-        .map(|k| {
-            let o = vec![0.01 * k as f32, 0.0, -0.02, 0.1];
-            app.world_mut().spawn((Agent::new(h), Observation(o))).id()
-        })
+        .map(|k| spawn_agent(&mut app, h, vec![0.01 * k as f32, 0.0, -0.02, 0.1]))
         .collect();
     app.update();
     let first: Vec<Action> = entities
@@ -419,10 +428,7 @@ fn bevy_a_cloned_agent_entity_is_a_new_agent_with_its_own_id() {
         ..Default::default()
     });
     let obs = vec![0.01f32, 0.0, -0.02, 0.1];
-    let a = app
-        .world_mut()
-        .spawn((Agent::new(h), Observation(obs.clone())))
-        .id();
+    let a = spawn_agent(&mut app, h, obs.clone());
     app.update();
     let id_a = app.world().get::<Agent>(a).unwrap().id();
     assert!(id_a.is_some());
@@ -488,16 +494,9 @@ fn bevy_a_gathered_run_the_policy_refuses_is_an_error_entry() {
     };
     let obs = vec![0.01f32, 0.0, -0.02, 0.1];
     let mine: Vec<Entity> = (0..5)
-        .map(|_| {
-            app.world_mut()
-                .spawn((Agent::new(h), Observation(obs.clone())))
-                .id()
-        })
+        .map(|_| spawn_agent(&mut app, h, obs.clone()))
         .collect();
-    let theirs = app
-        .world_mut()
-        .spawn((Agent::new(other), Observation(obs.clone())))
-        .id();
+    let theirs = spawn_agent(&mut app, other, obs.clone());
     app.update();
     assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
     let ticks = |app: &App, es: &[Entity]| -> Vec<u64> {
@@ -576,11 +575,7 @@ fn bevy_runs_longer_than_their_buffers_keep_every_agents_row() {
         _ => handles[1],
     };
     let entities: Vec<Entity> = (0..n)
-        .map(|k| {
-            app.world_mut()
-                .spawn((Agent::new(policy_of(k)), Observation(obs_of(k))))
-                .id()
-        })
+        .map(|k| spawn_agent(&mut app, policy_of(k), obs_of(k)))
         .collect();
     let values = |app: &App| -> Vec<Option<f32>> {
         entities
@@ -588,9 +583,7 @@ fn bevy_runs_longer_than_their_buffers_keep_every_agents_row() {
             .map(|e| app.world().get::<Action>(*e).unwrap().value)
             .collect()
     };
-    let close = |got: Option<f32>, k: usize| {
-        got.is_some_and(|v| (v - want[k]).abs() <= 1e-5 * want[k].abs().max(1.0))
-    };
+    let close = |got: Option<f32>, k: usize| got.is_some_and(|v| value_matches(v, want[k]));
     for tick in 1..=4u64 {
         match tick {
             // A respawn in the middle of policy 0's first run and a mask in the middle of policy 1's.
@@ -681,11 +674,7 @@ fn bevy_acting_does_not_mark_agents_changed() {
         .resource_mut::<Policies>()
         .add(Agents::new(policy, AgentsConfig::default()));
     let agents: Vec<Entity> = (0..4)
-        .map(|_| {
-            app.world_mut()
-                .spawn((Agent::new(h), Observation(vec![0.01, 0.0, -0.02, 0.1])))
-                .id()
-        })
+        .map(|_| spawn_agent(&mut app, h, vec![0.01, 0.0, -0.02, 0.1]))
         .collect();
     for _ in 0..3 {
         app.update();
@@ -715,11 +704,7 @@ fn bevy_an_id_the_game_released_through_policies_costs_one_tick() {
     });
     let obs = vec![0.01f32, 0.0, -0.02, 0.1];
     let carts: Vec<Entity> = (0..4)
-        .map(|_| {
-            app.world_mut()
-                .spawn((Agent::new(h), Observation(obs.clone())))
-                .id()
-        })
+        .map(|_| spawn_agent(&mut app, h, obs.clone()))
         .collect();
     app.update();
     assert!(app.world().resource::<PolicyportErrors>().0.is_empty());
@@ -900,7 +885,7 @@ fn bevy_a_random_game_keeps_every_agents_row() {
             let want = values_of(&policy, &o, 1)[0];
             let v = action.value.unwrap();
             assert!(
-                (v - want).abs() <= 1e-5 * want.abs().max(1.0),
+                value_matches(v, want),
                 "tick {tick}, {e} (policy {p}): value {v}, its row's {want}"
             );
             assert_eq!(action.tick, acts[p], "tick {tick}, {e} (policy {p})");

@@ -17,31 +17,28 @@ pub enum ActMode {
 /// Accumulated in f32, left to right. Falls back to the last index if rounding leaves no such i.
 #[inline]
 pub fn categorical(logits: &[f32], u: f32) -> usize {
-    // Two to four actions (CartPole's two, most games' few) with the length a constant: the exps and the sums
-    // stay in registers, in straight-line code. The same values in the same order as below, so the same draw.
-    if let Ok(l) = <&[f32; 2]>::try_from(logits) {
-        return categorical_fixed(l, u);
-    }
-    if let Ok(l) = <&[f32; 3]>::try_from(logits) {
-        return categorical_fixed(l, u);
-    }
-    if let Ok(l) = <&[f32; 4]>::try_from(logits) {
-        return categorical_fixed(l, u);
+    // Up to eight actions (CartPole's two, most games' few: every discrete head but large ones) with the length
+    // a constant: the exps and the sums stay in registers, in straight-line code. The same values in the same
+    // order as the general path below, so the same draw bit for bit.
+    let fixed = match logits.len() {
+        1 => categorical_fixed::<1>(logits, u),
+        2 => categorical_fixed::<2>(logits, u),
+        3 => categorical_fixed::<3>(logits, u),
+        4 => categorical_fixed::<4>(logits, u),
+        5 => categorical_fixed::<5>(logits, u),
+        6 => categorical_fixed::<6>(logits, u),
+        7 => categorical_fixed::<7>(logits, u),
+        8 => categorical_fixed::<8>(logits, u),
+        _ => None,
+    };
+    if let Some(i) = fixed {
+        return i;
     }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Each e_i computed once where it fits a small buffer (every policy head seen so far: a few to a few dozen
     // actions); the same values and the same left-to-right sums as computing them twice, so the same draw bit
     // for bit. Why: `expf` twice per logit was ~1.5 % of the benchmark MLP's act() at batch 64.
     const SMALL: usize = 64;
-    // (Two or a few actions — most discrete heads — in a buffer that costs nothing to zero.)
-    if logits.len() <= 8 {
-        let mut e = [0.0f32; 8];
-        for (e, l) in e.iter_mut().zip(logits) {
-            // exp(0) is exactly 1: the largest logit's term without a call (half of a two-action head's).
-            *e = if *l == max { 1.0 } else { (l - max).exp() };
-        }
-        return draw(&e[..logits.len()], u);
-    }
     if logits.len() <= SMALL {
         let mut e = [0.0f32; SMALL];
         for (e, l) in e.iter_mut().zip(logits) {
@@ -61,13 +58,14 @@ pub fn categorical(logits: &[f32], u: f32) -> usize {
     logits.len() - 1
 }
 
-/// [`categorical`] on N logits.
+/// [`categorical`] on exactly N logits (None for another length).
 #[inline(always)]
-fn categorical_fixed<const N: usize>(l: &[f32; N], u: f32) -> usize {
+fn categorical_fixed<const N: usize>(logits: &[f32], u: f32) -> Option<usize> {
+    let l = <&[f32; N]>::try_from(logits).ok()?;
     let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // exp(0) is exactly 1: the largest logit's term without a call.
+    // exp(0) is exactly 1: the largest logit's term without a call (half of a two-action head's).
     let e: [f32; N] = std::array::from_fn(|i| if l[i] == max { 1.0 } else { (l[i] - max).exp() });
-    draw(&e, u)
+    Some(draw(&e, u))
 }
 
 /// The index drawn by `u` from unnormalised probabilities `e` (the first whose running sum passes `u` times the
@@ -266,7 +264,7 @@ mod tests {
             }
             logits.len() - 1
         }
-        for n in [1usize, 2, 3, 4, 5, 6, 18, 63, 64, 65, 200] {
+        for n in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 18, 63, 64, 65, 200] {
             for step in 0..500u64 {
                 let mut s = Stream::new(7, n as u32, step);
                 let logits: Vec<f32> = (0..n)
