@@ -161,7 +161,8 @@ struct Program {
     pre: Vec<PreStep>,
     /// (slot, numel) of each state input, and the slot of its next value.
     states: Vec<(usize, i64, usize)>,
-    /// tanh over large f32 CPU tensors as [`tanh_by_expm1`] instead of libtorch's `tanh` (f32 on the CPU only).
+    /// tanh over large f32 tensors as [`tanh_by_expm1`] instead of libtorch's `tanh`: f32 on the CPU, where MKL
+    /// runs its generic path ([`mkl_runs_its_generic_path`]).
     tanh_by_expm1: bool,
 }
 
@@ -175,9 +176,9 @@ const TANH_BY_EXPM1_MIN_NUMEL: i64 = 8192;
 /// `tanh_f` form, in seven elementwise libtorch ops; `out` may be `x` itself, `scratch` is a tensor of x's shape
 /// (overwritten).
 ///
-/// Why not libtorch's `tanh`: on the CPU it is MKL's VML `vsTanh` in its high-accuracy mode, ~2 ns a value on one
-/// core (Zen 5), so it was 36 % of the benchmark MLP's act() at batch 1 024 on this executor (and 30 % of torch
-/// eager's forward). expm1 (Sleef / VML) and the other ops here cost ~1.2 ns a value in all. Accuracy: within
+/// Why not libtorch's `tanh`: on x86-64 it is MKL's VML `vsTanh`, which on a CPU not made by Intel runs MKL's
+/// generic code, ~2 ns a value on one core (Zen 5): 36 % of the benchmark MLP's act() at batch 1 024 on this
+/// executor (and 30 % of torch eager's forward). expm1 (Sleef / VML) and the other ops here cost ~1.2 ns a value in all. Accuracy: within
 /// 1.6e-7 relative of f64 tanh over [-20, 20] (libtorch's: 6e-8), so no cancellation near 0, unlike
 /// 2·sigmoid(2x) − 1 (1.8e-7 absolute, 5 % relative near 0); ±0, subnormals, ±inf (→ ±1) and NaN come back as
 /// `tanh` gives them. The clamp keeps m finite (tanh(9) rounds to 1 in f32).
@@ -201,6 +202,29 @@ fn tanh_in_place(mut y: Tensor, reuse: Option<&mut Reuse>) -> Result<Tensor, tch
     let x = y.shallow_clone();
     tanh_by_expm1(&x, &mut y, &mut scratch)?;
     Ok(y)
+}
+
+/// Whether this is an x86-64 CPU on which MKL (libtorch's `tanh` on x86-64 is its VML `vsTanh`) runs its generic
+/// code path: any vendor but Intel. On the Intel Xeon VM of 2026-12-03 `vsTanh` was 8.6 % of this executor's act()
+/// at batch 1 024 (~0.5 ns a value), where [`tanh_by_expm1`] would not gain; on AMD Zen 5 it was 36 % (~2 ns a
+/// value). By vendor, not by a timing at load, so one machine always computes the same bits (as
+/// `policyport::dense_bf16`'s choice of its bf16 dot product). Elsewhere (aarch64) libtorch's tanh is Sleef's.
+fn mkl_runs_its_generic_path() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+        #[allow(unused_unsafe)]
+        let id = unsafe { std::arch::x86_64::__cpuid(0) };
+        // "GenuineIntel" in ebx, edx, ecx.
+        let intel = id.ebx == u32::from_le_bytes(*b"Genu")
+            && id.edx == u32::from_le_bytes(*b"ineI")
+            && id.ecx == u32::from_le_bytes(*b"ntel");
+        !intel
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// What the eager path keeps from one call to the next: no fresh allocation per layer and call.
@@ -442,7 +466,9 @@ impl Program {
             instrs,
             pre,
             states,
-            tanh_by_expm1: compute == Kind::Float && device == Device::Cpu,
+            tanh_by_expm1: compute == Kind::Float
+                && device == Device::Cpu
+                && mkl_runs_its_generic_path(),
         })
     }
 
