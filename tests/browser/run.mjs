@@ -47,8 +47,13 @@ if (!bin || !outDir) {
 fs.mkdirSync(outDir, { recursive: true });
 const results = { checks: [], sizes: JSON.parse(fs.readFileSync(path.join(ROOT, "web/pkg/sizes.json"), "utf8")) };
 let failed = 0;
+// Each check's time is the wall time since the one before it (what the stage spent getting there), so the
+// summary at the end names where the suite's minutes go (the test command's cold-run budget, CONTRIBUTING).
+let lastCheckAt = Date.now();
 function check(name, ok, detail = "") {
-  results.checks.push({ name, ok, detail });
+  const now = Date.now();
+  results.checks.push({ name, ok, detail, ms: now - lastCheckAt });
+  lastCheckAt = now;
   console.log(`${ok ? "ok  " : "FAIL"} ${name}${detail ? ` — ${detail}` : ""}`);
   if (!ok) failed++;
 }
@@ -741,5 +746,9 @@ try {
   await browser.close();
   server.kill();
 }
+const slowest = [...results.checks].sort((a, b) => b.ms - a.ms).slice(0, 10);
+const totalMs = results.checks.reduce((t, c) => t + c.ms, 0);
+console.log(`the ten slowest checks (wall time since the check before; ${(totalMs / 1000).toFixed(0)} s in all):`);
+for (const c of slowest) console.log(`  ${(c.ms / 1000).toFixed(1).padStart(6)} s  ${c.name.slice(0, 110)}`);
 console.log(`browser tests: ${results.checks.length - failed} passed, ${failed} failed (results and screenshots in ${outDir})`);
 process.exit(failed ? 1 : 0);

@@ -11,6 +11,10 @@ PP_VENV="${POLICYPORT_VENV:-$HOME/.cache/policyport/venv}"
 PP_PROFILE="${PP_PROFILE:-suite}"
 PP_OUT="$CARGO_TARGET_DIR/$PP_PROFILE"
 PP_BIN="$PP_OUT/policyport"
+# The lean CLI (README command 1's: the native cpu backend alone, no burn, wasmtime or libtorch; the `demo` profile):
+# the same commands, and it starts in ~4 ms where $PP_BIN, which links libtorch, spends ~0.33 s of CPU loading it
+# (Zen 5, 2026-12-07). The test command's CLI and browser stages start it ~220 times: ~70 s a run.
+PP_LEAN_BIN="$CARGO_TARGET_DIR/demo/policyport"
 # The Python package's native module (host/python) is an extension module in every build of the workspace: it
 # never links libpython (which a fresh machine's python3 may not ship as a shared library), and maturin sets the
 # same variable, so its build and the workspace build share pyo3's compiled crates.

@@ -215,6 +215,10 @@ step "without tch, flex and wasmtime: the same API, typed 'not compiled' errors 
 # The demo's profile: the runtime without burn and its dependencies are built once for this check, the demo's CLI
 # and the native-only C ABI library below.
 cargo_test "$CARGO_TARGET_DIR/cargo-test-lean.log" --profile demo -p policyport-torch -p policyport-wasmtime --lib --no-default-features
+# The lean CLI (what demo.sh builds, the same graph: built here, the demo stage finds it fresh) for the CLI and
+# browser stages' ~220 compile / inspect / verify / trace / serve-web processes: $PP_BIN loads libtorch at each
+# start (~0.33 s), the lean one does not (~4 ms). The workspace build's CLI keeps a check of its own below.
+cargo build --profile demo -p policyport-cli --bin policyport --no-default-features
 # The typed errors must really have been checked in that build (not filtered out or renamed away).
 for t in tests::torch_compiled_out_is_a_typed_error compiled_out::tests::wasm_compiled_out_is_a_typed_error; do
   grep -q "$t ... ok" "$CARGO_TARGET_DIR/cargo-test-lean.log" ||
@@ -253,77 +257,90 @@ a64_pid=$!
 step "CLI: compile / inspect / verify / run every fixture; typed errors, never a panic"
 out="$CARGO_TARGET_DIR/cli-test"
 rm -rf "$out" && mkdir -p "$out"
+# Every command of this stage on the lean CLI (the same commands and importers; see PP_LEAN_BIN in common.sh), and
+# the workspace build's CLI, which links every backend, on one fixture and each backend it adds.
+CLI="$PP_LEAN_BIN"
+cli_full_build() {
+  "$PP_BIN" compile tests/fixtures/cartpole/policy.onnx --spec tests/fixtures/cartpole/import.json \
+    --golden tests/fixtures/cartpole/io.json -o "$out/full-cli-cartpole.policy"
+  "$PP_BIN" inspect "$out/full-cli-cartpole.policy" >/dev/null
+  local backend
+  for backend in cpu flex torch wgpu; do
+    "$PP_BIN" verify "$out/full-cli-cartpole.policy" --backend "$backend"
+  done
+}
+check "the workspace build's CLI: compile, inspect, verify on the cpu, flex, torch and wgpu backends" cli_full_build
 cli_fixture() {
   local d=$1 name
   name=$(basename "$d")
-  "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --golden "$d/io.json" -o "$out/$name.policy"
-  "$PP_BIN" inspect "$out/$name.policy" >/dev/null
-  "$PP_BIN" verify "$out/$name.policy"
-  "$PP_BIN" compile "$d/policy.onnx" --spec "$d/import.json" --storage bf16 -o "$out/$name.bf16.policy"
-  "$PP_BIN" verify "$out/$name.bf16.policy" >/dev/null
+  "$CLI" compile "$d/policy.onnx" --spec "$d/import.json" --golden "$d/io.json" -o "$out/$name.policy"
+  "$CLI" inspect "$out/$name.policy" >/dev/null
+  "$CLI" verify "$out/$name.policy"
+  "$CLI" compile "$d/policy.onnx" --spec "$d/import.json" --storage bf16 -o "$out/$name.bf16.policy"
+  "$CLI" verify "$out/$name.bf16.policy" >/dev/null
 }
 for d in tests/fixtures/*/; do
   [ -f "$d/policy.onnx" ] || continue
   check "CLI compile/inspect/verify $(basename "$d") (f32 and bf16)" cli_fixture "$d"
 done
 cli_preset() {
-  "$PP_BIN" compile tests/fixtures/mlp64/policy.onnx --preset logits-value -o "$out/preset.policy"
-  "$PP_BIN" verify "$out/preset.policy"
+  "$CLI" compile tests/fixtures/mlp64/policy.onnx --preset logits-value -o "$out/preset.policy"
+  "$CLI" verify "$out/preset.policy"
 }
 check "CLI compile --preset logits-value" cli_preset
 # The README's "from a trainer" commands, exactly: an SB3 archive alone; a CleanRL state dict with its layout and
 # spaces; a state dict without --layout is a typed error saying what to pass.
 cli_sb3() {
-  "$PP_BIN" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$out/sb3_cartpole.policy"
-  "$PP_BIN" verify "$out/sb3_cartpole.policy"
-  "$PP_BIN" compile tests/fixtures/sb3/sac_pendulum/model.zip -o "$out/sb3_sac.policy"
-  "$PP_BIN" verify "$out/sb3_sac.policy"
-  "$PP_BIN" compile tests/fixtures/sb3/ppo_pendulum_vecnormalize/model.zip \
+  "$CLI" compile tests/fixtures/sb3/ppo_cartpole/model.zip -o "$out/sb3_cartpole.policy"
+  "$CLI" verify "$out/sb3_cartpole.policy"
+  "$CLI" compile tests/fixtures/sb3/sac_pendulum/model.zip -o "$out/sb3_sac.policy"
+  "$CLI" verify "$out/sb3_sac.policy"
+  "$CLI" compile tests/fixtures/sb3/ppo_pendulum_vecnormalize/model.zip \
     --vecnormalize tests/fixtures/sb3/ppo_pendulum_vecnormalize/vecnormalize.pkl -o "$out/sb3_vecnorm.policy"
-  "$PP_BIN" inspect "$out/sb3_vecnorm.policy" | grep -q '"kind":"normalize"'
-  "$PP_BIN" compile tests/fixtures/sb3/recurrent_ppo_cartpole/model.zip -o "$out/sb3_lstm.policy"
-  "$PP_BIN" verify "$out/sb3_lstm.policy"
-  "$PP_BIN" inspect "$out/sb3_lstm.policy" | grep -q '^state .*lstm_actor.l0.c'
+  "$CLI" inspect "$out/sb3_vecnorm.policy" | grep -q '"kind":"normalize"'
+  "$CLI" compile tests/fixtures/sb3/recurrent_ppo_cartpole/model.zip -o "$out/sb3_lstm.policy"
+  "$CLI" verify "$out/sb3_lstm.policy"
+  "$CLI" inspect "$out/sb3_lstm.policy" | grep -q '^state .*lstm_actor.l0.c'
 }
 check "CLI compile of Stable-Baselines3 archives (PPO, SAC, VecNormalize, RecurrentPPO)" cli_sb3
 cli_cleanrl() {
   local rc=0
-  "$PP_BIN" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt --layout cleanrl-ppo --obs-shape 4 --actions 2 \
+  "$CLI" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt --layout cleanrl-ppo --obs-shape 4 --actions 2 \
     -o "$out/cleanrl_cartpole.policy"
-  "$PP_BIN" verify "$out/cleanrl_cartpole.policy"
-  "$PP_BIN" compile tests/fixtures/cleanrl/sac_actor/agent.pt --layout cleanrl-sac \
+  "$CLI" verify "$out/cleanrl_cartpole.policy"
+  "$CLI" compile tests/fixtures/cleanrl/sac_actor/agent.pt --layout cleanrl-sac \
     --spaces tests/fixtures/cleanrl/sac_actor/spaces.json -o "$out/cleanrl_sac.policy"
-  "$PP_BIN" verify "$out/cleanrl_sac.policy"
-  "$PP_BIN" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt -o "$out/nolayout.policy" 2> "$out/err.txt" || rc=$?
+  "$CLI" verify "$out/cleanrl_sac.policy"
+  "$CLI" compile tests/fixtures/cleanrl/ppo_cartpole/agent.pt -o "$out/nolayout.policy" 2> "$out/err.txt" || rc=$?
   grep -q -- "--layout" "$out/err.txt" && [ "$rc" = 1 ] && [ ! -e "$out/nolayout.policy" ] ||
     { echo "state dict without --layout: want a typed error naming --layout, exit 1, no file; got $rc"; cat "$out/err.txt"; return 1; }
 }
 check "CLI compile of CleanRL checkpoints (--layout, spaces); without --layout a typed error" cli_cleanrl
 cli_rllib() {
-  "$PP_BIN" compile tests/fixtures/rllib/ppo_cartpole/checkpoint -o "$out/rllib_cartpole.policy"
-  "$PP_BIN" verify "$out/rllib_cartpole.policy"
-  "$PP_BIN" compile tests/fixtures/rllib/ppo_lstm_cartpole/checkpoint -o "$out/rllib_lstm.policy"
-  "$PP_BIN" verify "$out/rllib_lstm.policy"
-  "$PP_BIN" compile tests/fixtures/rllib/ppo_pendulum_meanstd/checkpoint -o "$out/rllib_meanstd.policy"
-  "$PP_BIN" inspect "$out/rllib_meanstd.policy" | grep -q '"kind":"normalize"'
-  "$PP_BIN" compile tests/fixtures/rllib/ppo_pendulum_shared_layernorm/checkpoint -o "$out/rllib_shared_ln.policy"
-  "$PP_BIN" inspect "$out/rllib_shared_ln.policy" | grep -q 'layer_norm'
-  "$PP_BIN" compile tests/fixtures/rllib/sac_push/checkpoint -o "$out/rllib_sac.policy"
-  "$PP_BIN" inspect "$out/rllib_sac.policy" | grep -q 'clipped_mean'
-  "$PP_BIN" compile tests/fixtures/rllib/ppo_dict_flatten/checkpoint -o "$out/rllib_dict.policy"
-  "$PP_BIN" inspect "$out/rllib_dict.policy" | grep -q '"kind":"dict"'
-  "$PP_BIN" compile tests/fixtures/rllib/dqn_cartpole/checkpoint -o "$out/rllib_dqn.policy"
-  "$PP_BIN" verify "$out/rllib_dqn.policy"
-  "$PP_BIN" inspect "$out/rllib_dqn.policy" | grep -q 'epsilon-greedy at 0.05'
-  "$PP_BIN" compile tests/fixtures/rllib/appo_cartpole/checkpoint -o "$out/rllib_appo.policy"
-  "$PP_BIN" verify "$out/rllib_appo.policy"
-  "$PP_BIN" compile tests/fixtures/rllib/ppo_action_masking/checkpoint -o "$out/rllib_masking.policy"
-  "$PP_BIN" inspect "$out/rllib_masking.policy" | grep -q '^masks .*trained with action masks'
+  "$CLI" compile tests/fixtures/rllib/ppo_cartpole/checkpoint -o "$out/rllib_cartpole.policy"
+  "$CLI" verify "$out/rllib_cartpole.policy"
+  "$CLI" compile tests/fixtures/rllib/ppo_lstm_cartpole/checkpoint -o "$out/rllib_lstm.policy"
+  "$CLI" verify "$out/rllib_lstm.policy"
+  "$CLI" compile tests/fixtures/rllib/ppo_pendulum_meanstd/checkpoint -o "$out/rllib_meanstd.policy"
+  "$CLI" inspect "$out/rllib_meanstd.policy" | grep -q '"kind":"normalize"'
+  "$CLI" compile tests/fixtures/rllib/ppo_pendulum_shared_layernorm/checkpoint -o "$out/rllib_shared_ln.policy"
+  "$CLI" inspect "$out/rllib_shared_ln.policy" | grep -q 'layer_norm'
+  "$CLI" compile tests/fixtures/rllib/sac_push/checkpoint -o "$out/rllib_sac.policy"
+  "$CLI" inspect "$out/rllib_sac.policy" | grep -q 'clipped_mean'
+  "$CLI" compile tests/fixtures/rllib/ppo_dict_flatten/checkpoint -o "$out/rllib_dict.policy"
+  "$CLI" inspect "$out/rllib_dict.policy" | grep -q '"kind":"dict"'
+  "$CLI" compile tests/fixtures/rllib/dqn_cartpole/checkpoint -o "$out/rllib_dqn.policy"
+  "$CLI" verify "$out/rllib_dqn.policy"
+  "$CLI" inspect "$out/rllib_dqn.policy" | grep -q 'epsilon-greedy at 0.05'
+  "$CLI" compile tests/fixtures/rllib/appo_cartpole/checkpoint -o "$out/rllib_appo.policy"
+  "$CLI" verify "$out/rllib_appo.policy"
+  "$CLI" compile tests/fixtures/rllib/ppo_action_masking/checkpoint -o "$out/rllib_masking.policy"
+  "$CLI" inspect "$out/rllib_masking.policy" | grep -q '^masks .*trained with action masks'
 }
 check "CLI compile of RLlib checkpoint directories (MLP, LSTM, MeanStdFilter, shared LayerNorm encoder + free log-std, SAC, Dict via FlattenObservations, DQN, APPO, the action-masking module)" cli_rllib
 cli_run() {
   echo '[[0.01, 0.0, -0.02, 0.01], [0.1, 0.2, 0.05, -0.3]]' > "$out/obs.json"
-  "$PP_BIN" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"
+  "$CLI" run "$out/cartpole.policy" --obs "$out/obs.json" --seed 7 | tee "$out/run.json"
   grep -q '"batch":2' "$out/run.json"
 }
 check "CLI run on a JSON batch" cli_run
@@ -333,12 +350,12 @@ check "CLI run on a JSON batch" cli_run
 cli_algorithms() {
   local n
   for n in dqn_cartpole qrdqn_cartpole td3_pendulum ddpg_mountaincar tqc_pendulum maskable_ppo_multidiscrete; do
-    "$PP_BIN" compile "tests/fixtures/sb3/$n/model.zip" -o "$out/sb3_$n.policy"
-    "$PP_BIN" verify "$out/sb3_$n.policy"
+    "$CLI" compile "tests/fixtures/sb3/$n/model.zip" -o "$out/sb3_$n.policy"
+    "$CLI" verify "$out/sb3_$n.policy"
   done
-  "$PP_BIN" inspect "$out/sb3_dqn_cartpole.policy" | grep -q 'epsilon-greedy at 0.4'
-  "$PP_BIN" inspect "$out/sb3_td3_pendulum.policy" | grep -q 'recorded exploration noise'
-  "$PP_BIN" inspect "$out/sb3_maskable_ppo_multidiscrete.policy" | grep -q '^masks '
+  "$CLI" inspect "$out/sb3_dqn_cartpole.policy" | grep -q 'epsilon-greedy at 0.4'
+  "$CLI" inspect "$out/sb3_td3_pendulum.policy" | grep -q 'recorded exploration noise'
+  "$CLI" inspect "$out/sb3_maskable_ppo_multidiscrete.policy" | grep -q '^masks '
 }
 check "CLI compile of DQN, QR-DQN, TD3, DDPG, TQC and MaskablePPO archives (inspect says how each acts)" cli_algorithms
 cli_masks_shapes() {
@@ -355,23 +372,23 @@ np.save(f"{out}/frames_hwc.npy", np.random.default_rng(0).integers(0, 255, (2, 8
 np.save(f"{out}/rollout_obs.npy", np.random.default_rng(1).normal(size=(4, 3, 4)).astype(np.float32))
 np.save(f"{out}/rollout_starts.npy", np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [1, 0, 0]], bool))
 PY
-  "$PP_BIN" run "$out/sb3_maskable_ppo_multidiscrete.policy" --obs "$out/grid_obs.npy" --mask "$out/grid_mask.npy"     --seed 3 > "$out/masked.json"
+  "$CLI" run "$out/sb3_maskable_ppo_multidiscrete.policy" --obs "$out/grid_obs.npy" --mask "$out/grid_mask.npy"     --seed 3 > "$out/masked.json"
   "$PP_VENV/bin/python" -c "import json,sys; a=json.load(open(sys.argv[1]))['actions']; assert all(x == 2 for x in a[0::3]), a" "$out/masked.json"
-  "$PP_BIN" run "$out/sb3_dqn_cartpole.policy" --obs "$out/obs.json" --seed 1 --epsilon 1.0 | grep -q '"batch":2'
-  "$PP_BIN" run "$out/sb3_cartpole.policy" --obs "$out/cartpole_2x2.npy" 2> "$out/err.txt" || rc=$?
+  "$CLI" run "$out/sb3_dqn_cartpole.policy" --obs "$out/obs.json" --seed 1 --epsilon 1.0 | grep -q '"batch":2'
+  "$CLI" run "$out/sb3_cartpole.policy" --obs "$out/cartpole_2x2.npy" 2> "$out/err.txt" || rc=$?
   grep -q 'shape \[3, 2, 2\]' "$out/err.txt" && grep -q 'batch, 4' "$out/err.txt" && [ "$rc" = 1 ] ||
     { echo "a .npy of shape [3, 2, 2] for [batch, 4]: want a typed error naming both, exit 1; got $rc"; cat "$out/err.txt"; return 1; }
-  "$PP_BIN" compile tests/fixtures/sb3/ppo_cnn_frames/model.zip -o "$out/sb3_cnn.policy"
-  "$PP_BIN" inspect "$out/sb3_cnn.policy" | grep -q '^layout .*channels-last \[84, 84, 4\]'
-  "$PP_BIN" run "$out/sb3_cnn.policy" --obs "$out/frames_hwc.npy" | grep -q '"batch":2'
-  "$PP_BIN" rollout "$out/sb3_lstm.policy" --obs "$out/rollout_obs.npy" --starts "$out/rollout_starts.npy" --state     > "$out/rollout.jsonl"
+  "$CLI" compile tests/fixtures/sb3/ppo_cnn_frames/model.zip -o "$out/sb3_cnn.policy"
+  "$CLI" inspect "$out/sb3_cnn.policy" | grep -q '^layout .*channels-last \[84, 84, 4\]'
+  "$CLI" run "$out/sb3_cnn.policy" --obs "$out/frames_hwc.npy" | grep -q '"batch":2'
+  "$CLI" rollout "$out/sb3_lstm.policy" --obs "$out/rollout_obs.npy" --starts "$out/rollout_starts.npy" --state     > "$out/rollout.jsonl"
   [ "$(grep -c '"state"' "$out/rollout.jsonl")" = 4 ]
 }
 check "CLI run --mask / --epsilon, .npy shapes checked in full (channels-last frames transposed), rollout with episode starts" cli_masks_shapes
 cli_truncated() {
   local rc=0
   head -c 1000 "$out/cartpole.policy" > "$out/truncated.policy"
-  "$PP_BIN" verify "$out/truncated.policy" 2> "$out/err.txt" || rc=$?
+  "$CLI" verify "$out/truncated.policy" 2> "$out/err.txt" || rc=$?
   grep -q "truncated" "$out/err.txt" && [ "$rc" = 1 ] ||
     { echo "truncated artifact: want a typed error and exit 1, got $rc"; cat "$out/err.txt"; return 1; }
 }
@@ -440,7 +457,7 @@ step "browser: headless Chromium (WebGPU on SwiftShader) against policyport serv
 # Each check of run.mjs is counted from its own "ok  " / "FAIL" line; a crash before any check is one failure.
 # The npm consumer page (section 6) runs on the project npm-pack.sh installed, which must be there: test.sh never
 # lets run.mjs skip it.
-POLICYPORT_NPM_CONSUMER="$CARGO_TARGET_DIR/npm-consumer" node tests/browser/run.mjs "$PP_BIN" "$out/browser" 2>&1 | tee "$out/browser.log" || true
+POLICYPORT_NPM_CONSUMER="$CARGO_TARGET_DIR/npm-consumer" node tests/browser/run.mjs "$PP_LEAN_BIN" "$out/browser" 2>&1 | tee "$out/browser.log" || true
 b_ok=$(grep -c '^ok  ' "$out/browser.log" || true)
 b_fail=$(grep -c '^FAIL' "$out/browser.log" || true)
 passed=$((passed + b_ok)) failed=$((failed + b_fail))

@@ -4,4 +4,6 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 source "$ROOT/tests/scripts/web-deps.sh"
 prepare_web
-node tests/browser/run.mjs "$PP_BIN" "${POLICYPORT_WEB_OUT:-$CARGO_TARGET_DIR/browser-test}"
+# The lean CLI (its own small graph, as test.sh does: see PP_LEAN_BIN in common.sh) for the suite's ~95 processes.
+cargo build --profile demo -p policyport-cli --bin policyport --no-default-features
+node tests/browser/run.mjs "$PP_LEAN_BIN" "${POLICYPORT_WEB_OUT:-$CARGO_TARGET_DIR/browser-test}"
