@@ -104,24 +104,21 @@ ensure_browser_deps
 echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
 ensure_wasm_target
-step "in the background while the main build runs, two chains: wasm-bindgen-cli, the Python test venv and the CPU browser bundles' builds (log: background-installs.log); cargo-fuzz and the fuzz targets' builds (background-fuzz-builds.log)"
+step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv, the CPU browser bundles' and the fuzz targets' builds (log: background-installs.log)"
 # The main build keeps 2 cores busy only part of the time (a cold run used 1.3 cores on average: long single-crate
 # compiles and links), so installs that compile or download overlap it instead of running after it: ~4-6 min of a
 # cold run. Each has its own target dir (cargo install would otherwise wait on the build's lock); every piece is
 # idempotent and is asked for again where it is used, so a failure here is retried (and reported) there.
-bg_log="$CARGO_TARGET_DIR/background-installs.log" bg_fuzz_log="$CARGO_TARGET_DIR/background-fuzz-builds.log"
+bg_log="$CARGO_TARGET_DIR/background-installs.log"
 # The fuzz targets' own builds (nightly, AddressSanitizer; the runtime's and the importer's crates, ~2 min of one
 # core each cold) go in their own target dir, built here at low priority so the main build keeps the cores it uses;
 # the fuzz step at the end then only runs them.
 FUZZ_TARGET_DIR="$CARGO_TARGET_DIR/fuzz-builds"
 MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
-# Two chains side by side, each one compile at a time: after the main build a single chain left a core idle (a
-# warm fresh clone: 79 s of waiting at 1.3 cores busy, the CPU bundles' 74 s then the fuzz builds' 117 s). Each
-# has its own target dirs (no cargo lock shared: the tools' installs in tool-builds and tool-builds-fuzz, the
-# bundles in their own profiles of the main dir, the fuzz targets in fuzz-builds).
 (
   set -e
   export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds"
+  ensure_fuzz_tools
   ensure_wasm_bindgen
   ensure_py_venv
   # The two CPU browser bundles' cargo builds (wasm32, their own profiles: no lock shared with the main build),
@@ -129,18 +126,12 @@ MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
   # Cargo.lock while it resolves, which nothing else may do meanwhile).
   echo "== the CPU browser bundles' cargo builds (nice 10; web-build.sh --prebuild-cpu)"
   CARGO_TARGET_DIR="$MAIN_TARGET_DIR" nice -n 10 bash tests/scripts/web-build.sh --prebuild-cpu
-) >"$bg_log" 2>&1 &
-bg_pid=$!
-(
-  set -e
-  export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds-fuzz"
-  ensure_fuzz_tools
   for d in guest/fuzz host/import/fuzz; do
     echo "== cargo fuzz build -O in $d (nice 10)"
     (cd "$d" && CARGO_TARGET_DIR="$FUZZ_TARGET_DIR" nice -n 10 cargo +nightly fuzz build -O)
   done
-) >"$bg_fuzz_log" 2>&1 &
-bg_fuzz_pid=$!
+) >"$bg_log" 2>&1 &
+bg_pid=$!
 
 step "build (profile $PP_PROFILE: one crate graph for tests, CLI and engines; the wasm plugin)"
 # --timings: the build's per-crate schedule lands in $CARGO_TARGET_DIR/cargo-timings/ (where a cold run's minutes go).
@@ -150,14 +141,12 @@ plugin="$CARGO_TARGET_DIR/wasm32-unknown-unknown/plugin/policyport_plugin.wasm"
 echo "plugin: $(stat -c %s "$plugin") bytes, $(gzip -9 -c "$plugin" | wc -c) gzipped"
 
 step "waiting for the background installs"
-for job in "$bg_pid:$bg_log" "$bg_fuzz_pid:$bg_fuzz_log"; do
-  if wait "${job%%:*}"; then
-    grep '^== ' "${job#*:}" || echo "(nothing was missing: ${job#*:})"
-  else
-    echo "background installs failed (each is retried where it is used); the last lines of ${job#*:}:"
-    tail -n 20 "${job#*:}"
-  fi
-done
+if wait "$bg_pid"; then
+  grep '^== ' "$bg_log" || echo "(nothing was missing)"
+else
+  echo "background installs failed (each is retried where it is used); the last lines:"
+  tail -n 20 "$bg_log"
+fi
 
 step "browser bundles, started in the background (guest/web: CPU-only, CPU with wasm threads, full with WebGPU; log: web-build.log, printed before the npm stage)"
 # The WebGPU bundle's build (fat LTO, its last minutes on one core) and its wasm-opt (~2.5 min of one core) left a
