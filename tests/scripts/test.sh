@@ -104,12 +104,12 @@ ensure_browser_deps
 echo "chromium: $(chromium --version 2>/dev/null | head -1); node $(node --version); npm $(npm --version)"
 
 ensure_wasm_target
-step "in the background while the main build runs: wasm-bindgen-cli, the Python test venv, the CPU browser bundles' builds (log: background-installs.log); cargo-fuzz and the fuzz targets' builds until the fuzz stage (background-fuzz-builds.log)"
+step "in the background while the main build runs: cargo-fuzz, wasm-bindgen-cli, the Python test venv, the CPU browser bundles' and the fuzz targets' builds (log: background-installs.log)"
 # The main build keeps 2 cores busy only part of the time (a cold run used 1.3 cores on average: long single-crate
 # compiles and links), so installs that compile or download overlap it instead of running after it: ~4-6 min of a
 # cold run. Each has its own target dir (cargo install would otherwise wait on the build's lock); every piece is
 # idempotent and is asked for again where it is used, so a failure here is retried (and reported) there.
-bg_log="$CARGO_TARGET_DIR/background-installs.log" bg_fuzz_log="$CARGO_TARGET_DIR/background-fuzz-builds.log"
+bg_log="$CARGO_TARGET_DIR/background-installs.log"
 # The fuzz targets' own builds (nightly, AddressSanitizer; the runtime's and the importer's crates, ~2 min of one
 # core each cold) go in their own target dir, built here at low priority so the main build keeps the cores it uses;
 # the fuzz step at the end then only runs them.
@@ -118,6 +118,7 @@ MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
 (
   set -e
   export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds"
+  ensure_fuzz_tools
   ensure_wasm_bindgen
   ensure_py_venv
   # The two CPU browser bundles' cargo builds (wasm32, their own profiles: no lock shared with the main build),
@@ -125,22 +126,12 @@ MAIN_TARGET_DIR="$CARGO_TARGET_DIR"
   # Cargo.lock while it resolves, which nothing else may do meanwhile).
   echo "== the CPU browser bundles' cargo builds (nice 10; web-build.sh --prebuild-cpu)"
   CARGO_TARGET_DIR="$MAIN_TARGET_DIR" nice -n 10 bash tests/scripts/web-build.sh --prebuild-cpu
-) >"$bg_log" 2>&1 &
-bg_pid=$!
-# The fuzz chain is waited for only by the fuzz stage at the end: its tail is one rustc (the runtime crate under
-# ASan at cargo-fuzz's forced `-Ccodegen-units=1`, ~1 min of one core), which kept the run waiting after the main
-# build with a core idle (a warm fresh clone: 76-79 s at 1.3 cores). Its workspaces have their own lockfiles (not
-# the root one the WebGPU bundle's build patches) and its own target dirs, so nothing here shares a lock with it.
-(
-  set -e
-  export CARGO_TARGET_DIR="$CARGO_TARGET_DIR/tool-builds-fuzz"
-  ensure_fuzz_tools
   for d in guest/fuzz host/import/fuzz; do
     echo "== cargo fuzz build -O in $d (nice 10)"
     (cd "$d" && CARGO_TARGET_DIR="$FUZZ_TARGET_DIR" nice -n 10 cargo +nightly fuzz build -O)
   done
-) >"$bg_fuzz_log" 2>&1 &
-bg_fuzz_pid=$!
+) >"$bg_log" 2>&1 &
+bg_pid=$!
 
 step "build (profile $PP_PROFILE: one crate graph for tests, CLI and engines; the wasm plugin)"
 # --timings: the build's per-crate schedule lands in $CARGO_TARGET_DIR/cargo-timings/ (where a cold run's minutes go).
@@ -627,14 +618,6 @@ check "native-only C ABI library: <= 5 MB stripped, the agents example runs on i
 
 fuzz_s=${POLICYPORT_FUZZ_SECONDS:-30}
 step "fuzz the runtime (cargo fuzz, guest/fuzz): load_act $fuzz_s s, act $fuzz_s s, differential $((fuzz_s - 10)) s, artifact $((fuzz_s - 10)) s; the importer (host/import/fuzz): pickle_graph, trainer_files $((fuzz_s - 10)) s each"
-# The fuzz targets' builds, in the background since the main build (see bg_fuzz_pid): what they printed, or why
-# they failed (this stage builds whatever they left).
-if wait "$bg_fuzz_pid"; then
-  grep '^== ' "$bg_fuzz_log" || echo "(the fuzz builds had nothing to do)"
-else
-  echo "the background fuzz builds failed (the fuzz stage builds again); the last lines of $bg_fuzz_log:"
-  tail -n 20 "$bg_fuzz_log"
-fi
 # `load_act` edits real artifacts (the frozen files it embeds, and the compiled fixtures below: an MLP, a bf16
 # Gaussian, LSTM policies from ONNX, SB3 and RLlib) and drives load, act(), reset, state and verify with the
 # input; `act` drives act() on those policies loaded once (sessions and state live across inputs); `differential`
