@@ -65,25 +65,12 @@ pub(crate) enum DotBy {
     Fma,
 }
 
-/// This CPU's [`DotBy`]: FMA on Intel, `vdpbf16ps` elsewhere (AMD). By vendor, not by a timing at load, so one
-/// machine always takes the same path.
+/// This CPU's [`DotBy`]: FMA on Intel, `vdpbf16ps` elsewhere (AMD). By vendor ([`crate::cpu_is_intel`]), not by
+/// a timing at load, so one machine always takes the same path.
 pub(crate) fn dot_by() -> DotBy {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static BY: std::sync::OnceLock<DotBy> = std::sync::OnceLock::new();
-        *BY.get_or_init(|| {
-            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-            #[allow(unused_unsafe)]
-            let id = unsafe { std::arch::x86_64::__cpuid(0) };
-            // "GenuineIntel" in ebx, edx, ecx.
-            let intel = id.ebx == u32::from_le_bytes(*b"Genu")
-                && id.edx == u32::from_le_bytes(*b"ineI")
-                && id.ecx == u32::from_le_bytes(*b"ntel");
-            if intel { DotBy::Fma } else { DotBy::Vdpbf16ps }
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
+    if crate::cpu_is_intel() {
+        DotBy::Fma
+    } else {
         DotBy::Vdpbf16ps
     }
 }

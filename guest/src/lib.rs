@@ -77,6 +77,30 @@ pub fn cpu_kernels() -> &'static str {
     kernels::name(kernels::detect())
 }
 
+/// Whether this is an x86-64 CPU made by Intel (CPUID's vendor string "GenuineIntel"; false on every other
+/// architecture). Choices that depend on how a vendor's hardware or libraries run (the bf16 dot product here;
+/// libtorch's tanh in `policyport-torch`) are made by vendor, never by a timing, so one machine always computes
+/// the same bits. Read once.
+pub fn cpu_is_intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *INTEL.get_or_init(|| {
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+            #[allow(unused_unsafe)]
+            let id = unsafe { std::arch::x86_64::__cpuid(0) };
+            // "GenuineIntel" in ebx, edx, ecx.
+            id.ebx == u32::from_le_bytes(*b"Genu")
+                && id.edx == u32::from_le_bytes(*b"ineI")
+                && id.ecx == u32::from_le_bytes(*b"ntel")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// GPU dispatches issued by wgpu programs from this thread so far (compare against
 /// [`PolicyInfo::dispatches_per_act`]). Always 0 without the `wgpu` feature (no other backend counts any).
 pub fn wgpu_dispatches_issued() -> usize {

@@ -49,6 +49,28 @@ fn cartpole_app(config: AgentsConfig) -> (App, policyport_bevy::PolicyHandle) {
     (app, h)
 }
 
+/// A headless app with the plugin in `Update` and `n` policies, each `policy` acting deterministically with its
+/// value estimates (what [`values_of`] computes for a row).
+fn app_with_copies(
+    policy: &std::sync::Arc<CompiledPolicy>,
+    n: usize,
+) -> (App, Vec<policyport_bevy::PolicyHandle>) {
+    let mut app = App::new();
+    app.add_plugins(PolicyportPlugin::in_schedule(Update));
+    let config = AgentsConfig {
+        deterministic: true,
+        values: true,
+        ..Default::default()
+    };
+    let handles = {
+        let mut p = app.world_mut().resource_mut::<Policies>();
+        (0..n)
+            .map(|_| p.add(Agents::new(policy.clone(), config)))
+            .collect()
+    };
+    (app, handles)
+}
+
 /// Each row's value estimate from a bare session (what each agent's `Action::value` must say): `n` rows of `obs`.
 fn values_of(policy: &std::sync::Arc<CompiledPolicy>, obs: &[f32], n: usize) -> Vec<f32> {
     use policyport::{ActMode, Observations, Request};
@@ -557,17 +579,7 @@ fn bevy_runs_longer_than_their_buffers_keep_every_agents_row() {
     };
     let all: Vec<f32> = (0..n).flat_map(obs_of).collect();
     let want = values_of(&policy, &all, n);
-    let mut app = App::new();
-    app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    let config = AgentsConfig {
-        deterministic: true,
-        values: true,
-        ..Default::default()
-    };
-    let handles = {
-        let mut p = app.world_mut().resource_mut::<Policies>();
-        [0, 1, 2].map(|_| p.add(Agents::new(policy.clone(), config)))
-    };
+    let (mut app, handles) = app_with_copies(&policy, 3);
     // Blocks of 70 agents of policies 0 and 1 in turn, every fifth block 5 agents of policy 2.
     let policy_of = |k: usize| match k % 150 {
         0..70 => handles[0],
@@ -762,19 +774,7 @@ fn bevy_a_random_game_keeps_every_agents_row() {
     use policyport_agents::AgentsError;
     use policyport_bevy::{Action, ActionMask, Agent, PolicyHandle};
     let policy = CompiledPolicy::load(&sb3("ppo_cartpole"), Backend::Cpu).unwrap();
-    let mut app = App::new();
-    app.add_plugins(PolicyportPlugin::in_schedule(Update));
-    let config = AgentsConfig {
-        deterministic: true,
-        values: true,
-        ..Default::default()
-    };
-    let handles: Vec<PolicyHandle> = {
-        let mut p = app.world_mut().resource_mut::<Policies>();
-        (0..3)
-            .map(|_| p.add(Agents::new(policy.clone(), config)))
-            .collect()
-    };
+    let (mut app, handles) = app_with_copies(&policy, 3);
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = move |below: u64| {
         state ^= state << 13;

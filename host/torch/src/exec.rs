@@ -163,7 +163,7 @@ struct Program {
     states: Vec<(usize, i64, usize)>,
     /// tanh over large f32 tensors as [`tanh_by_expm1`] instead of libtorch's `tanh`: f32 on the CPU, where MKL
     /// runs its generic path ([`mkl_runs_its_generic_path`]).
-    tanh_by_expm1: bool,
+    expm1_tanh_here: bool,
 }
 
 /// Below this many values libtorch's own `tanh_` is kept: [`tanh_by_expm1`] is seven ops, and at a few thousand
@@ -207,24 +207,10 @@ fn tanh_in_place(mut y: Tensor, reuse: Option<&mut Reuse>) -> Result<Tensor, tch
 /// Whether this is an x86-64 CPU on which MKL (libtorch's `tanh` on x86-64 is its VML `vsTanh`) runs its generic
 /// code path: any vendor but Intel. On the Intel Xeon VM of 2026-12-03 `vsTanh` was 8.6 % of this executor's act()
 /// at batch 1 024 (~0.5 ns a value), where [`tanh_by_expm1`] would not gain; on AMD Zen 5 it was 36 % (~2 ns a
-/// value). By vendor, not by a timing at load, so one machine always computes the same bits (as
-/// `policyport::dense_bf16`'s choice of its bf16 dot product). Elsewhere (aarch64) libtorch's tanh is Sleef's.
+/// value). By vendor ([`policyport::cpu_is_intel`]), so one machine always computes the same bits. Elsewhere
+/// (aarch64) libtorch's tanh is Sleef's.
 fn mkl_runs_its_generic_path() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-        #[allow(unused_unsafe)]
-        let id = unsafe { std::arch::x86_64::__cpuid(0) };
-        // "GenuineIntel" in ebx, edx, ecx.
-        let intel = id.ebx == u32::from_le_bytes(*b"Genu")
-            && id.edx == u32::from_le_bytes(*b"ineI")
-            && id.ecx == u32::from_le_bytes(*b"ntel");
-        !intel
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cfg!(target_arch = "x86_64") && !policyport::cpu_is_intel()
 }
 
 /// What the eager path keeps from one call to the next: no fresh allocation per layer and call.
@@ -466,15 +452,17 @@ impl Program {
             instrs,
             pre,
             states,
-            tanh_by_expm1: compute == Kind::Float
+            expm1_tanh_here: compute == Kind::Float
                 && device == Device::Cpu
                 && mkl_runs_its_generic_path(),
         })
     }
 
     /// Whether tanh over `x` runs as [`tanh_by_expm1`]: f32 on the CPU, and enough values to pay for its ops.
-    fn tanh_by_expm1(&self, x: &Tensor) -> bool {
-        self.tanh_by_expm1 && x.kind() == Kind::Float && x.numel() as i64 >= TANH_BY_EXPM1_MIN_NUMEL
+    fn uses_expm1_tanh(&self, x: &Tensor) -> bool {
+        self.expm1_tanh_here
+            && x.kind() == Kind::Float
+            && x.numel() as i64 >= TANH_BY_EXPM1_MIN_NUMEL
     }
 
     /// Raw observations `[batch, raw_len]` (f32; uint8 spaces arrive as exact f32 bytes) → preprocessed f32
@@ -543,7 +531,7 @@ impl Program {
                     // allocator maps and the kernel zero-fills: ~12 % of act() went to page faults).
                     let y = match act {
                         Activation::Relu => y.f_relu_()?,
-                        Activation::Tanh if self.tanh_by_expm1(&y) => {
+                        Activation::Tanh if self.uses_expm1_tanh(&y) => {
                             tanh_in_place(y, reuse.as_deref_mut())?
                         }
                         Activation::Tanh => y.f_tanh_()?,
@@ -561,7 +549,7 @@ impl Program {
                     x,
                     f: Activation::Tanh,
                     out,
-                } if self.tanh_by_expm1(get(&s, *x)) => {
+                } if self.uses_expm1_tanh(get(&s, *x)) => {
                     let x = get(&s, *x);
                     let (mut y, mut scratch) = (x.f_empty_like()?, x.f_empty_like()?);
                     tanh_by_expm1(x, &mut y, &mut scratch)?;
@@ -656,7 +644,7 @@ impl Program {
                         .f_conv2d(w, b.as_ref(), stride, padding, dilation, *groups)?
                         .f_reshape([rows, -1])?;
                     let y = match act {
-                        Activation::Tanh if self.tanh_by_expm1(&y) => {
+                        Activation::Tanh if self.uses_expm1_tanh(&y) => {
                             tanh_in_place(y, reuse.as_deref_mut())?
                         }
                         _ => activate(*act, &y)?,
